@@ -1,0 +1,236 @@
+//! `dpsynth ledger …`: create, inspect and test charges against a dataset's privacy ledger.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions};
+use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError};
+use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
+use dpsynth_shared::storage;
+use serde_json::json;
+
+use super::{EXIT_BUDGET_REFUSED, print_json};
+
+#[derive(Subcommand)]
+pub enum LedgerCommand {
+    /// Create the ledger of a dataset with its total budget (fails if one exists).
+    Init {
+        #[command(flatten)]
+        at: LedgerAt,
+        /// Total ε the dataset may ever spend.
+        #[arg(long)]
+        epsilon: f64,
+        /// Total δ the dataset may ever spend.
+        #[arg(long)]
+        delta: f64,
+        /// Neighbouring relation every charge must be analysed under.
+        #[arg(long, value_enum, default_value = "add-remove")]
+        adjacency: AdjacencyArg,
+    },
+    /// Print the budget, every entry and the total spent.
+    Show {
+        #[command(flatten)]
+        at: LedgerAt,
+    },
+    /// Price a job and say whether the ledger would admit it; writes nothing.
+    ChargeDryRun {
+        #[command(flatten)]
+        at: LedgerAt,
+        /// Job id to report.
+        #[arg(long, default_value = "dry-run")]
+        job_id: String,
+        /// rdp or pld.
+        #[arg(long, default_value = "rdp")]
+        accountant: Accountant,
+        /// δ at which the job states its ε.
+        #[arg(long)]
+        delta: f64,
+        /// A DP-SGD run: Poisson rate …
+        #[arg(long = "q", requires_all = ["sigma", "steps"], conflicts_with = "mechanism")]
+        q: Option<f64>,
+        /// … noise multiplier …
+        #[arg(long)]
+        sigma: Option<f64>,
+        /// … and steps.
+        #[arg(long)]
+        steps: Option<u64>,
+        /// Or any mechanism as JSON (repeatable), e.g.
+        /// '{"kind":"gn_max","sigma":40,"classes":2,"queries":1000}'.
+        #[arg(long)]
+        mechanism: Vec<String>,
+    },
+}
+
+/// Where a dataset's ledger lives.
+#[derive(Args)]
+pub struct LedgerAt {
+    /// Dataset id, as declared in job specs (e.g. mimic-iv-ed-2026).
+    #[arg(long)]
+    dataset: String,
+    /// Ledger store: a path, file://… or s3://bucket/prefix.
+    #[arg(long)]
+    store: String,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum AdjacencyArg {
+    AddRemove,
+    Substitution,
+}
+
+impl From<AdjacencyArg> for Adjacency {
+    fn from(a: AdjacencyArg) -> Self {
+        match a {
+            AdjacencyArg::AddRemove => Adjacency::AddRemove,
+            AdjacencyArg::Substitution => Adjacency::Substitution,
+        }
+    }
+}
+
+pub fn run(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run_async(cmd))
+}
+
+async fn open(at: &LedgerAt) -> anyhow::Result<Ledger> {
+    let location = storage::open(&at.store)?;
+    Ok(Ledger::open(&location, &at.dataset).await?)
+}
+
+async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        LedgerCommand::Init {
+            at,
+            epsilon,
+            delta,
+            adjacency,
+        } => {
+            let location = storage::open(&at.store)?;
+            let budget = Budget { epsilon, delta };
+            let ledger = Ledger::init(
+                &location,
+                &at.dataset,
+                budget,
+                adjacency.into(),
+                AccountingOptions::default(),
+            )
+            .await?;
+            eprintln!(
+                "created the privacy ledger of '{}' at {} with ε = {epsilon}, δ = {delta}",
+                at.dataset, at.store
+            );
+            print_json(
+                &json!({"dataset": ledger.dataset_id(), "store": at.store, "budget": budget,
+                "adjacency": ledger.adjacency()}),
+            );
+        }
+        LedgerCommand::Show { at } => {
+            let ledger = open(&at).await?;
+            let spent = ledger.spent()?;
+            let budget = ledger.budget();
+            eprintln!(
+                "dataset {} — budget ε = {}, δ = {:e} ({})",
+                ledger.dataset_id(),
+                budget.epsilon,
+                budget.delta,
+                ledger.adjacency()
+            );
+            eprintln!(
+                "{:>5}  {:<25}  {:<10}  {:<4}  {:>10}  {:<9}  mechanisms",
+                "seq", "time", "job", "acct", "ε (job)", "status"
+            );
+            let charges = ledger.charges();
+            for (entry, status) in &charges {
+                if let EntryBody::Charge { request, cost } = &entry.body {
+                    let mechanisms: Vec<String> =
+                        request.mechanisms.iter().map(Mechanism::describe).collect();
+                    eprintln!(
+                        "{:>5}  {:<25}  {:<10}  {:<4}  {:>10.4}  {:<9}  {}",
+                        entry.seq,
+                        entry
+                            .timestamp
+                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        request.job_id,
+                        cost.accountant,
+                        cost.epsilon,
+                        format!("{status:?}").to_lowercase(),
+                        mechanisms.join("; ")
+                    );
+                }
+            }
+            eprintln!(
+                "spent ε = {:.6} at δ = {:e}; remaining ε = {:.6}",
+                spent.epsilon,
+                spent.delta,
+                (budget.epsilon - spent.epsilon).max(0.0)
+            );
+            let charges: Vec<_> = charges
+                .iter()
+                .filter_map(|(e, status)| match &e.body {
+                    EntryBody::Charge { request, cost } => Some(json!({
+                        "seq": e.seq, "timestamp": e.timestamp, "job_id": request.job_id, "status": status,
+                        "accountant": cost.accountant, "epsilon": cost.epsilon, "delta": cost.delta,
+                        "mechanisms": request.mechanisms,
+                    })),
+                    _ => None,
+                })
+                .collect();
+            print_json(&json!({
+                "dataset": ledger.dataset_id(), "budget": budget, "adjacency": ledger.adjacency(),
+                "spent": spent, "remaining_epsilon": (budget.epsilon - spent.epsilon).max(0.0),
+                "entries": ledger.entries().len(), "charges": charges,
+            }));
+        }
+        LedgerCommand::ChargeDryRun {
+            at,
+            job_id,
+            accountant,
+            delta,
+            q,
+            sigma,
+            steps,
+            mechanism,
+        } => {
+            let mechanisms = match (q, sigma, steps) {
+                (Some(q), Some(sigma), Some(steps)) => vec![Mechanism::dp_sgd(q, sigma, steps)],
+                _ if !mechanism.is_empty() => mechanism
+                    .iter()
+                    .map(|m| {
+                        serde_json::from_str(m).with_context(|| format!("invalid --mechanism {m}"))
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+                _ => bail!("give a DP-SGD run (--q, --sigma, --steps) or --mechanism JSON"),
+            };
+            let mut ledger = open(&at).await?;
+            let request = ChargeRequest {
+                job_id,
+                mechanisms,
+                accountant,
+                delta,
+            };
+            match ledger.check(&request).await {
+                Ok(admission) => {
+                    eprintln!(
+                        "admitted: costs ε = {:.6}; total after ε = {:.6} of {}",
+                        admission.cost.epsilon, admission.after.epsilon, admission.budget.epsilon
+                    );
+                    print_json(
+                        &json!({"admitted": true, "cost": admission.cost, "spent_before": admission.before,
+                        "spent_after": admission.after, "remaining_epsilon": admission.remaining_epsilon(),
+                        "budget": admission.budget}),
+                    );
+                }
+                Err(e @ LedgerError::BudgetExceeded { .. }) => {
+                    eprintln!("refused: {e}");
+                    print_json(&json!({"admitted": false, "reason": e.to_string()}));
+                    return Ok(ExitCode::from(EXIT_BUDGET_REFUSED));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,52 @@
+//! `dpsynth`: the coordinator's command line.
+//!
+//! Every command prints one JSON object as its last line on stdout, so scripts can read
+//! results without parsing prose; logs go to stderr (`RUST_LOG` sets the level).
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "dpsynth",
+    version,
+    about = "Differentially private synthetic data at cluster scale"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Privacy calculators: ε for a noise level, noise for a target ε, PATE's GNMax.
+    #[command(subcommand)]
+    Privacy(commands::privacy::PrivacyCommand),
+    /// The per-dataset privacy ledger: create it, inspect it, test a charge against it.
+    #[command(subcommand)]
+    Ledger(commands::ledger::LedgerCommand),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Privacy(cmd) => commands::privacy::run(cmd),
+        Command::Ledger(cmd) => commands::ledger::run(cmd),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

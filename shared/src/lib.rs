@@ -1,0 +1,7 @@
+//! dpsynth's shared library: everything the coordinator and the workers have in common.
+
+// Parameter checks are written `!(x > 0.0)` on purpose: NaN must fail them.
+#![allow(clippy::neg_cmp_op_on_partial_ord)]
+
+pub mod privacy;
+pub mod storage;

@@ -1,0 +1,632 @@
+//! The global privacy ledger: one per protected dataset, shared by every job and every
+//! scheduled run against it, and the only record of what has been spent.
+//!
+//! Layout: `<store>/<dataset_id>/entries/<seq, 20 digits>.json`, one object per entry.
+//! Entry 0 declares the dataset's total budget; later entries are charges (written
+//! *before* a noisy output leaves the coordinator) and release markers. Entries are
+//! append-only and hash-chained: each object carries the SHA-256 of its own canonical
+//! body and of its predecessor's, so a torn, edited or missing entry is detected on load
+//! and the ledger refuses to operate until an operator repairs it (fail closed).
+//!
+//! Concurrency: an entry is written with create-if-absent (`PutMode::Create`, a local
+//! hard link or an S3 `If-None-Match: *`). Two coordinators charging at once race for the
+//! same sequence number; exactly one wins, the other reloads, re-checks the budget
+//! against the new total and retries. A charge is either a whole object or absent, so a
+//! writer killed mid-charge leaves a loadable ledger.
+//!
+//! Composition across jobs: RDP charges add their curves (on the ledger's orders); PLD
+//! charges are (ε_i, δ_i) pairs composed basically (Σε, Σδ). The RDP total is converted at
+//! δ_B − Σδ_i, so the dataset's guarantee is (Σε_i + ε_rdp, δ_B).
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::PrivacyError;
+use super::accountant::{Accountant, AccountingOptions, PrivacyCost, RdpCurve, account};
+use super::mechanism::{Adjacency, Mechanism};
+use crate::storage::StoreLocation;
+
+/// Version of the on-store format; loading refuses newer ones.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Retries of a charge that lost a race before giving up.
+const MAX_ATTEMPTS: usize = 1000;
+
+/// Slack for floating-point noise when comparing a total against the budget.
+const BUDGET_SLACK: f64 = 1e-12;
+
+/// A dataset's total privacy budget.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub epsilon: f64,
+    pub delta: f64,
+}
+
+/// What a job asks the ledger to charge: the mechanisms it will run and how to account them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChargeRequest {
+    pub job_id: String,
+    pub mechanisms: Vec<Mechanism>,
+    pub accountant: Accountant,
+    /// δ at which the job states its own ε (the PLD accountant charges this pair).
+    pub delta: f64,
+}
+
+/// One ledger entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EntryBody {
+    /// Entry 0: the dataset and its total budget.
+    Init {
+        dataset_id: String,
+        budget: Budget,
+        adjacency: Adjacency,
+        options: AccountingOptions,
+        format_version: u32,
+        dpsynth_version: String,
+    },
+    /// A charge, durable before the charged output is released.
+    Charge {
+        request: ChargeRequest,
+        cost: PrivacyCost,
+    },
+    /// The output of charge `charge_seq` has left the coordinator (audit trail; free).
+    Release {
+        charge_seq: u64,
+        job_id: String,
+        location: String,
+    },
+}
+
+/// An entry with its place in the chain.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub seq: u64,
+    pub timestamp: DateTime<Utc>,
+    /// SHA-256 of the previous entry's canonical body (`None` for entry 0).
+    pub prev_sha256: Option<String>,
+    pub body: EntryBody,
+}
+
+/// How an entry is stored: the entry plus the hash of its canonical JSON.
+#[derive(Serialize, Deserialize)]
+struct StoredEntry {
+    entry: Entry,
+    sha256: String,
+}
+
+/// Whether a charge's output has been released yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChargeStatus {
+    /// Durably charged; its output may not have left the coordinator yet.
+    Charged,
+    /// Charged and released.
+    Released,
+}
+
+/// Total spending of a dataset.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Spent {
+    pub epsilon: f64,
+    pub delta: f64,
+    /// RDP part converted to ε (at δ_B − Σδ of PLD charges), and its optimal order.
+    pub rdp_epsilon: f64,
+    pub rdp_order: Option<f64>,
+    /// Basic-composition part from PLD charges.
+    pub approx_epsilon: f64,
+    pub approx_delta: f64,
+}
+
+/// The answer to "may this job run?".
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Admission {
+    pub cost: PrivacyCost,
+    pub before: Spent,
+    pub after: Spent,
+    pub budget: Budget,
+}
+
+impl Admission {
+    pub fn fits(&self) -> bool {
+        self.after.epsilon <= self.budget.epsilon + BUDGET_SLACK
+            && self.after.delta <= self.budget.delta + BUDGET_SLACK
+    }
+
+    pub fn remaining_epsilon(&self) -> f64 {
+        (self.budget.epsilon - self.after.epsilon).max(0.0)
+    }
+}
+
+/// A durable charge.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChargeReceipt {
+    pub seq: u64,
+    pub admission: Admission,
+}
+
+/// Ledger failures. Every refusal leaves the ledger unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error(
+        "privacy budget exceeded for dataset '{dataset_id}': job '{job_id}' costs ε = {cost:.6} ({accountant}); \
+         spent so far ε = {spent:.6}, after this job ε = {after:.6}, δ = {after_delta:e}, \
+         but the dataset budget is ε = {budget_epsilon}, δ = {budget_delta:e}. Nothing was charged."
+    )]
+    BudgetExceeded {
+        dataset_id: String,
+        job_id: String,
+        accountant: Accountant,
+        cost: f64,
+        spent: f64,
+        after: f64,
+        after_delta: f64,
+        budget_epsilon: f64,
+        budget_delta: f64,
+    },
+    #[error(
+        "no privacy ledger for dataset '{dataset_id}' at {url}: create it with `dpsynth ledger init`"
+    )]
+    NotInitialised { dataset_id: String, url: String },
+    #[error("a privacy ledger for dataset '{dataset_id}' already exists at {url}")]
+    AlreadyExists { dataset_id: String, url: String },
+    #[error(
+        "privacy ledger object {object} is corrupt: {reason}. The ledger refuses to operate until it is repaired."
+    )]
+    Corrupt { object: String, reason: String },
+    #[error("invalid dataset id {0:?}: use letters, digits, '.', '_' and '-'")]
+    InvalidDatasetId(String),
+    #[error("mechanism not allowed on this ledger: {0}")]
+    Mechanism(String),
+    #[error(transparent)]
+    Privacy(#[from] PrivacyError),
+    #[error("gave up after {0} conflicting concurrent writes")]
+    Contention(usize),
+    #[error("privacy ledger storage error at {object}: {source}")]
+    Store {
+        object: String,
+        source: object_store::Error,
+    },
+}
+
+/// A dataset's ledger, loaded and verified.
+pub struct Ledger {
+    store: Arc<dyn ObjectStore>,
+    dir: Path,
+    url: String,
+    entries: Vec<Entry>,
+    hashes: Vec<String>,
+}
+
+fn valid_dataset_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && !id.starts_with('.')
+}
+
+fn canonical_sha256(entry: &Entry) -> Result<String, serde_json::Error> {
+    // Through `Value`, keys are sorted: the hash does not depend on field order.
+    let bytes = serde_json::to_vec(&serde_json::to_value(entry)?)?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
+}
+
+impl Ledger {
+    /// Creates the ledger of `dataset_id` under `location` with its total budget.
+    pub async fn init(
+        location: &StoreLocation,
+        dataset_id: &str,
+        budget: Budget,
+        adjacency: Adjacency,
+        options: AccountingOptions,
+    ) -> Result<Self, LedgerError> {
+        let valid = budget.epsilon > 0.0
+            && budget.epsilon.is_finite()
+            && (0.0..1.0).contains(&budget.delta);
+        if !valid {
+            return Err(PrivacyError::InvalidParameter(format!(
+                "budget needs ε > 0 and δ in [0, 1), got ε = {}, δ = {}",
+                budget.epsilon, budget.delta
+            ))
+            .into());
+        }
+        let mut ledger = Self::handle(location, dataset_id)?;
+        let body = EntryBody::Init {
+            dataset_id: dataset_id.to_string(),
+            budget,
+            adjacency,
+            options,
+            format_version: FORMAT_VERSION,
+            dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        if !ledger.try_append(body).await? {
+            return Err(LedgerError::AlreadyExists {
+                dataset_id: dataset_id.to_string(),
+                url: location.url.clone(),
+            });
+        }
+        Ok(ledger)
+    }
+
+    /// Loads and verifies the ledger of `dataset_id` under `location`.
+    pub async fn open(location: &StoreLocation, dataset_id: &str) -> Result<Self, LedgerError> {
+        let mut ledger = Self::handle(location, dataset_id)?;
+        ledger.refresh().await?;
+        if ledger.entries.is_empty() {
+            return Err(LedgerError::NotInitialised {
+                dataset_id: dataset_id.to_string(),
+                url: location.url.clone(),
+            });
+        }
+        Ok(ledger)
+    }
+
+    fn handle(location: &StoreLocation, dataset_id: &str) -> Result<Self, LedgerError> {
+        if !valid_dataset_id(dataset_id) {
+            return Err(LedgerError::InvalidDatasetId(dataset_id.to_string()));
+        }
+        Ok(Self {
+            store: location.store.clone(),
+            dir: location.child(dataset_id).join("entries"),
+            url: location.url.clone(),
+            entries: Vec::new(),
+            hashes: Vec::new(),
+        })
+    }
+
+    fn object_path(&self, seq: u64) -> Path {
+        self.dir.clone().join(format!("{seq:020}.json").as_str())
+    }
+
+    /// Reads entries written since the last load, verifying each link of the chain.
+    pub async fn refresh(&mut self) -> Result<(), LedgerError> {
+        let store_err = |object: &Path| {
+            let object = object.to_string();
+            move |source| LedgerError::Store { object, source }
+        };
+        let mut names: Vec<Path> = self
+            .store
+            .list(Some(&self.dir))
+            .map_ok(|meta| meta.location)
+            .try_collect()
+            .await
+            .map_err(store_err(&self.dir))?;
+        names.sort();
+        for (index, name) in names.iter().enumerate() {
+            let expected = self.object_path(index as u64);
+            if *name != expected {
+                return Err(LedgerError::Corrupt {
+                    object: name.to_string(),
+                    reason: format!("unexpected object; entry {expected} is missing or misnamed"),
+                });
+            }
+        }
+        for (seq, path) in names.iter().enumerate().skip(self.entries.len()) {
+            let bytes = self
+                .store
+                .get(path)
+                .await
+                .map_err(store_err(path))?
+                .bytes()
+                .await
+                .map_err(store_err(path))?;
+            self.verify_and_push(seq as u64, path, &bytes)?;
+        }
+        Ok(())
+    }
+
+    fn verify_and_push(&mut self, seq: u64, path: &Path, bytes: &[u8]) -> Result<(), LedgerError> {
+        let corrupt = |reason: String| LedgerError::Corrupt {
+            object: path.to_string(),
+            reason,
+        };
+        let stored: StoredEntry = serde_json::from_slice(bytes)
+            .map_err(|e| corrupt(format!("unreadable (torn or truncated write?): {e}")))?;
+        let hash = canonical_sha256(&stored.entry).map_err(|e| corrupt(e.to_string()))?;
+        if hash != stored.sha256 {
+            return Err(corrupt(
+                "checksum mismatch: the entry was altered after it was written".into(),
+            ));
+        }
+        let entry = stored.entry;
+        if entry.seq != seq {
+            return Err(corrupt(format!(
+                "records sequence number {} at position {seq}",
+                entry.seq
+            )));
+        }
+        if entry.prev_sha256.as_ref() != self.hashes.last() {
+            return Err(corrupt("does not chain to the previous entry".into()));
+        }
+        match (&entry.body, seq) {
+            (EntryBody::Init { format_version, .. }, 0) if *format_version > FORMAT_VERSION => {
+                return Err(corrupt(format!(
+                    "written by a newer dpsynth (format {format_version})"
+                )));
+            }
+            (EntryBody::Init { .. }, 0) => {}
+            (_, 0) => {
+                return Err(corrupt(
+                    "first entry is not the ledger's initialisation".into(),
+                ));
+            }
+            (EntryBody::Init { .. }, _) => {
+                return Err(corrupt("a second initialisation entry".into()));
+            }
+            (EntryBody::Release { charge_seq, .. }, _) => {
+                let charged = self
+                    .entries
+                    .get(*charge_seq as usize)
+                    .map(|e| matches!(e.body, EntryBody::Charge { .. }));
+                if charged != Some(true) {
+                    return Err(corrupt(format!(
+                        "release refers to {charge_seq}, which is not a charge"
+                    )));
+                }
+            }
+            (EntryBody::Charge { .. }, _) => {}
+        }
+        self.entries.push(entry);
+        self.hashes.push(hash);
+        Ok(())
+    }
+
+    /// Writes the next entry if nobody else has; `false` when another writer got there first.
+    async fn try_append(&mut self, body: EntryBody) -> Result<bool, LedgerError> {
+        let seq = self.entries.len() as u64;
+        let entry = Entry {
+            seq,
+            timestamp: Utc::now(),
+            prev_sha256: self.hashes.last().cloned(),
+            body,
+        };
+        let path = self.object_path(seq);
+        let corrupt = |e: serde_json::Error| LedgerError::Corrupt {
+            object: path.to_string(),
+            reason: e.to_string(),
+        };
+        let sha256 = canonical_sha256(&entry).map_err(corrupt)?;
+        let bytes = serde_json::to_vec_pretty(&StoredEntry { entry, sha256 }).map_err(corrupt)?;
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&path, PutPayload::from(bytes.clone()), options)
+            .await
+        {
+            Ok(_) => {
+                self.verify_and_push(seq, &path, &bytes)?;
+                Ok(true)
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(source) => Err(LedgerError::Store {
+                object: path.to_string(),
+                source,
+            }),
+        }
+    }
+
+    fn init_entry(&self) -> (&str, Budget, Adjacency, &AccountingOptions) {
+        match &self.entries[0].body {
+            EntryBody::Init {
+                dataset_id,
+                budget,
+                adjacency,
+                options,
+                ..
+            } => (dataset_id, *budget, *adjacency, options),
+            _ => unreachable!("entry 0 is verified to be the initialisation"),
+        }
+    }
+
+    pub fn dataset_id(&self) -> &str {
+        self.init_entry().0
+    }
+
+    pub fn budget(&self) -> Budget {
+        self.init_entry().1
+    }
+
+    pub fn adjacency(&self) -> Adjacency {
+        self.init_entry().2
+    }
+
+    pub fn options(&self) -> &AccountingOptions {
+        self.init_entry().3
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// Every charge with its status.
+    pub fn charges(&self) -> Vec<(&Entry, ChargeStatus)> {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.body, EntryBody::Charge { .. }))
+            .map(|e| {
+                let released = self
+                    .entries
+                    .iter()
+                    .any(|r| matches!(r.body, EntryBody::Release { charge_seq, .. } if charge_seq == e.seq));
+                (e, if released { ChargeStatus::Released } else { ChargeStatus::Charged })
+            })
+            .collect()
+    }
+
+    /// Total spent by all charges, plus `extra` if given.
+    fn spent_with(&self, extra: Option<&PrivacyCost>) -> Result<Spent, LedgerError> {
+        let (_, budget, _, options) = self.init_entry();
+        let recorded = self.entries.iter().filter_map(|e| match &e.body {
+            EntryBody::Charge { cost, .. } => Some(cost),
+            _ => None,
+        });
+        let mut curve: Option<RdpCurve> = None;
+        let (mut approx_epsilon, mut approx_delta) = (0.0, 0.0);
+        for cost in recorded.chain(extra) {
+            match &cost.rdp {
+                Some(c) => {
+                    curve = Some(match curve {
+                        None => c.clone(),
+                        Some(acc) => acc.compose(c)?,
+                    })
+                }
+                None => {
+                    approx_epsilon += cost.epsilon;
+                    approx_delta += cost.delta;
+                }
+            }
+        }
+        let (rdp_epsilon, rdp_order, delta) = match curve {
+            None => (0.0, None, approx_delta),
+            Some(_) if approx_delta >= budget.delta => (f64::INFINITY, None, budget.delta),
+            Some(c) => {
+                let e = c.epsilon(budget.delta - approx_delta, options.conversion)?;
+                (
+                    e.epsilon,
+                    e.order.is_finite().then_some(e.order),
+                    budget.delta,
+                )
+            }
+        };
+        Ok(Spent {
+            epsilon: approx_epsilon + rdp_epsilon,
+            delta,
+            rdp_epsilon,
+            rdp_order,
+            approx_epsilon,
+            approx_delta,
+        })
+    }
+
+    /// Total spent so far.
+    pub fn spent(&self) -> Result<Spent, LedgerError> {
+        self.spent_with(None)
+    }
+
+    /// Prices `request` with the ledger's own accounting options (never the caller's).
+    pub fn price(&self, request: &ChargeRequest) -> Result<PrivacyCost, LedgerError> {
+        let adjacency = self.adjacency();
+        if let Some(m) = request.mechanisms.iter().find(|m| !m.supports(adjacency)) {
+            return Err(LedgerError::Mechanism(format!(
+                "{} is not analysed under this dataset's adjacency ({adjacency})",
+                m.describe()
+            )));
+        }
+        Ok(account(
+            &request.mechanisms,
+            request.accountant,
+            request.delta,
+            self.options(),
+        )?)
+    }
+
+    fn admission(&self, cost: PrivacyCost) -> Result<Admission, LedgerError> {
+        Ok(Admission {
+            before: self.spent()?,
+            after: self.spent_with(Some(&cost))?,
+            budget: self.budget(),
+            cost,
+        })
+    }
+
+    fn refusal(&self, request: &ChargeRequest, admission: &Admission) -> LedgerError {
+        LedgerError::BudgetExceeded {
+            dataset_id: self.dataset_id().to_string(),
+            job_id: request.job_id.clone(),
+            accountant: request.accountant,
+            cost: admission.cost.epsilon,
+            spent: admission.before.epsilon,
+            after: admission.after.epsilon,
+            after_delta: admission.after.delta,
+            budget_epsilon: admission.budget.epsilon,
+            budget_delta: admission.budget.delta,
+        }
+    }
+
+    /// Whether `request` fits in the remaining budget now, without writing anything.
+    pub async fn check(&mut self, request: &ChargeRequest) -> Result<Admission, LedgerError> {
+        self.refresh().await?;
+        let admission = self.admission(self.price(request)?)?;
+        if admission.fits() {
+            Ok(admission)
+        } else {
+            Err(self.refusal(request, &admission))
+        }
+    }
+
+    /// Durably charges `request`, or refuses it (leaving the ledger unchanged) if it would
+    /// exceed the budget. Call before the charged output leaves the coordinator.
+    pub async fn charge(&mut self, request: &ChargeRequest) -> Result<ChargeReceipt, LedgerError> {
+        let cost = self.price(request)?;
+        for _ in 0..MAX_ATTEMPTS {
+            self.refresh().await?;
+            let admission = self.admission(cost.clone())?;
+            if !admission.fits() {
+                return Err(self.refusal(request, &admission));
+            }
+            let seq = self.entries.len() as u64;
+            let body = EntryBody::Charge {
+                request: request.clone(),
+                cost: cost.clone(),
+            };
+            if self.try_append(body).await? {
+                tracing::info!(
+                    dataset = self.dataset_id(),
+                    job = request.job_id,
+                    seq,
+                    epsilon = admission.cost.epsilon,
+                    total_epsilon = admission.after.epsilon,
+                    "privacy ledger charged"
+                );
+                return Ok(ChargeReceipt { seq, admission });
+            }
+            tracing::debug!(seq, "ledger write lost a race; reloading");
+        }
+        Err(LedgerError::Contention(MAX_ATTEMPTS))
+    }
+
+    /// Records that the output of charge `charge_seq` was released to `location`.
+    pub async fn record_release(
+        &mut self,
+        charge_seq: u64,
+        location: &str,
+    ) -> Result<u64, LedgerError> {
+        for _ in 0..MAX_ATTEMPTS {
+            self.refresh().await?;
+            let job_id = match self.entries.get(charge_seq as usize).map(|e| &e.body) {
+                Some(EntryBody::Charge { request, .. }) => request.job_id.clone(),
+                _ => {
+                    return Err(LedgerError::Mechanism(format!(
+                        "entry {charge_seq} is not a charge"
+                    )));
+                }
+            };
+            let seq = self.entries.len() as u64;
+            let body = EntryBody::Release {
+                charge_seq,
+                job_id,
+                location: location.to_string(),
+            };
+            if self.try_append(body).await? {
+                return Ok(seq);
+            }
+        }
+        Err(LedgerError::Contention(MAX_ATTEMPTS))
+    }
+}

@@ -1,0 +1,93 @@
+//! Opening object stores from URLs: plain paths and `file://` (local file system, the
+//! default), `s3://bucket/prefix` (Amazon S3 or any S3-compatible server, configured by
+//! the usual `AWS_*` environment variables, e.g. `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`).
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+
+/// Errors opening a store location.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("invalid store URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("cannot open store {url:?}: {source}")]
+    Open {
+        url: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// An object store plus the prefix inside it that a URL names.
+#[derive(Clone, Debug)]
+pub struct StoreLocation {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: Path,
+    /// The URL as given, for messages.
+    pub url: String,
+}
+
+impl StoreLocation {
+    /// `prefix/child` as an object path.
+    pub fn child(&self, child: &str) -> Path {
+        child
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .fold(self.prefix.clone(), |p, part| p.join(part))
+    }
+}
+
+/// Opens the store a URL points to. Local directories are created if missing.
+pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
+    let invalid = |reason: &str| StorageError::InvalidUrl {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let open_err = |e: Box<dyn std::error::Error + Send + Sync>| StorageError::Open {
+        url: url.to_string(),
+        source: e,
+    };
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (scheme, rest),
+        None => ("file", url),
+    };
+    match scheme {
+        "file" => {
+            if rest.is_empty() {
+                return Err(invalid("empty path"));
+            }
+            std::fs::create_dir_all(rest).map_err(|e| open_err(Box::new(e)))?;
+            // fsync: a ledger charge must be on disk before the output it pays for leaves.
+            let fs = LocalFileSystem::new_with_prefix(rest)
+                .map_err(|e| open_err(Box::new(e)))?
+                .with_fsync(true);
+            Ok(StoreLocation {
+                store: Arc::new(fs),
+                prefix: Path::default(),
+                url: url.to_string(),
+            })
+        }
+        "s3" | "s3a" => {
+            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(invalid("missing bucket name"));
+            }
+            let s3 = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(|e| open_err(Box::new(e)))?;
+            let prefix = Path::parse(key.trim_matches('/')).map_err(|e| invalid(&e.to_string()))?;
+            Ok(StoreLocation {
+                store: Arc::new(s3),
+                prefix,
+                url: url.to_string(),
+            })
+        }
+        other => Err(invalid(&format!(
+            "unsupported scheme {other:?} (use a path, file:// or s3://)"
+        ))),
+    }
+}
