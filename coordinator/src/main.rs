@@ -22,6 +22,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the built-in demo: simulated ICU vitals, 2 local workers, output under ./dpsynth-out/.
+    Demo,
+    /// Run a job on a standalone cluster: the coordinator and N local workers in this process.
+    Run(commands::job::RunArgs),
+    /// Serve the coordinator over gRPC (workers connect with `dpsynth-worker`).
+    Serve(commands::job::ServeArgs),
+    /// Submit a job to a running coordinator and follow it to the end.
+    Submit(commands::job::SubmitArgs),
     /// Privacy calculators: ε for a noise level, noise for a target ε, PATE's GNMax.
     #[command(subcommand)]
     Privacy(commands::privacy::PrivacyCommand),
@@ -39,6 +47,10 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo => commands::job::demo(),
+        Command::Run(args) => commands::job::run(args),
+        Command::Serve(args) => commands::job::serve_command(args),
+        Command::Submit(args) => commands::job::submit(args),
         Command::Privacy(cmd) => commands::privacy::run(cmd),
         Command::Ledger(cmd) => commands::ledger::run(cmd),
     };

@@ -3,5 +3,10 @@
 // Parameter checks are written `!(x > 0.0)` on purpose: NaN must fail them.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
+pub mod data;
+pub mod generators;
+pub mod output;
 pub mod privacy;
+pub mod simulate;
+pub mod spec;
 pub mod storage;

@@ -40,6 +40,43 @@ impl StoreLocation {
     }
 }
 
+/// Opens the store holding one object (an input file): the URL's parent is the store, the
+/// last segment the object. Nothing is created.
+pub fn open_file(url: &str) -> Result<(StoreLocation, Path), StorageError> {
+    let invalid = |reason: &str| StorageError::InvalidUrl {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let (parent, name) = url
+        .trim_end_matches('/')
+        .rsplit_once('/')
+        .unwrap_or((".", url));
+    if name.is_empty() {
+        return Err(invalid("no file name"));
+    }
+    let location = match url.split_once("://") {
+        Some(("s3" | "s3a", _)) => open(parent)?,
+        Some(("file", rest)) if !rest.contains('/') => open_existing(".", url)?,
+        Some(("file", _)) => open_existing(parent.trim_start_matches("file://"), url)?,
+        Some(_) => return Err(invalid("unsupported scheme (use a path, file:// or s3://)")),
+        None => open_existing(if parent.is_empty() { "/" } else { parent }, url)?,
+    };
+    let path = Path::parse(name).map_err(|e| invalid(&e.to_string()))?;
+    Ok((location, path))
+}
+
+fn open_existing(dir: &str, url: &str) -> Result<StoreLocation, StorageError> {
+    let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| StorageError::Open {
+        url: url.to_string(),
+        source: Box::new(e),
+    })?;
+    Ok(StoreLocation {
+        store: Arc::new(fs),
+        prefix: Path::default(),
+        url: url.to_string(),
+    })
+}
+
 /// Opens the store a URL points to. Local directories are created if missing.
 pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
     let invalid = |reason: &str| StorageError::InvalidUrl {

@@ -1,5 +1,6 @@
 //! One module per command group.
 
+pub mod job;
 pub mod ledger;
 pub mod privacy;
 

@@ -1,0 +1,301 @@
+//! `dpsynth run | demo | serve | submit`: running synthesis jobs.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use dpsynth_coordinator::job::JobRequest;
+use dpsynth_coordinator::server::serve;
+use dpsynth_coordinator::service::{CoordinatorConfig, CoordinatorService, new_job_id};
+use dpsynth_coordinator::standalone::Standalone;
+use dpsynth_proto::coordinator_client::CoordinatorClient;
+use dpsynth_proto::{GetJobRequest, JobState, JobStatus, SubmitJobRequest};
+use dpsynth_shared::privacy::ledger::Ledger;
+use dpsynth_shared::simulate;
+use dpsynth_shared::spec::JobSpec;
+use dpsynth_shared::storage;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::{EXIT_BUDGET_REFUSED, print_json};
+
+/// The demo's job spec, compiled in so the demo needs no files.
+const DEMO_SPEC: &str = include_str!("../../../examples/demo.toml");
+/// Simulated patients in the demo's private input.
+const DEMO_PATIENTS: usize = 400;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The job spec (TOML).
+    spec: String,
+    /// Local workers to start.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Output prefix (path, file:// or s3://); overrides the spec.
+    #[arg(long)]
+    output: Option<String>,
+    /// Ledger store; overrides the spec.
+    #[arg(long)]
+    ledger: Option<String>,
+    /// Scratch store for the job's partitions (deleted when the job ends).
+    #[arg(long, default_value = "./dpsynth-out/scratch")]
+    scratch: String,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:50051")]
+    listen: SocketAddr,
+    /// Scratch store for partitions; workers must be able to read it.
+    #[arg(long, env = "DPSYNTH_SCRATCH", default_value = "./dpsynth-out/scratch")]
+    scratch: String,
+    /// Ledger store used when a job spec names none.
+    #[arg(long, env = "DPSYNTH_LEDGER", default_value = "./dpsynth-out/ledger")]
+    ledger: String,
+    /// Seconds without heartbeat before a worker is declared dead.
+    #[arg(long, default_value_t = 3.0)]
+    worker_timeout: f64,
+}
+
+#[derive(Args)]
+pub struct SubmitArgs {
+    /// The job spec (TOML).
+    spec: String,
+    /// Coordinator gRPC URL.
+    #[arg(
+        long,
+        env = "DPSYNTH_COORDINATOR",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    coordinator: String,
+    #[arg(long)]
+    output: Option<String>,
+    #[arg(long)]
+    ledger: Option<String>,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Shows a job's progress until it ends; returns its final status.
+async fn follow(
+    mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>,
+) -> anyhow::Result<JobStatus> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tasks, ETA {eta} — {msg}",
+        )
+        .expect("valid template"),
+    );
+    loop {
+        let s = status().await?;
+        bar.set_length(u64::from(s.tasks_total));
+        bar.set_position(u64::from(s.tasks_done));
+        bar.set_message(format!("{} (ε spent {:.4})", s.message, s.epsilon_spent));
+        if s.state != JobState::Running as i32 {
+            bar.finish_and_clear();
+            return Ok(s);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Prints a finished job's result; the exit status says how it ended.
+fn report(status: &JobStatus) -> ExitCode {
+    match JobState::try_from(status.state) {
+        Ok(JobState::Succeeded) => {
+            let manifest: serde_json::Value =
+                serde_json::from_str(&status.manifest_json).unwrap_or_default();
+            eprintln!(
+                "job {} succeeded: {} rows, ε = {} (δ = {}) charged to dataset '{}'",
+                status.job_id,
+                manifest["rows"],
+                manifest["privacy"]["epsilon"],
+                manifest["privacy"]["delta"],
+                manifest["privacy"]["dataset_id"]
+                    .as_str()
+                    .unwrap_or_default()
+            );
+            print_json(&manifest);
+            ExitCode::SUCCESS
+        }
+        Ok(JobState::Refused) => {
+            eprintln!("job {} refused: {}", status.job_id, status.message);
+            print_json(
+                &serde_json::json!({"job_id": status.job_id, "state": "refused", "error": status.message}),
+            );
+            ExitCode::from(EXIT_BUDGET_REFUSED)
+        }
+        _ => {
+            eprintln!("job {} failed: {}", status.job_id, status.message);
+            print_json(
+                &serde_json::json!({"job_id": status.job_id, "state": "failed", "error": status.message}),
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a job on an in-process cluster (coordinator + local workers over loopback gRPC).
+async fn run_standalone(
+    spec: JobSpec,
+    workers: usize,
+    output: Option<String>,
+    ledger: Option<String>,
+    scratch: String,
+) -> anyhow::Result<JobStatus> {
+    let mut config = CoordinatorConfig::default();
+    config.env.scratch_url = scratch;
+    let cluster = Standalone::start(config, workers)
+        .await
+        .context("starting the local cluster")?;
+    tracing::info!(
+        coordinator = cluster.url,
+        workers,
+        "standalone cluster started"
+    );
+    let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
+    cluster.service.start_job(JobRequest {
+        job_id: job_id.clone(),
+        spec,
+        output_url: output,
+        ledger_url: ledger,
+    });
+    let service = cluster.service.clone();
+    let status = follow(async || service.job_status(&job_id).context("job vanished")).await;
+    cluster.shutdown().await;
+    status
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let spec = JobSpec::load(&args.spec)?;
+    let status = runtime()?.block_on(run_standalone(
+        spec,
+        args.workers,
+        args.output,
+        args.ledger,
+        args.scratch,
+    ))?;
+    Ok(report(&status))
+}
+
+pub fn demo() -> anyhow::Result<ExitCode> {
+    let spec = JobSpec::parse(DEMO_SPEC, "examples/demo.toml (built in)")?;
+    let input = spec.input.urls[0].clone();
+    if let Some(dir) = std::path::Path::new(&input).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&input, simulate::icu_vitals_csv(DEMO_PATIENTS, 2026))
+        .with_context(|| format!("writing {input}"))?;
+    eprintln!(
+        "simulated {DEMO_PATIENTS} ICU patients' vital signs into {input} (the demo's private input)"
+    );
+    let job_id = new_job_id();
+    let output = format!("{}/{job_id}", spec.output.url);
+    let ledger_url = spec
+        .privacy
+        .ledger
+        .clone()
+        .expect("the demo spec names its ledger");
+    let dataset = spec.job.dataset_id.clone();
+    let spec = JobSpec {
+        job: dpsynth_shared::spec::JobSection {
+            id: Some(job_id),
+            ..spec.job.clone()
+        },
+        ..spec
+    };
+    let rt = runtime()?;
+    let status = rt.block_on(run_standalone(
+        spec,
+        2,
+        Some(output),
+        None,
+        "./dpsynth-out/scratch".into(),
+    ))?;
+    let code = report(&status);
+    rt.block_on(async {
+        let ledger = Ledger::open(&storage::open(&ledger_url)?, &dataset).await?;
+        let spent = ledger.spent()?;
+        eprintln!(
+            "privacy ledger of '{dataset}' at {ledger_url}: {} charges, ε spent {:.4} of {} (δ = {:e}); see `dpsynth ledger show --dataset {dataset} --store {ledger_url}`",
+            ledger.charges().len(),
+            spent.epsilon,
+            ledger.budget().epsilon,
+            ledger.budget().delta
+        );
+        anyhow::Ok(())
+    })?;
+    Ok(code)
+}
+
+pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let mut config = CoordinatorConfig::default();
+        config.env.scratch_url = args.scratch;
+        config.env.default_ledger_url = args.ledger;
+        config.worker_timeout = Duration::from_secs_f64(args.worker_timeout);
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        tracing::info!(address = %listener.local_addr()?, "coordinator listening");
+        let service = CoordinatorService::new(config);
+        serve(listener, service, async {
+            // Kubernetes stops pods with SIGTERM; a terminal with Ctrl-C.
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("installing a SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            tracing::info!("shutting down");
+        })
+        .await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(&args.spec).with_context(|| format!("reading {}", args.spec))?;
+    // Validate locally first: a bad spec should fail here, with its path.
+    JobSpec::parse(&text, &args.spec)?;
+    runtime()?.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(args.coordinator.clone())?
+            .connect()
+            .await
+            .with_context(|| format!("connecting to the coordinator at {}", args.coordinator))?;
+        let mut client = CoordinatorClient::new(channel);
+        let submitted = client
+            .submit_job(SubmitJobRequest {
+                spec_toml: text,
+                spec_path: args.spec.clone(),
+                output_url: args.output,
+                ledger_url: args.ledger,
+            })
+            .await;
+        let job_id = match submitted {
+            Ok(r) => r.into_inner().job_id,
+            Err(status) => bail!("the coordinator rejected the job: {}", status.message()),
+        };
+        eprintln!("submitted job {job_id} to {}", args.coordinator);
+        let status = follow(async || {
+            Ok(client
+                .get_job(GetJobRequest {
+                    job_id: job_id.clone(),
+                })
+                .await
+                .context("polling the job")?
+                .into_inner())
+        })
+        .await?;
+        Ok(report(&status))
+    })
+}

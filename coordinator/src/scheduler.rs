@@ -1,0 +1,247 @@
+//! Worker registry and task queue. Workers pull tasks; a worker that stops heartbeating is
+//! declared dead and its running tasks go back to the front of the queue with a new
+//! attempt number, so a late result from the old attempt is refused and nothing is
+//! counted twice.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpsynth_proto::Capabilities;
+use tokio::sync::mpsc;
+
+/// One unit of work: a kind, its parameters, and the partitions it reads.
+#[derive(Clone, Debug)]
+pub struct TaskDef {
+    pub job_id: String,
+    pub task_id: u64,
+    pub kind: String,
+    pub params: Arc<Vec<u8>>,
+    pub partition_urls: Vec<String>,
+}
+
+/// A finished task's aggregate.
+#[derive(Clone, Debug)]
+pub struct TaskResult {
+    pub task_id: u64,
+    pub worker: String,
+    pub units: u64,
+    pub tensors: Vec<(String, Vec<f64>)>,
+}
+
+/// What a job hears about its tasks.
+#[derive(Debug)]
+pub enum TaskEvent {
+    Done(TaskResult),
+    Failed {
+        task_id: u64,
+        worker: String,
+        error: String,
+    },
+    Requeued {
+        task_id: u64,
+        worker: String,
+    },
+}
+
+struct Worker {
+    name: String,
+    capabilities: Capabilities,
+    last_seen: Instant,
+}
+
+struct Running {
+    def: TaskDef,
+    attempt: u32,
+    worker: String,
+}
+
+#[derive(Default)]
+struct Inner {
+    workers: HashMap<String, Worker>,
+    pending: VecDeque<(TaskDef, u32)>,
+    running: HashMap<(String, u64), Running>,
+    listeners: HashMap<String, mpsc::UnboundedSender<TaskEvent>>,
+    next_worker: u64,
+}
+
+/// Shared between the gRPC service, the jobs and the reaper.
+pub struct Scheduler {
+    inner: Mutex<Inner>,
+    worker_timeout: Duration,
+}
+
+impl Scheduler {
+    pub fn new(worker_timeout: Duration) -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            worker_timeout,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn register(&self, name: &str, capabilities: Capabilities) -> String {
+        let mut inner = self.lock();
+        inner.next_worker += 1;
+        let id = format!("w{}-{name}", inner.next_worker);
+        tracing::info!(
+            worker = id,
+            cores = capabilities.cpu_cores,
+            gpus = capabilities.gpus,
+            "worker registered"
+        );
+        inner.workers.insert(
+            id.clone(),
+            Worker {
+                name: name.to_string(),
+                capabilities,
+                last_seen: Instant::now(),
+            },
+        );
+        id
+    }
+
+    /// `false` when the worker is unknown (it must register again).
+    pub fn heartbeat(&self, worker: &str) -> bool {
+        match self.lock().workers.get_mut(worker) {
+            Some(w) => {
+                w.last_seen = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn live_workers(&self) -> Vec<(String, String, Capabilities)> {
+        self.lock()
+            .workers
+            .iter()
+            .map(|(id, w)| (id.clone(), w.name.clone(), w.capabilities))
+            .collect()
+    }
+
+    /// Queues a job's tasks; the receiver hears about each of them.
+    pub fn submit(&self, job_id: &str, tasks: Vec<TaskDef>) -> mpsc::UnboundedReceiver<TaskEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut inner = self.lock();
+        inner.listeners.insert(job_id.to_string(), tx);
+        inner.pending.extend(tasks.into_iter().map(|t| (t, 1)));
+        rx
+    }
+
+    /// Forgets a job's queued and running tasks.
+    pub fn cancel(&self, job_id: &str) {
+        let mut inner = self.lock();
+        inner.pending.retain(|(t, _)| t.job_id != job_id);
+        inner.running.retain(|(j, _), _| j != job_id);
+        inner.listeners.remove(job_id);
+    }
+
+    /// The next task for a known worker.
+    pub fn poll(&self, worker: &str) -> Option<(TaskDef, u32)> {
+        let mut inner = self.lock();
+        inner.workers.get_mut(worker)?.last_seen = Instant::now();
+        let (def, attempt) = inner.pending.pop_front()?;
+        let key = (def.job_id.clone(), def.task_id);
+        inner.running.insert(
+            key,
+            Running {
+                def: def.clone(),
+                attempt,
+                worker: worker.to_string(),
+            },
+        );
+        Some((def, attempt))
+    }
+
+    fn take_running(
+        &self,
+        worker: &str,
+        job_id: &str,
+        task_id: u64,
+        attempt: u32,
+    ) -> Result<(), String> {
+        let mut inner = self.lock();
+        let key = (job_id.to_string(), task_id);
+        match inner.running.get(&key) {
+            Some(r) if r.worker == worker && r.attempt == attempt => {
+                inner.running.remove(&key);
+                Ok(())
+            }
+            _ => Err(format!(
+                "task {task_id} attempt {attempt} of job {job_id} is not running on {worker}"
+            )),
+        }
+    }
+
+    fn notify(&self, job_id: &str, event: TaskEvent) {
+        if let Some(tx) = self.lock().listeners.get(job_id) {
+            let _ = tx.send(event);
+        }
+    }
+
+    /// Accepts a result only from the worker running that attempt.
+    pub fn complete(&self, job_id: &str, attempt: u32, result: TaskResult) -> Result<(), String> {
+        self.take_running(&result.worker, job_id, result.task_id, attempt)?;
+        self.notify(job_id, TaskEvent::Done(result));
+        Ok(())
+    }
+
+    pub fn fail(
+        &self,
+        worker: &str,
+        job_id: &str,
+        task_id: u64,
+        attempt: u32,
+        error: String,
+    ) -> Result<(), String> {
+        self.take_running(worker, job_id, task_id, attempt)?;
+        self.notify(
+            job_id,
+            TaskEvent::Failed {
+                task_id,
+                worker: worker.to_string(),
+                error,
+            },
+        );
+        Ok(())
+    }
+
+    /// Declares silent workers dead and requeues their running tasks.
+    pub fn reap(&self) {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let dead: Vec<String> = inner
+            .workers
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.last_seen) > self.worker_timeout)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in dead {
+            inner.workers.remove(&id);
+            tracing::warn!(
+                worker = id,
+                "worker lost (no heartbeat); requeueing its tasks"
+            );
+            let lost: Vec<(String, u64)> = inner
+                .running
+                .iter()
+                .filter(|(_, r)| r.worker == id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in lost {
+                let r = inner.running.remove(&key).expect("listed above");
+                if let Some(tx) = inner.listeners.get(&r.def.job_id) {
+                    let _ = tx.send(TaskEvent::Requeued {
+                        task_id: r.def.task_id,
+                        worker: id.clone(),
+                    });
+                }
+                inner.pending.push_front((r.def, r.attempt + 1));
+            }
+        }
+    }
+}

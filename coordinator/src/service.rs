@@ -1,0 +1,344 @@
+//! The coordinator's gRPC service: worker registration and liveness, task hand-out and
+//! results, job submission and status.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dpsynth_proto::coordinator_server::Coordinator;
+use dpsynth_proto::result_chunk::Part;
+use dpsynth_proto::{
+    Dtype, GetJobRequest, HeartbeatRequest, HeartbeatResponse, JobState, JobStatus,
+    PROTOCOL_VERSION, PollTaskRequest, PollTaskResponse, RegisterWorkerRequest,
+    RegisterWorkerResponse, ReportFailureRequest, ReportFailureResponse, ResultChunk,
+    SubmitJobRequest, SubmitJobResponse, SubmitResultResponse, Task,
+};
+use dpsynth_shared::spec::JobSpec;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::job::{JobEnv, JobRequest, Progress, ProgressHandle, run_job};
+use crate::scheduler::{Scheduler, TaskResult};
+
+/// Tunables of a coordinator, with defaults for a single machine.
+#[derive(Clone, Debug)]
+pub struct CoordinatorConfig {
+    /// How often workers heartbeat.
+    pub heartbeat_interval: Duration,
+    /// Silence after which a worker is declared dead and its tasks requeued.
+    pub worker_timeout: Duration,
+    pub env: JobEnv,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_millis(500),
+            worker_timeout: Duration::from_secs(3),
+            env: JobEnv {
+                scratch_url: "./dpsynth-out/scratch".into(),
+                default_ledger_url: "./dpsynth-out/ledger".into(),
+            },
+        }
+    }
+}
+
+/// A job known to the coordinator.
+struct JobEntry {
+    progress: ProgressHandle,
+    outcome: Option<Result<String, (JobState, String)>>,
+}
+
+/// The coordinator: scheduler, jobs and configuration behind the gRPC service.
+#[derive(Clone)]
+pub struct CoordinatorService {
+    scheduler: Arc<Scheduler>,
+    config: Arc<CoordinatorConfig>,
+    jobs: Arc<Mutex<HashMap<String, JobEntry>>>,
+}
+
+/// A fresh job id: time plus randomness, sortable.
+pub fn new_job_id() -> String {
+    let suffix: u32 = rand::random();
+    format!(
+        "job-{}-{suffix:08x}",
+        chrono::Utc::now().format("%Y%m%dT%H%M%S")
+    )
+}
+
+impl CoordinatorService {
+    /// Starts the reaper that declares silent workers dead.
+    pub fn new(config: CoordinatorConfig) -> Self {
+        let scheduler = Arc::new(Scheduler::new(config.worker_timeout));
+        let reaper = Arc::downgrade(&scheduler);
+        let period = config.worker_timeout / 4;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                match reaper.upgrade() {
+                    Some(s) => s.reap(),
+                    None => break,
+                }
+            }
+        });
+        Self {
+            scheduler,
+            config: Arc::new(config),
+            jobs: Arc::default(),
+        }
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Starts a job in the background; returns its progress handle.
+    pub fn start_job(&self, request: JobRequest) -> ProgressHandle {
+        let progress: ProgressHandle = Arc::new(Mutex::new(Progress::default()));
+        let job_id = request.job_id.clone();
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            job_id.clone(),
+            JobEntry {
+                progress: progress.clone(),
+                outcome: None,
+            },
+        );
+        let this = self.clone();
+        let handle = progress.clone();
+        tokio::spawn(async move {
+            let result = run_job(request, &this.config.env, &this.scheduler, handle).await;
+            let outcome = match result {
+                Ok(manifest) => {
+                    tracing::info!(
+                        job = job_id,
+                        rows = manifest.rows,
+                        epsilon = manifest.privacy.epsilon,
+                        "job succeeded"
+                    );
+                    Ok(serde_json::to_string_pretty(&manifest).unwrap_or_default())
+                }
+                Err(e) if e.is_refusal() => {
+                    tracing::warn!(job = job_id, error = %e, "job refused by the privacy ledger");
+                    Err((JobState::Refused, e.to_string()))
+                }
+                Err(e) => {
+                    tracing::error!(job = job_id, error = %e, "job failed");
+                    Err((JobState::Failed, e.to_string()))
+                }
+            };
+            if let Some(entry) = this
+                .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(&job_id)
+            {
+                entry.outcome = Some(outcome);
+            }
+        });
+        progress
+    }
+
+    /// Status of a job (what `GetJob` returns).
+    pub fn job_status(&self, job_id: &str) -> Option<JobStatus> {
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = jobs.get(job_id)?;
+        let p = entry
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut status = JobStatus {
+            job_id: job_id.to_string(),
+            state: JobState::Running as i32,
+            message: p.stage.clone(),
+            tasks_total: p.tasks_total,
+            tasks_done: p.tasks_done,
+            epsilon_spent: p.epsilon_spent,
+            manifest_json: String::new(),
+        };
+        match &entry.outcome {
+            None => {}
+            Some(Ok(manifest)) => {
+                status.state = JobState::Succeeded as i32;
+                status.manifest_json = manifest.clone();
+            }
+            Some(Err((state, message))) => {
+                status.state = *state as i32;
+                status.message = message.clone();
+            }
+        }
+        Some(status)
+    }
+}
+
+fn decode_f64(bytes: &[u8]) -> Result<Vec<f64>, Status> {
+    if !bytes.len().is_multiple_of(8) {
+        return Err(Status::invalid_argument(
+            "f64 tensor bytes are not a multiple of 8",
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    async fn register_worker(
+        &self,
+        request: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        let r = request.into_inner();
+        if r.protocol_version != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "incompatible dpsynth protocol: worker '{}' ({}) speaks version {}, this coordinator ({}) speaks {}",
+                r.worker_name,
+                r.dpsynth_version,
+                r.protocol_version,
+                env!("CARGO_PKG_VERSION"),
+                PROTOCOL_VERSION
+            )));
+        }
+        let worker_id = self
+            .scheduler
+            .register(&r.worker_name, r.capabilities.unwrap_or_default());
+        Ok(Response::new(RegisterWorkerResponse {
+            worker_id,
+            heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u32,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let known = self.scheduler.heartbeat(&request.into_inner().worker_id);
+        Ok(Response::new(HeartbeatResponse { known }))
+    }
+
+    async fn poll_task(
+        &self,
+        request: Request<PollTaskRequest>,
+    ) -> Result<Response<PollTaskResponse>, Status> {
+        let worker = request.into_inner().worker_id;
+        if !self.scheduler.heartbeat(&worker) {
+            return Err(Status::not_found(format!(
+                "unknown worker {worker}: register again"
+            )));
+        }
+        let task = self.scheduler.poll(&worker).map(|(def, attempt)| Task {
+            job_id: def.job_id,
+            task_id: def.task_id,
+            attempt,
+            kind: def.kind,
+            params: def.params.as_ref().clone(),
+            partition_urls: def.partition_urls,
+        });
+        Ok(Response::new(PollTaskResponse { task }))
+    }
+
+    async fn submit_result(
+        &self,
+        request: Request<Streaming<ResultChunk>>,
+    ) -> Result<Response<SubmitResultResponse>, Status> {
+        let mut stream = request.into_inner();
+        let header = match stream.next().await {
+            Some(Ok(ResultChunk {
+                part: Some(Part::Header(h)),
+            })) => h,
+            Some(Err(e)) => return Err(e),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "a result stream must start with its header",
+                ));
+            }
+        };
+        let mut buffers: Vec<Vec<u8>> = vec![Vec::new(); header.tensors.len()];
+        while let Some(chunk) = stream.next().await {
+            match chunk?.part {
+                Some(Part::Data(d)) => buffers
+                    .get_mut(d.tensor_index as usize)
+                    .ok_or_else(|| Status::invalid_argument("chunk for an undeclared tensor"))?
+                    .extend_from_slice(&d.data),
+                _ => {
+                    return Err(Status::invalid_argument(
+                        "a second header in one result stream",
+                    ));
+                }
+            }
+        }
+        let mut tensors = Vec::new();
+        for (meta, bytes) in header.tensors.iter().zip(&buffers) {
+            if meta.dtype != Dtype::F64 as i32 {
+                return Err(Status::invalid_argument(format!(
+                    "tensor '{}': only f64 is supported",
+                    meta.name
+                )));
+            }
+            let values = decode_f64(bytes)?;
+            let expected: u64 = meta.shape.iter().product();
+            if values.len() as u64 != expected {
+                return Err(Status::invalid_argument(format!(
+                    "tensor '{}' has the wrong number of values",
+                    meta.name
+                )));
+            }
+            tensors.push((meta.name.clone(), values));
+        }
+        let result = TaskResult {
+            task_id: header.task_id,
+            worker: header.worker_id,
+            units: header.units,
+            tensors,
+        };
+        self.scheduler
+            .complete(&header.job_id, header.attempt, result)
+            .map_err(Status::failed_precondition)?;
+        Ok(Response::new(SubmitResultResponse {}))
+    }
+
+    async fn report_failure(
+        &self,
+        request: Request<ReportFailureRequest>,
+    ) -> Result<Response<ReportFailureResponse>, Status> {
+        let r = request.into_inner();
+        self.scheduler
+            .fail(&r.worker_id, &r.job_id, r.task_id, r.attempt, r.error)
+            .map_err(Status::failed_precondition)?;
+        Ok(Response::new(ReportFailureResponse {}))
+    }
+
+    async fn submit_job(
+        &self,
+        request: Request<SubmitJobRequest>,
+    ) -> Result<Response<SubmitJobResponse>, Status> {
+        let r = request.into_inner();
+        let spec = JobSpec::parse(&r.spec_toml, &r.spec_path)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
+        if self.job_status(&job_id).is_some() {
+            return Err(Status::already_exists(format!(
+                "job {job_id} was already submitted"
+            )));
+        }
+        self.start_job(JobRequest {
+            job_id: job_id.clone(),
+            spec,
+            output_url: r.output_url,
+            ledger_url: r.ledger_url,
+        });
+        Ok(Response::new(SubmitJobResponse { job_id }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<GetJobRequest>,
+    ) -> Result<Response<JobStatus>, Status> {
+        let id = request.into_inner().job_id;
+        self.job_status(&id)
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("no job {id}")))
+    }
+}

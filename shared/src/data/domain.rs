@@ -1,0 +1,255 @@
+//! The public domain of each synthesised column, built from the job spec alone: how a
+//! value is encoded in a partition file and which bin it falls in. No bound, category or
+//! bin edge here ever comes from the private rows.
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{
+    Bins, ColumnKind, ColumnSpec, JobSpec, MissingPolicy, OTHER_CATEGORY, UnknownPolicy,
+};
+
+/// How a numeric column is cut into bins.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Binning {
+    /// Inclusive integer ranges, in order, covering [min, max].
+    Integer(Vec<(i64, i64)>),
+    /// Real edges e₀ < … < eₙ: bins [eᵢ, eᵢ₊₁), the last one closed.
+    Real(Vec<f64>),
+}
+
+impl Binning {
+    pub fn len(&self) -> usize {
+        match self {
+            Binning::Integer(r) => r.len(),
+            Binning::Real(e) => e.len() - 1,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bin of a value already clamped to the bounds.
+    pub fn bin(&self, v: f64) -> usize {
+        match self {
+            Binning::Integer(ranges) => {
+                let v = v.round() as i64;
+                ranges.partition_point(|(lo, _)| *lo <= v).saturating_sub(1)
+            }
+            Binning::Real(edges) => edges
+                .partition_point(|e| *e <= v)
+                .saturating_sub(1)
+                .min(edges.len() - 2),
+        }
+    }
+}
+
+/// How one column is encoded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Encoding {
+    /// Code = index into `categories`; `categories.len()` is the `__other__` bucket when
+    /// `other` is set.
+    Categorical {
+        categories: Vec<String>,
+        other: bool,
+    },
+    /// Value clamped to `[min, max]` (datetimes in epoch seconds).
+    Numeric {
+        kind: ColumnKind,
+        min: f64,
+        max: f64,
+        binning: Binning,
+    },
+}
+
+/// One synthesised column.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ColumnDomain {
+    pub name: String,
+    pub encoding: Encoding,
+    /// Whether a missing value is a value of its own (the last bin).
+    pub missing: bool,
+}
+
+impl ColumnDomain {
+    fn value_bins(&self) -> usize {
+        match &self.encoding {
+            Encoding::Categorical { categories, other } => categories.len() + usize::from(*other),
+            Encoding::Numeric { binning, .. } => binning.len(),
+        }
+    }
+
+    /// Number of bins, the missing bin included.
+    pub fn bins(&self) -> usize {
+        self.value_bins() + usize::from(self.missing)
+    }
+
+    /// Bin of an encoded value (`None` = missing). Numeric values must be clamped already.
+    pub fn bin(&self, value: Option<f64>) -> usize {
+        match (value, &self.encoding) {
+            (None, _) => self.value_bins(),
+            (Some(code), Encoding::Categorical { .. }) => code as usize,
+            (Some(v), Encoding::Numeric { binning, .. }) => binning.bin(v),
+        }
+    }
+
+    /// Display label of a bin (reports and tests).
+    pub fn bin_label(&self, bin: usize) -> String {
+        if bin == self.value_bins() {
+            return "<missing>".into();
+        }
+        match &self.encoding {
+            Encoding::Categorical { categories, .. } => categories
+                .get(bin)
+                .cloned()
+                .unwrap_or_else(|| OTHER_CATEGORY.to_string()),
+            Encoding::Numeric {
+                binning: Binning::Integer(r),
+                ..
+            } => format!("[{}, {}]", r[bin].0, r[bin].1),
+            Encoding::Numeric {
+                binning: Binning::Real(e),
+                ..
+            } => format!("[{}, {})", e[bin], e[bin + 1]),
+        }
+    }
+}
+
+/// The synthesised columns of a job (identifiers excluded), in spec order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Domain {
+    pub columns: Vec<ColumnDomain>,
+}
+
+fn integer_binning(lo: i64, hi: i64, bins: &Option<Bins>, default_bins: u32) -> Binning {
+    match bins {
+        Some(Bins::Edges(edges)) => {
+            let starts: Vec<i64> = edges[..edges.len() - 1]
+                .iter()
+                .map(|e| e.ceil() as i64)
+                .collect();
+            let mut ranges = Vec::with_capacity(starts.len());
+            for (i, s) in starts.iter().enumerate() {
+                let end = starts.get(i + 1).map_or(hi, |next| next - 1);
+                if end >= *s {
+                    ranges.push((*s, end));
+                }
+            }
+            Binning::Integer(ranges)
+        }
+        _ => {
+            let count = match bins {
+                Some(Bins::Count(n)) => *n,
+                _ => default_bins,
+            } as i64;
+            let values = hi - lo + 1;
+            if values <= count {
+                return Binning::Integer((lo..=hi).map(|v| (v, v)).collect());
+            }
+            let ranges = (0..count)
+                .map(|k| (lo + k * values / count, lo + (k + 1) * values / count - 1))
+                .collect();
+            Binning::Integer(ranges)
+        }
+    }
+}
+
+fn real_binning(lo: f64, hi: f64, bins: &Option<Bins>, default_bins: u32) -> Binning {
+    match bins {
+        Some(Bins::Edges(edges)) => Binning::Real(edges.clone()),
+        _ => {
+            let count = match bins {
+                Some(Bins::Count(n)) => *n,
+                _ => default_bins,
+            };
+            let width = (hi - lo) / f64::from(count);
+            let mut edges: Vec<f64> = (0..count).map(|k| lo + f64::from(k) * width).collect();
+            edges.push(hi);
+            Binning::Real(edges)
+        }
+    }
+}
+
+impl Domain {
+    pub fn from_spec(spec: &JobSpec) -> Domain {
+        let default_bins = spec.generator.marginals.default_bins;
+        let columns = spec
+            .schema
+            .columns
+            .iter()
+            .filter(|c| c.kind != ColumnKind::Identifier)
+            .map(|c: &ColumnSpec| {
+                let encoding = match c.kind {
+                    ColumnKind::Categorical => Encoding::Categorical {
+                        categories: c.categories.clone().unwrap_or_default(),
+                        other: c.unknown == UnknownPolicy::Other,
+                    },
+                    kind => {
+                        let (min, max) = c.bounds().expect("validated bounds");
+                        let binning = if kind == ColumnKind::Integer {
+                            integer_binning(
+                                min.ceil() as i64,
+                                max.floor() as i64,
+                                &c.bins,
+                                default_bins,
+                            )
+                        } else {
+                            real_binning(min, max, &c.bins, default_bins)
+                        };
+                        Encoding::Numeric {
+                            kind,
+                            min,
+                            max,
+                            binning,
+                        }
+                    }
+                };
+                ColumnDomain {
+                    name: c.name.clone(),
+                    encoding,
+                    missing: c.missing == MissingPolicy::Keep,
+                }
+            })
+            .collect();
+        Domain { columns }
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_bins_cover_the_range() {
+        let b = integer_binning(17, 90, &None, 100);
+        assert_eq!(b.len(), 74);
+        assert_eq!(b.bin(17.0), 0);
+        assert_eq!(b.bin(90.0), 73);
+        let b = integer_binning(
+            0,
+            99_999,
+            &Some(Bins::Edges(vec![0.0, 1.0, 5000.0, 99_999.0])),
+            10,
+        );
+        assert_eq!(b, Binning::Integer(vec![(0, 0), (1, 4999), (5000, 99_999)]));
+        assert_eq!(
+            (b.bin(0.0), b.bin(1.0), b.bin(4999.0), b.bin(99_999.0)),
+            (0, 1, 1, 2)
+        );
+        let b = integer_binning(0, 9, &Some(Bins::Count(3)), 10);
+        assert_eq!(b, Binning::Integer(vec![(0, 2), (3, 5), (6, 9)]));
+    }
+
+    #[test]
+    fn real_bins_close_the_last_one() {
+        let b = real_binning(0.0, 1.0, &Some(Bins::Count(4)), 10);
+        assert_eq!(
+            (b.bin(0.0), b.bin(0.25), b.bin(0.99), b.bin(1.0)),
+            (0, 1, 3, 3)
+        );
+    }
+}

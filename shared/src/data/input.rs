@@ -1,0 +1,402 @@
+//! Streaming the private input (CSV or Parquet, from any object store) in record batches
+//! and encoding each value against the public schema. Memory is bounded by the batch
+//! size; a bad value stops the job with an error naming file, column and row. Values are
+//! never echoed into errors or logs: they are private.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use bytes::{Buf, Bytes};
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+
+use super::{DataError, EncodedBatch};
+use crate::data::domain::Domain;
+use crate::data::parquet_io;
+use crate::spec::{
+    ColumnKind, CsvOptions, Format, JobSpec, MissingPolicy, UnknownPolicy, parse_datetime,
+};
+use crate::storage;
+
+/// Rows per record batch.
+pub const BATCH_ROWS: usize = 8192;
+
+/// Where each schema column is found in the file, and how to encode it.
+struct ColumnPlan {
+    name: String,
+    source: usize,
+    kind: ColumnKind,
+    missing: MissingPolicy,
+    unknown: UnknownPolicy,
+    /// Index in the domain (`None` for identifiers).
+    domain: Option<usize>,
+    categories: HashMap<String, u32>,
+    bounds: (f64, f64),
+}
+
+/// Encodes raw string batches of one file into [`EncodedBatch`]es.
+struct Encoder<'a> {
+    file: String,
+    options: &'a CsvOptions,
+    plans: Vec<ColumnPlan>,
+    unit: Option<usize>,
+    domain_len: usize,
+    /// Data rows seen so far in this file (for row numbers in errors).
+    rows_seen: u64,
+}
+
+impl<'a> Encoder<'a> {
+    /// Maps schema columns to file columns: by name when the file names them, else by position.
+    fn new(
+        spec: &'a JobSpec,
+        domain: &Domain,
+        file: &str,
+        names: Option<&[String]>,
+    ) -> Result<Self, DataError> {
+        let mut plans = Vec::new();
+        for (position, c) in spec.schema.columns.iter().enumerate() {
+            let source = match names {
+                Some(names) => names.iter().position(|n| n == &c.name).ok_or_else(|| {
+                    DataError::MissingColumn {
+                        file: file.to_string(),
+                        column: c.name.clone(),
+                    }
+                })?,
+                None => position,
+            };
+            let categories = c
+                .categories
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, name)| (name.clone(), i as u32))
+                .collect();
+            plans.push(ColumnPlan {
+                name: c.name.clone(),
+                source,
+                kind: c.kind,
+                missing: c.missing,
+                unknown: c.unknown,
+                domain: domain.index_of(&c.name),
+                categories,
+                bounds: c.bounds().unwrap_or((f64::NEG_INFINITY, f64::INFINITY)),
+            });
+        }
+        let unit = spec
+            .schema
+            .unit_column
+            .as_ref()
+            .and_then(|u| plans.iter().position(|p| &p.name == u));
+        Ok(Self {
+            file: file.to_string(),
+            options: &spec.input.csv,
+            plans,
+            unit,
+            domain_len: domain.columns.len(),
+            rows_seen: 0,
+        })
+    }
+
+    fn error(&self, column: &str, row: u64, message: impl Into<String>) -> DataError {
+        DataError::Value {
+            file: self.file.clone(),
+            column: column.to_string(),
+            row,
+            message: message.into(),
+        }
+    }
+
+    /// Normalised text of a cell, `None` when missing.
+    fn cell<'b>(&self, array: &'b arrow_array::StringArray, i: usize) -> Option<&'b str> {
+        if array.is_null(i) {
+            return None;
+        }
+        let mut v = array.value(i);
+        if self.options.trim {
+            v = v.trim();
+        }
+        if let Some(suffix) = &self.options.strip_suffix {
+            v = v.strip_suffix(suffix.as_str()).unwrap_or(v);
+        }
+        if self.options.null_values.iter().any(|n| n == v) {
+            None
+        } else {
+            Some(v)
+        }
+    }
+
+    fn encode(&mut self, batch: &RecordBatch) -> Result<EncodedBatch, DataError> {
+        let n = batch.num_rows();
+        let first_row = self.rows_seen + 1;
+        let mut out = EncodedBatch {
+            units: Vec::with_capacity(n),
+            values: vec![Vec::with_capacity(n); self.domain_len],
+        };
+        let columns: Vec<Arc<dyn Array>> = self
+            .plans
+            .iter()
+            .map(|p| arrow_cast::cast(batch.column(p.source), &DataType::Utf8))
+            .collect::<Result<_, _>>()
+            .map_err(|e| DataError::Read {
+                file: self.file.clone(),
+                message: e.to_string(),
+            })?;
+        for (plan, column) in self.plans.iter().zip(&columns) {
+            let strings = column.as_string::<i32>();
+            for i in 0..n {
+                let row = first_row + i as u64;
+                let cell = self.cell(strings, i);
+                let Some(d) = plan.domain else {
+                    continue;
+                };
+                let value = match cell {
+                    None if plan.missing == MissingPolicy::Reject => {
+                        return Err(self.error(
+                            &plan.name,
+                            row,
+                            "missing value, and the spec sets missing = \"reject\"",
+                        ));
+                    }
+                    None => None,
+                    Some(text) => Some(self.encode_value(plan, text, row)?),
+                };
+                out.values[d].push(value);
+            }
+        }
+        for i in 0..n {
+            let row = first_row + i as u64;
+            let unit = match self.unit {
+                Some(u) => {
+                    let strings = columns[u].as_string::<i32>();
+                    self.cell(strings, i)
+                        .ok_or_else(|| {
+                            self.error(&self.plans[u].name, row, "the privacy-unit id is missing")
+                        })?
+                        .to_string()
+                }
+                // Each row is its own unit: name it by file and row.
+                None => format!("{}#{row}", self.file),
+            };
+            out.units.push(unit);
+        }
+        self.rows_seen += n as u64;
+        Ok(out)
+    }
+
+    fn encode_value(&self, plan: &ColumnPlan, text: &str, row: u64) -> Result<f64, DataError> {
+        let clamp = |v: f64| v.clamp(plan.bounds.0, plan.bounds.1);
+        match plan.kind {
+            ColumnKind::Categorical => match plan.categories.get(text) {
+                Some(code) => Ok(f64::from(*code)),
+                None if plan.unknown == UnknownPolicy::Other => Ok(plan.categories.len() as f64),
+                None => Err(self.error(
+                    &plan.name,
+                    row,
+                    "a category that the spec does not declare (declare it, or set unknown = \"other\")",
+                )),
+            },
+            ColumnKind::Integer => match text.parse::<f64>() {
+                Ok(v) if v.is_finite() && v.fract() == 0.0 => Ok(clamp(v)),
+                _ => Err(self.error(&plan.name, row, "not an integer")),
+            },
+            ColumnKind::Continuous => match text.parse::<f64>() {
+                Ok(v) if v.is_finite() => Ok(clamp(v)),
+                _ => Err(self.error(&plan.name, row, "not a finite number")),
+            },
+            ColumnKind::Datetime => parse_datetime(text)
+                .map(clamp)
+                .ok_or_else(|| self.error(&plan.name, row, "not a date/time (RFC 3339 or YYYY-MM-DD[ HH:MM:SS])")),
+            ColumnKind::Identifier => unreachable!("identifiers are not encoded"),
+        }
+    }
+}
+
+/// A file being read.
+enum Source {
+    Csv {
+        stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+        buffered: Bytes,
+        decoder: arrow_csv::reader::Decoder,
+        done: bool,
+    },
+    Parquet {
+        stream:
+            Box<parquet::arrow::async_reader::ParquetRecordBatchStream<parquet_io::ObjectReader>>,
+    },
+}
+
+/// Pulls encoded batches from every input file of a spec, one file after another.
+pub struct InputReader<'a> {
+    spec: &'a JobSpec,
+    domain: &'a Domain,
+    next_file: usize,
+    current: Option<(Encoder<'a>, Source)>,
+}
+
+impl<'a> InputReader<'a> {
+    pub fn new(spec: &'a JobSpec, domain: &'a Domain) -> Self {
+        Self {
+            spec,
+            domain,
+            next_file: 0,
+            current: None,
+        }
+    }
+
+    async fn open(
+        spec: &'a JobSpec,
+        domain: &'a Domain,
+        url: &str,
+    ) -> Result<(Encoder<'a>, Source), DataError> {
+        let read_err = |e: &dyn std::fmt::Display| DataError::Read {
+            file: url.to_string(),
+            message: e.to_string(),
+        };
+        let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
+        match spec.input.format.unwrap_or_else(|| Format::detect(url)) {
+            Format::Csv => {
+                let get = location.store.get(&path).await.map_err(|e| read_err(&e))?;
+                let mut stream = get.into_stream();
+                let (names, buffered) = if spec.input.csv.has_header {
+                    let (names, rest) = read_header(&mut stream, &spec.input.csv, url).await?;
+                    (Some(names), rest)
+                } else {
+                    (None, Bytes::new())
+                };
+                let encoder = Encoder::new(spec, domain, url, names.as_deref())?;
+                let fields = names.as_ref().map_or(spec.schema.columns.len(), Vec::len);
+                let schema = Schema::new(
+                    (0..fields)
+                        .map(|i| Field::new(format!("c{i}"), DataType::Utf8, true))
+                        .collect::<Vec<_>>(),
+                );
+                let mut builder = arrow_csv::ReaderBuilder::new(Arc::new(schema))
+                    .with_header(false)
+                    .with_batch_size(BATCH_ROWS)
+                    .with_delimiter(spec.input.csv.delimiter as u8);
+                if let Some(c) = spec.input.csv.comment {
+                    builder = builder.with_comment(c as u8);
+                }
+                let source = Source::Csv {
+                    stream,
+                    buffered,
+                    decoder: builder.build_decoder(),
+                    done: false,
+                };
+                Ok((encoder, source))
+            }
+            Format::Parquet => {
+                let (schema, stream) =
+                    parquet_io::open_stream(location.store.clone(), path, BATCH_ROWS)
+                        .await
+                        .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
+                let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+                Ok((
+                    Encoder::new(spec, domain, url, Some(&names))?,
+                    Source::Parquet { stream },
+                ))
+            }
+        }
+    }
+
+    /// The next encoded batch, or `None` after the last file.
+    pub async fn next_batch(&mut self) -> Result<Option<EncodedBatch>, DataError> {
+        loop {
+            if self.current.is_none() {
+                let Some(url) = self.spec.input.urls.get(self.next_file) else {
+                    return Ok(None);
+                };
+                self.current = Some(Self::open(self.spec, self.domain, url).await?);
+                self.next_file += 1;
+            }
+            let (encoder, source) = self.current.as_mut().expect("opened above");
+            let file = encoder.file.clone();
+            let read_err = |e: &dyn std::fmt::Display| DataError::Read {
+                file: file.clone(),
+                message: e.to_string(),
+            };
+            let batch = match source {
+                Source::Csv {
+                    stream,
+                    buffered,
+                    decoder,
+                    done,
+                } => loop {
+                    if buffered.is_empty() && !*done {
+                        match stream.next().await {
+                            Some(chunk) => *buffered = chunk.map_err(|e| read_err(&e))?,
+                            None => *done = true,
+                        }
+                    }
+                    let used = decoder
+                        .decode(buffered)
+                        .map_err(|e| csv_err(&file, &e, encoder.rows_seen))?;
+                    buffered.advance(used);
+                    if decoder.capacity() == 0 || (*done && buffered.is_empty()) {
+                        match decoder
+                            .flush()
+                            .map_err(|e| csv_err(&file, &e, encoder.rows_seen))?
+                        {
+                            Some(batch) => break Some(batch),
+                            None if *done => break None,
+                            None => {}
+                        }
+                    }
+                },
+                Source::Parquet { stream } => match stream.next().await {
+                    Some(batch) => {
+                        Some(batch.map_err(|e| read_err(&format!("corrupt Parquet data: {e}")))?)
+                    }
+                    None => None,
+                },
+            };
+            match batch {
+                Some(batch) => return encoder.encode(&batch).map(Some),
+                None => self.current = None,
+            }
+        }
+    }
+}
+
+fn csv_err(file: &str, e: &arrow_schema::ArrowError, rows_before: u64) -> DataError {
+    DataError::Read {
+        file: file.to_string(),
+        message: format!("malformed CSV after data row {rows_before}: {e}"),
+    }
+}
+
+/// Reads up to the end of the header line; returns the column names and the bytes after it.
+async fn read_header(
+    stream: &mut (impl futures::Stream<Item = object_store::Result<Bytes>> + Unpin),
+    options: &CsvOptions,
+    file: &str,
+) -> Result<(Vec<String>, Bytes), DataError> {
+    let mut head = Vec::new();
+    loop {
+        if let Some(end) = head.iter().position(|b| *b == b'\n') {
+            let line = String::from_utf8_lossy(&head[..end])
+                .trim_end_matches('\r')
+                .to_string();
+            let names = line
+                .split(options.delimiter)
+                .map(|n| n.trim().trim_matches('"').to_string())
+                .collect();
+            return Ok((names, Bytes::copy_from_slice(&head[end + 1..])));
+        }
+        match stream.next().await {
+            Some(chunk) => head.extend_from_slice(&chunk.map_err(|e| DataError::Read {
+                file: file.to_string(),
+                message: e.to_string(),
+            })?),
+            None => {
+                return Err(DataError::Read {
+                    file: file.to_string(),
+                    message: "no header line".into(),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! The data plane: the public domain of each column, streaming and encoding the private
+//! input, and splitting it into disjoint partitions by privacy unit.
+
+pub mod domain;
+pub mod input;
+pub mod parquet_io;
+pub mod partition;
+
+/// Input and partition errors. They name the file, column and row, never a value.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{file}: column '{column}', row {row}: {message}")]
+    Value {
+        file: String,
+        column: String,
+        row: u64,
+        message: String,
+    },
+    #[error("{file}: column '{column}' is declared in the job spec but not present in the file")]
+    MissingColumn { file: String, column: String },
+    #[error("{file}: {message}")]
+    Read { file: String, message: String },
+    #[error("data plane: {0}")]
+    Internal(String),
+}
+
+/// Rows encoded against the public domain: per row its privacy unit, per domain column a
+/// value (category code or clamped number; `None` = missing).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EncodedBatch {
+    pub units: Vec<String>,
+    pub values: Vec<Vec<Option<f64>>>,
+}
+
+impl EncodedBatch {
+    pub fn empty(columns: usize) -> Self {
+        Self {
+            units: Vec::new(),
+            values: vec![Vec::new(); columns],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.units.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+}

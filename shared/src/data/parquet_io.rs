@@ -1,0 +1,84 @@
+//! Parquet over object_store: writing through object_store's `BufWriter` (multipart for
+//! large objects), reading through an `AsyncFileReader` that fetches byte ranges.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, TryFutureExt};
+use object_store::buffered::BufWriter;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::arrow_reader::ArrowReaderOptions;
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStream};
+use parquet::arrow::{AsyncArrowWriter, ParquetRecordBatchStreamBuilder};
+use parquet::errors::{ParquetError, Result};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+
+fn external(e: object_store::Error) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+/// Reads one Parquet object by byte ranges.
+pub struct ObjectReader {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+}
+
+impl AsyncFileReader for ObjectReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, Result<Bytes>> {
+        self.store
+            .get_range(&self.path, range)
+            .map_err(external)
+            .boxed()
+    }
+
+    fn get_byte_ranges(&mut self, ranges: Vec<Range<u64>>) -> BoxFuture<'_, Result<Vec<Bytes>>> {
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(external)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.size;
+            let metadata = ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}
+
+/// Opens a Parquet object for streaming record batches of `batch_rows` rows.
+pub async fn open_stream(
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    batch_rows: usize,
+) -> Result<(SchemaRef, ParquetRecordBatchStream<ObjectReader>)> {
+    let size = store.head(&path).await.map_err(external)?.size;
+    let builder = ParquetRecordBatchStreamBuilder::new(ObjectReader { store, path, size }).await?;
+    let schema = builder.schema().clone();
+    Ok((schema, builder.with_batch_size(batch_rows).build()?))
+}
+
+/// A streaming Parquet writer into one object.
+pub fn create_writer(
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    schema: SchemaRef,
+) -> Result<AsyncArrowWriter<BufWriter>> {
+    AsyncArrowWriter::try_new(BufWriter::new(store, path), schema, None)
+}

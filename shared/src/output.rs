@@ -1,0 +1,243 @@
+//! Synthetic output: Parquet parts under an object-store prefix, then `_manifest.json`
+//! written last with create-if-absent. Readers must treat a prefix without a manifest as
+//! incomplete; a failed job never writes one.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{Float64Builder, Int64Builder, StringBuilder, TimestampSecondBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use chrono::{DateTime, Utc};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use parquet::arrow::ArrowWriter;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::generators::marginals::SyntheticValue;
+use crate::privacy::accountant::Accountant;
+use crate::privacy::mechanism::Mechanism;
+use crate::spec::{ColumnKind, JobSpec};
+use crate::storage::StoreLocation;
+
+pub const MANIFEST: &str = "_manifest.json";
+pub const MANIFEST_FORMAT: &str = "dpsynth.manifest.v1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error(
+        "output {url} already holds a complete dataset ({MANIFEST} exists); choose another output"
+    )]
+    AlreadyComplete { url: String },
+    #[error("writing output {url}: {message}")]
+    Write { url: String, message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PartInfo {
+    pub path: String,
+    pub rows: u64,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestColumn {
+    pub name: String,
+    pub data_type: String,
+}
+
+/// The formal guarantee of the data, for auditors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestPrivacy {
+    pub epsilon: f64,
+    pub delta: f64,
+    pub accountant: Accountant,
+    pub mechanisms: Vec<Mechanism>,
+    pub dataset_id: String,
+    pub ledger_url: String,
+    /// Sequence number of this job's charge in the ledger.
+    pub ledger_entry: u64,
+    /// Inputs the job declared public (bounds, categories, bins, sizes).
+    pub public_inputs: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub dpsynth_version: String,
+    pub job_id: String,
+    pub generator: String,
+    pub created_at: DateTime<Utc>,
+    pub rows: u64,
+    pub columns: Vec<ManifestColumn>,
+    pub parts: Vec<PartInfo>,
+    pub privacy: ManifestPrivacy,
+}
+
+/// Arrow schema of the synthetic table: the spec's columns, names unchanged.
+pub fn output_schema(spec: &JobSpec) -> SchemaRef {
+    let fields: Vec<Field> = spec
+        .schema
+        .columns
+        .iter()
+        .map(|c| {
+            let data_type = match c.kind {
+                ColumnKind::Categorical | ColumnKind::Identifier => DataType::Utf8,
+                ColumnKind::Integer => DataType::Int64,
+                ColumnKind::Continuous => DataType::Float64,
+                ColumnKind::Datetime => DataType::Timestamp(TimeUnit::Second, None),
+            };
+            Field::new(&c.name, data_type, true)
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// Builds a batch of synthetic rows. `rows[i][d]` is row i's value of domain column d;
+/// identifier columns get fresh synthetic ids `syn-<n>` numbered from `first_id`.
+pub fn rows_to_batch(spec: &JobSpec, rows: &[Vec<SyntheticValue>], first_id: u64) -> RecordBatch {
+    let schema = output_schema(spec);
+    let mut domain_index = 0;
+    let columns: Vec<ArrayRef> = spec
+        .schema
+        .columns
+        .iter()
+        .map(|c| -> ArrayRef {
+            if c.kind == ColumnKind::Identifier {
+                let mut b = StringBuilder::new();
+                for i in 0..rows.len() {
+                    b.append_value(format!("syn-{}", first_id + i as u64));
+                }
+                return Arc::new(b.finish());
+            }
+            let d = domain_index;
+            domain_index += 1;
+            let values = rows.iter().map(|r| &r[d]);
+            match c.kind {
+                ColumnKind::Categorical => {
+                    let mut b = StringBuilder::new();
+                    values.for_each(|v| match v {
+                        SyntheticValue::Category(s) => b.append_value(s),
+                        _ => b.append_null(),
+                    });
+                    Arc::new(b.finish())
+                }
+                ColumnKind::Integer => {
+                    let mut b = Int64Builder::new();
+                    values.for_each(|v| {
+                        b.append_option(if let SyntheticValue::Integer(x) = v {
+                            Some(*x)
+                        } else {
+                            None
+                        })
+                    });
+                    Arc::new(b.finish())
+                }
+                ColumnKind::Continuous => {
+                    let mut b = Float64Builder::new();
+                    values.for_each(|v| {
+                        b.append_option(if let SyntheticValue::Real(x) = v {
+                            Some(*x)
+                        } else {
+                            None
+                        })
+                    });
+                    Arc::new(b.finish())
+                }
+                ColumnKind::Datetime => {
+                    let mut b = TimestampSecondBuilder::new();
+                    values.for_each(|v| {
+                        b.append_option(if let SyntheticValue::Datetime(x) = v {
+                            Some(*x)
+                        } else {
+                            None
+                        })
+                    });
+                    Arc::new(b.finish())
+                }
+                ColumnKind::Identifier => unreachable!(),
+            }
+        })
+        .collect();
+    RecordBatch::try_new(schema, columns).expect("columns match the output schema")
+}
+
+/// Writes parts, then the manifest.
+pub struct OutputWriter {
+    location: StoreLocation,
+    parts: Vec<PartInfo>,
+}
+
+impl OutputWriter {
+    /// Refuses an output that already holds a complete dataset.
+    pub async fn create(location: StoreLocation) -> Result<Self, OutputError> {
+        match location.store.head(&location.child(MANIFEST)).await {
+            Ok(_) => Err(OutputError::AlreadyComplete {
+                url: location.url.clone(),
+            }),
+            Err(object_store::Error::NotFound { .. }) => Ok(Self {
+                location,
+                parts: Vec::new(),
+            }),
+            Err(e) => Err(OutputError::Write {
+                url: location.url.clone(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> OutputError {
+        OutputError::Write {
+            url: self.location.url.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Writes one part (encoded in memory: a part is bounded by `rows_per_part`).
+    pub async fn write_part(&mut self, batch: &RecordBatch) -> Result<(), OutputError> {
+        let mut bytes = Vec::new();
+        let mut writer =
+            ArrowWriter::try_new(&mut bytes, batch.schema(), None).map_err(|e| self.err(e))?;
+        writer.write(batch).map_err(|e| self.err(e))?;
+        writer.close().map_err(|e| self.err(e))?;
+        let name = format!("part-{:05}.parquet", self.parts.len());
+        let info = PartInfo {
+            path: name.clone(),
+            rows: batch.num_rows() as u64,
+            bytes: bytes.len() as u64,
+            sha256: format!("{:x}", Sha256::digest(&bytes)),
+        };
+        self.location
+            .store
+            .put(&self.location.child(&name), PutPayload::from(bytes))
+            .await
+            .map_err(|e| self.err(e))?;
+        self.parts.push(info);
+        Ok(())
+    }
+
+    /// Writes the manifest (create-if-absent): from here on the output is complete.
+    pub async fn finish(self, mut manifest: Manifest) -> Result<Manifest, OutputError> {
+        manifest.parts = self.parts.clone();
+        manifest.rows = self.parts.iter().map(|p| p.rows).sum();
+        let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| self.err(e))?;
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let path: Path = self.location.child(MANIFEST);
+        match self
+            .location
+            .store
+            .put_opts(&path, PutPayload::from(bytes), options)
+            .await
+        {
+            Ok(_) => Ok(manifest),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(OutputError::AlreadyComplete {
+                url: self.location.url.clone(),
+            }),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+}

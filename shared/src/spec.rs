@@ -1,0 +1,435 @@
+//! The job spec (TOML): what to read, its *public* schema, the privacy budget, the
+//! generator and where to write. Everything here is declared public by the user; nothing
+//! in it may be derived from the private rows without spending budget (see
+//! `dpsynth init --from`, which only proposes a schema for review).
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, NaiveDate, NaiveDateTime};
+use serde::{Deserialize, Serialize};
+
+use crate::privacy::accountant::Accountant;
+use crate::privacy::ledger::Budget;
+
+/// Errors in a job spec.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("job spec {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("job spec {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub job: JobSection,
+    pub input: InputSpec,
+    pub schema: SchemaSpec,
+    pub privacy: PrivacySpec,
+    pub generator: GeneratorSpec,
+    pub output: OutputSpec,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// The protected dataset, i.e. which privacy ledger pays (e.g. `mimic-iv-ed-2026`).
+    pub dataset_id: String,
+    /// Job id; a fresh one is generated when absent.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Disjoint partitions of the private data (by privacy unit).
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+}
+
+fn default_partitions() -> u32 {
+    4
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    Csv,
+    Parquet,
+}
+
+impl Format {
+    /// By file extension: `.parquet`/`.pq` is Parquet, anything else CSV.
+    pub fn detect(url: &str) -> Format {
+        let lower = url.to_ascii_lowercase();
+        if lower.ends_with(".parquet") || lower.ends_with(".pq") {
+            Format::Parquet
+        } else {
+            Format::Csv
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    /// Files to read: paths, `file://` or `s3://` URLs.
+    pub urls: Vec<String>,
+    /// Autodetected from the extension when absent.
+    #[serde(default)]
+    pub format: Option<Format>,
+    #[serde(default)]
+    pub csv: CsvOptions,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CsvOptions {
+    pub delimiter: char,
+    /// Whether the first line names the columns. Without a header, the schema's columns
+    /// are the file's columns, in order.
+    pub has_header: bool,
+    /// Spellings of a missing value (after trimming).
+    pub null_values: Vec<String>,
+    /// Lines starting with this are skipped (e.g. `|` in Adult's test file).
+    pub comment: Option<char>,
+    /// Strip spaces around values (Adult writes `, `).
+    pub trim: bool,
+    /// Suffix removed from values before matching (Adult's test labels end with `.`).
+    pub strip_suffix: Option<String>,
+}
+
+impl Default for CsvOptions {
+    fn default() -> Self {
+        Self {
+            delimiter: ',',
+            has_header: true,
+            null_values: vec![String::new(), "NA".into()],
+            comment: None,
+            trim: true,
+            strip_suffix: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaSpec {
+    /// The privacy unit (e.g. a patient id); absent ⇒ each row is a unit.
+    #[serde(default)]
+    pub unit_column: Option<String>,
+    /// Column the synthetic data is most often used to predict.
+    #[serde(default)]
+    pub target: Option<String>,
+    pub columns: Vec<ColumnSpec>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColumnKind {
+    /// Real numbers within declared bounds.
+    Continuous,
+    /// Integers within declared bounds.
+    Integer,
+    /// One of the declared categories.
+    Categorical,
+    /// A timestamp within declared bounds (RFC 3339, `YYYY-MM-DD` or `YYYY-MM-DD HH:MM:SS`).
+    Datetime,
+    /// An identifier: never synthesised from data (the unit column gets synthetic ids).
+    Identifier,
+}
+
+/// What to do with a value that is missing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingPolicy {
+    /// Missing is a value of its own, measured and synthesised like the others.
+    #[default]
+    Keep,
+    /// A missing value is an input error.
+    Reject,
+}
+
+/// What to do with a category that is not declared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownPolicy {
+    /// An undeclared category is an input error.
+    #[default]
+    Reject,
+    /// Undeclared categories go to an explicit `__other__` bucket.
+    Other,
+}
+
+/// Name of the bucket for undeclared categories.
+pub const OTHER_CATEGORY: &str = "__other__";
+
+/// A public bound: a number, or a date/time for datetime columns.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Bound {
+    Number(f64),
+    Text(String),
+}
+
+/// Public discretisation of a numeric column for count-based generators.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Bins {
+    /// This many equal-width bins between the bounds.
+    Count(u32),
+    /// Explicit increasing edges, first = min and last = max.
+    Edges(Vec<f64>),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnSpec {
+    pub name: String,
+    pub kind: ColumnKind,
+    #[serde(default)]
+    pub min: Option<Bound>,
+    #[serde(default)]
+    pub max: Option<Bound>,
+    #[serde(default)]
+    pub categories: Option<Vec<String>>,
+    #[serde(default)]
+    pub unknown: UnknownPolicy,
+    #[serde(default)]
+    pub missing: MissingPolicy,
+    #[serde(default)]
+    pub bins: Option<Bins>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrivacySpec {
+    /// This job's ε and δ (charged to the dataset's ledger).
+    pub epsilon: f64,
+    pub delta: f64,
+    #[serde(default = "default_accountant")]
+    pub accountant: Accountant,
+    /// Ledger store (path or URL); `--ledger` overrides it.
+    #[serde(default)]
+    pub ledger: Option<String>,
+    /// The dataset's *total* budget, used only to create its ledger if none exists yet.
+    #[serde(default)]
+    pub dataset_budget: Option<Budget>,
+}
+
+fn default_accountant() -> Accountant {
+    Accountant::Rdp
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GeneratorName {
+    Marginals,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratorSpec {
+    pub name: GeneratorName,
+    #[serde(default)]
+    pub marginals: MarginalsParams,
+}
+
+/// Parameters of the DP marginals generator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MarginalsParams {
+    /// Rows a unit may contribute; a unit with more is subsampled inside its worker.
+    pub max_rows_per_unit: u32,
+    /// Two-way marginals to measure, as a tree: `[parent, child]` pairs. Default: a star
+    /// around the target column, or a chain in column order without a target.
+    pub pairs: Option<Vec<[String; 2]>>,
+    /// Bins for numeric columns without `bins` (integer columns with at most this many
+    /// values get one bin per value).
+    pub default_bins: u32,
+}
+
+impl Default for MarginalsParams {
+    fn default() -> Self {
+        Self {
+            max_rows_per_unit: 1,
+            pairs: None,
+            default_bins: 32,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// Output prefix (path, `file://` or `s3://`); `--output` overrides it.
+    pub url: String,
+    /// Synthetic rows; default: the DP estimate of the input's size released by the job.
+    #[serde(default)]
+    pub rows: Option<u64>,
+    #[serde(default = "default_rows_per_part")]
+    pub rows_per_part: u64,
+}
+
+fn default_rows_per_part() -> u64 {
+    50_000
+}
+
+/// Parses a date/time bound or value to seconds since the Unix epoch.
+pub fn parse_datetime(s: &str) -> Option<f64> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Some(t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) * 1e-6);
+    }
+    for format in ["%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
+            return Some(t.and_utc().timestamp() as f64);
+        }
+    }
+    NaiveDate::parse_from_str(s, "%Y-%m-%d")
+        .ok()
+        .map(|d| d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp() as f64)
+}
+
+impl ColumnSpec {
+    /// Declared numeric bounds (datetime bounds in epoch seconds).
+    pub fn bounds(&self) -> Option<(f64, f64)> {
+        let value = |b: &Option<Bound>| match (b, self.kind) {
+            (Some(Bound::Number(x)), ColumnKind::Continuous | ColumnKind::Integer) => Some(*x),
+            (Some(Bound::Text(s)), ColumnKind::Datetime) => parse_datetime(s),
+            _ => None,
+        };
+        Some((value(&self.min)?, value(&self.max)?))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let name = &self.name;
+        match self.kind {
+            ColumnKind::Continuous | ColumnKind::Integer | ColumnKind::Datetime => {
+                let (lo, hi) = self.bounds().ok_or_else(|| {
+                    let example = if self.kind == ColumnKind::Datetime {
+                        "\"2020-01-01\""
+                    } else {
+                        "numbers"
+                    };
+                    format!("column '{name}' needs public bounds `min` and `max` ({example})")
+                })?;
+                if !(lo < hi) {
+                    return Err(format!("column '{name}': min must be below max"));
+                }
+                if let Some(Bins::Edges(edges)) = &self.bins {
+                    let increasing = edges.windows(2).all(|w| w[0] < w[1]);
+                    if edges.len() < 2
+                        || !increasing
+                        || edges[0] != lo
+                        || *edges.last().unwrap() != hi
+                    {
+                        return Err(format!(
+                            "column '{name}': bin edges must increase from min ({lo}) to max ({hi})"
+                        ));
+                    }
+                }
+                if self.categories.is_some() {
+                    return Err(format!(
+                        "column '{name}': only categorical columns take `categories`"
+                    ));
+                }
+            }
+            ColumnKind::Categorical => {
+                let categories = self
+                    .categories
+                    .as_ref()
+                    .filter(|c| !c.is_empty())
+                    .ok_or_else(|| {
+                        format!("column '{name}' needs its public list of `categories`")
+                    })?;
+                let mut seen = HashSet::new();
+                if let Some(dup) = categories.iter().find(|c| !seen.insert(c.as_str())) {
+                    return Err(format!(
+                        "column '{name}': category '{dup}' is declared twice"
+                    ));
+                }
+                if categories.iter().any(|c| c == OTHER_CATEGORY) {
+                    return Err(format!("column '{name}': '{OTHER_CATEGORY}' is reserved"));
+                }
+            }
+            ColumnKind::Identifier => {}
+        }
+        Ok(())
+    }
+}
+
+impl JobSpec {
+    /// Parses and validates a spec; `path` names it in messages.
+    pub fn parse(text: &str, path: &str) -> Result<Self, SpecError> {
+        let spec: JobSpec = toml::from_str(text).map_err(|e| SpecError::Parse {
+            path: path.to_string(),
+            message: e.to_string(),
+        })?;
+        spec.validate().map_err(|message| SpecError::Invalid {
+            path: path.to_string(),
+            message,
+        })?;
+        Ok(spec)
+    }
+
+    /// Reads, parses and validates a spec file.
+    pub fn load(path: &str) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SpecError::Parse {
+            path: path.to_string(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text, path)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.input.urls.is_empty() {
+            return Err("[input] urls is empty".into());
+        }
+        if self.job.partitions == 0 {
+            return Err("[job] partitions must be at least 1".into());
+        }
+        let p = &self.privacy;
+        if !(p.epsilon > 0.0 && p.epsilon.is_finite() && (0.0..1.0).contains(&p.delta)) {
+            return Err(format!(
+                "[privacy] needs epsilon > 0 and delta in [0, 1), got {} and {}",
+                p.epsilon, p.delta
+            ));
+        }
+        let mut names = HashSet::new();
+        for c in &self.schema.columns {
+            if !names.insert(c.name.as_str()) {
+                return Err(format!("column '{}' is declared twice", c.name));
+            }
+            c.validate()?;
+        }
+        let column = |name: &str| self.schema.columns.iter().find(|c| c.name == name);
+        if let Some(unit) = &self.schema.unit_column {
+            match column(unit) {
+                Some(c) if c.kind == ColumnKind::Identifier => {}
+                Some(_) => {
+                    return Err(format!(
+                        "unit column '{unit}' must have kind = \"identifier\""
+                    ));
+                }
+                None => return Err(format!("unit column '{unit}' is not among the columns")),
+            }
+        }
+        if let Some(target) = &self.schema.target {
+            match column(target) {
+                Some(c) if c.kind != ColumnKind::Identifier => {}
+                _ => {
+                    return Err(format!(
+                        "target '{target}' must be a declared, non-identifier column"
+                    ));
+                }
+            }
+        }
+        let m = &self.generator.marginals;
+        if m.max_rows_per_unit == 0 || m.default_bins < 2 {
+            return Err(
+                "[generator.marginals] needs max_rows_per_unit ≥ 1 and default_bins ≥ 2".into(),
+            );
+        }
+        if self.output.rows_per_part == 0 {
+            return Err("[output] rows_per_part must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,235 @@
+//! A dpsynth worker: registers with the coordinator, heartbeats, pulls tasks, reads only
+//! the partitions a task names and returns only the bounded aggregate it asks for. It
+//! never adds noise and never sends rows.
+
+pub mod execute;
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use dpsynth_proto::coordinator_client::CoordinatorClient;
+use dpsynth_proto::result_chunk::Part;
+use dpsynth_proto::{
+    Capabilities, Dtype, HeartbeatRequest, PROTOCOL_VERSION, PollTaskRequest,
+    RegisterWorkerRequest, ReportFailureRequest, ResultChunk, ResultHeader, Task, TensorChunk,
+    TensorMeta,
+};
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+/// Worker settings, with defaults for a local cluster.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Coordinator gRPC URL, e.g. `http://127.0.0.1:50051`.
+    pub coordinator_url: String,
+    /// Name reported to the coordinator (the pod name on Kubernetes).
+    pub name: String,
+    /// Wait between polls when there is no work.
+    pub poll_interval: Duration,
+}
+
+impl WorkerConfig {
+    pub fn new(coordinator_url: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            coordinator_url: coordinator_url.into(),
+            name: name.into(),
+            poll_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What this machine offers.
+pub fn capabilities() -> Capabilities {
+    let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024);
+    Capabilities {
+        cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        gpus: 0,
+        memory_bytes,
+    }
+}
+
+async fn connect(url: &str) -> Channel {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match Endpoint::from_shared(url.to_string()) {
+            Ok(endpoint) => match endpoint
+                .connect_timeout(Duration::from_secs(5))
+                .connect()
+                .await
+            {
+                Ok(channel) => return channel,
+                Err(e) => tracing::warn!(url, error = %e, "coordinator not reachable; retrying"),
+            },
+            Err(e) => tracing::error!(url, error = %e, "invalid coordinator URL"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Runs the worker until the coordinator refuses it (incompatible protocol).
+/// Connection losses are retried forever.
+pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
+    loop {
+        let channel = connect(&config.coordinator_url).await;
+        let mut client = CoordinatorClient::new(channel);
+        let registered = client
+            .register_worker(RegisterWorkerRequest {
+                protocol_version: PROTOCOL_VERSION,
+                worker_name: config.name.clone(),
+                capabilities: Some(capabilities()),
+                dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .await;
+        let registration = match registered {
+            Ok(r) => r.into_inner(),
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                bail!("{}", status.message())
+            }
+            Err(status) => {
+                tracing::warn!(error = %status, "registration failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let worker_id = registration.worker_id;
+        tracing::info!(
+            worker = worker_id,
+            coordinator = config.coordinator_url,
+            "registered"
+        );
+        let heartbeat = tokio::spawn(heartbeat(
+            client.clone(),
+            worker_id.clone(),
+            Duration::from_millis(u64::from(registration.heartbeat_interval_ms.max(50))),
+        ));
+        let outcome = serve_tasks(&mut client, &worker_id, &config).await;
+        heartbeat.abort();
+        if let Err(e) = outcome {
+            tracing::warn!(worker = worker_id, error = %e, "lost the coordinator; reconnecting");
+        }
+    }
+}
+
+/// Heartbeats until the coordinator forgets this worker or stops answering.
+async fn heartbeat(mut client: CoordinatorClient<Channel>, worker_id: String, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        match client
+            .heartbeat(HeartbeatRequest {
+                worker_id: worker_id.clone(),
+            })
+            .await
+        {
+            Ok(r) if r.get_ref().known => {}
+            Ok(_) => return,
+            Err(e) => tracing::debug!(error = %e, "heartbeat failed"),
+        }
+    }
+}
+
+/// Polls and executes tasks; returns when the coordinator no longer knows this worker.
+async fn serve_tasks(
+    client: &mut CoordinatorClient<Channel>,
+    worker_id: &str,
+    config: &WorkerConfig,
+) -> anyhow::Result<()> {
+    loop {
+        let polled = client
+            .poll_task(PollTaskRequest {
+                worker_id: worker_id.to_string(),
+            })
+            .await;
+        let task = match polled {
+            Ok(r) => r.into_inner().task,
+            Err(status) if status.code() == Code::NotFound => {
+                bail!("coordinator forgot this worker")
+            }
+            Err(status) => return Err(status).context("polling for work"),
+        };
+        let Some(task) = task else {
+            tokio::time::sleep(config.poll_interval).await;
+            continue;
+        };
+        tracing::info!(
+            job = task.job_id,
+            task = task.task_id,
+            attempt = task.attempt,
+            kind = task.kind,
+            "task started"
+        );
+        match execute::execute(&task).await {
+            Ok(aggregate) => submit(client, worker_id, &task, aggregate).await?,
+            Err(e) => {
+                tracing::error!(job = task.job_id, task = task.task_id, error = %e, "task failed");
+                client
+                    .report_failure(ReportFailureRequest {
+                        worker_id: worker_id.to_string(),
+                        job_id: task.job_id.clone(),
+                        task_id: task.task_id,
+                        attempt: task.attempt,
+                        error: e.to_string(),
+                    })
+                    .await?;
+            }
+        }
+    }
+}
+
+/// Streams the aggregate back: a header, then each tensor's bytes in bounded chunks.
+async fn submit(
+    client: &mut CoordinatorClient<Channel>,
+    worker_id: &str,
+    task: &Task,
+    aggregate: execute::Aggregate,
+) -> anyhow::Result<()> {
+    let header = ResultHeader {
+        worker_id: worker_id.to_string(),
+        job_id: task.job_id.clone(),
+        task_id: task.task_id,
+        attempt: task.attempt,
+        units: aggregate.units,
+        tensors: aggregate
+            .tensors
+            .iter()
+            .map(|(name, values)| TensorMeta {
+                name: name.clone(),
+                shape: vec![values.len() as u64],
+                dtype: Dtype::F64 as i32,
+            })
+            .collect(),
+    };
+    let mut chunks = vec![ResultChunk {
+        part: Some(Part::Header(header)),
+    }];
+    for (index, (_, values)) in aggregate.tensors.iter().enumerate() {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for piece in bytes.chunks(dpsynth_proto::CHUNK_BYTES) {
+            chunks.push(ResultChunk {
+                part: Some(Part::Data(TensorChunk {
+                    tensor_index: index as u32,
+                    data: piece.to_vec(),
+                })),
+            });
+        }
+    }
+    match client.submit_result(tokio_stream::iter(chunks)).await {
+        Ok(_) => {
+            tracing::info!(job = task.job_id, task = task.task_id, "result submitted");
+            Ok(())
+        }
+        // The coordinator gave this attempt to someone else (we were declared dead): drop it.
+        Err(status) if status.code() == Code::FailedPrecondition => {
+            tracing::warn!(error = %status.message(), "result refused");
+            Ok(())
+        }
+        Err(status) => Err(status).context("submitting a result"),
+    }
+}
