@@ -13,8 +13,7 @@ use dpsynth_shared::data::input::InputReader;
 use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
 use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, decode_bin};
 use dpsynth_shared::output::{
-    MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema,
-    rows_to_batch,
+    MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
 use dpsynth_shared::privacy::accountant::{AccountingOptions, calibrate_sigma};
 use dpsynth_shared::privacy::ledger::{ChargeRequest, Ledger, LedgerError};
@@ -45,17 +44,9 @@ pub enum JobError {
     #[error(transparent)]
     Privacy(#[from] dpsynth_shared::privacy::PrivacyError),
     #[error("worker {worker}: task {task_id} failed: {error}")]
-    Task {
-        worker: String,
-        task_id: u64,
-        error: String,
-    },
+    Task { worker: String, task_id: u64, error: String },
     #[error("worker {worker} returned an invalid aggregate for task {task_id}: {reason}")]
-    BadResult {
-        worker: String,
-        task_id: u64,
-        reason: String,
-    },
+    BadResult { worker: String, task_id: u64, reason: String },
     #[error("{0}")]
     Other(String),
 }
@@ -111,9 +102,7 @@ pub async fn run_job(
     progress: ProgressHandle,
 ) -> Result<Manifest, JobError> {
     let span = tracing::info_span!("job", id = %request.job_id);
-    run(request, env, scheduler, progress)
-        .instrument(span)
-        .await
+    run(request, env, scheduler, progress).instrument(span).await
 }
 
 async fn run(
@@ -123,10 +112,7 @@ async fn run(
     progress: ProgressHandle,
 ) -> Result<Manifest, JobError> {
     let JobRequest { job_id, spec, .. } = &request;
-    let output_url = request
-        .output_url
-        .clone()
-        .unwrap_or_else(|| spec.output.url.clone());
+    let output_url = request.output_url.clone().unwrap_or_else(|| spec.output.url.clone());
     let ledger_url = request
         .ledger_url
         .clone()
@@ -140,13 +126,9 @@ async fn run(
     let ledger_location = storage::open(&ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
     let accounting = ledger.options().clone();
-    let sigma = calibrate_sigma(
-        spec.privacy.epsilon,
-        spec.privacy.delta,
-        spec.privacy.accountant,
-        &accounting,
-        |s| vec![plan.mechanism(s)],
-    )?;
+    let sigma = calibrate_sigma(spec.privacy.epsilon, spec.privacy.delta, spec.privacy.accountant, &accounting, |s| {
+        vec![plan.mechanism(s)]
+    })?;
     let charge = ChargeRequest {
         job_id: job_id.clone(),
         mechanisms: vec![plan.mechanism(sigma)],
@@ -165,8 +147,7 @@ async fn run(
     // 2. Partition by privacy unit into the scratch store.
     set_stage(&progress, "partitioning");
     let scratch = storage::open(&env.scratch_url)?;
-    let result =
-        partition_and_aggregate(&request, &scratch, &domain, &plan, scheduler, &progress).await;
+    let result = partition_and_aggregate(&request, &scratch, &domain, &plan, scheduler, &progress).await;
     cleanup_scratch(&scratch, job_id).await;
     let (mut counts, _units) = result?;
 
@@ -180,17 +161,11 @@ async fn run(
     // 4. Charge before anything derived from the noisy counts leaves the coordinator.
     set_stage(&progress, "charging the ledger");
     let receipt = ledger.charge(&charge).await?;
-    progress
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .epsilon_spent = receipt.admission.cost.epsilon;
+    progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = receipt.admission.cost.epsilon;
 
     // 5. Release: synthetic parts, then the manifest.
     set_stage(&progress, "writing output");
-    let rows = spec
-        .output
-        .rows
-        .unwrap_or_else(|| synthesizer.noisy_total.round().max(1.0) as u64);
+    let rows = spec.output.rows.unwrap_or_else(|| synthesizer.noisy_total.round().max(1.0) as u64);
     let output = write_parts(spec, output, &synthesizer, rows).await?;
     let manifest = output
         .finish(Manifest {
@@ -203,10 +178,7 @@ async fn run(
             columns: output_schema(spec)
                 .fields()
                 .iter()
-                .map(|f| ManifestColumn {
-                    name: f.name().clone(),
-                    data_type: f.data_type().to_string(),
-                })
+                .map(|f| ManifestColumn { name: f.name().clone(), data_type: f.data_type().to_string() })
                 .collect(),
             parts: Vec::new(),
             privacy: ManifestPrivacy {
@@ -229,29 +201,11 @@ async fn run(
 /// Opens the dataset's ledger, creating it when the spec declares the dataset's budget.
 async fn open_ledger(location: &StoreLocation, spec: &JobSpec) -> Result<Ledger, JobError> {
     let dataset = &spec.job.dataset_id;
-    match (
-        Ledger::open(location, dataset).await,
-        spec.privacy.dataset_budget,
-    ) {
+    match (Ledger::open(location, dataset).await, spec.privacy.dataset_budget) {
         (Err(LedgerError::NotInitialised { .. }), Some(budget)) => {
-            tracing::info!(
-                dataset,
-                epsilon = budget.epsilon,
-                delta = budget.delta,
-                "creating the dataset's ledger"
-            );
-            match Ledger::init(
-                location,
-                dataset,
-                budget,
-                Adjacency::AddRemove,
-                AccountingOptions::default(),
-            )
-            .await
-            {
-                Err(LedgerError::AlreadyExists { .. }) => {
-                    Ok(Ledger::open(location, dataset).await?)
-                }
+            tracing::info!(dataset, epsilon = budget.epsilon, delta = budget.delta, "creating the dataset's ledger");
+            match Ledger::init(location, dataset, budget, Adjacency::AddRemove, AccountingOptions::default()).await {
+                Err(LedgerError::AlreadyExists { .. }) => Ok(Ledger::open(location, dataset).await?),
                 other => Ok(other?),
             }
         }
@@ -269,8 +223,7 @@ async fn partition_and_aggregate(
 ) -> Result<(Vec<f64>, u64), JobError> {
     let spec = &request.spec;
     let key = PartitionKey::generate()?;
-    let mut writer =
-        PartitionWriter::new(scratch, &request.job_id, domain, spec.job.partitions, key)?;
+    let mut writer = PartitionWriter::new(scratch, &request.job_id, domain, spec.job.partitions, key)?;
     let mut input = InputReader::new(spec, domain);
     while let Some(batch) = input.next_batch().await? {
         writer.write(batch).await?;
@@ -278,8 +231,7 @@ async fn partition_and_aggregate(
     let urls = writer.finish().await?;
 
     set_stage(progress, "aggregating on workers");
-    let params =
-        Arc::new(serde_json::to_vec(&plan.task).map_err(|e| JobError::Other(e.to_string()))?);
+    let params = Arc::new(serde_json::to_vec(&plan.task).map_err(|e| JobError::Other(e.to_string()))?);
     let tasks: Vec<TaskDef> = urls
         .into_iter()
         .enumerate()
@@ -292,10 +244,7 @@ async fn partition_and_aggregate(
         })
         .collect();
     let total = tasks.len();
-    progress
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .tasks_total = total as u32;
+    progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = total as u32;
     let mut events = scheduler.submit(&request.job_id, tasks);
     let mut done = HashSet::new();
     let mut sum = vec![0.0; plan.task.cells()];
@@ -306,25 +255,16 @@ async fn partition_and_aggregate(
         }
         match events.recv().await {
             Some(TaskEvent::Done(result)) => {
-                let counts = result
-                    .tensors
-                    .iter()
-                    .find(|(n, _)| n == "counts")
-                    .map(|(_, c)| c.as_slice());
-                let check = counts
-                    .ok_or_else(|| "no 'counts' tensor".to_string())
-                    .and_then(|c| {
-                        plan.task.validate(c, result.units)?;
-                        Ok(c)
-                    });
+                let counts = result.tensors.iter().find(|(n, _)| n == "counts").map(|(_, c)| c.as_slice());
+                let check = counts.ok_or_else(|| "no 'counts' tensor".to_string()).and_then(|c| {
+                    plan.task.validate(c, result.units)?;
+                    Ok(c)
+                });
                 match check {
                     Ok(counts) if done.insert(result.task_id) => {
                         sum.iter_mut().zip(counts).for_each(|(s, c)| *s += c);
                         units += result.units;
-                        progress
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .tasks_done = done.len() as u32;
+                        progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done.len() as u32;
                         tracing::info!(
                             task = result.task_id,
                             worker = result.worker,
@@ -335,31 +275,15 @@ async fn partition_and_aggregate(
                     }
                     Ok(_) => {}
                     Err(reason) => {
-                        break Err(JobError::BadResult {
-                            worker: result.worker,
-                            task_id: result.task_id,
-                            reason,
-                        });
+                        break Err(JobError::BadResult { worker: result.worker, task_id: result.task_id, reason });
                     }
                 }
             }
             Some(TaskEvent::Requeued { task_id, worker }) => {
-                tracing::warn!(
-                    task = task_id,
-                    worker,
-                    "worker lost mid-task; task requeued"
-                );
+                tracing::warn!(task = task_id, worker, "worker lost mid-task; task requeued");
             }
-            Some(TaskEvent::Failed {
-                task_id,
-                worker,
-                error,
-            }) => {
-                break Err(JobError::Task {
-                    worker,
-                    task_id,
-                    error,
-                });
+            Some(TaskEvent::Failed { task_id, worker, error }) => {
+                break Err(JobError::Task { worker, task_id, error });
             }
             None => break Err(JobError::Other("scheduler stopped".into())),
         }
@@ -372,12 +296,7 @@ async fn partition_and_aggregate(
 async fn cleanup_scratch(scratch: &StoreLocation, job_id: &str) {
     use futures::TryStreamExt;
     let prefix = scratch.child(job_id);
-    let listed: Result<Vec<_>, _> = scratch
-        .store
-        .list(Some(&prefix))
-        .map_ok(|m| m.location)
-        .try_collect()
-        .await;
+    let listed: Result<Vec<_>, _> = scratch.store.list(Some(&prefix)).map_ok(|m| m.location).try_collect().await;
     match listed {
         Ok(paths) => {
             for path in paths {
@@ -398,8 +317,7 @@ async fn write_parts(
     rows: u64,
 ) -> Result<OutputWriter, JobError> {
     // Sampling from the noisy tables is post-processing; any good generator will do.
-    let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng)
-        .map_err(|e| JobError::Other(format!("OS entropy: {e}")))?;
+    let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| JobError::Other(format!("OS entropy: {e}")))?;
     let columns = synthesizer.domain().columns.len();
     let mut written = 0;
     while written < rows {
@@ -407,14 +325,10 @@ async fn write_parts(
         let part: Vec<Vec<_>> = (0..n)
             .map(|_| {
                 let bins = synthesizer.sample_bins(&mut rng);
-                (0..columns)
-                    .map(|c| decode_bin(synthesizer.domain(), c, bins[c], &mut rng))
-                    .collect()
+                (0..columns).map(|c| decode_bin(synthesizer.domain(), c, bins[c], &mut rng)).collect()
             })
             .collect();
-        output
-            .write_part(&rows_to_batch(spec, &part, written))
-            .await?;
+        output.write_part(&rows_to_batch(spec, &part, written)).await?;
         written += n;
     }
     Ok(output)
@@ -425,12 +339,7 @@ fn public_inputs(spec: &JobSpec) -> Vec<String> {
         .schema
         .columns
         .iter()
-        .map(|c| {
-            format!(
-                "{}: kind, bounds, categories and bins as declared in the job spec",
-                c.name
-            )
-        })
+        .map(|c| format!("{}: kind, bounds, categories and bins as declared in the job spec", c.name))
         .collect();
     if let Some(rows) = spec.output.rows {
         out.push(format!("output rows: {rows} (declared)"));

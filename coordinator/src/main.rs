@@ -10,11 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "dpsynth",
-    version,
-    about = "Differentially private synthetic data at cluster scale"
-)]
+#[command(name = "dpsynth", version, about = "Differentially private synthetic data at cluster scale")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,9 +36,7 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

@@ -33,15 +33,8 @@ pub struct TaskResult {
 #[derive(Debug)]
 pub enum TaskEvent {
     Done(TaskResult),
-    Failed {
-        task_id: u64,
-        worker: String,
-        error: String,
-    },
-    Requeued {
-        task_id: u64,
-        worker: String,
-    },
+    Failed { task_id: u64, worker: String, error: String },
+    Requeued { task_id: u64, worker: String },
 }
 
 struct Worker {
@@ -73,10 +66,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(worker_timeout: Duration) -> Self {
-        Self {
-            inner: Mutex::new(Inner::default()),
-            worker_timeout,
-        }
+        Self { inner: Mutex::new(Inner::default()), worker_timeout }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -87,20 +77,8 @@ impl Scheduler {
         let mut inner = self.lock();
         inner.next_worker += 1;
         let id = format!("w{}-{name}", inner.next_worker);
-        tracing::info!(
-            worker = id,
-            cores = capabilities.cpu_cores,
-            gpus = capabilities.gpus,
-            "worker registered"
-        );
-        inner.workers.insert(
-            id.clone(),
-            Worker {
-                name: name.to_string(),
-                capabilities,
-                last_seen: Instant::now(),
-            },
-        );
+        tracing::info!(worker = id, cores = capabilities.cpu_cores, gpus = capabilities.gpus, "worker registered");
+        inner.workers.insert(id.clone(), Worker { name: name.to_string(), capabilities, last_seen: Instant::now() });
         id
     }
 
@@ -116,11 +94,7 @@ impl Scheduler {
     }
 
     pub fn live_workers(&self) -> Vec<(String, String, Capabilities)> {
-        self.lock()
-            .workers
-            .iter()
-            .map(|(id, w)| (id.clone(), w.name.clone(), w.capabilities))
-            .collect()
+        self.lock().workers.iter().map(|(id, w)| (id.clone(), w.name.clone(), w.capabilities)).collect()
     }
 
     /// Queues a job's tasks; the receiver hears about each of them.
@@ -146,24 +120,11 @@ impl Scheduler {
         inner.workers.get_mut(worker)?.last_seen = Instant::now();
         let (def, attempt) = inner.pending.pop_front()?;
         let key = (def.job_id.clone(), def.task_id);
-        inner.running.insert(
-            key,
-            Running {
-                def: def.clone(),
-                attempt,
-                worker: worker.to_string(),
-            },
-        );
+        inner.running.insert(key, Running { def: def.clone(), attempt, worker: worker.to_string() });
         Some((def, attempt))
     }
 
-    fn take_running(
-        &self,
-        worker: &str,
-        job_id: &str,
-        task_id: u64,
-        attempt: u32,
-    ) -> Result<(), String> {
+    fn take_running(&self, worker: &str, job_id: &str, task_id: u64, attempt: u32) -> Result<(), String> {
         let mut inner = self.lock();
         let key = (job_id.to_string(), task_id);
         match inner.running.get(&key) {
@@ -171,9 +132,7 @@ impl Scheduler {
                 inner.running.remove(&key);
                 Ok(())
             }
-            _ => Err(format!(
-                "task {task_id} attempt {attempt} of job {job_id} is not running on {worker}"
-            )),
+            _ => Err(format!("task {task_id} attempt {attempt} of job {job_id} is not running on {worker}")),
         }
     }
 
@@ -190,23 +149,9 @@ impl Scheduler {
         Ok(())
     }
 
-    pub fn fail(
-        &self,
-        worker: &str,
-        job_id: &str,
-        task_id: u64,
-        attempt: u32,
-        error: String,
-    ) -> Result<(), String> {
+    pub fn fail(&self, worker: &str, job_id: &str, task_id: u64, attempt: u32, error: String) -> Result<(), String> {
         self.take_running(worker, job_id, task_id, attempt)?;
-        self.notify(
-            job_id,
-            TaskEvent::Failed {
-                task_id,
-                worker: worker.to_string(),
-                error,
-            },
-        );
+        self.notify(job_id, TaskEvent::Failed { task_id, worker: worker.to_string(), error });
         Ok(())
     }
 
@@ -222,23 +167,13 @@ impl Scheduler {
             .collect();
         for id in dead {
             inner.workers.remove(&id);
-            tracing::warn!(
-                worker = id,
-                "worker lost (no heartbeat); requeueing its tasks"
-            );
-            let lost: Vec<(String, u64)> = inner
-                .running
-                .iter()
-                .filter(|(_, r)| r.worker == id)
-                .map(|(k, _)| k.clone())
-                .collect();
+            tracing::warn!(worker = id, "worker lost (no heartbeat); requeueing its tasks");
+            let lost: Vec<(String, u64)> =
+                inner.running.iter().filter(|(_, r)| r.worker == id).map(|(k, _)| k.clone()).collect();
             for key in lost {
                 let r = inner.running.remove(&key).expect("listed above");
                 if let Some(tx) = inner.listeners.get(&r.def.job_id) {
-                    let _ = tx.send(TaskEvent::Requeued {
-                        task_id: r.def.task_id,
-                        worker: id.clone(),
-                    });
+                    let _ = tx.send(TaskEvent::Requeued { task_id: r.def.task_id, worker: id.clone() });
                 }
                 inner.pending.push_front((r.def, r.attempt + 1));
             }

@@ -14,9 +14,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_serving::<CoordinatorServer<CoordinatorService>>()
-        .await;
+    reporter.set_serving::<CoordinatorServer<CoordinatorService>>().await;
     Server::builder()
         .add_service(health)
         .add_service(CoordinatorServer::new(service))

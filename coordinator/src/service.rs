@@ -8,10 +8,9 @@ use std::time::Duration;
 use dpsynth_proto::coordinator_server::Coordinator;
 use dpsynth_proto::result_chunk::Part;
 use dpsynth_proto::{
-    Dtype, GetJobRequest, HeartbeatRequest, HeartbeatResponse, JobState, JobStatus,
-    PROTOCOL_VERSION, PollTaskRequest, PollTaskResponse, RegisterWorkerRequest,
-    RegisterWorkerResponse, ReportFailureRequest, ReportFailureResponse, ResultChunk,
-    SubmitJobRequest, SubmitJobResponse, SubmitResultResponse, Task,
+    Dtype, GetJobRequest, HeartbeatRequest, HeartbeatResponse, JobState, JobStatus, PROTOCOL_VERSION, PollTaskRequest,
+    PollTaskResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportFailureRequest, ReportFailureResponse,
+    ResultChunk, SubmitJobRequest, SubmitJobResponse, SubmitResultResponse, Task,
 };
 use dpsynth_shared::spec::JobSpec;
 use tokio_stream::StreamExt;
@@ -60,10 +59,7 @@ pub struct CoordinatorService {
 /// A fresh job id: time plus randomness, sortable.
 pub fn new_job_id() -> String {
     let suffix: u32 = rand::random();
-    format!(
-        "job-{}-{suffix:08x}",
-        chrono::Utc::now().format("%Y%m%dT%H%M%S")
-    )
+    format!("job-{}-{suffix:08x}", chrono::Utc::now().format("%Y%m%dT%H%M%S"))
 }
 
 impl CoordinatorService {
@@ -82,11 +78,7 @@ impl CoordinatorService {
                 }
             }
         });
-        Self {
-            scheduler,
-            config: Arc::new(config),
-            jobs: Arc::default(),
-        }
+        Self { scheduler, config: Arc::new(config), jobs: Arc::default() }
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -97,13 +89,10 @@ impl CoordinatorService {
     pub fn start_job(&self, request: JobRequest) -> ProgressHandle {
         let progress: ProgressHandle = Arc::new(Mutex::new(Progress::default()));
         let job_id = request.job_id.clone();
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            job_id.clone(),
-            JobEntry {
-                progress: progress.clone(),
-                outcome: None,
-            },
-        );
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(job_id.clone(), JobEntry { progress: progress.clone(), outcome: None });
         let this = self.clone();
         let handle = progress.clone();
         tokio::spawn(async move {
@@ -127,12 +116,7 @@ impl CoordinatorService {
                     Err((JobState::Failed, e.to_string()))
                 }
             };
-            if let Some(entry) = this
-                .jobs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_mut(&job_id)
-            {
+            if let Some(entry) = this.jobs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&job_id) {
                 entry.outcome = Some(outcome);
             }
         });
@@ -143,11 +127,7 @@ impl CoordinatorService {
     pub fn job_status(&self, job_id: &str) -> Option<JobStatus> {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         let entry = jobs.get(job_id)?;
-        let p = entry
-            .progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let p = entry.progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut status = JobStatus {
             job_id: job_id.to_string(),
             state: JobState::Running as i32,
@@ -174,14 +154,9 @@ impl CoordinatorService {
 
 fn decode_f64(bytes: &[u8]) -> Result<Vec<f64>, Status> {
     if !bytes.len().is_multiple_of(8) {
-        return Err(Status::invalid_argument(
-            "f64 tensor bytes are not a multiple of 8",
-        ));
+        return Err(Status::invalid_argument("f64 tensor bytes are not a multiple of 8"));
     }
-    Ok(bytes
-        .chunks_exact(8)
-        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect())
+    Ok(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
 }
 
 #[tonic::async_trait]
@@ -201,32 +176,22 @@ impl Coordinator for CoordinatorService {
                 PROTOCOL_VERSION
             )));
         }
-        let worker_id = self
-            .scheduler
-            .register(&r.worker_name, r.capabilities.unwrap_or_default());
+        let worker_id = self.scheduler.register(&r.worker_name, r.capabilities.unwrap_or_default());
         Ok(Response::new(RegisterWorkerResponse {
             worker_id,
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u32,
         }))
     }
 
-    async fn heartbeat(
-        &self,
-        request: Request<HeartbeatRequest>,
-    ) -> Result<Response<HeartbeatResponse>, Status> {
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
         let known = self.scheduler.heartbeat(&request.into_inner().worker_id);
         Ok(Response::new(HeartbeatResponse { known }))
     }
 
-    async fn poll_task(
-        &self,
-        request: Request<PollTaskRequest>,
-    ) -> Result<Response<PollTaskResponse>, Status> {
+    async fn poll_task(&self, request: Request<PollTaskRequest>) -> Result<Response<PollTaskResponse>, Status> {
         let worker = request.into_inner().worker_id;
         if !self.scheduler.heartbeat(&worker) {
-            return Err(Status::not_found(format!(
-                "unknown worker {worker}: register again"
-            )));
+            return Err(Status::not_found(format!("unknown worker {worker}: register again")));
         }
         let task = self.scheduler.poll(&worker).map(|(def, attempt)| Task {
             job_id: def.job_id,
@@ -245,14 +210,10 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<SubmitResultResponse>, Status> {
         let mut stream = request.into_inner();
         let header = match stream.next().await {
-            Some(Ok(ResultChunk {
-                part: Some(Part::Header(h)),
-            })) => h,
+            Some(Ok(ResultChunk { part: Some(Part::Header(h)) })) => h,
             Some(Err(e)) => return Err(e),
             _ => {
-                return Err(Status::invalid_argument(
-                    "a result stream must start with its header",
-                ));
+                return Err(Status::invalid_argument("a result stream must start with its header"));
             }
         };
         let mut buffers: Vec<Vec<u8>> = vec![Vec::new(); header.tensors.len()];
@@ -263,39 +224,24 @@ impl Coordinator for CoordinatorService {
                     .ok_or_else(|| Status::invalid_argument("chunk for an undeclared tensor"))?
                     .extend_from_slice(&d.data),
                 _ => {
-                    return Err(Status::invalid_argument(
-                        "a second header in one result stream",
-                    ));
+                    return Err(Status::invalid_argument("a second header in one result stream"));
                 }
             }
         }
         let mut tensors = Vec::new();
         for (meta, bytes) in header.tensors.iter().zip(&buffers) {
             if meta.dtype != Dtype::F64 as i32 {
-                return Err(Status::invalid_argument(format!(
-                    "tensor '{}': only f64 is supported",
-                    meta.name
-                )));
+                return Err(Status::invalid_argument(format!("tensor '{}': only f64 is supported", meta.name)));
             }
             let values = decode_f64(bytes)?;
             let expected: u64 = meta.shape.iter().product();
             if values.len() as u64 != expected {
-                return Err(Status::invalid_argument(format!(
-                    "tensor '{}' has the wrong number of values",
-                    meta.name
-                )));
+                return Err(Status::invalid_argument(format!("tensor '{}' has the wrong number of values", meta.name)));
             }
             tensors.push((meta.name.clone(), values));
         }
-        let result = TaskResult {
-            task_id: header.task_id,
-            worker: header.worker_id,
-            units: header.units,
-            tensors,
-        };
-        self.scheduler
-            .complete(&header.job_id, header.attempt, result)
-            .map_err(Status::failed_precondition)?;
+        let result = TaskResult { task_id: header.task_id, worker: header.worker_id, units: header.units, tensors };
+        self.scheduler.complete(&header.job_id, header.attempt, result).map_err(Status::failed_precondition)?;
         Ok(Response::new(SubmitResultResponse {}))
     }
 
@@ -310,35 +256,19 @@ impl Coordinator for CoordinatorService {
         Ok(Response::new(ReportFailureResponse {}))
     }
 
-    async fn submit_job(
-        &self,
-        request: Request<SubmitJobRequest>,
-    ) -> Result<Response<SubmitJobResponse>, Status> {
+    async fn submit_job(&self, request: Request<SubmitJobRequest>) -> Result<Response<SubmitJobResponse>, Status> {
         let r = request.into_inner();
-        let spec = JobSpec::parse(&r.spec_toml, &r.spec_path)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let spec = JobSpec::parse(&r.spec_toml, &r.spec_path).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
         if self.job_status(&job_id).is_some() {
-            return Err(Status::already_exists(format!(
-                "job {job_id} was already submitted"
-            )));
+            return Err(Status::already_exists(format!("job {job_id} was already submitted")));
         }
-        self.start_job(JobRequest {
-            job_id: job_id.clone(),
-            spec,
-            output_url: r.output_url,
-            ledger_url: r.ledger_url,
-        });
+        self.start_job(JobRequest { job_id: job_id.clone(), spec, output_url: r.output_url, ledger_url: r.ledger_url });
         Ok(Response::new(SubmitJobResponse { job_id }))
     }
 
-    async fn get_job(
-        &self,
-        request: Request<GetJobRequest>,
-    ) -> Result<Response<JobStatus>, Status> {
+    async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<JobStatus>, Status> {
         let id = request.into_inner().job_id;
-        self.job_status(&id)
-            .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("no job {id}")))
+        self.job_status(&id).map(Response::new).ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 }

@@ -46,13 +46,7 @@ impl Standalone {
                 })
             })
             .collect();
-        Ok(Self {
-            service,
-            url,
-            stop,
-            server,
-            workers,
-        })
+        Ok(Self { service, url, stop, server, workers })
     }
 
     /// Stops the workers and the server.

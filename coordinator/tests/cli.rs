@@ -8,26 +8,17 @@ use dpsynth_shared::privacy::mechanism::Mechanism;
 use serde_json::Value;
 
 fn dpsynth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dpsynth"))
-        .args(args)
-        .output()
-        .expect("run dpsynth")
+    Command::new(env!("CARGO_BIN_EXE_dpsynth")).args(args).output().expect("run dpsynth")
 }
 
 fn last_json(out: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().unwrap_or_else(|| {
-        panic!(
-            "no stdout; stderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let line =
+        stdout.lines().last().unwrap_or_else(|| panic!("no stdout; stderr: {}", String::from_utf8_lossy(&out.stderr)));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
 }
 
-const RUN: [&str; 8] = [
-    "--q", "0.01", "--sigma", "1.1", "--steps", "2000", "--delta", "1e-5",
-];
+const RUN: [&str; 8] = ["--q", "0.01", "--sigma", "1.1", "--steps", "2000", "--delta", "1e-5"];
 
 #[test]
 fn epsilon_agrees_with_the_library_for_both_accountants() {
@@ -35,22 +26,15 @@ fn epsilon_agrees_with_the_library_for_both_accountants() {
         let out = dpsynth(&[&["privacy", "epsilon", "--accountant", name][..], &RUN].concat());
         assert!(out.status.success());
         let v = last_json(&out);
-        let expected = account(
-            &[Mechanism::dp_sgd(0.01, 1.1, 2000)],
-            accountant,
-            1e-5,
-            &AccountingOptions::default(),
-        )
-        .unwrap();
+        let expected =
+            account(&[Mechanism::dp_sgd(0.01, 1.1, 2000)], accountant, 1e-5, &AccountingOptions::default()).unwrap();
         assert_eq!(v["epsilon"].as_f64().unwrap(), expected.epsilon);
         assert_eq!(v["accountant"], name);
         assert_eq!(v["delta"].as_f64().unwrap(), 1e-5);
         assert_eq!(v.get("order").is_some(), accountant == Accountant::Rdp);
     }
     // The classic conversion is never tighter than the improved one.
-    let classic = last_json(&dpsynth(
-        &[&["privacy", "epsilon", "--conversion", "classic"][..], &RUN].concat(),
-    ));
+    let classic = last_json(&dpsynth(&[&["privacy", "epsilon", "--conversion", "classic"][..], &RUN].concat()));
     let improved = last_json(&dpsynth(&[&["privacy", "epsilon"][..], &RUN].concat()));
     assert!(classic["epsilon"].as_f64().unwrap() >= improved["epsilon"].as_f64().unwrap());
 }
@@ -91,26 +75,12 @@ fn gnmax_reports_both_bounds_and_composes_data_independently() {
         "1e-5",
     ]));
     assert_eq!(v["rdp_data_independent"].as_f64().unwrap(), 8.0 / 1600.0);
-    assert!(
-        v["rdp_data_dependent"].as_f64().unwrap() < v["rdp_data_independent"].as_f64().unwrap()
-    );
+    assert!(v["rdp_data_dependent"].as_f64().unwrap() < v["rdp_data_independent"].as_f64().unwrap());
     assert!(v["logq"].as_f64().unwrap() < 0.0);
-    let gnmax = Mechanism::GnMax {
-        sigma: 40.0,
-        classes: 2,
-        queries: 1000,
-    };
-    let expected = account(
-        &[gnmax],
-        Accountant::Rdp,
-        1e-5,
-        &AccountingOptions::default(),
-    )
-    .unwrap();
+    let gnmax = Mechanism::GnMax { sigma: 40.0, classes: 2, queries: 1000 };
+    let expected = account(&[gnmax], Accountant::Rdp, 1e-5, &AccountingOptions::default()).unwrap();
     assert_eq!(v["epsilon"].as_f64().unwrap(), expected.epsilon);
-    let bad = dpsynth(&[
-        "privacy", "gnmax", "--sigma", "40", "--votes", "240,10", "--order", "1",
-    ]);
+    let bad = dpsynth(&["privacy", "gnmax", "--sigma", "40", "--votes", "240,10", "--order", "1"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("order > 1"));
 }
@@ -120,65 +90,26 @@ fn ledger_init_show_and_dry_run() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().to_str().unwrap();
     let at = ["--dataset", "cli-test", "--store", store];
-    let init = dpsynth(
-        &[
-            &["ledger", "init"][..],
-            &at,
-            &["--epsilon", "1.0", "--delta", "1e-5"],
-        ]
-        .concat(),
-    );
-    assert!(
-        init.status.success(),
-        "{}",
-        String::from_utf8_lossy(&init.stderr)
-    );
-    let again = dpsynth(
-        &[
-            &["ledger", "init"][..],
-            &at,
-            &["--epsilon", "9", "--delta", "1e-5"],
-        ]
-        .concat(),
-    );
+    let init = dpsynth(&[&["ledger", "init"][..], &at, &["--epsilon", "1.0", "--delta", "1e-5"]].concat());
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let again = dpsynth(&[&["ledger", "init"][..], &at, &["--epsilon", "9", "--delta", "1e-5"]].concat());
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 
-    let run = [
-        "--q", "0.01", "--sigma", "4", "--steps", "1000", "--delta", "1e-5",
-    ];
+    let run = ["--q", "0.01", "--sigma", "4", "--steps", "1000", "--delta", "1e-5"];
     let fits = dpsynth(&[&["ledger", "charge-dry-run"][..], &at, &run].concat());
-    assert!(
-        fits.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fits.stderr)
-    );
+    assert!(fits.status.success(), "{}", String::from_utf8_lossy(&fits.stderr));
     let v = last_json(&fits);
     assert_eq!(v["admitted"], true);
     assert!(v["remaining_epsilon"].as_f64().unwrap() > 0.0);
 
     let gnmax = r#"{"kind":"gn_max","sigma":5,"classes":2,"queries":1000}"#;
-    let too_much = dpsynth(
-        &[
-            &["ledger", "charge-dry-run"][..],
-            &at,
-            &["--mechanism", gnmax, "--delta", "1e-5"],
-        ]
-        .concat(),
-    );
-    assert_eq!(
-        too_much.status.code(),
-        Some(3),
-        "budget refusal exits with 3"
-    );
+    let too_much =
+        dpsynth(&[&["ledger", "charge-dry-run"][..], &at, &["--mechanism", gnmax, "--delta", "1e-5"]].concat());
+    assert_eq!(too_much.status.code(), Some(3), "budget refusal exits with 3");
     let v = last_json(&too_much);
     assert_eq!(v["admitted"], false);
-    assert!(
-        v["reason"]
-            .as_str()
-            .unwrap()
-            .contains("privacy budget exceeded")
-    );
+    assert!(v["reason"].as_str().unwrap().contains("privacy budget exceeded"));
 
     let show = dpsynth(&[&["ledger", "show"][..], &at].concat());
     assert!(show.status.success());

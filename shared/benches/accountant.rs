@@ -25,13 +25,9 @@ fn main() {
     let options = AccountingOptions::default();
     let eps = |m: Mechanism, a: Accountant| account(&[m], a, 1e-5, &options).unwrap().epsilon;
 
-    let (baseline, _) = median(21, || {
-        eps(Mechanism::dp_sgd(1.0, 1.1, 1_000_000), Accountant::Rdp)
-    });
+    let (baseline, _) = median(21, || eps(Mechanism::dp_sgd(1.0, 1.1, 1_000_000), Accountant::Rdp));
     for (q, sigma) in [(0.01, 1.1), (0.001, 0.8), (0.2, 5.0)] {
-        let (t, e) = median(21, || {
-            eps(Mechanism::dp_sgd(q, sigma, 1_000_000), Accountant::Rdp)
-        });
+        let (t, e) = median(21, || eps(Mechanism::dp_sgd(q, sigma, 1_000_000), Accountant::Rdp));
         println!(
             "rdp  T=1e6 q={q} σ={sigma}: ε={e:.4} in {:.2} ms (target < 50 ms; {:.0}× the unsampled-Gaussian baseline of {:.3} ms)",
             t.as_secs_f64() * 1e3,
@@ -40,12 +36,7 @@ fn main() {
         );
     }
     for (q, sigma) in [(0.01, 1.1), (0.004266666666666667, 1.1), (0.05, 2.0)] {
-        let (t, e) = median(3, || {
-            eps(Mechanism::dp_sgd(q, sigma, 100_000), Accountant::Pld)
-        });
-        println!(
-            "pld  T=1e5 q={q} σ={sigma}: ε={e:.4} in {:.3} s (target < 2 s)",
-            t.as_secs_f64()
-        );
+        let (t, e) = median(3, || eps(Mechanism::dp_sgd(q, sigma, 100_000), Accountant::Pld));
+        println!("pld  T=1e5 q={q} σ={sigma}: ε={e:.4} in {:.3} s (target < 2 s)", t.as_secs_f64());
     }
 }

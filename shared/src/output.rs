@@ -25,9 +25,7 @@ pub const MANIFEST_FORMAT: &str = "dpsynth.manifest.v1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
-    #[error(
-        "output {url} already holds a complete dataset ({MANIFEST} exists); choose another output"
-    )]
+    #[error("output {url} already holds a complete dataset ({MANIFEST} exists); choose another output")]
     AlreadyComplete { url: String },
     #[error("writing output {url}: {message}")]
     Write { url: String, message: String },
@@ -126,33 +124,19 @@ pub fn rows_to_batch(spec: &JobSpec, rows: &[Vec<SyntheticValue>], first_id: u64
                 ColumnKind::Integer => {
                     let mut b = Int64Builder::new();
                     values.for_each(|v| {
-                        b.append_option(if let SyntheticValue::Integer(x) = v {
-                            Some(*x)
-                        } else {
-                            None
-                        })
+                        b.append_option(if let SyntheticValue::Integer(x) = v { Some(*x) } else { None })
                     });
                     Arc::new(b.finish())
                 }
                 ColumnKind::Continuous => {
                     let mut b = Float64Builder::new();
-                    values.for_each(|v| {
-                        b.append_option(if let SyntheticValue::Real(x) = v {
-                            Some(*x)
-                        } else {
-                            None
-                        })
-                    });
+                    values.for_each(|v| b.append_option(if let SyntheticValue::Real(x) = v { Some(*x) } else { None }));
                     Arc::new(b.finish())
                 }
                 ColumnKind::Datetime => {
                     let mut b = TimestampSecondBuilder::new();
                     values.for_each(|v| {
-                        b.append_option(if let SyntheticValue::Datetime(x) = v {
-                            Some(*x)
-                        } else {
-                            None
-                        })
+                        b.append_option(if let SyntheticValue::Datetime(x) = v { Some(*x) } else { None })
                     });
                     Arc::new(b.finish())
                 }
@@ -173,32 +157,20 @@ impl OutputWriter {
     /// Refuses an output that already holds a complete dataset.
     pub async fn create(location: StoreLocation) -> Result<Self, OutputError> {
         match location.store.head(&location.child(MANIFEST)).await {
-            Ok(_) => Err(OutputError::AlreadyComplete {
-                url: location.url.clone(),
-            }),
-            Err(object_store::Error::NotFound { .. }) => Ok(Self {
-                location,
-                parts: Vec::new(),
-            }),
-            Err(e) => Err(OutputError::Write {
-                url: location.url.clone(),
-                message: e.to_string(),
-            }),
+            Ok(_) => Err(OutputError::AlreadyComplete { url: location.url.clone() }),
+            Err(object_store::Error::NotFound { .. }) => Ok(Self { location, parts: Vec::new() }),
+            Err(e) => Err(OutputError::Write { url: location.url.clone(), message: e.to_string() }),
         }
     }
 
     fn err(&self, e: impl std::fmt::Display) -> OutputError {
-        OutputError::Write {
-            url: self.location.url.clone(),
-            message: e.to_string(),
-        }
+        OutputError::Write { url: self.location.url.clone(), message: e.to_string() }
     }
 
     /// Writes one part (encoded in memory: a part is bounded by `rows_per_part`).
     pub async fn write_part(&mut self, batch: &RecordBatch) -> Result<(), OutputError> {
         let mut bytes = Vec::new();
-        let mut writer =
-            ArrowWriter::try_new(&mut bytes, batch.schema(), None).map_err(|e| self.err(e))?;
+        let mut writer = ArrowWriter::try_new(&mut bytes, batch.schema(), None).map_err(|e| self.err(e))?;
         writer.write(batch).map_err(|e| self.err(e))?;
         writer.close().map_err(|e| self.err(e))?;
         let name = format!("part-{:05}.parquet", self.parts.len());
@@ -208,11 +180,7 @@ impl OutputWriter {
             bytes: bytes.len() as u64,
             sha256: format!("{:x}", Sha256::digest(&bytes)),
         };
-        self.location
-            .store
-            .put(&self.location.child(&name), PutPayload::from(bytes))
-            .await
-            .map_err(|e| self.err(e))?;
+        self.location.store.put(&self.location.child(&name), PutPayload::from(bytes)).await.map_err(|e| self.err(e))?;
         self.parts.push(info);
         Ok(())
     }
@@ -222,21 +190,13 @@ impl OutputWriter {
         manifest.parts = self.parts.clone();
         manifest.rows = self.parts.iter().map(|p| p.rows).sum();
         let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| self.err(e))?;
-        let options = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
+        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
         let path: Path = self.location.child(MANIFEST);
-        match self
-            .location
-            .store
-            .put_opts(&path, PutPayload::from(bytes), options)
-            .await
-        {
+        match self.location.store.put_opts(&path, PutPayload::from(bytes), options).await {
             Ok(_) => Ok(manifest),
-            Err(object_store::Error::AlreadyExists { .. }) => Err(OutputError::AlreadyComplete {
-                url: self.location.url.clone(),
-            }),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                Err(OutputError::AlreadyComplete { url: self.location.url.clone() })
+            }
             Err(e) => Err(self.err(e)),
         }
     }

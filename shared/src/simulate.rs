@@ -15,26 +15,16 @@ use rand::{Rng, RngExt, SeedableRng};
 use rand_distr::{Distribution, Normal};
 
 /// Column header of the simulated CSV.
-pub const HEADER: &str =
-    "patient_id,charttime,heart_rate,resp_rate,temperature,spo2,sbp,dbp,rhythm,pain";
+pub const HEADER: &str = "patient_id,charttime,heart_rate,resp_rate,temperature,spo2,sbp,dbp,rhythm,pain";
 
 /// Cardiac rhythms the simulator emits (the demo spec declares exactly these).
 pub const RHYTHMS: [&str; 4] = ["sinus", "afib", "svt", "vtach"];
 
 /// Per hidden state: means of HR, RR, temperature, SpO₂, SBP, DBP, and rhythm weights.
 const STATES: [([f64; 6], [f64; 4]); 3] = [
-    (
-        [78.0, 16.0, 36.9, 97.0, 122.0, 76.0],
-        [0.92, 0.06, 0.02, 0.0],
-    ),
-    (
-        [102.0, 22.0, 37.9, 93.0, 106.0, 66.0],
-        [0.70, 0.20, 0.08, 0.02],
-    ),
-    (
-        [126.0, 29.0, 38.7, 87.0, 88.0, 52.0],
-        [0.45, 0.30, 0.15, 0.10],
-    ),
+    ([78.0, 16.0, 36.9, 97.0, 122.0, 76.0], [0.92, 0.06, 0.02, 0.0]),
+    ([102.0, 22.0, 37.9, 93.0, 106.0, 66.0], [0.70, 0.20, 0.08, 0.02]),
+    ([126.0, 29.0, 38.7, 87.0, 88.0, 52.0], [0.45, 0.30, 0.15, 0.10]),
 ];
 const SPREAD: [f64; 6] = [9.0, 3.0, 0.4, 2.0, 12.0, 8.0];
 const TRANSITIONS: [[f64; 3]; 3] = [[0.85, 0.13, 0.02], [0.25, 0.60, 0.15], [0.05, 0.30, 0.65]];
@@ -54,10 +44,7 @@ fn pick(weights: &[f64], rng: &mut impl Rng) -> usize {
 /// Simulates `patients` patients; returns the CSV text (header included).
 pub fn icu_vitals_csv(patients: usize, seed: u64) -> String {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let start = NaiveDate::from_ymd_opt(2025, 1, 1)
-        .unwrap()
-        .and_hms_opt(0, 0, 0)
-        .unwrap();
+    let start = NaiveDate::from_ymd_opt(2025, 1, 1).unwrap().and_hms_opt(0, 0, 0).unwrap();
     let mut out = String::from(HEADER);
     out.push('\n');
     for p in 0..patients {
@@ -72,11 +59,7 @@ pub fn icu_vitals_csv(patients: usize, seed: u64) -> String {
             }
             let missing = |rng: &mut ChaCha8Rng| rng.random::<f64>() < 0.05;
             let field = |v: f64, decimals: usize, rng: &mut ChaCha8Rng| {
-                if missing(rng) {
-                    String::new()
-                } else {
-                    format!("{v:.decimals$}")
-                }
+                if missing(rng) { String::new() } else { format!("{v:.decimals$}") }
             };
             let rhythm = RHYTHMS[pick(&rhythm_weights, &mut rng)];
             let pain = (rng.random_range(0..=3) + 3 * state as i64).min(10);
@@ -90,11 +73,7 @@ pub fn icu_vitals_csv(patients: usize, seed: u64) -> String {
                 field(vitals[3].clamp(60.0, 100.0), 0, &mut rng),
                 field(vitals[4].clamp(50.0, 250.0), 0, &mut rng),
                 field(vitals[5].clamp(20.0, 150.0), 0, &mut rng),
-                if missing(&mut rng) {
-                    String::new()
-                } else {
-                    pain.to_string()
-                },
+                if missing(&mut rng) { String::new() } else { pain.to_string() },
             );
             time += Duration::minutes(rng.random_range(30..8 * 60));
             state = pick(&TRANSITIONS[state], &mut rng);
@@ -112,9 +91,7 @@ mod tests {
         let csv = icu_vitals_csv(50, 1);
         let mut per_patient = std::collections::HashMap::<&str, usize>::new();
         for line in csv.lines().skip(1) {
-            *per_patient
-                .entry(line.split(',').next().unwrap())
-                .or_default() += 1;
+            *per_patient.entry(line.split(',').next().unwrap()).or_default() += 1;
         }
         assert_eq!(per_patient.len(), 50);
         assert!(per_patient.values().all(|n| (4..=50).contains(n)));

@@ -59,11 +59,7 @@ impl Format {
     /// By file extension: `.parquet`/`.pq` is Parquet, anything else CSV.
     pub fn detect(url: &str) -> Format {
         let lower = url.to_ascii_lowercase();
-        if lower.ends_with(".parquet") || lower.ends_with(".pq") {
-            Format::Parquet
-        } else {
-            Format::Csv
-        }
+        if lower.ends_with(".parquet") || lower.ends_with(".pq") { Format::Parquet } else { Format::Csv }
     }
 }
 
@@ -248,11 +244,7 @@ pub struct MarginalsParams {
 
 impl Default for MarginalsParams {
     fn default() -> Self {
-        Self {
-            max_rows_per_unit: 1,
-            pairs: None,
-            default_bins: 32,
-        }
+        Self { max_rows_per_unit: 1, pairs: None, default_bins: 32 }
     }
 }
 
@@ -282,9 +274,7 @@ pub fn parse_datetime(s: &str) -> Option<f64> {
             return Some(t.and_utc().timestamp() as f64);
         }
     }
-    NaiveDate::parse_from_str(s, "%Y-%m-%d")
-        .ok()
-        .map(|d| d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp() as f64)
+    NaiveDate::parse_from_str(s, "%Y-%m-%d").ok().map(|d| d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp() as f64)
 }
 
 impl ColumnSpec {
@@ -303,11 +293,7 @@ impl ColumnSpec {
         match self.kind {
             ColumnKind::Continuous | ColumnKind::Integer | ColumnKind::Datetime => {
                 let (lo, hi) = self.bounds().ok_or_else(|| {
-                    let example = if self.kind == ColumnKind::Datetime {
-                        "\"2020-01-01\""
-                    } else {
-                        "numbers"
-                    };
+                    let example = if self.kind == ColumnKind::Datetime { "\"2020-01-01\"" } else { "numbers" };
                     format!("column '{name}' needs public bounds `min` and `max` ({example})")
                 })?;
                 if !(lo < hi) {
@@ -315,20 +301,12 @@ impl ColumnSpec {
                 }
                 if let Some(Bins::Edges(edges)) = &self.bins {
                     let increasing = edges.windows(2).all(|w| w[0] < w[1]);
-                    if edges.len() < 2
-                        || !increasing
-                        || edges[0] != lo
-                        || *edges.last().unwrap() != hi
-                    {
-                        return Err(format!(
-                            "column '{name}': bin edges must increase from min ({lo}) to max ({hi})"
-                        ));
+                    if edges.len() < 2 || !increasing || edges[0] != lo || *edges.last().unwrap() != hi {
+                        return Err(format!("column '{name}': bin edges must increase from min ({lo}) to max ({hi})"));
                     }
                 }
                 if self.categories.is_some() {
-                    return Err(format!(
-                        "column '{name}': only categorical columns take `categories`"
-                    ));
+                    return Err(format!("column '{name}': only categorical columns take `categories`"));
                 }
             }
             ColumnKind::Categorical => {
@@ -336,14 +314,10 @@ impl ColumnSpec {
                     .categories
                     .as_ref()
                     .filter(|c| !c.is_empty())
-                    .ok_or_else(|| {
-                        format!("column '{name}' needs its public list of `categories`")
-                    })?;
+                    .ok_or_else(|| format!("column '{name}' needs its public list of `categories`"))?;
                 let mut seen = HashSet::new();
                 if let Some(dup) = categories.iter().find(|c| !seen.insert(c.as_str())) {
-                    return Err(format!(
-                        "column '{name}': category '{dup}' is declared twice"
-                    ));
+                    return Err(format!("column '{name}': category '{dup}' is declared twice"));
                 }
                 if categories.iter().any(|c| c == OTHER_CATEGORY) {
                     return Err(format!("column '{name}': '{OTHER_CATEGORY}' is reserved"));
@@ -358,23 +332,16 @@ impl ColumnSpec {
 impl JobSpec {
     /// Parses and validates a spec; `path` names it in messages.
     pub fn parse(text: &str, path: &str) -> Result<Self, SpecError> {
-        let spec: JobSpec = toml::from_str(text).map_err(|e| SpecError::Parse {
-            path: path.to_string(),
-            message: e.to_string(),
-        })?;
-        spec.validate().map_err(|message| SpecError::Invalid {
-            path: path.to_string(),
-            message,
-        })?;
+        let spec: JobSpec =
+            toml::from_str(text).map_err(|e| SpecError::Parse { path: path.to_string(), message: e.to_string() })?;
+        spec.validate().map_err(|message| SpecError::Invalid { path: path.to_string(), message })?;
         Ok(spec)
     }
 
     /// Reads, parses and validates a spec file.
     pub fn load(path: &str) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SpecError::Parse {
-            path: path.to_string(),
-            message: format!("cannot read: {e}"),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| SpecError::Parse { path: path.to_string(), message: format!("cannot read: {e}") })?;
         Self::parse(&text, path)
     }
 
@@ -387,10 +354,7 @@ impl JobSpec {
         }
         let p = &self.privacy;
         if !(p.epsilon > 0.0 && p.epsilon.is_finite() && (0.0..1.0).contains(&p.delta)) {
-            return Err(format!(
-                "[privacy] needs epsilon > 0 and delta in [0, 1), got {} and {}",
-                p.epsilon, p.delta
-            ));
+            return Err(format!("[privacy] needs epsilon > 0 and delta in [0, 1), got {} and {}", p.epsilon, p.delta));
         }
         let mut names = HashSet::new();
         for c in &self.schema.columns {
@@ -404,9 +368,7 @@ impl JobSpec {
             match column(unit) {
                 Some(c) if c.kind == ColumnKind::Identifier => {}
                 Some(_) => {
-                    return Err(format!(
-                        "unit column '{unit}' must have kind = \"identifier\""
-                    ));
+                    return Err(format!("unit column '{unit}' must have kind = \"identifier\""));
                 }
                 None => return Err(format!("unit column '{unit}' is not among the columns")),
             }
@@ -415,17 +377,13 @@ impl JobSpec {
             match column(target) {
                 Some(c) if c.kind != ColumnKind::Identifier => {}
                 _ => {
-                    return Err(format!(
-                        "target '{target}' must be a declared, non-identifier column"
-                    ));
+                    return Err(format!("target '{target}' must be a declared, non-identifier column"));
                 }
             }
         }
         let m = &self.generator.marginals;
         if m.max_rows_per_unit == 0 || m.default_bins < 2 {
-            return Err(
-                "[generator.marginals] needs max_rows_per_unit ≥ 1 and default_bins ≥ 2".into(),
-            );
+            return Err("[generator.marginals] needs max_rows_per_unit ≥ 1 and default_bins ≥ 2".into());
         }
         if self.output.rows_per_part == 0 {
             return Err("[output] rows_per_part must be at least 1".into());

@@ -15,10 +15,7 @@ pub enum StorageError {
     #[error("invalid store URL {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
     #[error("cannot open store {url:?}: {source}")]
-    Open {
-        url: String,
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    Open { url: String, source: Box<dyn std::error::Error + Send + Sync> },
 }
 
 /// An object store plus the prefix inside it that a URL names.
@@ -33,24 +30,15 @@ pub struct StoreLocation {
 impl StoreLocation {
     /// `prefix/child` as an object path.
     pub fn child(&self, child: &str) -> Path {
-        child
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .fold(self.prefix.clone(), |p, part| p.join(part))
+        child.split('/').filter(|s| !s.is_empty()).fold(self.prefix.clone(), |p, part| p.join(part))
     }
 }
 
 /// Opens the store holding one object (an input file): the URL's parent is the store, the
 /// last segment the object. Nothing is created.
 pub fn open_file(url: &str) -> Result<(StoreLocation, Path), StorageError> {
-    let invalid = |reason: &str| StorageError::InvalidUrl {
-        url: url.to_string(),
-        reason: reason.to_string(),
-    };
-    let (parent, name) = url
-        .trim_end_matches('/')
-        .rsplit_once('/')
-        .unwrap_or((".", url));
+    let invalid = |reason: &str| StorageError::InvalidUrl { url: url.to_string(), reason: reason.to_string() };
+    let (parent, name) = url.trim_end_matches('/').rsplit_once('/').unwrap_or((".", url));
     if name.is_empty() {
         return Err(invalid("no file name"));
     }
@@ -66,27 +54,15 @@ pub fn open_file(url: &str) -> Result<(StoreLocation, Path), StorageError> {
 }
 
 fn open_existing(dir: &str, url: &str) -> Result<StoreLocation, StorageError> {
-    let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| StorageError::Open {
-        url: url.to_string(),
-        source: Box::new(e),
-    })?;
-    Ok(StoreLocation {
-        store: Arc::new(fs),
-        prefix: Path::default(),
-        url: url.to_string(),
-    })
+    let fs = LocalFileSystem::new_with_prefix(dir)
+        .map_err(|e| StorageError::Open { url: url.to_string(), source: Box::new(e) })?;
+    Ok(StoreLocation { store: Arc::new(fs), prefix: Path::default(), url: url.to_string() })
 }
 
 /// Opens the store a URL points to. Local directories are created if missing.
 pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
-    let invalid = |reason: &str| StorageError::InvalidUrl {
-        url: url.to_string(),
-        reason: reason.to_string(),
-    };
-    let open_err = |e: Box<dyn std::error::Error + Send + Sync>| StorageError::Open {
-        url: url.to_string(),
-        source: e,
-    };
+    let invalid = |reason: &str| StorageError::InvalidUrl { url: url.to_string(), reason: reason.to_string() };
+    let open_err = |e: Box<dyn std::error::Error + Send + Sync>| StorageError::Open { url: url.to_string(), source: e };
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (scheme, rest),
         None => ("file", url),
@@ -98,33 +74,18 @@ pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
             }
             std::fs::create_dir_all(rest).map_err(|e| open_err(Box::new(e)))?;
             // fsync: a ledger charge must be on disk before the output it pays for leaves.
-            let fs = LocalFileSystem::new_with_prefix(rest)
-                .map_err(|e| open_err(Box::new(e)))?
-                .with_fsync(true);
-            Ok(StoreLocation {
-                store: Arc::new(fs),
-                prefix: Path::default(),
-                url: url.to_string(),
-            })
+            let fs = LocalFileSystem::new_with_prefix(rest).map_err(|e| open_err(Box::new(e)))?.with_fsync(true);
+            Ok(StoreLocation { store: Arc::new(fs), prefix: Path::default(), url: url.to_string() })
         }
         "s3" | "s3a" => {
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
                 return Err(invalid("missing bucket name"));
             }
-            let s3 = AmazonS3Builder::from_env()
-                .with_bucket_name(bucket)
-                .build()
-                .map_err(|e| open_err(Box::new(e)))?;
+            let s3 = AmazonS3Builder::from_env().with_bucket_name(bucket).build().map_err(|e| open_err(Box::new(e)))?;
             let prefix = Path::parse(key.trim_matches('/')).map_err(|e| invalid(&e.to_string()))?;
-            Ok(StoreLocation {
-                store: Arc::new(s3),
-                prefix,
-                url: url.to_string(),
-            })
+            Ok(StoreLocation { store: Arc::new(s3), prefix, url: url.to_string() })
         }
-        other => Err(invalid(&format!(
-            "unsupported scheme {other:?} (use a path, file:// or s3://)"
-        ))),
+        other => Err(invalid(&format!("unsupported scheme {other:?} (use a path, file:// or s3://)"))),
     }
 }

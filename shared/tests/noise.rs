@@ -27,18 +27,13 @@ fn ks_statistic(x: &mut [f64], cdf: impl Fn(f64) -> f64) -> f64 {
     let n = x.len() as f64;
     x.iter().enumerate().fold(0.0_f64, |d, (i, v)| {
         let f = cdf(*v);
-        d.max((f - i as f64 / n).abs())
-            .max(((i + 1) as f64 / n - f).abs())
+        d.max((f - i as f64 / n).abs()).max(((i + 1) as f64 / n - f).abs())
     })
 }
 
 fn laplace_cdf(scale: f64) -> impl Fn(f64) -> f64 {
     move |x| {
-        if x < 0.0 {
-            0.5 * (x / scale).exp()
-        } else {
-            1.0 - 0.5 * (-x / scale).exp()
-        }
+        if x < 0.0 { 0.5 * (x / scale).exp() } else { 1.0 - 0.5 * (-x / scale).exp() }
     }
 }
 
@@ -50,10 +45,7 @@ fn gaussian_matches_its_distribution() {
     let (mean, var) = mean_var(&x);
     let nf = n as f64;
     assert!(mean.abs() < 5.0 * std / nf.sqrt(), "mean {mean}");
-    assert!(
-        (var - std * std).abs() < 5.0 * std * std * (2.0 / nf).sqrt(),
-        "var {var}"
-    );
+    assert!((var - std * std).abs() < 5.0 * std * std * (2.0 / nf).sqrt(), "var {var}");
     let d = ks_statistic(&mut x, |v| normal_cdf(v / std));
     assert!(d < 1.949 / nf.sqrt(), "KS {d}");
 }
@@ -67,10 +59,7 @@ fn laplace_matches_its_distribution() {
     let nf = n as f64;
     let sd = scale * 2f64.sqrt();
     assert!(mean.abs() < 5.0 * sd / nf.sqrt(), "mean {mean}");
-    assert!(
-        (var - 2.0 * scale * scale).abs() < 5.0 * 2.0 * scale * scale * (5.0 / nf).sqrt(),
-        "var {var}"
-    );
+    assert!((var - 2.0 * scale * scale).abs() < 5.0 * 2.0 * scale * scale * (5.0 / nf).sqrt(), "var {var}");
     let d = ks_statistic(&mut x, laplace_cdf(scale));
     assert!(d < 1.949 / nf.sqrt(), "KS {d}");
 }
@@ -84,10 +73,7 @@ fn long_vectors_use_independent_streams_with_the_right_law() {
     let mut x: Vec<f64> = x.into_iter().map(f64::from).collect();
     let (mean, var) = mean_var(&x);
     let nf = n as f64;
-    assert!(
-        mean.abs() < 5.0 / nf.sqrt() && (var - 1.0).abs() < 5.0 * (2.0 / nf).sqrt(),
-        "{mean} {var}"
-    );
+    assert!(mean.abs() < 5.0 / nf.sqrt() && (var - 1.0).abs() < 5.0 * (2.0 / nf).sqrt(), "{mean} {var}");
     // Chunks must not repeat each other (a shared or reused stream would).
     let chunk = 1 << 18;
     assert_ne!(x[..16], x[chunk..chunk + 16]);

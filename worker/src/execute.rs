@@ -31,8 +31,5 @@ async fn marginals(task: &Task) -> anyhow::Result<Aggregate> {
         .await?;
     }
     let (counts, units) = counter.finish();
-    Ok(Aggregate {
-        units,
-        tensors: vec![("counts".to_string(), counts)],
-    })
+    Ok(Aggregate { units, tensors: vec![("counts".to_string(), counts)] })
 }

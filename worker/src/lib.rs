@@ -10,9 +10,8 @@ use anyhow::{Context, bail};
 use dpsynth_proto::coordinator_client::CoordinatorClient;
 use dpsynth_proto::result_chunk::Part;
 use dpsynth_proto::{
-    Capabilities, Dtype, HeartbeatRequest, PROTOCOL_VERSION, PollTaskRequest,
-    RegisterWorkerRequest, ReportFailureRequest, ResultChunk, ResultHeader, Task, TensorChunk,
-    TensorMeta,
+    Capabilities, Dtype, HeartbeatRequest, PROTOCOL_VERSION, PollTaskRequest, RegisterWorkerRequest,
+    ReportFailureRequest, ResultChunk, ResultHeader, Task, TensorChunk, TensorMeta,
 };
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
@@ -30,11 +29,7 @@ pub struct WorkerConfig {
 
 impl WorkerConfig {
     pub fn new(coordinator_url: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            coordinator_url: coordinator_url.into(),
-            name: name.into(),
-            poll_interval: Duration::from_millis(100),
-        }
+        Self { coordinator_url: coordinator_url.into(), name: name.into(), poll_interval: Duration::from_millis(100) }
     }
 }
 
@@ -58,11 +53,7 @@ async fn connect(url: &str) -> Channel {
     let mut backoff = Duration::from_millis(100);
     loop {
         match Endpoint::from_shared(url.to_string()) {
-            Ok(endpoint) => match endpoint
-                .connect_timeout(Duration::from_secs(5))
-                .connect()
-                .await
-            {
+            Ok(endpoint) => match endpoint.connect_timeout(Duration::from_secs(5)).connect().await {
                 Ok(channel) => return channel,
                 Err(e) => tracing::warn!(url, error = %e, "coordinator not reachable; retrying"),
             },
@@ -99,11 +90,7 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
             }
         };
         let worker_id = registration.worker_id;
-        tracing::info!(
-            worker = worker_id,
-            coordinator = config.coordinator_url,
-            "registered"
-        );
+        tracing::info!(worker = worker_id, coordinator = config.coordinator_url, "registered");
         let heartbeat = tokio::spawn(heartbeat(
             client.clone(),
             worker_id.clone(),
@@ -122,12 +109,7 @@ async fn heartbeat(mut client: CoordinatorClient<Channel>, worker_id: String, ev
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
-        match client
-            .heartbeat(HeartbeatRequest {
-                worker_id: worker_id.clone(),
-            })
-            .await
-        {
+        match client.heartbeat(HeartbeatRequest { worker_id: worker_id.clone() }).await {
             Ok(r) if r.get_ref().known => {}
             Ok(_) => return,
             Err(e) => tracing::debug!(error = %e, "heartbeat failed"),
@@ -142,11 +124,7 @@ async fn serve_tasks(
     config: &WorkerConfig,
 ) -> anyhow::Result<()> {
     loop {
-        let polled = client
-            .poll_task(PollTaskRequest {
-                worker_id: worker_id.to_string(),
-            })
-            .await;
+        let polled = client.poll_task(PollTaskRequest { worker_id: worker_id.to_string() }).await;
         let task = match polled {
             Ok(r) => r.into_inner().task,
             Err(status) if status.code() == Code::NotFound => {
@@ -206,17 +184,12 @@ async fn submit(
             })
             .collect(),
     };
-    let mut chunks = vec![ResultChunk {
-        part: Some(Part::Header(header)),
-    }];
+    let mut chunks = vec![ResultChunk { part: Some(Part::Header(header)) }];
     for (index, (_, values)) in aggregate.tensors.iter().enumerate() {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         for piece in bytes.chunks(dpsynth_proto::CHUNK_BYTES) {
             chunks.push(ResultChunk {
-                part: Some(Part::Data(TensorChunk {
-                    tensor_index: index as u32,
-                    data: piece.to_vec(),
-                })),
+                part: Some(Part::Data(TensorChunk { tensor_index: index as u32, data: piece.to_vec() })),
             });
         }
     }

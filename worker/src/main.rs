@@ -4,18 +4,10 @@ use clap::Parser;
 use dpsynth_worker::{WorkerConfig, run};
 
 #[derive(Parser)]
-#[command(
-    name = "dpsynth-worker",
-    version,
-    about = "dpsynth worker: computes bounded aggregates over its partitions"
-)]
+#[command(name = "dpsynth-worker", version, about = "dpsynth worker: computes bounded aggregates over its partitions")]
 struct Args {
     /// Coordinator gRPC URL.
-    #[arg(
-        long,
-        env = "DPSYNTH_COORDINATOR",
-        default_value = "http://127.0.0.1:50051"
-    )]
+    #[arg(long, env = "DPSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
     coordinator: String,
     /// Name reported to the coordinator (defaults to the host name).
     #[arg(long, env = "DPSYNTH_WORKER_NAME")]
@@ -25,9 +17,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();

@@ -64,11 +64,7 @@ pub struct SubmitArgs {
     /// The job spec (TOML).
     spec: String,
     /// Coordinator gRPC URL.
-    #[arg(
-        long,
-        env = "DPSYNTH_COORDINATOR",
-        default_value = "http://127.0.0.1:50051"
-    )]
+    #[arg(long, env = "DPSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
     coordinator: String,
     #[arg(long)]
     output: Option<String>,
@@ -77,21 +73,15 @@ pub struct SubmitArgs {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
 /// Shows a job's progress until it ends; returns its final status.
-async fn follow(
-    mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>,
-) -> anyhow::Result<JobStatus> {
+async fn follow(mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>) -> anyhow::Result<JobStatus> {
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tasks, ETA {eta} — {msg}",
-        )
-        .expect("valid template"),
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tasks, ETA {eta} — {msg}")
+            .expect("valid template"),
     );
     loop {
         let s = status().await?;
@@ -110,33 +100,26 @@ async fn follow(
 fn report(status: &JobStatus) -> ExitCode {
     match JobState::try_from(status.state) {
         Ok(JobState::Succeeded) => {
-            let manifest: serde_json::Value =
-                serde_json::from_str(&status.manifest_json).unwrap_or_default();
+            let manifest: serde_json::Value = serde_json::from_str(&status.manifest_json).unwrap_or_default();
             eprintln!(
                 "job {} succeeded: {} rows, ε = {} (δ = {}) charged to dataset '{}'",
                 status.job_id,
                 manifest["rows"],
                 manifest["privacy"]["epsilon"],
                 manifest["privacy"]["delta"],
-                manifest["privacy"]["dataset_id"]
-                    .as_str()
-                    .unwrap_or_default()
+                manifest["privacy"]["dataset_id"].as_str().unwrap_or_default()
             );
             print_json(&manifest);
             ExitCode::SUCCESS
         }
         Ok(JobState::Refused) => {
             eprintln!("job {} refused: {}", status.job_id, status.message);
-            print_json(
-                &serde_json::json!({"job_id": status.job_id, "state": "refused", "error": status.message}),
-            );
+            print_json(&serde_json::json!({"job_id": status.job_id, "state": "refused", "error": status.message}));
             ExitCode::from(EXIT_BUDGET_REFUSED)
         }
         _ => {
             eprintln!("job {} failed: {}", status.job_id, status.message);
-            print_json(
-                &serde_json::json!({"job_id": status.job_id, "state": "failed", "error": status.message}),
-            );
+            print_json(&serde_json::json!({"job_id": status.job_id, "state": "failed", "error": status.message}));
             ExitCode::FAILURE
         }
     }
@@ -152,21 +135,10 @@ async fn run_standalone(
 ) -> anyhow::Result<JobStatus> {
     let mut config = CoordinatorConfig::default();
     config.env.scratch_url = scratch;
-    let cluster = Standalone::start(config, workers)
-        .await
-        .context("starting the local cluster")?;
-    tracing::info!(
-        coordinator = cluster.url,
-        workers,
-        "standalone cluster started"
-    );
+    let cluster = Standalone::start(config, workers).await.context("starting the local cluster")?;
+    tracing::info!(coordinator = cluster.url, workers, "standalone cluster started");
     let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
-    cluster.service.start_job(JobRequest {
-        job_id: job_id.clone(),
-        spec,
-        output_url: output,
-        ledger_url: ledger,
-    });
+    cluster.service.start_job(JobRequest { job_id: job_id.clone(), spec, output_url: output, ledger_url: ledger });
     let service = cluster.service.clone();
     let status = follow(async || service.job_status(&job_id).context("job vanished")).await;
     cluster.shutdown().await;
@@ -175,13 +147,7 @@ async fn run_standalone(
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let spec = JobSpec::load(&args.spec)?;
-    let status = runtime()?.block_on(run_standalone(
-        spec,
-        args.workers,
-        args.output,
-        args.ledger,
-        args.scratch,
-    ))?;
+    let status = runtime()?.block_on(run_standalone(spec, args.workers, args.output, args.ledger, args.scratch))?;
     Ok(report(&status))
 }
 
@@ -193,32 +159,14 @@ pub fn demo() -> anyhow::Result<ExitCode> {
     }
     std::fs::write(&input, simulate::icu_vitals_csv(DEMO_PATIENTS, 2026))
         .with_context(|| format!("writing {input}"))?;
-    eprintln!(
-        "simulated {DEMO_PATIENTS} ICU patients' vital signs into {input} (the demo's private input)"
-    );
+    eprintln!("simulated {DEMO_PATIENTS} ICU patients' vital signs into {input} (the demo's private input)");
     let job_id = new_job_id();
     let output = format!("{}/{job_id}", spec.output.url);
-    let ledger_url = spec
-        .privacy
-        .ledger
-        .clone()
-        .expect("the demo spec names its ledger");
+    let ledger_url = spec.privacy.ledger.clone().expect("the demo spec names its ledger");
     let dataset = spec.job.dataset_id.clone();
-    let spec = JobSpec {
-        job: dpsynth_shared::spec::JobSection {
-            id: Some(job_id),
-            ..spec.job.clone()
-        },
-        ..spec
-    };
+    let spec = JobSpec { job: dpsynth_shared::spec::JobSection { id: Some(job_id), ..spec.job.clone() }, ..spec };
     let rt = runtime()?;
-    let status = rt.block_on(run_standalone(
-        spec,
-        2,
-        Some(output),
-        None,
-        "./dpsynth-out/scratch".into(),
-    ))?;
+    let status = rt.block_on(run_standalone(spec, 2, Some(output), None, "./dpsynth-out/scratch".into()))?;
     let code = report(&status);
     rt.block_on(async {
         let ledger = Ledger::open(&storage::open(&ledger_url)?, &dataset).await?;
@@ -241,16 +189,14 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.env.scratch_url = args.scratch;
         config.env.default_ledger_url = args.ledger;
         config.worker_timeout = Duration::from_secs_f64(args.worker_timeout);
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding {}", args.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         tracing::info!(address = %listener.local_addr()?, "coordinator listening");
         let service = CoordinatorService::new(config);
         serve(listener, service, async {
             // Kubernetes stops pods with SIGTERM; a terminal with Ctrl-C.
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("installing a SIGTERM handler");
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("installing a SIGTERM handler");
             tokio::select! {
                 _ = term.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}
@@ -263,8 +209,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
-    let text =
-        std::fs::read_to_string(&args.spec).with_context(|| format!("reading {}", args.spec))?;
+    let text = std::fs::read_to_string(&args.spec).with_context(|| format!("reading {}", args.spec))?;
     // Validate locally first: a bad spec should fail here, with its path.
     JobSpec::parse(&text, &args.spec)?;
     runtime()?.block_on(async {
@@ -287,13 +232,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         };
         eprintln!("submitted job {job_id} to {}", args.coordinator);
         let status = follow(async || {
-            Ok(client
-                .get_job(GetJobRequest {
-                    job_id: job_id.clone(),
-                })
-                .await
-                .context("polling the job")?
-                .into_inner())
+            Ok(client.get_job(GetJobRequest { job_id: job_id.clone() }).await.context("polling the job")?.into_inner())
         })
         .await?;
         Ok(report(&status))

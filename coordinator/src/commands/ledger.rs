@@ -89,9 +89,7 @@ impl From<AdjacencyArg> for Adjacency {
 }
 
 pub fn run(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(run_async(cmd))
 }
 
@@ -102,30 +100,14 @@ async fn open(at: &LedgerAt) -> anyhow::Result<Ledger> {
 
 async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        LedgerCommand::Init {
-            at,
-            epsilon,
-            delta,
-            adjacency,
-        } => {
+        LedgerCommand::Init { at, epsilon, delta, adjacency } => {
             let location = storage::open(&at.store)?;
             let budget = Budget { epsilon, delta };
-            let ledger = Ledger::init(
-                &location,
-                &at.dataset,
-                budget,
-                adjacency.into(),
-                AccountingOptions::default(),
-            )
-            .await?;
-            eprintln!(
-                "created the privacy ledger of '{}' at {} with ε = {epsilon}, δ = {delta}",
-                at.dataset, at.store
-            );
-            print_json(
-                &json!({"dataset": ledger.dataset_id(), "store": at.store, "budget": budget,
-                "adjacency": ledger.adjacency()}),
-            );
+            let ledger =
+                Ledger::init(&location, &at.dataset, budget, adjacency.into(), AccountingOptions::default()).await?;
+            eprintln!("created the privacy ledger of '{}' at {} with ε = {epsilon}, δ = {delta}", at.dataset, at.store);
+            print_json(&json!({"dataset": ledger.dataset_id(), "store": at.store, "budget": budget,
+                "adjacency": ledger.adjacency()}));
         }
         LedgerCommand::Show { at } => {
             let ledger = open(&at).await?;
@@ -145,14 +127,11 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
             let charges = ledger.charges();
             for (entry, status) in &charges {
                 if let EntryBody::Charge { request, cost } = &entry.body {
-                    let mechanisms: Vec<String> =
-                        request.mechanisms.iter().map(Mechanism::describe).collect();
+                    let mechanisms: Vec<String> = request.mechanisms.iter().map(Mechanism::describe).collect();
                     eprintln!(
                         "{:>5}  {:<25}  {:<10}  {:<4}  {:>10.4}  {:<9}  {}",
                         entry.seq,
-                        entry
-                            .timestamp
-                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        entry.timestamp.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                         request.job_id,
                         cost.accountant,
                         cost.epsilon,
@@ -184,44 +163,26 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
                 "entries": ledger.entries().len(), "charges": charges,
             }));
         }
-        LedgerCommand::ChargeDryRun {
-            at,
-            job_id,
-            accountant,
-            delta,
-            q,
-            sigma,
-            steps,
-            mechanism,
-        } => {
+        LedgerCommand::ChargeDryRun { at, job_id, accountant, delta, q, sigma, steps, mechanism } => {
             let mechanisms = match (q, sigma, steps) {
                 (Some(q), Some(sigma), Some(steps)) => vec![Mechanism::dp_sgd(q, sigma, steps)],
                 _ if !mechanism.is_empty() => mechanism
                     .iter()
-                    .map(|m| {
-                        serde_json::from_str(m).with_context(|| format!("invalid --mechanism {m}"))
-                    })
+                    .map(|m| serde_json::from_str(m).with_context(|| format!("invalid --mechanism {m}")))
                     .collect::<anyhow::Result<_>>()?,
                 _ => bail!("give a DP-SGD run (--q, --sigma, --steps) or --mechanism JSON"),
             };
             let mut ledger = open(&at).await?;
-            let request = ChargeRequest {
-                job_id,
-                mechanisms,
-                accountant,
-                delta,
-            };
+            let request = ChargeRequest { job_id, mechanisms, accountant, delta };
             match ledger.check(&request).await {
                 Ok(admission) => {
                     eprintln!(
                         "admitted: costs ε = {:.6}; total after ε = {:.6} of {}",
                         admission.cost.epsilon, admission.after.epsilon, admission.budget.epsilon
                     );
-                    print_json(
-                        &json!({"admitted": true, "cost": admission.cost, "spent_before": admission.before,
+                    print_json(&json!({"admitted": true, "cost": admission.cost, "spent_before": admission.before,
                         "spent_after": admission.after, "remaining_epsilon": admission.remaining_epsilon(),
-                        "budget": admission.budget}),
-                    );
+                        "budget": admission.budget}));
                 }
                 Err(e @ LedgerError::BudgetExceeded { .. }) => {
                     eprintln!("refused: {e}");

@@ -4,9 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use dpsynth_shared::privacy::accountant::{
-    Accountant, AccountingOptions, Conversion, account, calibrate_sigma,
-};
+use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions, Conversion, account, calibrate_sigma};
 use dpsynth_shared::privacy::gnmax;
 use dpsynth_shared::privacy::mechanism::Mechanism;
 use serde_json::json;
@@ -79,11 +77,7 @@ pub struct AccountingArgs {
 
 impl AccountingArgs {
     fn options(&self) -> AccountingOptions {
-        AccountingOptions {
-            conversion: self.conversion,
-            pld_interval: self.pld_interval,
-            ..Default::default()
-        }
+        AccountingOptions { conversion: self.conversion, pld_interval: self.pld_interval, ..Default::default() }
     }
 }
 
@@ -91,61 +85,32 @@ fn parse_conversion(s: &str) -> Result<Conversion, String> {
     match s {
         "improved" => Ok(Conversion::Improved),
         "classic" => Ok(Conversion::Classic),
-        other => Err(format!(
-            "unknown conversion {other:?} (use improved or classic)"
-        )),
+        other => Err(format!("unknown conversion {other:?} (use improved or classic)")),
     }
 }
 
 pub fn run(cmd: PrivacyCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        PrivacyCommand::Epsilon {
-            accounting,
-            q,
-            sigma,
-            steps,
-            delta,
-        } => {
-            let cost = account(
-                &[Mechanism::dp_sgd(q, sigma, steps)],
-                accounting.accountant,
-                delta,
-                &accounting.options(),
-            )?;
+        PrivacyCommand::Epsilon { accounting, q, sigma, steps, delta } => {
+            let cost =
+                account(&[Mechanism::dp_sgd(q, sigma, steps)], accounting.accountant, delta, &accounting.options())?;
             let mut out = json!({"epsilon": cost.epsilon, "delta": cost.delta, "accountant": cost.accountant});
             if let Some(order) = cost.order {
                 out["order"] = json!(order);
             }
             print_json(&out);
         }
-        PrivacyCommand::Sigma {
-            accounting,
-            epsilon,
-            delta,
-            q,
-            steps,
-        } => {
+        PrivacyCommand::Sigma { accounting, epsilon, delta, q, steps } => {
             let options = accounting.options();
             let sigma = calibrate_sigma(epsilon, delta, accounting.accountant, &options, |s| {
                 vec![Mechanism::dp_sgd(q, s, steps)]
             })?;
-            let achieved = account(
-                &[Mechanism::dp_sgd(q, sigma, steps)],
-                accounting.accountant,
-                delta,
-                &options,
-            )?;
+            let achieved = account(&[Mechanism::dp_sgd(q, sigma, steps)], accounting.accountant, delta, &options)?;
             print_json(
                 &json!({"sigma": sigma, "epsilon": achieved.epsilon, "delta": delta, "accountant": accounting.accountant}),
             );
         }
-        PrivacyCommand::Gnmax {
-            sigma,
-            votes,
-            order,
-            queries,
-            delta,
-        } => {
+        PrivacyCommand::Gnmax { sigma, votes, order, queries, delta } => {
             let log_q = gnmax::log_q(&votes, sigma)?;
             let dependent = gnmax::rdp_data_dependent(log_q, sigma, order)?;
             let mut out = json!({
@@ -157,11 +122,7 @@ pub fn run(cmd: PrivacyCommand) -> anyhow::Result<ExitCode> {
             if let (Some(queries), Some(delta)) = (queries, delta) {
                 let classes = u32::try_from(votes.len()).context("too many classes")?;
                 let cost = account(
-                    &[Mechanism::GnMax {
-                        sigma,
-                        classes,
-                        queries,
-                    }],
+                    &[Mechanism::GnMax { sigma, classes, queries }],
                     Accountant::Rdp,
                     delta,
                     &AccountingOptions::default(),

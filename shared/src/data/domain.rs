@@ -4,9 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{
-    Bins, ColumnKind, ColumnSpec, JobSpec, MissingPolicy, OTHER_CATEGORY, UnknownPolicy,
-};
+use crate::spec::{Bins, ColumnKind, ColumnSpec, JobSpec, MissingPolicy, OTHER_CATEGORY, UnknownPolicy};
 
 /// How a numeric column is cut into bins.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,10 +34,7 @@ impl Binning {
                 let v = v.round() as i64;
                 ranges.partition_point(|(lo, _)| *lo <= v).saturating_sub(1)
             }
-            Binning::Real(edges) => edges
-                .partition_point(|e| *e <= v)
-                .saturating_sub(1)
-                .min(edges.len() - 2),
+            Binning::Real(edges) => edges.partition_point(|e| *e <= v).saturating_sub(1).min(edges.len() - 2),
         }
     }
 }
@@ -49,17 +44,9 @@ impl Binning {
 pub enum Encoding {
     /// Code = index into `categories`; `categories.len()` is the `__other__` bucket when
     /// `other` is set.
-    Categorical {
-        categories: Vec<String>,
-        other: bool,
-    },
+    Categorical { categories: Vec<String>, other: bool },
     /// Value clamped to `[min, max]` (datetimes in epoch seconds).
-    Numeric {
-        kind: ColumnKind,
-        min: f64,
-        max: f64,
-        binning: Binning,
-    },
+    Numeric { kind: ColumnKind, min: f64, max: f64, binning: Binning },
 }
 
 /// One synthesised column.
@@ -99,18 +86,11 @@ impl ColumnDomain {
             return "<missing>".into();
         }
         match &self.encoding {
-            Encoding::Categorical { categories, .. } => categories
-                .get(bin)
-                .cloned()
-                .unwrap_or_else(|| OTHER_CATEGORY.to_string()),
-            Encoding::Numeric {
-                binning: Binning::Integer(r),
-                ..
-            } => format!("[{}, {}]", r[bin].0, r[bin].1),
-            Encoding::Numeric {
-                binning: Binning::Real(e),
-                ..
-            } => format!("[{}, {})", e[bin], e[bin + 1]),
+            Encoding::Categorical { categories, .. } => {
+                categories.get(bin).cloned().unwrap_or_else(|| OTHER_CATEGORY.to_string())
+            }
+            Encoding::Numeric { binning: Binning::Integer(r), .. } => format!("[{}, {}]", r[bin].0, r[bin].1),
+            Encoding::Numeric { binning: Binning::Real(e), .. } => format!("[{}, {})", e[bin], e[bin + 1]),
         }
     }
 }
@@ -124,10 +104,7 @@ pub struct Domain {
 fn integer_binning(lo: i64, hi: i64, bins: &Option<Bins>, default_bins: u32) -> Binning {
     match bins {
         Some(Bins::Edges(edges)) => {
-            let starts: Vec<i64> = edges[..edges.len() - 1]
-                .iter()
-                .map(|e| e.ceil() as i64)
-                .collect();
+            let starts: Vec<i64> = edges[..edges.len() - 1].iter().map(|e| e.ceil() as i64).collect();
             let mut ranges = Vec::with_capacity(starts.len());
             for (i, s) in starts.iter().enumerate() {
                 let end = starts.get(i + 1).map_or(hi, |next| next - 1);
@@ -146,9 +123,7 @@ fn integer_binning(lo: i64, hi: i64, bins: &Option<Bins>, default_bins: u32) -> 
             if values <= count {
                 return Binning::Integer((lo..=hi).map(|v| (v, v)).collect());
             }
-            let ranges = (0..count)
-                .map(|k| (lo + k * values / count, lo + (k + 1) * values / count - 1))
-                .collect();
+            let ranges = (0..count).map(|k| (lo + k * values / count, lo + (k + 1) * values / count - 1)).collect();
             Binning::Integer(ranges)
         }
     }
@@ -187,28 +162,14 @@ impl Domain {
                     kind => {
                         let (min, max) = c.bounds().expect("validated bounds");
                         let binning = if kind == ColumnKind::Integer {
-                            integer_binning(
-                                min.ceil() as i64,
-                                max.floor() as i64,
-                                &c.bins,
-                                default_bins,
-                            )
+                            integer_binning(min.ceil() as i64, max.floor() as i64, &c.bins, default_bins)
                         } else {
                             real_binning(min, max, &c.bins, default_bins)
                         };
-                        Encoding::Numeric {
-                            kind,
-                            min,
-                            max,
-                            binning,
-                        }
+                        Encoding::Numeric { kind, min, max, binning }
                     }
                 };
-                ColumnDomain {
-                    name: c.name.clone(),
-                    encoding,
-                    missing: c.missing == MissingPolicy::Keep,
-                }
+                ColumnDomain { name: c.name.clone(), encoding, missing: c.missing == MissingPolicy::Keep }
             })
             .collect();
         Domain { columns }
@@ -229,17 +190,9 @@ mod tests {
         assert_eq!(b.len(), 74);
         assert_eq!(b.bin(17.0), 0);
         assert_eq!(b.bin(90.0), 73);
-        let b = integer_binning(
-            0,
-            99_999,
-            &Some(Bins::Edges(vec![0.0, 1.0, 5000.0, 99_999.0])),
-            10,
-        );
+        let b = integer_binning(0, 99_999, &Some(Bins::Edges(vec![0.0, 1.0, 5000.0, 99_999.0])), 10);
         assert_eq!(b, Binning::Integer(vec![(0, 0), (1, 4999), (5000, 99_999)]));
-        assert_eq!(
-            (b.bin(0.0), b.bin(1.0), b.bin(4999.0), b.bin(99_999.0)),
-            (0, 1, 1, 2)
-        );
+        assert_eq!((b.bin(0.0), b.bin(1.0), b.bin(4999.0), b.bin(99_999.0)), (0, 1, 1, 2));
         let b = integer_binning(0, 9, &Some(Bins::Count(3)), 10);
         assert_eq!(b, Binning::Integer(vec![(0, 2), (3, 5), (6, 9)]));
     }
@@ -247,9 +200,6 @@ mod tests {
     #[test]
     fn real_bins_close_the_last_one() {
         let b = real_binning(0.0, 1.0, &Some(Bins::Count(4)), 10);
-        assert_eq!(
-            (b.bin(0.0), b.bin(0.25), b.bin(0.99), b.bin(1.0)),
-            (0, 1, 3, 3)
-        );
+        assert_eq!((b.bin(0.0), b.bin(0.25), b.bin(0.99), b.bin(1.0)), (0, 1, 3, 3));
     }
 }

@@ -16,9 +16,7 @@ use object_store::ObjectStoreExt;
 use super::{DataError, EncodedBatch};
 use crate::data::domain::Domain;
 use crate::data::parquet_io;
-use crate::spec::{
-    ColumnKind, CsvOptions, Format, JobSpec, MissingPolicy, UnknownPolicy, parse_datetime,
-};
+use crate::spec::{ColumnKind, CsvOptions, Format, JobSpec, MissingPolicy, UnknownPolicy, parse_datetime};
 use crate::storage;
 
 /// Rows per record batch.
@@ -50,30 +48,18 @@ struct Encoder<'a> {
 
 impl<'a> Encoder<'a> {
     /// Maps schema columns to file columns: by name when the file names them, else by position.
-    fn new(
-        spec: &'a JobSpec,
-        domain: &Domain,
-        file: &str,
-        names: Option<&[String]>,
-    ) -> Result<Self, DataError> {
+    fn new(spec: &'a JobSpec, domain: &Domain, file: &str, names: Option<&[String]>) -> Result<Self, DataError> {
         let mut plans = Vec::new();
         for (position, c) in spec.schema.columns.iter().enumerate() {
             let source = match names {
-                Some(names) => names.iter().position(|n| n == &c.name).ok_or_else(|| {
-                    DataError::MissingColumn {
-                        file: file.to_string(),
-                        column: c.name.clone(),
-                    }
-                })?,
+                Some(names) => names
+                    .iter()
+                    .position(|n| n == &c.name)
+                    .ok_or_else(|| DataError::MissingColumn { file: file.to_string(), column: c.name.clone() })?,
                 None => position,
             };
-            let categories = c
-                .categories
-                .iter()
-                .flatten()
-                .enumerate()
-                .map(|(i, name)| (name.clone(), i as u32))
-                .collect();
+            let categories =
+                c.categories.iter().flatten().enumerate().map(|(i, name)| (name.clone(), i as u32)).collect();
             plans.push(ColumnPlan {
                 name: c.name.clone(),
                 source,
@@ -85,11 +71,7 @@ impl<'a> Encoder<'a> {
                 bounds: c.bounds().unwrap_or((f64::NEG_INFINITY, f64::INFINITY)),
             });
         }
-        let unit = spec
-            .schema
-            .unit_column
-            .as_ref()
-            .and_then(|u| plans.iter().position(|p| &p.name == u));
+        let unit = spec.schema.unit_column.as_ref().and_then(|u| plans.iter().position(|p| &p.name == u));
         Ok(Self {
             file: file.to_string(),
             options: &spec.input.csv,
@@ -101,12 +83,7 @@ impl<'a> Encoder<'a> {
     }
 
     fn error(&self, column: &str, row: u64, message: impl Into<String>) -> DataError {
-        DataError::Value {
-            file: self.file.clone(),
-            column: column.to_string(),
-            row,
-            message: message.into(),
-        }
+        DataError::Value { file: self.file.clone(), column: column.to_string(), row, message: message.into() }
     }
 
     /// Normalised text of a cell, `None` when missing.
@@ -121,29 +98,20 @@ impl<'a> Encoder<'a> {
         if let Some(suffix) = &self.options.strip_suffix {
             v = v.strip_suffix(suffix.as_str()).unwrap_or(v);
         }
-        if self.options.null_values.iter().any(|n| n == v) {
-            None
-        } else {
-            Some(v)
-        }
+        if self.options.null_values.iter().any(|n| n == v) { None } else { Some(v) }
     }
 
     fn encode(&mut self, batch: &RecordBatch) -> Result<EncodedBatch, DataError> {
         let n = batch.num_rows();
         let first_row = self.rows_seen + 1;
-        let mut out = EncodedBatch {
-            units: Vec::with_capacity(n),
-            values: vec![Vec::with_capacity(n); self.domain_len],
-        };
+        let mut out =
+            EncodedBatch { units: Vec::with_capacity(n), values: vec![Vec::with_capacity(n); self.domain_len] };
         let columns: Vec<Arc<dyn Array>> = self
             .plans
             .iter()
             .map(|p| arrow_cast::cast(batch.column(p.source), &DataType::Utf8))
             .collect::<Result<_, _>>()
-            .map_err(|e| DataError::Read {
-                file: self.file.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| DataError::Read { file: self.file.clone(), message: e.to_string() })?;
         for (plan, column) in self.plans.iter().zip(&columns) {
             let strings = column.as_string::<i32>();
             for i in 0..n {
@@ -172,9 +140,7 @@ impl<'a> Encoder<'a> {
                 Some(u) => {
                     let strings = columns[u].as_string::<i32>();
                     self.cell(strings, i)
-                        .ok_or_else(|| {
-                            self.error(&self.plans[u].name, row, "the privacy-unit id is missing")
-                        })?
+                        .ok_or_else(|| self.error(&self.plans[u].name, row, "the privacy-unit id is missing"))?
                         .to_string()
                 }
                 // Each row is its own unit: name it by file and row.
@@ -223,8 +189,7 @@ enum Source {
         done: bool,
     },
     Parquet {
-        stream:
-            Box<parquet::arrow::async_reader::ParquetRecordBatchStream<parquet_io::ObjectReader>>,
+        stream: Box<parquet::arrow::async_reader::ParquetRecordBatchStream<parquet_io::ObjectReader>>,
     },
 }
 
@@ -238,23 +203,11 @@ pub struct InputReader<'a> {
 
 impl<'a> InputReader<'a> {
     pub fn new(spec: &'a JobSpec, domain: &'a Domain) -> Self {
-        Self {
-            spec,
-            domain,
-            next_file: 0,
-            current: None,
-        }
+        Self { spec, domain, next_file: 0, current: None }
     }
 
-    async fn open(
-        spec: &'a JobSpec,
-        domain: &'a Domain,
-        url: &str,
-    ) -> Result<(Encoder<'a>, Source), DataError> {
-        let read_err = |e: &dyn std::fmt::Display| DataError::Read {
-            file: url.to_string(),
-            message: e.to_string(),
-        };
+    async fn open(spec: &'a JobSpec, domain: &'a Domain, url: &str) -> Result<(Encoder<'a>, Source), DataError> {
+        let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
         let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
         match spec.input.format.unwrap_or_else(|| Format::detect(url)) {
             Format::Csv => {
@@ -269,9 +222,7 @@ impl<'a> InputReader<'a> {
                 let encoder = Encoder::new(spec, domain, url, names.as_deref())?;
                 let fields = names.as_ref().map_or(spec.schema.columns.len(), Vec::len);
                 let schema = Schema::new(
-                    (0..fields)
-                        .map(|i| Field::new(format!("c{i}"), DataType::Utf8, true))
-                        .collect::<Vec<_>>(),
+                    (0..fields).map(|i| Field::new(format!("c{i}"), DataType::Utf8, true)).collect::<Vec<_>>(),
                 );
                 let mut builder = arrow_csv::ReaderBuilder::new(Arc::new(schema))
                     .with_header(false)
@@ -280,24 +231,15 @@ impl<'a> InputReader<'a> {
                 if let Some(c) = spec.input.csv.comment {
                     builder = builder.with_comment(c as u8);
                 }
-                let source = Source::Csv {
-                    stream,
-                    buffered,
-                    decoder: builder.build_decoder(),
-                    done: false,
-                };
+                let source = Source::Csv { stream, buffered, decoder: builder.build_decoder(), done: false };
                 Ok((encoder, source))
             }
             Format::Parquet => {
-                let (schema, stream) =
-                    parquet_io::open_stream(location.store.clone(), path, BATCH_ROWS)
-                        .await
-                        .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
+                let (schema, stream) = parquet_io::open_stream(location.store.clone(), path, BATCH_ROWS)
+                    .await
+                    .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
                 let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-                Ok((
-                    Encoder::new(spec, domain, url, Some(&names))?,
-                    Source::Parquet { stream },
-                ))
+                Ok((Encoder::new(spec, domain, url, Some(&names))?, Source::Parquet { stream: Box::new(stream) }))
             }
         }
     }
@@ -314,32 +256,19 @@ impl<'a> InputReader<'a> {
             }
             let (encoder, source) = self.current.as_mut().expect("opened above");
             let file = encoder.file.clone();
-            let read_err = |e: &dyn std::fmt::Display| DataError::Read {
-                file: file.clone(),
-                message: e.to_string(),
-            };
+            let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: file.clone(), message: e.to_string() };
             let batch = match source {
-                Source::Csv {
-                    stream,
-                    buffered,
-                    decoder,
-                    done,
-                } => loop {
+                Source::Csv { stream, buffered, decoder, done } => loop {
                     if buffered.is_empty() && !*done {
                         match stream.next().await {
                             Some(chunk) => *buffered = chunk.map_err(|e| read_err(&e))?,
                             None => *done = true,
                         }
                     }
-                    let used = decoder
-                        .decode(buffered)
-                        .map_err(|e| csv_err(&file, &e, encoder.rows_seen))?;
+                    let used = decoder.decode(buffered).map_err(|e| csv_err(&file, &e, encoder.rows_seen))?;
                     buffered.advance(used);
                     if decoder.capacity() == 0 || (*done && buffered.is_empty()) {
-                        match decoder
-                            .flush()
-                            .map_err(|e| csv_err(&file, &e, encoder.rows_seen))?
-                        {
+                        match decoder.flush().map_err(|e| csv_err(&file, &e, encoder.rows_seen))? {
                             Some(batch) => break Some(batch),
                             None if *done => break None,
                             None => {}
@@ -347,9 +276,7 @@ impl<'a> InputReader<'a> {
                     }
                 },
                 Source::Parquet { stream } => match stream.next().await {
-                    Some(batch) => {
-                        Some(batch.map_err(|e| read_err(&format!("corrupt Parquet data: {e}")))?)
-                    }
+                    Some(batch) => Some(batch.map_err(|e| read_err(&format!("corrupt Parquet data: {e}")))?),
                     None => None,
                 },
             };
@@ -362,10 +289,7 @@ impl<'a> InputReader<'a> {
 }
 
 fn csv_err(file: &str, e: &arrow_schema::ArrowError, rows_before: u64) -> DataError {
-    DataError::Read {
-        file: file.to_string(),
-        message: format!("malformed CSV after data row {rows_before}: {e}"),
-    }
+    DataError::Read { file: file.to_string(), message: format!("malformed CSV after data row {rows_before}: {e}") }
 }
 
 /// Reads up to the end of the header line; returns the column names and the bytes after it.
@@ -377,25 +301,16 @@ async fn read_header(
     let mut head = Vec::new();
     loop {
         if let Some(end) = head.iter().position(|b| *b == b'\n') {
-            let line = String::from_utf8_lossy(&head[..end])
-                .trim_end_matches('\r')
-                .to_string();
-            let names = line
-                .split(options.delimiter)
-                .map(|n| n.trim().trim_matches('"').to_string())
-                .collect();
+            let line = String::from_utf8_lossy(&head[..end]).trim_end_matches('\r').to_string();
+            let names = line.split(options.delimiter).map(|n| n.trim().trim_matches('"').to_string()).collect();
             return Ok((names, Bytes::copy_from_slice(&head[end + 1..])));
         }
         match stream.next().await {
-            Some(chunk) => head.extend_from_slice(&chunk.map_err(|e| DataError::Read {
-                file: file.to_string(),
-                message: e.to_string(),
-            })?),
+            Some(chunk) => head.extend_from_slice(
+                &chunk.map_err(|e| DataError::Read { file: file.to_string(), message: e.to_string() })?,
+            ),
             None => {
-                return Err(DataError::Read {
-                    file: file.to_string(),
-                    message: "no header line".into(),
-                });
+                return Err(DataError::Read { file: file.to_string(), message: "no header line".into() });
             }
         }
     }

@@ -10,12 +10,7 @@ pub mod partition;
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     #[error("{file}: column '{column}', row {row}: {message}")]
-    Value {
-        file: String,
-        column: String,
-        row: u64,
-        message: String,
-    },
+    Value { file: String, column: String, row: u64, message: String },
     #[error("{file}: column '{column}' is declared in the job spec but not present in the file")]
     MissingColumn { file: String, column: String },
     #[error("{file}: {message}")]
@@ -34,10 +29,7 @@ pub struct EncodedBatch {
 
 impl EncodedBatch {
     pub fn empty(columns: usize) -> Self {
-        Self {
-            units: Vec::new(),
-            values: vec![Vec::new(); columns],
-        }
+        Self { units: Vec::new(), values: vec![Vec::new(); columns] }
     }
 
     pub fn len(&self) -> usize {

@@ -30,20 +30,11 @@ pub struct ObjectReader {
 
 impl AsyncFileReader for ObjectReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, Result<Bytes>> {
-        self.store
-            .get_range(&self.path, range)
-            .map_err(external)
-            .boxed()
+        self.store.get_range(&self.path, range).map_err(external).boxed()
     }
 
     fn get_byte_ranges(&mut self, ranges: Vec<Range<u64>>) -> BoxFuture<'_, Result<Vec<Bytes>>> {
-        async move {
-            self.store
-                .get_ranges(&self.path, &ranges)
-                .await
-                .map_err(external)
-        }
-        .boxed()
+        async move { self.store.get_ranges(&self.path, &ranges).await.map_err(external) }.boxed()
     }
 
     fn get_metadata<'a>(
@@ -52,10 +43,8 @@ impl AsyncFileReader for ObjectReader {
     ) -> BoxFuture<'a, Result<Arc<ParquetMetaData>>> {
         async move {
             let size = self.size;
-            let metadata = ParquetMetaDataReader::new()
-                .with_arrow_reader_options(options)
-                .load_and_finish(self, size)
-                .await?;
+            let metadata =
+                ParquetMetaDataReader::new().with_arrow_reader_options(options).load_and_finish(self, size).await?;
             Ok(Arc::new(metadata))
         }
         .boxed()

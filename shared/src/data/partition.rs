@@ -36,9 +36,7 @@ impl PartitionKey {
     /// A fresh key from the OS entropy source.
     pub fn generate() -> Result<Self, DataError> {
         let mut key = [0u8; 32];
-        SysRng
-            .try_fill_bytes(&mut key)
-            .map_err(|e| DataError::Internal(format!("OS entropy: {e}")))?;
+        SysRng.try_fill_bytes(&mut key).map_err(|e| DataError::Internal(format!("OS entropy: {e}")))?;
         Ok(Self(key))
     }
 
@@ -65,21 +63,13 @@ pub fn partition_schema(domain: &Domain) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-fn to_record_batch(
-    schema: &SchemaRef,
-    domain: &Domain,
-    rows: &EncodedBatch,
-) -> Result<RecordBatch, DataError> {
-    let mut columns: Vec<ArrayRef> =
-        vec![Arc::new(StringArray::from_iter_values(rows.units.iter()))];
+fn to_record_batch(schema: &SchemaRef, domain: &Domain, rows: &EncodedBatch) -> Result<RecordBatch, DataError> {
+    let mut columns: Vec<ArrayRef> = vec![Arc::new(StringArray::from_iter_values(rows.units.iter()))];
     for (c, values) in domain.columns.iter().zip(&rows.values) {
         let array: ArrayRef = match c.encoding {
-            Encoding::Categorical { .. } => Arc::new(
-                values
-                    .iter()
-                    .map(|v| v.map(|x| x as u32))
-                    .collect::<UInt32Array>(),
-            ),
+            Encoding::Categorical { .. } => {
+                Arc::new(values.iter().map(|v| v.map(|x| x as u32)).collect::<UInt32Array>())
+            }
             Encoding::Numeric { .. } => Arc::new(values.iter().copied().collect::<Float64Array>()),
         };
         columns.push(array);
@@ -115,21 +105,13 @@ impl PartitionWriter {
             writers.push(writer);
             urls.push(format!("{}/{relative}", scratch.url.trim_end_matches('/')));
         }
-        Ok(Self {
-            key,
-            schema,
-            domain: domain.clone(),
-            writers,
-            urls,
-        })
+        Ok(Self { key, schema, domain: domain.clone(), writers, urls })
     }
 
     /// Routes each row to its unit's partition.
     pub async fn write(&mut self, batch: EncodedBatch) -> Result<(), DataError> {
         let count = self.writers.len() as u32;
-        let mut split: Vec<EncodedBatch> = (0..count)
-            .map(|_| EncodedBatch::empty(self.domain.columns.len()))
-            .collect();
+        let mut split: Vec<EncodedBatch> = (0..count).map(|_| EncodedBatch::empty(self.domain.columns.len())).collect();
         for (i, unit) in batch.units.into_iter().enumerate() {
             let target = &mut split[self.key.partition_of(&unit, count) as usize];
             for (d, values) in batch.values.iter().enumerate() {
@@ -140,10 +122,7 @@ impl PartitionWriter {
         for (writer, rows) in self.writers.iter_mut().zip(&split) {
             if !rows.units.is_empty() {
                 let rb = to_record_batch(&self.schema, &self.domain, rows)?;
-                writer
-                    .write(&rb)
-                    .await
-                    .map_err(|e| DataError::Internal(format!("writing a partition: {e}")))?;
+                writer.write(&rb).await.map_err(|e| DataError::Internal(format!("writing a partition: {e}")))?;
             }
         }
         Ok(())
@@ -152,10 +131,7 @@ impl PartitionWriter {
     /// Finishes every file; returns their URLs in partition order.
     pub async fn finish(self) -> Result<Vec<String>, DataError> {
         for writer in self.writers {
-            writer
-                .close()
-                .await
-                .map_err(|e| DataError::Internal(format!("closing a partition: {e}")))?;
+            writer.close().await.map_err(|e| DataError::Internal(format!("closing a partition: {e}")))?;
         }
         Ok(self.urls)
     }
@@ -167,25 +143,16 @@ pub async fn read_partition(
     domain: &Domain,
     mut sink: impl FnMut(EncodedBatch) -> Result<(), DataError>,
 ) -> Result<(), DataError> {
-    let read_err = |e: &dyn std::fmt::Display| DataError::Read {
-        file: url.to_string(),
-        message: e.to_string(),
-    };
+    let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
     let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
-    let (schema, mut stream) = parquet_io::open_stream(location.store, path, BATCH_ROWS)
-        .await
-        .map_err(|e| read_err(&e))?;
+    let (schema, mut stream) =
+        parquet_io::open_stream(location.store, path, BATCH_ROWS).await.map_err(|e| read_err(&e))?;
     if schema.as_ref() != partition_schema(domain).as_ref() {
         return Err(read_err(&"partition file does not match the job's domain"));
     }
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(|e| read_err(&e))?;
-        let units = batch
-            .column(0)
-            .as_string::<i32>()
-            .iter()
-            .map(|u| u.unwrap_or_default().to_string())
-            .collect();
+        let units = batch.column(0).as_string::<i32>().iter().map(|u| u.unwrap_or_default().to_string()).collect();
         let values = domain
             .columns
             .iter()
@@ -193,14 +160,10 @@ pub async fn read_partition(
             .map(|(d, c)| {
                 let column = batch.column(d + 1);
                 match c.encoding {
-                    Encoding::Categorical { .. } => column
-                        .as_primitive::<UInt32Type>()
-                        .iter()
-                        .map(|v| v.map(f64::from))
-                        .collect(),
-                    Encoding::Numeric { .. } => {
-                        column.as_primitive::<Float64Type>().iter().collect()
+                    Encoding::Categorical { .. } => {
+                        column.as_primitive::<UInt32Type>().iter().map(|v| v.map(f64::from)).collect()
                     }
+                    Encoding::Numeric { .. } => column.as_primitive::<Float64Type>().iter().collect(),
                 }
             })
             .collect();

@@ -67,21 +67,13 @@ impl MarginalsPlan {
         }
         let params = &spec.generator.marginals;
         let index = |name: &str| {
-            domain
-                .index_of(name)
-                .ok_or_else(|| PlanError(format!("pair names '{name}', not a synthesised column")))
+            domain.index_of(name).ok_or_else(|| PlanError(format!("pair names '{name}', not a synthesised column")))
         };
-        let target = spec
-            .schema
-            .target
-            .as_deref()
-            .and_then(|t| domain.index_of(t));
+        let target = spec.schema.target.as_deref().and_then(|t| domain.index_of(t));
         let (root, edges) = match &params.pairs {
             Some(pairs) => {
-                let edges: Vec<(usize, usize)> = pairs
-                    .iter()
-                    .map(|[p, c]| Ok((index(p)?, index(c)?)))
-                    .collect::<Result<_, PlanError>>()?;
+                let edges: Vec<(usize, usize)> =
+                    pairs.iter().map(|[p, c]| Ok((index(p)?, index(c)?))).collect::<Result<_, PlanError>>()?;
                 let root = edges.first().map_or(0, |e| e.0);
                 (root, edges)
             }
@@ -103,10 +95,7 @@ impl MarginalsPlan {
             reached[c] = true;
         }
         if let Some(c) = reached.iter().position(|r| !r) {
-            return Err(PlanError(format!(
-                "column '{}' is in no pair",
-                domain.columns[c].name
-            )));
+            return Err(PlanError(format!("column '{}' is in no pair", domain.columns[c].name)));
         }
         let mut tables: Vec<Vec<usize>> = (0..n).map(|c| vec![c]).collect();
         tables.extend(edges.iter().map(|&(p, c)| vec![p, c]));
@@ -133,10 +122,7 @@ impl MarginalsPlan {
 impl MarginalsTask {
     /// Cells of each table.
     pub fn table_sizes(&self) -> Vec<usize> {
-        self.tables
-            .iter()
-            .map(|t| t.iter().map(|&c| self.domain.columns[c].bins()).product())
-            .collect()
+        self.tables.iter().map(|t| t.iter().map(|&c| self.domain.columns[c].bins()).product()).collect()
     }
 
     pub fn cells(&self) -> usize {
@@ -151,31 +137,18 @@ impl MarginalsTask {
     /// Worker side: counts of bounded contributions over the given rows.
     pub fn counter(&self) -> Result<Counter<'_, ChaCha20Rng>, DataError> {
         // Which rows of a unit are kept is private randomness: OS-keyed CSPRNG.
-        let rng = ChaCha20Rng::try_from_rng(&mut SysRng)
-            .map_err(|e| DataError::Internal(format!("OS entropy: {e}")))?;
-        Ok(Counter {
-            task: self,
-            counts: vec![0.0; self.cells()],
-            units: HashMap::new(),
-            row_units: 0,
-            rng,
-        })
+        let rng =
+            ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| DataError::Internal(format!("OS entropy: {e}")))?;
+        Ok(Counter { task: self, counts: vec![0.0; self.cells()], units: HashMap::new(), row_units: 0, rng })
     }
 
     /// Checks a worker's result: right size, non-negative whole counts, and no table with
     /// more than `units × m` — anything else is a broken or hostile worker.
     pub fn validate(&self, counts: &[f64], units: u64) -> Result<(), String> {
         if counts.len() != self.cells() {
-            return Err(format!(
-                "expected {} cells, got {}",
-                self.cells(),
-                counts.len()
-            ));
+            return Err(format!("expected {} cells, got {}", self.cells(), counts.len()));
         }
-        if counts
-            .iter()
-            .any(|c| !(c.is_finite() && *c >= 0.0 && c.fract() == 0.0))
-        {
+        if counts.iter().any(|c| !(c.is_finite() && *c >= 0.0 && c.fract() == 0.0)) {
             return Err("counts must be non-negative integers".into());
         }
         let limit = units as f64 * f64::from(self.max_rows_per_unit);
@@ -183,9 +156,7 @@ impl MarginalsTask {
         for size in self.table_sizes() {
             let total: f64 = counts[offset..offset + size].iter().sum();
             if total > limit {
-                return Err(format!(
-                    "a table sums to {total}, above units × max_rows_per_unit"
-                ));
+                return Err(format!("a table sums to {total}, above units × max_rows_per_unit"));
             }
             offset += size;
         }
@@ -207,9 +178,7 @@ impl<R: CryptoRng> Counter<'_, R> {
     fn add_row(counts: &mut [f64], task: &MarginalsTask, bins: &[usize]) {
         let mut offset = 0;
         for (table, size) in task.tables.iter().zip(task.table_sizes()) {
-            let cell = table
-                .iter()
-                .fold(0, |acc, &c| acc * task.domain.columns[c].bins() + bins[c]);
+            let cell = table.iter().fold(0, |acc, &c| acc * task.domain.columns[c].bins() + bins[c]);
             counts[offset + cell] += 1.0;
             offset += size;
         }
@@ -218,11 +187,7 @@ impl<R: CryptoRng> Counter<'_, R> {
     pub fn add(&mut self, batch: &EncodedBatch) {
         let columns = &self.task.domain.columns;
         for (i, unit) in batch.units.iter().enumerate() {
-            let bins: Vec<usize> = columns
-                .iter()
-                .zip(&batch.values)
-                .map(|(c, v)| c.bin(v[i]))
-                .collect();
+            let bins: Vec<usize> = columns.iter().zip(&batch.values).map(|(c, v)| c.bin(v[i])).collect();
             if self.task.row_level {
                 Self::add_row(&mut self.counts, self.task, &bins);
                 self.row_units += 1;
@@ -283,27 +248,19 @@ impl Synthesizer {
         }
         let table = |t: usize| &noisy[offsets[t]..offsets[t + 1]];
         let n = task.domain.columns.len();
-        let marginals: Vec<Vec<f64>> = (0..n)
-            .map(|c| normalised(table(c)).unwrap_or_else(|| vec![1.0 / sizes[c] as f64; sizes[c]]))
-            .collect();
+        let marginals: Vec<Vec<f64>> =
+            (0..n).map(|c| normalised(table(c)).unwrap_or_else(|| vec![1.0 / sizes[c] as f64; sizes[c]])).collect();
         let mut conditionals = HashMap::new();
         for (e, &(p, c)) in plan.edges.iter().enumerate() {
             let (bp, bc) = (task.domain.columns[p].bins(), task.domain.columns[c].bins());
             let joint = table(n + e);
             let rows = (0..bp)
-                .map(|i| {
-                    normalised(&joint[i * bc..(i + 1) * bc]).unwrap_or_else(|| marginals[c].clone())
-                })
+                .map(|i| normalised(&joint[i * bc..(i + 1) * bc]).unwrap_or_else(|| marginals[c].clone()))
                 .collect();
             conditionals.insert(c, (p, rows));
         }
         let noisy_total = table(plan.root).iter().sum();
-        Self {
-            plan,
-            marginals,
-            conditionals,
-            noisy_total,
-        }
+        Self { plan, marginals, conditionals, noisy_total }
     }
 
     /// Draws one synthetic row as bins per column.
@@ -353,23 +310,13 @@ pub fn decode_bin(domain: &Domain, c: usize, bin: usize, rng: &mut impl Rng) -> 
     }
     match &column.encoding {
         Encoding::Categorical { categories, .. } => SyntheticValue::Category(
-            categories
-                .get(bin)
-                .cloned()
-                .unwrap_or_else(|| crate::spec::OTHER_CATEGORY.to_string()),
+            categories.get(bin).cloned().unwrap_or_else(|| crate::spec::OTHER_CATEGORY.to_string()),
         ),
-        Encoding::Numeric {
-            binning: Binning::Integer(ranges),
-            ..
-        } => {
+        Encoding::Numeric { binning: Binning::Integer(ranges), .. } => {
             let (lo, hi) = ranges[bin];
             SyntheticValue::Integer(rng.random_range(lo..=hi))
         }
-        Encoding::Numeric {
-            binning: Binning::Real(edges),
-            kind,
-            ..
-        } => {
+        Encoding::Numeric { binning: Binning::Real(edges), kind, .. } => {
             let v = edges[bin] + rng.random::<f64>() * (edges[bin + 1] - edges[bin]);
             if *kind == ColumnKind::Datetime {
                 SyntheticValue::Datetime(v.floor() as i64)

@@ -20,14 +20,10 @@ use super::math::{log_add, log_normal_sf, log1mexp};
 /// `ln Σ_{i≠i*} P[N(0, 2σ²) > n_{i*} − n_i]`, capped at ln(1 − 1/k).
 pub fn log_q(votes: &[f64], sigma: f64) -> Result<f64, PrivacyError> {
     if votes.len() < 2 {
-        return Err(PrivacyError::InvalidParameter(
-            "a vote histogram needs at least two classes".into(),
-        ));
+        return Err(PrivacyError::InvalidParameter("a vote histogram needs at least two classes".into()));
     }
     if !(sigma > 0.0) {
-        return Err(PrivacyError::InvalidParameter(format!(
-            "sigma must be > 0, got {sigma}"
-        )));
+        return Err(PrivacyError::InvalidParameter(format!("sigma must be > 0, got {sigma}")));
     }
     let top = (0..votes.len()).fold(0, |best, i| if votes[i] > votes[best] { i } else { best });
     let scale = std::f64::consts::SQRT_2 * sigma;
@@ -35,9 +31,7 @@ pub fn log_q(votes: &[f64], sigma: f64) -> Result<f64, PrivacyError> {
         .iter()
         .enumerate()
         .filter(|(i, _)| *i != top)
-        .fold(f64::NEG_INFINITY, |acc, (_, v)| {
-            log_add(acc, log_normal_sf((votes[top] - v) / scale))
-        });
+        .fold(f64::NEG_INFINITY, |acc, (_, v)| log_add(acc, log_normal_sf((votes[top] - v) / scale)));
     let cap = (1.0 - 1.0 / votes.len() as f64).ln();
     Ok(log_q.min(cap))
 }
@@ -66,9 +60,8 @@ pub fn rdp_data_dependent(log_q: f64, sigma: f64, alpha: f64) -> Result<f64, Pri
     let applies = mu1 > alpha && mu2 > 1.0;
     let (rdp1, rdp2) = (mu1 / var, mu2 / var);
     let log_a2 = (mu2 - 1.0) * rdp2;
-    let in_range = log_q
-        <= log_a2 - mu2 * ((1.0 + 1.0 / (mu1 - 1.0)).ln() + (1.0 + 1.0 / (mu2 - 1.0)).ln())
-        && -log_q > rdp2;
+    let in_range =
+        log_q <= log_a2 - mu2 * ((1.0 + 1.0 / (mu1 - 1.0)).ln() + (1.0 + 1.0 / (mu2 - 1.0)).ln()) && -log_q > rdp2;
     if !(applies && in_range) {
         return Ok(independent);
     }

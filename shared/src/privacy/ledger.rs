@@ -73,16 +73,9 @@ pub enum EntryBody {
         dpsynth_version: String,
     },
     /// A charge, durable before the charged output is released.
-    Charge {
-        request: ChargeRequest,
-        cost: PrivacyCost,
-    },
+    Charge { request: ChargeRequest, cost: PrivacyCost },
     /// The output of charge `charge_seq` has left the coordinator (audit trail; free).
-    Release {
-        charge_seq: u64,
-        job_id: String,
-        location: String,
-    },
+    Release { charge_seq: u64, job_id: String, location: String },
 }
 
 /// An entry with its place in the chain.
@@ -136,8 +129,7 @@ pub struct Admission {
 
 impl Admission {
     pub fn fits(&self) -> bool {
-        self.after.epsilon <= self.budget.epsilon + BUDGET_SLACK
-            && self.after.delta <= self.budget.delta + BUDGET_SLACK
+        self.after.epsilon <= self.budget.epsilon + BUDGET_SLACK && self.after.delta <= self.budget.delta + BUDGET_SLACK
     }
 
     pub fn remaining_epsilon(&self) -> f64 {
@@ -171,15 +163,11 @@ pub enum LedgerError {
         budget_epsilon: f64,
         budget_delta: f64,
     },
-    #[error(
-        "no privacy ledger for dataset '{dataset_id}' at {url}: create it with `dpsynth ledger init`"
-    )]
+    #[error("no privacy ledger for dataset '{dataset_id}' at {url}: create it with `dpsynth ledger init`")]
     NotInitialised { dataset_id: String, url: String },
     #[error("a privacy ledger for dataset '{dataset_id}' already exists at {url}")]
     AlreadyExists { dataset_id: String, url: String },
-    #[error(
-        "privacy ledger object {object} is corrupt: {reason}. The ledger refuses to operate until it is repaired."
-    )]
+    #[error("privacy ledger object {object} is corrupt: {reason}. The ledger refuses to operate until it is repaired.")]
     Corrupt { object: String, reason: String },
     #[error("invalid dataset id {0:?}: use letters, digits, '.', '_' and '-'")]
     InvalidDatasetId(String),
@@ -190,10 +178,7 @@ pub enum LedgerError {
     #[error("gave up after {0} conflicting concurrent writes")]
     Contention(usize),
     #[error("privacy ledger storage error at {object}: {source}")]
-    Store {
-        object: String,
-        source: object_store::Error,
-    },
+    Store { object: String, source: object_store::Error },
 }
 
 /// A dataset's ledger, loaded and verified.
@@ -208,9 +193,7 @@ pub struct Ledger {
 fn valid_dataset_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
         && !id.starts_with('.')
 }
 
@@ -229,9 +212,7 @@ impl Ledger {
         adjacency: Adjacency,
         options: AccountingOptions,
     ) -> Result<Self, LedgerError> {
-        let valid = budget.epsilon > 0.0
-            && budget.epsilon.is_finite()
-            && (0.0..1.0).contains(&budget.delta);
+        let valid = budget.epsilon > 0.0 && budget.epsilon.is_finite() && (0.0..1.0).contains(&budget.delta);
         if !valid {
             return Err(PrivacyError::InvalidParameter(format!(
                 "budget needs ε > 0 and δ in [0, 1), got ε = {}, δ = {}",
@@ -249,10 +230,7 @@ impl Ledger {
             dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         if !ledger.try_append(body).await? {
-            return Err(LedgerError::AlreadyExists {
-                dataset_id: dataset_id.to_string(),
-                url: location.url.clone(),
-            });
+            return Err(LedgerError::AlreadyExists { dataset_id: dataset_id.to_string(), url: location.url.clone() });
         }
         Ok(ledger)
     }
@@ -262,10 +240,7 @@ impl Ledger {
         let mut ledger = Self::handle(location, dataset_id)?;
         ledger.refresh().await?;
         if ledger.entries.is_empty() {
-            return Err(LedgerError::NotInitialised {
-                dataset_id: dataset_id.to_string(),
-                url: location.url.clone(),
-            });
+            return Err(LedgerError::NotInitialised { dataset_id: dataset_id.to_string(), url: location.url.clone() });
         }
         Ok(ledger)
     }
@@ -311,66 +286,43 @@ impl Ledger {
             }
         }
         for (seq, path) in names.iter().enumerate().skip(self.entries.len()) {
-            let bytes = self
-                .store
-                .get(path)
-                .await
-                .map_err(store_err(path))?
-                .bytes()
-                .await
-                .map_err(store_err(path))?;
+            let bytes = self.store.get(path).await.map_err(store_err(path))?.bytes().await.map_err(store_err(path))?;
             self.verify_and_push(seq as u64, path, &bytes)?;
         }
         Ok(())
     }
 
     fn verify_and_push(&mut self, seq: u64, path: &Path, bytes: &[u8]) -> Result<(), LedgerError> {
-        let corrupt = |reason: String| LedgerError::Corrupt {
-            object: path.to_string(),
-            reason,
-        };
+        let corrupt = |reason: String| LedgerError::Corrupt { object: path.to_string(), reason };
         let stored: StoredEntry = serde_json::from_slice(bytes)
             .map_err(|e| corrupt(format!("unreadable (torn or truncated write?): {e}")))?;
         let hash = canonical_sha256(&stored.entry).map_err(|e| corrupt(e.to_string()))?;
         if hash != stored.sha256 {
-            return Err(corrupt(
-                "checksum mismatch: the entry was altered after it was written".into(),
-            ));
+            return Err(corrupt("checksum mismatch: the entry was altered after it was written".into()));
         }
         let entry = stored.entry;
         if entry.seq != seq {
-            return Err(corrupt(format!(
-                "records sequence number {} at position {seq}",
-                entry.seq
-            )));
+            return Err(corrupt(format!("records sequence number {} at position {seq}", entry.seq)));
         }
         if entry.prev_sha256.as_ref() != self.hashes.last() {
             return Err(corrupt("does not chain to the previous entry".into()));
         }
         match (&entry.body, seq) {
             (EntryBody::Init { format_version, .. }, 0) if *format_version > FORMAT_VERSION => {
-                return Err(corrupt(format!(
-                    "written by a newer dpsynth (format {format_version})"
-                )));
+                return Err(corrupt(format!("written by a newer dpsynth (format {format_version})")));
             }
             (EntryBody::Init { .. }, 0) => {}
             (_, 0) => {
-                return Err(corrupt(
-                    "first entry is not the ledger's initialisation".into(),
-                ));
+                return Err(corrupt("first entry is not the ledger's initialisation".into()));
             }
             (EntryBody::Init { .. }, _) => {
                 return Err(corrupt("a second initialisation entry".into()));
             }
             (EntryBody::Release { charge_seq, .. }, _) => {
-                let charged = self
-                    .entries
-                    .get(*charge_seq as usize)
-                    .map(|e| matches!(e.body, EntryBody::Charge { .. }));
+                let charged =
+                    self.entries.get(*charge_seq as usize).map(|e| matches!(e.body, EntryBody::Charge { .. }));
                 if charged != Some(true) {
-                    return Err(corrupt(format!(
-                        "release refers to {charge_seq}, which is not a charge"
-                    )));
+                    return Err(corrupt(format!("release refers to {charge_seq}, which is not a charge")));
                 }
             }
             (EntryBody::Charge { .. }, _) => {}
@@ -383,49 +335,27 @@ impl Ledger {
     /// Writes the next entry if nobody else has; `false` when another writer got there first.
     async fn try_append(&mut self, body: EntryBody) -> Result<bool, LedgerError> {
         let seq = self.entries.len() as u64;
-        let entry = Entry {
-            seq,
-            timestamp: Utc::now(),
-            prev_sha256: self.hashes.last().cloned(),
-            body,
-        };
+        let entry = Entry { seq, timestamp: Utc::now(), prev_sha256: self.hashes.last().cloned(), body };
         let path = self.object_path(seq);
-        let corrupt = |e: serde_json::Error| LedgerError::Corrupt {
-            object: path.to_string(),
-            reason: e.to_string(),
-        };
+        let corrupt = |e: serde_json::Error| LedgerError::Corrupt { object: path.to_string(), reason: e.to_string() };
         let sha256 = canonical_sha256(&entry).map_err(corrupt)?;
         let bytes = serde_json::to_vec_pretty(&StoredEntry { entry, sha256 }).map_err(corrupt)?;
-        let options = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        match self
-            .store
-            .put_opts(&path, PutPayload::from(bytes.clone()), options)
-            .await
-        {
+        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.store.put_opts(&path, PutPayload::from(bytes.clone()), options).await {
             Ok(_) => {
                 self.verify_and_push(seq, &path, &bytes)?;
                 Ok(true)
             }
             Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
-            Err(source) => Err(LedgerError::Store {
-                object: path.to_string(),
-                source,
-            }),
+            Err(source) => Err(LedgerError::Store { object: path.to_string(), source }),
         }
     }
 
     fn init_entry(&self) -> (&str, Budget, Adjacency, &AccountingOptions) {
         match &self.entries[0].body {
-            EntryBody::Init {
-                dataset_id,
-                budget,
-                adjacency,
-                options,
-                ..
-            } => (dataset_id, *budget, *adjacency, options),
+            EntryBody::Init { dataset_id, budget, adjacency, options, .. } => {
+                (dataset_id, *budget, *adjacency, options)
+            }
             _ => unreachable!("entry 0 is verified to be the initialisation"),
         }
     }
@@ -497,21 +427,10 @@ impl Ledger {
             Some(_) if approx_delta >= budget.delta => (f64::INFINITY, None, budget.delta),
             Some(c) => {
                 let e = c.epsilon(budget.delta - approx_delta, options.conversion)?;
-                (
-                    e.epsilon,
-                    e.order.is_finite().then_some(e.order),
-                    budget.delta,
-                )
+                (e.epsilon, e.order.is_finite().then_some(e.order), budget.delta)
             }
         };
-        Ok(Spent {
-            epsilon: approx_epsilon + rdp_epsilon,
-            delta,
-            rdp_epsilon,
-            rdp_order,
-            approx_epsilon,
-            approx_delta,
-        })
+        Ok(Spent { epsilon: approx_epsilon + rdp_epsilon, delta, rdp_epsilon, rdp_order, approx_epsilon, approx_delta })
     }
 
     /// Total spent so far.
@@ -528,21 +447,11 @@ impl Ledger {
                 m.describe()
             )));
         }
-        Ok(account(
-            &request.mechanisms,
-            request.accountant,
-            request.delta,
-            self.options(),
-        )?)
+        Ok(account(&request.mechanisms, request.accountant, request.delta, self.options())?)
     }
 
     fn admission(&self, cost: PrivacyCost) -> Result<Admission, LedgerError> {
-        Ok(Admission {
-            before: self.spent()?,
-            after: self.spent_with(Some(&cost))?,
-            budget: self.budget(),
-            cost,
-        })
+        Ok(Admission { before: self.spent()?, after: self.spent_with(Some(&cost))?, budget: self.budget(), cost })
     }
 
     fn refusal(&self, request: &ChargeRequest, admission: &Admission) -> LedgerError {
@@ -563,11 +472,7 @@ impl Ledger {
     pub async fn check(&mut self, request: &ChargeRequest) -> Result<Admission, LedgerError> {
         self.refresh().await?;
         let admission = self.admission(self.price(request)?)?;
-        if admission.fits() {
-            Ok(admission)
-        } else {
-            Err(self.refusal(request, &admission))
-        }
+        if admission.fits() { Ok(admission) } else { Err(self.refusal(request, &admission)) }
     }
 
     /// Durably charges `request`, or refuses it (leaving the ledger unchanged) if it would
@@ -581,10 +486,7 @@ impl Ledger {
                 return Err(self.refusal(request, &admission));
             }
             let seq = self.entries.len() as u64;
-            let body = EntryBody::Charge {
-                request: request.clone(),
-                cost: cost.clone(),
-            };
+            let body = EntryBody::Charge { request: request.clone(), cost: cost.clone() };
             if self.try_append(body).await? {
                 tracing::info!(
                     dataset = self.dataset_id(),
@@ -602,27 +504,17 @@ impl Ledger {
     }
 
     /// Records that the output of charge `charge_seq` was released to `location`.
-    pub async fn record_release(
-        &mut self,
-        charge_seq: u64,
-        location: &str,
-    ) -> Result<u64, LedgerError> {
+    pub async fn record_release(&mut self, charge_seq: u64, location: &str) -> Result<u64, LedgerError> {
         for _ in 0..MAX_ATTEMPTS {
             self.refresh().await?;
             let job_id = match self.entries.get(charge_seq as usize).map(|e| &e.body) {
                 Some(EntryBody::Charge { request, .. }) => request.job_id.clone(),
                 _ => {
-                    return Err(LedgerError::Mechanism(format!(
-                        "entry {charge_seq} is not a charge"
-                    )));
+                    return Err(LedgerError::Mechanism(format!("entry {charge_seq} is not a charge")));
                 }
             };
             let seq = self.entries.len() as u64;
-            let body = EntryBody::Release {
-                charge_seq,
-                job_id,
-                location: location.to_string(),
-            };
+            let body = EntryBody::Release { charge_seq, job_id, location: location.to_string() };
             if self.try_append(body).await? {
                 return Ok(seq);
             }

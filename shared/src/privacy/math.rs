@@ -17,11 +17,7 @@ pub fn log_add(a: f64, b: f64) -> f64 {
 
 /// `ln(1 − e^x)` for `x ≤ 0`, accurate near both ends.
 pub fn log1mexp(x: f64) -> f64 {
-    if x > -LN_2 {
-        (-x.exp_m1()).ln()
-    } else {
-        (-x.exp()).ln_1p()
-    }
+    if x > -LN_2 { (-x.exp_m1()).ln() } else { (-x.exp()).ln_1p() }
 }
 
 /// `ln erfc(x)`, accurate for large positive `x` where `erfc` underflows.

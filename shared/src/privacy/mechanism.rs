@@ -54,48 +54,27 @@ pub enum Mechanism {
     /// `releases` answers of a query with L2 sensitivity Δ = `l2_sensitivity` (per unit,
     /// under `adjacency`), each with N(0, (σΔ)²) noise on every coordinate, σ = `noise_multiplier`.
     /// RDP α/(2σ²) per release; the PLD is exact (μ-GDP, μ = 1/σ).
-    Gaussian {
-        l2_sensitivity: f64,
-        noise_multiplier: f64,
-        releases: u64,
-        adjacency: Adjacency,
-    },
+    Gaussian { l2_sensitivity: f64, noise_multiplier: f64, releases: u64, adjacency: Adjacency },
     /// `releases` answers of a query with L1 sensitivity Δ₁ = `l1_sensitivity`, each with
     /// Laplace noise of scale `scale` on every coordinate: pure (Δ₁/scale)-DP per release;
     /// RDP from Mironov (2017, Prop. 6).
-    Laplace {
-        l1_sensitivity: f64,
-        scale: f64,
-        releases: u64,
-        adjacency: Adjacency,
-    },
+    Laplace { l1_sensitivity: f64, scale: f64, releases: u64, adjacency: Adjacency },
     /// One DP-SGD run: `steps` noisy sums of per-unit clipped gradients (clip norm C), noise
     /// N(0, (σC)²) per coordinate with σ = `noise_multiplier`. A sampled unit contributes
     /// at most `max_examples_per_unit` clipped examples, so its L2 sensitivity is that
     /// times C (1 when a unit's rows form one example or are summed before clipping).
-    SubsampledGaussian {
-        sampling: Sampling,
-        noise_multiplier: f64,
-        steps: u64,
-        max_examples_per_unit: u32,
-    },
+    SubsampledGaussian { sampling: Sampling, noise_multiplier: f64, steps: u64, max_examples_per_unit: u32 },
     /// PATE GNMax: `queries` answered argmaxes of k = `classes`-class vote histograms with
     /// N(0, σ²) on every count. One unit changes one teacher's vote: L2 sensitivity √2,
     /// under either adjacency. Charged data-independently: RDP α/σ² per answer.
-    GnMax {
-        sigma: f64,
-        classes: u32,
-        queries: u64,
-    },
+    GnMax { sigma: f64, classes: u32, queries: u64 },
 }
 
 fn positive(name: &str, v: f64) -> Result<(), PrivacyError> {
     if v > 0.0 && v.is_finite() {
         Ok(())
     } else {
-        Err(PrivacyError::InvalidParameter(format!(
-            "{name} must be a positive finite number, got {v}"
-        )))
+        Err(PrivacyError::InvalidParameter(format!("{name} must be a positive finite number, got {v}")))
     }
 }
 
@@ -113,62 +92,40 @@ impl Mechanism {
     /// Checks parameter ranges; every privacy map assumes this passed.
     pub fn validate(&self) -> Result<(), PrivacyError> {
         match *self {
-            Mechanism::Gaussian {
-                l2_sensitivity,
-                noise_multiplier,
-                ..
-            } => {
+            Mechanism::Gaussian { l2_sensitivity, noise_multiplier, .. } => {
                 positive("l2_sensitivity", l2_sensitivity)?;
                 positive("noise_multiplier", noise_multiplier)
             }
-            Mechanism::Laplace {
-                l1_sensitivity,
-                scale,
-                ..
-            } => {
+            Mechanism::Laplace { l1_sensitivity, scale, .. } => {
                 positive("l1_sensitivity", l1_sensitivity)?;
                 positive("scale", scale)
             }
-            Mechanism::SubsampledGaussian {
-                sampling,
-                noise_multiplier,
-                max_examples_per_unit,
-                ..
-            } => {
+            Mechanism::SubsampledGaussian { sampling, noise_multiplier, max_examples_per_unit, .. } => {
                 positive("noise_multiplier", noise_multiplier)?;
                 if max_examples_per_unit == 0 {
-                    return Err(PrivacyError::InvalidParameter(
-                        "max_examples_per_unit must be ≥ 1".into(),
-                    ));
+                    return Err(PrivacyError::InvalidParameter("max_examples_per_unit must be ≥ 1".into()));
                 }
                 match sampling {
                     Sampling::Poisson { rate } if !(rate > 0.0 && rate <= 1.0) => {
-                        Err(PrivacyError::InvalidParameter(format!(
-                            "sampling rate must be in (0, 1], got {rate}"
-                        )))
+                        Err(PrivacyError::InvalidParameter(format!("sampling rate must be in (0, 1], got {rate}")))
                     }
-                    Sampling::WithoutReplacement {
-                        batch_size,
-                        population,
-                    } if batch_size == 0 || batch_size > population => {
+                    Sampling::WithoutReplacement { batch_size, population }
+                        if batch_size == 0 || batch_size > population =>
+                    {
                         Err(PrivacyError::InvalidParameter(format!(
                             "batch size {batch_size} must be in 1..={population} (the population)"
                         )))
                     }
-                    Sampling::Shuffle {
-                        batches_per_epoch: 0,
-                    } => Err(PrivacyError::InvalidParameter(
-                        "batches_per_epoch must be ≥ 1".into(),
-                    )),
+                    Sampling::Shuffle { batches_per_epoch: 0 } => {
+                        Err(PrivacyError::InvalidParameter("batches_per_epoch must be ≥ 1".into()))
+                    }
                     _ => Ok(()),
                 }
             }
             Mechanism::GnMax { sigma, classes, .. } => {
                 positive("sigma", sigma)?;
                 if classes < 2 {
-                    return Err(PrivacyError::InvalidParameter(
-                        "GNMax needs at least 2 classes".into(),
-                    ));
+                    return Err(PrivacyError::InvalidParameter("GNMax needs at least 2 classes".into()));
                 }
                 Ok(())
             }
@@ -178,13 +135,10 @@ impl Mechanism {
     /// Whether this mechanism's analysis holds under `adjacency`.
     pub fn supports(&self, adjacency: Adjacency) -> bool {
         match self {
-            Mechanism::Gaussian { adjacency: a, .. } | Mechanism::Laplace { adjacency: a, .. } => {
-                *a == adjacency
+            Mechanism::Gaussian { adjacency: a, .. } | Mechanism::Laplace { adjacency: a, .. } => *a == adjacency,
+            Mechanism::SubsampledGaussian { sampling: Sampling::Poisson { .. }, .. } => {
+                adjacency == Adjacency::AddRemove
             }
-            Mechanism::SubsampledGaussian {
-                sampling: Sampling::Poisson { .. },
-                ..
-            } => adjacency == Adjacency::AddRemove,
             Mechanism::SubsampledGaussian { .. } => adjacency == Adjacency::Substitution,
             Mechanism::GnMax { .. } => true,
         }
@@ -193,27 +147,13 @@ impl Mechanism {
     /// Short human-readable summary for logs, the CLI and reports.
     pub fn describe(&self) -> String {
         match self {
-            Mechanism::Gaussian {
-                noise_multiplier,
-                releases,
-                ..
-            } => {
+            Mechanism::Gaussian { noise_multiplier, releases, .. } => {
                 format!("Gaussian ×{releases} (σ/Δ = {noise_multiplier})")
             }
-            Mechanism::Laplace {
-                l1_sensitivity,
-                scale,
-                releases,
-                ..
-            } => {
+            Mechanism::Laplace { l1_sensitivity, scale, releases, .. } => {
                 format!("Laplace ×{releases} (ε₀ = {})", l1_sensitivity / scale)
             }
-            Mechanism::SubsampledGaussian {
-                sampling,
-                noise_multiplier,
-                steps,
-                ..
-            } => {
+            Mechanism::SubsampledGaussian { sampling, noise_multiplier, steps, .. } => {
                 format!("DP-SGD {steps} steps, σ = {noise_multiplier}, {sampling:?}")
             }
             Mechanism::GnMax { sigma, queries, .. } => format!("GNMax ×{queries} (σ = {sigma})"),
@@ -229,40 +169,23 @@ impl Mechanism {
     pub fn rdp(&self, orders: &[f64]) -> Result<RdpCurve, PrivacyError> {
         self.validate()?;
         Ok(match *self {
-            Mechanism::Gaussian {
-                noise_multiplier,
-                releases,
-                ..
-            } => RdpCurve::from_fn(orders, |a| rdp::gaussian(noise_multiplier, a)).times(releases),
-            Mechanism::Laplace {
-                l1_sensitivity,
-                scale,
-                releases,
-                ..
-            } => RdpCurve::from_fn(orders, |a| rdp::laplace(scale / l1_sensitivity, a))
-                .times(releases),
-            Mechanism::SubsampledGaussian {
-                sampling,
-                noise_multiplier,
-                steps,
-                max_examples_per_unit,
-            } => {
+            Mechanism::Gaussian { noise_multiplier, releases, .. } => {
+                RdpCurve::from_fn(orders, |a| rdp::gaussian(noise_multiplier, a)).times(releases)
+            }
+            Mechanism::Laplace { l1_sensitivity, scale, releases, .. } => {
+                RdpCurve::from_fn(orders, |a| rdp::laplace(scale / l1_sensitivity, a)).times(releases)
+            }
+            Mechanism::SubsampledGaussian { sampling, noise_multiplier, steps, max_examples_per_unit } => {
                 let sigma = Self::unit_sigma(noise_multiplier, max_examples_per_unit);
                 match sampling {
-                    Sampling::Poisson { rate } => RdpCurve::from_fn(orders, |a| {
-                        rdp::poisson_subsampled_gaussian(rate, sigma, a)
-                    })
-                    .times(steps),
+                    Sampling::Poisson { rate } => {
+                        RdpCurve::from_fn(orders, |a| rdp::poisson_subsampled_gaussian(rate, sigma, a)).times(steps)
+                    }
                     // Substitution moves the sum by up to 2C: the multiplier halves.
-                    Sampling::WithoutReplacement {
-                        batch_size,
-                        population,
-                    } => {
+                    Sampling::WithoutReplacement { batch_size, population } => {
                         let rate = batch_size as f64 / population as f64;
-                        RdpCurve::from_fn(orders, |a| {
-                            rdp::sampled_without_replacement_gaussian(rate, sigma / 2.0, a)
-                        })
-                        .times(steps)
+                        RdpCurve::from_fn(orders, |a| rdp::sampled_without_replacement_gaussian(rate, sigma / 2.0, a))
+                            .times(steps)
                     }
                     Sampling::Shuffle { batches_per_epoch } => {
                         RdpCurve::from_fn(orders, |a| rdp::gaussian(sigma / 2.0, a))
@@ -271,8 +194,7 @@ impl Mechanism {
                 }
             }
             Mechanism::GnMax { sigma, queries, .. } => {
-                RdpCurve::from_fn(orders, |a| super::gnmax::rdp_data_independent(sigma, a))
-                    .times(queries)
+                RdpCurve::from_fn(orders, |a| super::gnmax::rdp_data_independent(sigma, a)).times(queries)
             }
         })
     }
@@ -281,55 +203,27 @@ impl Mechanism {
     pub fn compose_into(&self, pld: &mut PldComposition) -> Result<(), PrivacyError> {
         self.validate()?;
         match *self {
-            Mechanism::Gaussian {
-                noise_multiplier,
-                releases,
-                ..
-            } => {
+            Mechanism::Gaussian { noise_multiplier, releases, .. } => {
                 pld.gaussian_mu_squared += releases as f64 / (noise_multiplier * noise_multiplier);
             }
             Mechanism::GnMax { sigma, queries, .. } => {
                 pld.gaussian_mu_squared += queries as f64 * 2.0 / (sigma * sigma);
             }
-            Mechanism::Laplace {
-                l1_sensitivity,
-                scale,
-                releases,
-                ..
-            } => {
-                let l = Laplace {
-                    b: scale / l1_sensitivity,
-                };
+            Mechanism::Laplace { l1_sensitivity, scale, releases, .. } => {
+                let l = Laplace { b: scale / l1_sensitivity };
                 pld.push(Pld::from_directions(&l, &l, pld.interval)?.self_compose(releases))?;
             }
-            Mechanism::SubsampledGaussian {
-                sampling,
-                noise_multiplier,
-                steps,
-                max_examples_per_unit,
-            } => {
+            Mechanism::SubsampledGaussian { sampling, noise_multiplier, steps, max_examples_per_unit } => {
                 let sigma = Self::unit_sigma(noise_multiplier, max_examples_per_unit);
                 match sampling {
-                    Sampling::Poisson { rate: 1.0 } => {
-                        pld.gaussian_mu_squared += steps as f64 / (sigma * sigma)
-                    }
+                    Sampling::Poisson { rate: 1.0 } => pld.gaussian_mu_squared += steps as f64 / (sigma * sigma),
                     Sampling::Poisson { rate } => {
-                        let remove = SubsampledGaussian {
-                            q: rate,
-                            sigma,
-                            remove: true,
-                        };
-                        let add = SubsampledGaussian {
-                            remove: false,
-                            ..remove
-                        };
-                        pld.push(
-                            Pld::from_directions(&remove, &add, pld.interval)?.self_compose(steps),
-                        )?;
+                        let remove = SubsampledGaussian { q: rate, sigma, remove: true };
+                        let add = SubsampledGaussian { remove: false, ..remove };
+                        pld.push(Pld::from_directions(&remove, &add, pld.interval)?.self_compose(steps))?;
                     }
                     Sampling::Shuffle { batches_per_epoch } => {
-                        pld.gaussian_mu_squared +=
-                            steps.div_ceil(batches_per_epoch) as f64 * 4.0 / (sigma * sigma);
+                        pld.gaussian_mu_squared += steps.div_ceil(batches_per_epoch) as f64 * 4.0 / (sigma * sigma);
                     }
                     Sampling::WithoutReplacement { .. } => {
                         return Err(PrivacyError::Unsupported(
@@ -354,11 +248,7 @@ pub struct PldComposition {
 
 impl PldComposition {
     pub fn new(interval: f64) -> Self {
-        Self {
-            interval,
-            gaussian_mu_squared: 0.0,
-            discrete: None,
-        }
+        Self { interval, gaussian_mu_squared: 0.0, discrete: None }
     }
 
     fn push(&mut self, pld: Pld) -> Result<(), PrivacyError> {
@@ -377,11 +267,7 @@ impl PldComposition {
             None => Ok(super::accountant::pld::gaussian_epsilon(mu, delta)),
             Some(pld) if mu == 0.0 => Ok(pld.epsilon(delta)),
             Some(pld) => {
-                let g = SubsampledGaussian {
-                    q: 1.0,
-                    sigma: 1.0 / mu,
-                    remove: true,
-                };
+                let g = SubsampledGaussian { q: 1.0, sigma: 1.0 / mu, remove: true };
                 let gaussian = Pld::from_directions(&g as &dyn HockeyStick, &g, self.interval)?;
                 Ok(pld.compose(&gaussian)?.epsilon(delta))
             }

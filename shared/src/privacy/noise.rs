@@ -57,16 +57,12 @@ impl<R: CryptoRng> Noise<R> {
     /// Adds independent N(0, std²) noise to every value (a DP-SGD step noises every
     /// parameter). Long slices are split across threads.
     pub fn add_gaussian(&mut self, values: &mut [f64], std: f64) {
-        self.fill(values, move |rng, v| {
-            *v += std * rng.sample::<f64, _>(StandardNormal)
-        });
+        self.fill(values, move |rng, v| *v += std * rng.sample::<f64, _>(StandardNormal));
     }
 
     /// [`Noise::add_gaussian`] for `f32` parameters; the noise is drawn in `f64`.
     pub fn add_gaussian_f32(&mut self, values: &mut [f32], std: f64) {
-        self.fill(values, move |rng, v| {
-            *v = (f64::from(*v) + std * rng.sample::<f64, _>(StandardNormal)) as f32
-        });
+        self.fill(values, move |rng, v| *v = (f64::from(*v) + std * rng.sample::<f64, _>(StandardNormal)) as f32);
     }
 
     /// Adds independent Laplace(0, scale) noise to every value.
@@ -83,10 +79,8 @@ impl<R: CryptoRng> Noise<R> {
             values.iter_mut().for_each(|v| add(&mut rng, v));
             return;
         }
-        let mut chunks: Vec<(ChaCha20Rng, &mut [T])> = values
-            .chunks_mut(CHUNK)
-            .map(|c| (ChaCha20Rng::from_rng(&mut self.rng), c))
-            .collect();
+        let mut chunks: Vec<(ChaCha20Rng, &mut [T])> =
+            values.chunks_mut(CHUNK).map(|c| (ChaCha20Rng::from_rng(&mut self.rng), c)).collect();
         let per_thread = chunks.len().div_ceil(threads);
         std::thread::scope(|scope| {
             for group in chunks.chunks_mut(per_thread) {

@@ -35,9 +35,7 @@ impl std::str::FromStr for Accountant {
         match s {
             "rdp" => Ok(Accountant::Rdp),
             "pld" => Ok(Accountant::Pld),
-            other => Err(PrivacyError::InvalidParameter(format!(
-                "unknown accountant {other:?} (use rdp or pld)"
-            ))),
+            other => Err(PrivacyError::InvalidParameter(format!("unknown accountant {other:?} (use rdp or pld)"))),
         }
     }
 }
@@ -56,11 +54,7 @@ pub struct AccountingOptions {
 
 impl Default for AccountingOptions {
     fn default() -> Self {
-        Self {
-            orders: rdp::default_orders(),
-            conversion: Conversion::Improved,
-            pld_interval: pld::DEFAULT_INTERVAL,
-        }
+        Self { orders: rdp::default_orders(), conversion: Conversion::Improved, pld_interval: pld::DEFAULT_INTERVAL }
     }
 }
 
@@ -86,9 +80,7 @@ pub fn account(
     options: &AccountingOptions,
 ) -> Result<PrivacyCost, PrivacyError> {
     if !(0.0..1.0).contains(&delta) {
-        return Err(PrivacyError::InvalidParameter(format!(
-            "delta must be in [0, 1), got {delta}"
-        )));
+        return Err(PrivacyError::InvalidParameter(format!("delta must be in [0, 1), got {delta}")));
     }
     match accountant {
         Accountant::Rdp => {
@@ -107,24 +99,14 @@ pub fn account(
             for m in mechanisms {
                 m.compose_into(&mut composition)?;
             }
-            Ok(PrivacyCost {
-                accountant,
-                epsilon: composition.epsilon(delta)?,
-                delta,
-                order: None,
-                rdp: None,
-            })
+            Ok(PrivacyCost { accountant, epsilon: composition.epsilon(delta)?, delta, order: None, rdp: None })
         }
     }
 }
 
 /// The composed RDP curve of `mechanisms`.
 pub fn rdp_curve(mechanisms: &[Mechanism], orders: &[f64]) -> Result<RdpCurve, PrivacyError> {
-    mechanisms
-        .iter()
-        .try_fold(RdpCurve::zero(orders), |acc, m| {
-            acc.compose(&m.rdp(orders)?)
-        })
+    mechanisms.iter().try_fold(RdpCurve::zero(orders), |acc, m| acc.compose(&m.rdp(orders)?))
 }
 
 /// Smallest noise multiplier σ for which `family(σ)` meets (ε, δ), by bisection on ln σ
@@ -138,9 +120,7 @@ pub fn calibrate_sigma(
     family: impl Fn(f64) -> Vec<Mechanism>,
 ) -> Result<f64, PrivacyError> {
     if !(target_epsilon > 0.0) {
-        return Err(PrivacyError::InvalidParameter(format!(
-            "target epsilon must be > 0, got {target_epsilon}"
-        )));
+        return Err(PrivacyError::InvalidParameter(format!("target epsilon must be > 0, got {target_epsilon}")));
     }
     let eps = |sigma: f64| account(&family(sigma), accountant, delta, options).map(|c| c.epsilon);
     const MIN_SIGMA: f64 = 1e-3;
@@ -164,11 +144,7 @@ pub fn calibrate_sigma(
     }
     while (hi - lo) > 1e-6 * hi {
         let mid = (lo * hi).sqrt();
-        if eps(mid)? > target_epsilon {
-            lo = mid
-        } else {
-            hi = mid
-        }
+        if eps(mid)? > target_epsilon { lo = mid } else { hi = mid }
     }
     Ok(hi)
 }

@@ -50,10 +50,7 @@ impl SubsampledGaussian {
     /// Privacy loss ln(P/Q) at output x (unit mean shift 1).
     fn loss(&self, x: f64) -> f64 {
         let s2 = self.sigma * self.sigma;
-        let mix = log_add(
-            (-self.q).ln_1p(),
-            self.q.ln() + (2.0 * x - 1.0) / (2.0 * s2),
-        );
+        let mix = log_add((-self.q).ln_1p(), self.q.ln() + (2.0 * x - 1.0) / (2.0 * s2));
         if self.remove { mix } else { -mix }
     }
 }
@@ -69,8 +66,7 @@ impl HockeyStick for SubsampledGaussian {
                 return 1.0 - eps.exp();
             }
             let x = s2 * (excess / q).ln() + 0.5;
-            (1.0 - q) * normal_sf(x / s) + q * normal_sf((x - 1.0) / s)
-                - eps.exp() * normal_sf(x / s)
+            (1.0 - q) * normal_sf(x / s) + q * normal_sf((x - 1.0) / s) - eps.exp() * normal_sf(x / s)
         } else {
             // Loss > ε ⟺ x < x_ε, where (1−q) + q·e^{(2x−1)/(2σ²)} = e^{−ε}.
             let excess = (-eps).exp() - (1.0 - q);
@@ -78,8 +74,7 @@ impl HockeyStick for SubsampledGaussian {
                 return 0.0;
             }
             let x = s2 * (excess / q).ln() + 0.5;
-            normal_cdf(x / s)
-                - eps.exp() * ((1.0 - q) * normal_cdf(x / s) + q * normal_cdf((x - 1.0) / s))
+            normal_cdf(x / s) - eps.exp() * ((1.0 - q) * normal_cdf(x / s) + q * normal_cdf((x - 1.0) / s))
         };
         d.clamp(0.0, 1.0)
     }
@@ -106,11 +101,7 @@ pub struct Laplace {
 impl HockeyStick for Laplace {
     fn delta(&self, eps: f64) -> f64 {
         let e0 = 1.0 / self.b;
-        if eps >= e0 {
-            0.0
-        } else {
-            (-((eps - e0) / 2.0).exp_m1()).clamp(0.0, 1.0)
-        }
+        if eps >= e0 { 0.0 } else { (-((eps - e0) / 2.0).exp_m1()).clamp(0.0, 1.0) }
     }
 
     fn loss_range(&self) -> (f64, f64) {
@@ -130,23 +121,13 @@ pub struct Pmf {
 impl Pmf {
     /// The distribution of a mechanism that reveals nothing.
     pub fn identity(interval: f64) -> Self {
-        Self {
-            interval,
-            lower: 0,
-            probs: vec![1.0],
-            infinity_mass: 0.0,
-        }
+        Self { interval, lower: 0, probs: vec![1.0], infinity_mass: 0.0 }
     }
 
     /// Pessimistic connect-the-dots discretisation of one mechanism direction.
-    pub fn connect_the_dots(
-        mechanism: &dyn HockeyStick,
-        interval: f64,
-    ) -> Result<Self, PrivacyError> {
+    pub fn connect_the_dots(mechanism: &dyn HockeyStick, interval: f64) -> Result<Self, PrivacyError> {
         if !(interval > 0.0) {
-            return Err(PrivacyError::InvalidParameter(format!(
-                "PLD interval must be > 0, got {interval}"
-            )));
+            return Err(PrivacyError::InvalidParameter(format!("PLD interval must be > 0, got {interval}")));
         }
         let (lo, hi) = mechanism.loss_range();
         let lower = (lo / interval).floor() as i64;
@@ -157,16 +138,9 @@ impl Pmf {
                 "PLD grid of {n} points is too large: raise the discretisation interval"
             )));
         }
-        let deltas: Vec<f64> = (0..n)
-            .map(|i| mechanism.delta((lower + i as i64) as f64 * interval))
-            .collect();
+        let deltas: Vec<f64> = (0..n).map(|i| mechanism.delta((lower + i as i64) as f64 * interval)).collect();
         if n == 1 {
-            return Ok(Self {
-                interval,
-                lower,
-                probs: vec![1.0 - deltas[0]],
-                infinity_mass: deltas[0],
-            });
+            return Ok(Self { interval, lower, probs: vec![1.0 - deltas[0]], infinity_mass: deltas[0] });
         }
         let (em1, e) = (interval.exp_m1(), interval.exp());
         let mut probs = vec![0.0; n];
@@ -178,13 +152,7 @@ impl Pmf {
         for p in &mut probs {
             *p = p.max(0.0);
         }
-        Ok(Self {
-            interval,
-            lower,
-            probs,
-            infinity_mass: deltas[n - 1],
-        }
-        .trimmed())
+        Ok(Self { interval, lower, probs, infinity_mass: deltas[n - 1] }.trimmed())
     }
 
     /// Drops exact zeros at both ends (they carry no information).
@@ -206,9 +174,7 @@ impl Pmf {
             .iter()
             .enumerate()
             .filter(|(_, p)| **p > 0.0)
-            .fold(f64::NEG_INFINITY, |acc, (i, p)| {
-                log_add(acc, p.ln() + lambda * self.loss(i))
-            })
+            .fold(f64::NEG_INFINITY, |acc, (i, p)| log_add(acc, p.ln() + lambda * self.loss(i)))
     }
 
     /// Grid-index window `[lo, hi]` (relative to `count·lower`) holding all but
@@ -248,39 +214,26 @@ impl Pmf {
         let mut planner = FftPlanner::new();
         let forward = planner.plan_fft_forward(size);
         let inverse = planner.plan_fft_inverse(size);
-        let mut buf: Vec<Complex64> = (0..size)
-            .map(|i| Complex64::new(self.probs.get(i).copied().unwrap_or(0.0), 0.0))
-            .collect();
+        let mut buf: Vec<Complex64> =
+            (0..size).map(|i| Complex64::new(self.probs.get(i).copied().unwrap_or(0.0), 0.0)).collect();
         forward.process(&mut buf);
         let t = count as f64;
         for z in &mut buf {
             let (r, theta) = z.to_polar();
-            *z = if r == 0.0 {
-                Complex64::new(0.0, 0.0)
-            } else {
-                Complex64::from_polar((t * r.ln()).exp(), t * theta)
-            };
+            *z = if r == 0.0 { Complex64::new(0.0, 0.0) } else { Complex64::from_polar((t * r.ln()).exp(), t * theta) };
         }
         inverse.process(&mut buf);
         let scale = 1.0 / size as f64;
-        let probs: Vec<f64> = (lo..=hi)
-            .map(|k| (buf[k.rem_euclid(size as i64) as usize].re * scale).max(0.0))
-            .collect();
+        let probs: Vec<f64> =
+            (lo..=hi).map(|k| (buf[k.rem_euclid(size as i64) as usize].re * scale).max(0.0)).collect();
         let infinity_mass = TAIL_TRUNCATION - (t * (-self.infinity_mass).ln_1p()).exp_m1();
-        Self {
-            interval: self.interval,
-            lower: self.lower * count as i64 + lo,
-            probs,
-            infinity_mass,
-        }
+        Self { interval: self.interval, lower: self.lower * count as i64 + lo, probs, infinity_mass }
     }
 
     /// The PLD of running this mechanism and then `other` (independent noise).
     pub fn compose(&self, other: &Pmf) -> Result<Self, PrivacyError> {
         if self.interval != other.interval {
-            return Err(PrivacyError::InvalidParameter(
-                "PLDs with different intervals cannot be composed".into(),
-            ));
+            return Err(PrivacyError::InvalidParameter("PLDs with different intervals cannot be composed".into()));
         }
         let len = self.probs.len() + other.probs.len() - 1;
         let size = len.next_power_of_two();
@@ -288,9 +241,8 @@ impl Pmf {
         let forward = planner.plan_fft_forward(size);
         let inverse = planner.plan_fft_inverse(size);
         let spectrum = |p: &[f64], fft: &Arc<dyn rustfft::Fft<f64>>| {
-            let mut b: Vec<Complex64> = (0..size)
-                .map(|i| Complex64::new(p.get(i).copied().unwrap_or(0.0), 0.0))
-                .collect();
+            let mut b: Vec<Complex64> =
+                (0..size).map(|i| Complex64::new(p.get(i).copied().unwrap_or(0.0), 0.0)).collect();
             fft.process(&mut b);
             b
         };
@@ -303,13 +255,7 @@ impl Pmf {
         let scale = 1.0 / size as f64;
         let probs: Vec<f64> = a[..len].iter().map(|z| (z.re * scale).max(0.0)).collect();
         let infinity_mass = 1.0 - (1.0 - self.infinity_mass) * (1.0 - other.infinity_mass);
-        Ok(Self {
-            interval: self.interval,
-            lower: self.lower + other.lower,
-            probs,
-            infinity_mass,
-        }
-        .truncated())
+        Ok(Self { interval: self.interval, lower: self.lower + other.lower, probs, infinity_mass }.truncated())
     }
 
     /// Cuts at most `TAIL_TRUNCATION/2` from each end, the right tail going to +∞.
@@ -368,11 +314,7 @@ impl Pmf {
                 return l.max(0.0);
             }
         }
-        if upper <= lower + delta {
-            0.0
-        } else {
-            ((upper - delta) / lower).ln().max(0.0)
-        }
+        if upper <= lower + delta { 0.0 } else { ((upper - delta) / lower).ln().max(0.0) }
     }
 }
 
@@ -385,10 +327,7 @@ pub struct Pld {
 
 impl Pld {
     pub fn identity(interval: f64) -> Self {
-        Self {
-            remove: Pmf::identity(interval),
-            add: Pmf::identity(interval),
-        }
+        Self { remove: Pmf::identity(interval), add: Pmf::identity(interval) }
     }
 
     /// Discretises a mechanism given by its two directions.
@@ -397,24 +336,15 @@ impl Pld {
         add: &dyn HockeyStick,
         interval: f64,
     ) -> Result<Self, PrivacyError> {
-        Ok(Self {
-            remove: Pmf::connect_the_dots(remove, interval)?,
-            add: Pmf::connect_the_dots(add, interval)?,
-        })
+        Ok(Self { remove: Pmf::connect_the_dots(remove, interval)?, add: Pmf::connect_the_dots(add, interval)? })
     }
 
     pub fn self_compose(&self, count: u64) -> Self {
-        Self {
-            remove: self.remove.self_compose(count),
-            add: self.add.self_compose(count),
-        }
+        Self { remove: self.remove.self_compose(count), add: self.add.self_compose(count) }
     }
 
     pub fn compose(&self, other: &Pld) -> Result<Self, PrivacyError> {
-        Ok(Self {
-            remove: self.remove.compose(&other.remove)?,
-            add: self.add.compose(&other.add)?,
-        })
+        Ok(Self { remove: self.remove.compose(&other.remove)?, add: self.add.compose(&other.add)? })
     }
 
     pub fn epsilon(&self, delta: f64) -> f64 {
@@ -429,8 +359,7 @@ impl Pld {
 /// Exact (ε, δ) of the Gaussian mechanism with noise multiplier `sigma`, composed `count`
 /// times (μ-GDP with μ = √count/σ; Balle & Wang 2018): δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2).
 pub fn gaussian_delta(mu: f64, epsilon: f64) -> f64 {
-    (normal_cdf(-epsilon / mu + mu / 2.0) - epsilon.exp() * normal_cdf(-epsilon / mu - mu / 2.0))
-        .max(0.0)
+    (normal_cdf(-epsilon / mu + mu / 2.0) - epsilon.exp() * normal_cdf(-epsilon / mu - mu / 2.0)).max(0.0)
 }
 
 /// Smallest ε with `gaussian_delta(mu, ε) ≤ delta` (bisection; δ(ε) is decreasing).
@@ -467,40 +396,25 @@ mod tests {
     #[test]
     fn discretised_gaussian_upper_bounds_the_exact_curve() {
         let sigma = 2.0;
-        let g = SubsampledGaussian {
-            q: 1.0,
-            sigma,
-            remove: true,
-        };
+        let g = SubsampledGaussian { q: 1.0, sigma, remove: true };
         let pmf = Pmf::connect_the_dots(&g, 1e-3).unwrap();
         let total: f64 = pmf.probs.iter().sum::<f64>() + pmf.infinity_mass;
         assert!((total - 1.0).abs() < 1e-9, "mass {total}");
         for eps in [0.1, 0.5, 1.0, 2.0] {
             let exact = gaussian_delta(1.0 / sigma, eps);
             let d = pmf.delta(eps);
-            assert!(
-                d >= exact * (1.0 - 1e-9) && d <= exact * 1.01 + 1e-12,
-                "eps {eps}: {d} vs {exact}"
-            );
+            assert!(d >= exact * (1.0 - 1e-9) && d <= exact * 1.01 + 1e-12, "eps {eps}: {d} vs {exact}");
         }
     }
 
     #[test]
     fn composed_gaussian_matches_gdp() {
         let (sigma, t) = (4.0, 64);
-        let g = SubsampledGaussian {
-            q: 1.0,
-            sigma,
-            remove: true,
-        };
-        let pld =
-            Pld::from_directions(&g, &SubsampledGaussian { remove: false, ..g }, 1e-4).unwrap();
+        let g = SubsampledGaussian { q: 1.0, sigma, remove: true };
+        let pld = Pld::from_directions(&g, &SubsampledGaussian { remove: false, ..g }, 1e-4).unwrap();
         let eps = pld.self_compose(t).epsilon(1e-5);
         let exact = gaussian_epsilon((t as f64).sqrt() / sigma, 1e-5);
-        assert!(
-            eps >= exact - 1e-9 && eps - exact < 2e-3,
-            "{eps} vs {exact}"
-        );
+        assert!(eps >= exact - 1e-9 && eps - exact < 2e-3, "{eps} vs {exact}");
     }
 
     #[test]

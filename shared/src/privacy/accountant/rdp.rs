@@ -55,18 +55,12 @@ pub struct RdpEpsilon {
 impl RdpCurve {
     /// The curve of a mechanism that releases nothing.
     pub fn zero(orders: &[f64]) -> Self {
-        Self {
-            orders: orders.to_vec(),
-            values: vec![0.0; orders.len()],
-        }
+        Self { orders: orders.to_vec(), values: vec![0.0; orders.len()] }
     }
 
     /// Builds a curve by evaluating `rdp(α)` at each order.
     pub fn from_fn(orders: &[f64], rdp: impl Fn(f64) -> f64) -> Self {
-        Self {
-            orders: orders.to_vec(),
-            values: orders.iter().map(|&a| rdp(a)).collect(),
-        }
+        Self { orders: orders.to_vec(), values: orders.iter().map(|&a| rdp(a)).collect() }
     }
 
     /// The curve of `count` independent runs: RDP composes additively.
@@ -74,59 +68,33 @@ impl RdpCurve {
         let count = count as f64;
         Self {
             orders: self.orders.clone(),
-            values: self
-                .values
-                .iter()
-                .map(|v| if *v == 0.0 { 0.0 } else { v * count })
-                .collect(),
+            values: self.values.iter().map(|v| if *v == 0.0 { 0.0 } else { v * count }).collect(),
         }
     }
 
     /// Composition with another curve on the same orders.
     pub fn compose(&self, other: &RdpCurve) -> Result<Self, PrivacyError> {
         if self.orders != other.orders {
-            return Err(PrivacyError::InvalidParameter(
-                "RDP curves on different orders cannot be composed".into(),
-            ));
+            return Err(PrivacyError::InvalidParameter("RDP curves on different orders cannot be composed".into()));
         }
-        let values = self
-            .values
-            .iter()
-            .zip(&other.values)
-            .map(|(a, b)| a + b)
-            .collect();
-        Ok(Self {
-            orders: self.orders.clone(),
-            values,
-        })
+        let values = self.values.iter().zip(&other.values).map(|(a, b)| a + b).collect();
+        Ok(Self { orders: self.orders.clone(), values })
     }
 
     /// Smallest ε such that the curve implies (ε, δ)-DP.
     pub fn epsilon(&self, delta: f64, conversion: Conversion) -> Result<RdpEpsilon, PrivacyError> {
         if !(0.0..1.0).contains(&delta) {
-            return Err(PrivacyError::InvalidParameter(format!(
-                "delta must be in [0, 1), got {delta}"
-            )));
+            return Err(PrivacyError::InvalidParameter(format!("delta must be in [0, 1), got {delta}")));
         }
         if delta == 0.0 {
             let all_zero = self.values.iter().all(|v| *v == 0.0);
             let epsilon = if all_zero { 0.0 } else { f64::INFINITY };
-            return Ok(RdpEpsilon {
-                epsilon,
-                delta,
-                order: f64::INFINITY,
-            });
+            return Ok(RdpEpsilon { epsilon, delta, order: f64::INFINITY });
         }
-        let mut best = RdpEpsilon {
-            epsilon: f64::INFINITY,
-            delta,
-            order: f64::NAN,
-        };
+        let mut best = RdpEpsilon { epsilon: f64::INFINITY, delta, order: f64::NAN };
         for (&a, &r) in self.orders.iter().zip(&self.values) {
             if a <= 1.0 || r.is_nan() || r < 0.0 {
-                return Err(PrivacyError::InvalidParameter(format!(
-                    "invalid RDP value {r} at order {a}"
-                )));
+                return Err(PrivacyError::InvalidParameter(format!("invalid RDP value {r} at order {a}")));
             }
             let eps = match conversion {
                 Conversion::Improved => {
@@ -180,8 +148,7 @@ fn log_a_integer(q: f64, sigma: f64, alpha: u64) -> f64 {
     let a = alpha as f64;
     (0..=alpha).fold(f64::NEG_INFINITY, |acc, i| {
         let i = i as f64;
-        let term =
-            log_binom(a, i) + i * ln_q + (a - i) * ln_1mq + (i * i - i) / (2.0 * sigma * sigma);
+        let term = log_binom(a, i) + i * ln_q + (a - i) * ln_1mq + (i * i - i) / (2.0 * sigma * sigma);
         log_add(acc, term)
     })
 }
@@ -220,12 +187,7 @@ fn log_a_fractional(q: f64, sigma: f64, alpha: f64) -> Option<f64> {
         }
         (last_s0, last_s1) = (log_s0, log_s1);
     }
-    tracing::warn!(
-        q,
-        sigma,
-        alpha,
-        "RDP series did not converge; order dropped"
-    );
+    tracing::warn!(q, sigma, alpha, "RDP series did not converge; order dropped");
     None
 }
 
@@ -249,11 +211,7 @@ pub fn sampled_without_replacement_gaussian(rate: f64, sigma: f64, alpha: f64) -
         return alpha / (2.0 * sigma * sigma);
     }
     let cgf = |a: u64| {
-        if a <= 1 {
-            0.0
-        } else {
-            wor_log_moment(rate, sigma, a)
-        }
+        if a <= 1 { 0.0 } else { wor_log_moment(rate, sigma, a) }
     };
     if alpha.fract() == 0.0 {
         return cgf(alpha as u64) / (alpha - 1.0);
@@ -268,9 +226,7 @@ fn wor_log_moment(rate: f64, sigma: f64, alpha: u64) -> f64 {
     let a = alpha as f64;
     let ln_rate = rate.ln();
     let eps2 = base(2.0);
-    let second = 2.0 * ln_rate
-        + log_binom(a, 2.0)
-        + (4.0_f64.ln() + eps2.exp_m1().ln()).min(2.0_f64.ln() + eps2);
+    let second = 2.0 * ln_rate + log_binom(a, 2.0) + (4.0_f64.ln() + eps2.exp_m1().ln()).min(2.0_f64.ln() + eps2);
     let mut log_sum = log_add(0.0, second);
     for j in 3..=alpha {
         let j = j as f64;
