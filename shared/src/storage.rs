@@ -49,7 +49,7 @@ pub fn open_file(url: &str) -> Result<(StoreLocation, Path), StorageError> {
         Some(_) => return Err(invalid("unsupported scheme (use a path, file:// or s3://)")),
         None => open_existing(if parent.is_empty() { "/" } else { parent }, url)?,
     };
-    let path = Path::parse(name).map_err(|e| invalid(&e.to_string()))?;
+    let path = location.child(name);
     Ok((location, path))
 }
 

@@ -185,11 +185,11 @@ enum Source {
     Csv {
         stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
         buffered: Bytes,
-        decoder: arrow_csv::reader::Decoder,
+        decoder: Box<arrow_csv::reader::Decoder>,
         done: bool,
     },
     Parquet {
-        stream: Box<parquet::arrow::async_reader::ParquetRecordBatchStream<parquet_io::ObjectReader>>,
+        stream: parquet::arrow::async_reader::ParquetRecordBatchStream<parquet_io::ObjectReader>,
     },
 }
 
@@ -231,7 +231,7 @@ impl<'a> InputReader<'a> {
                 if let Some(c) = spec.input.csv.comment {
                     builder = builder.with_comment(c as u8);
                 }
-                let source = Source::Csv { stream, buffered, decoder: builder.build_decoder(), done: false };
+                let source = Source::Csv { stream, buffered, decoder: Box::new(builder.build_decoder()), done: false };
                 Ok((encoder, source))
             }
             Format::Parquet => {
@@ -239,7 +239,7 @@ impl<'a> InputReader<'a> {
                     .await
                     .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
                 let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-                Ok((Encoder::new(spec, domain, url, Some(&names))?, Source::Parquet { stream: Box::new(stream) }))
+                Ok((Encoder::new(spec, domain, url, Some(&names))?, Source::Parquet { stream }))
             }
         }
     }
@@ -265,10 +265,10 @@ impl<'a> InputReader<'a> {
                             None => *done = true,
                         }
                     }
-                    let used = decoder.decode(buffered).map_err(|e| csv_err(&file, &e, encoder.rows_seen))?;
+                    let used = decoder.decode(buffered).map_err(|e| csv_err(&file, &e))?;
                     buffered.advance(used);
                     if decoder.capacity() == 0 || (*done && buffered.is_empty()) {
-                        match decoder.flush().map_err(|e| csv_err(&file, &e, encoder.rows_seen))? {
+                        match decoder.flush().map_err(|e| csv_err(&file, &e))? {
                             Some(batch) => break Some(batch),
                             None if *done => break None,
                             None => {}
@@ -288,8 +288,13 @@ impl<'a> InputReader<'a> {
     }
 }
 
-fn csv_err(file: &str, e: &arrow_schema::ArrowError, rows_before: u64) -> DataError {
-    DataError::Read { file: file.to_string(), message: format!("malformed CSV after data row {rows_before}: {e}") }
+fn csv_err(file: &str, e: &arrow_schema::ArrowError) -> DataError {
+    let e = e.to_string();
+    let e = e.strip_prefix("Csv error: ").unwrap_or(&e);
+    DataError::Read {
+        file: file.to_string(),
+        message: format!("malformed CSV: {e} (lines counted from the first data row)"),
+    }
 }
 
 /// Reads up to the end of the header line; returns the column names and the bytes after it.

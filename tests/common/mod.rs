@@ -1,0 +1,166 @@
+//! Helpers shared by the end-to-end tests.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::data::input::InputReader;
+use dpsynth_shared::privacy::ledger::Ledger;
+use dpsynth_shared::spec::{Format, JobSpec};
+use dpsynth_shared::storage;
+
+/// A workspace binary (`dpsynth`, `dpsynth-worker`), built by `cargo test --workspace`.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target directory");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing: run `cargo test --workspace` (it builds every binary)", path.display());
+    path
+}
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
+}
+
+/// A file under `../shared/data`, if present (fails in CI when missing).
+pub fn shared_data(relative: &str) -> Option<PathBuf> {
+    let path = repo().join("../shared/data").join(relative);
+    if path.exists() {
+        return Some(path.canonicalize().expect("canonical path"));
+    }
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{} missing in CI", path.display());
+    eprintln!("\n*** SKIPPED: {} not found ***\n", path.display());
+    None
+}
+
+/// The demo spec with its input, output and ledger moved under `dir`.
+pub fn demo_spec(dir: &Path, patients: usize) -> String {
+    let input = dir.join("icu_vitals.csv");
+    std::fs::write(&input, dpsynth_shared::simulate::icu_vitals_csv(patients, 7)).unwrap();
+    std::fs::read_to_string(repo().join("examples/demo.toml"))
+        .unwrap()
+        .replace("./dpsynth-out/demo/input/icu_vitals.csv", input.to_str().unwrap())
+        .replace("./dpsynth-out/ledger", dir.join("ledger").to_str().unwrap())
+        .replace("./dpsynth-out/demo/synthetic", dir.join("out").to_str().unwrap())
+}
+
+/// A child process that is killed when dropped; its stderr lines are forwarded.
+pub struct Proc {
+    pub child: Child,
+    pub lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    pub fn spawn(mut command: Command) -> Self {
+        let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("  | {line}");
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// Forgets the lines seen so far.
+    pub fn drain(&self) {
+        while self.lines.try_recv().is_ok() {}
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The JSON on the last line of a process's stdout.
+pub fn last_json(stdout: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(stdout);
+    serde_json::from_str(text.lines().last().unwrap_or("null")).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// The manifest under an output directory, if complete.
+pub fn manifest(dir: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("_manifest.json")).ok()?;
+    Some(serde_json::from_str(&text).unwrap())
+}
+
+/// (charges, ε spent) of a dataset's ledger; (0, 0) when it does not exist.
+pub async fn ledger_state(store: &Path, dataset: &str) -> (usize, f64) {
+    let location = storage::open(store.to_str().unwrap()).unwrap();
+    match Ledger::open(&location, dataset).await {
+        Ok(l) => (l.charges().len(), l.spent().unwrap().epsilon),
+        Err(_) => (0, 0.0),
+    }
+}
+
+/// Normalised 1-way histograms over the spec's public bins of the given files.
+pub async fn histograms(spec: &JobSpec, urls: Vec<String>, format: Format) -> Vec<Vec<f64>> {
+    let mut spec = spec.clone();
+    spec.input.urls = urls;
+    spec.input.format = Some(format);
+    if format == Format::Parquet {
+        spec.input.csv.strip_suffix = None;
+    }
+    let domain = Domain::from_spec(&spec);
+    let mut counts: Vec<Vec<f64>> = domain.columns.iter().map(|c| vec![0.0; c.bins()]).collect();
+    let mut reader = InputReader::new(&spec, &domain);
+    while let Some(batch) = reader.next_batch().await.unwrap() {
+        for (d, column) in domain.columns.iter().enumerate() {
+            for v in &batch.values[d] {
+                counts[d][column.bin(*v)] += 1.0;
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .map(|c| {
+            let total: f64 = c.iter().sum();
+            c.into_iter().map(|x| x / total).collect()
+        })
+        .collect()
+}
+
+/// Total-variation distance between two distributions.
+pub fn tv(a: &[f64], b: &[f64]) -> f64 {
+    0.5 * a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f64>()
+}
+
+/// The Parquet parts a manifest lists, as paths.
+pub fn parts(dir: &Path, manifest: &serde_json::Value) -> Vec<String> {
+    manifest["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| dir.join(p["path"].as_str().unwrap()).to_str().unwrap().to_string())
+        .collect()
+}

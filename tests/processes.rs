@@ -1,0 +1,99 @@
+//! The Kubernetes shape on one machine: `dpsynth serve`, separate `dpsynth-worker`
+//! processes and `dpsynth submit`, over real sockets; a worker killed mid-job.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+
+/// A coordinator process on a free port; returns it and its URL.
+fn coordinator(dir: &Path) -> (Proc, String) {
+    let port = free_port();
+    let mut cmd = Command::new(bin("dpsynth"));
+    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--worker-timeout", "1"])
+        .args(["--scratch", dir.join("scratch").to_str().unwrap()])
+        .args(["--ledger", dir.join("ledger").to_str().unwrap()]);
+    let proc = Proc::spawn(cmd);
+    assert!(proc.wait_for("coordinator listening", Duration::from_secs(20)), "coordinator did not start");
+    (proc, format!("http://127.0.0.1:{port}"))
+}
+
+fn worker(url: &str, name: &str) -> Proc {
+    let mut cmd = Command::new(bin("dpsynth-worker"));
+    cmd.args(["--coordinator", url, "--name", name]);
+    let proc = Proc::spawn(cmd);
+    assert!(proc.wait_for("registered", Duration::from_secs(20)), "worker {name} did not register");
+    proc
+}
+
+fn submit(spec: &Path, url: &str) -> Output {
+    Command::new(bin("dpsynth"))
+        .args(["submit", spec.to_str().unwrap(), "--coordinator", url])
+        .output()
+        .expect("run dpsynth submit")
+}
+
+fn write_spec(dir: &Path, patients: usize, dataset: &str, partitions: u32) -> std::path::PathBuf {
+    let text = demo_spec(dir, patients)
+        .replace("dataset_id = \"demo-icu-vitals\"", &format!("dataset_id = \"{dataset}\""))
+        .replace("partitions = 4", &format!("partitions = {partitions}"))
+        .replace(dir.join("out").to_str().unwrap(), dir.join(format!("out-{dataset}")).to_str().unwrap());
+    let path = dir.join(format!("{dataset}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn serve_two_workers_and_submit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_coordinator, url) = coordinator(dir.path());
+    let _workers = [worker(&url, "a"), worker(&url, "b")];
+    let spec = write_spec(dir.path(), 150, "processes", 4);
+    let out = submit(&spec, &url);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = last_json(&out.stdout);
+    assert_eq!(manifest(&dir.path().join("out-processes")).unwrap(), m);
+    assert!(m["rows"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn killing_a_worker_mid_job_still_completes_with_the_same_charge() {
+    let dir = tempfile::tempdir().unwrap();
+    let (coordinator, url) = coordinator(dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+
+    // Undisturbed run.
+    let calm = write_spec(dir.path(), 3000, "calm", 12);
+    let mut doomed = worker(&url, "doomed");
+    let _survivor = worker(&url, "survivor");
+    let out = submit(&calm, &url);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Same job; one worker is SIGKILLed as soon as it starts a task.
+    doomed.drain();
+    coordinator.drain();
+    let stormy = write_spec(dir.path(), 3000, "stormy", 12);
+    let submitter = std::thread::spawn({
+        let url = url.clone();
+        move || submit(&stormy, &url)
+    });
+    assert!(doomed.wait_for("task started", Duration::from_secs(60)), "the doomed worker got no task");
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    let out = submitter.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(manifest(&dir.path().join("out-stormy")).is_some());
+    assert!(coordinator.wait_for("worker lost", Duration::from_secs(10)), "the coordinator never noticed the kill");
+    if coordinator.wait_for("task requeued", Duration::from_secs(1)) {
+        eprintln!("the killed worker's running task was requeued and redone");
+    }
+
+    let calm = rt.block_on(ledger_state(&dir.path().join("ledger"), "calm"));
+    let stormy = rt.block_on(ledger_state(&dir.path().join("ledger"), "stormy"));
+    assert_eq!(calm.0, 1);
+    assert_eq!(stormy.0, 1, "charged exactly once despite the lost worker");
+    assert_eq!(calm.1, stormy.1, "same ledger total as the undisturbed run");
+}

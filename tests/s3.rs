@@ -1,0 +1,183 @@
+//! Against a real S3-compatible server (SeaweedFS, started by `.ci/run` on 127.0.0.1):
+//! a job reading its input from S3 and writing output, manifest, scratch partitions and
+//! ledger to S3; and concurrent ledger charges relying on S3's create-if-absent.
+//!
+//! Server: `DPSYNTH_TEST_S3_ENDPOINT` (default http://127.0.0.1:8333), bucket
+//! `DPSYNTH_TEST_S3_BUCKET` (default dpsynth-test), keys dpsynth / dpsynth-secret unless
+//! `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` say otherwise. Skipped, loudly, only when
+//! no server is reachable outside CI.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use common::*;
+use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions, account};
+use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, Ledger, LedgerError};
+use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
+use dpsynth_shared::storage::StoreLocation;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use sha2::{Digest, Sha256};
+
+struct S3 {
+    endpoint: String,
+    bucket: String,
+    key: String,
+    secret: String,
+}
+
+impl S3 {
+    fn from_env() -> Option<Self> {
+        let endpoint = std::env::var("DPSYNTH_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:8333".into());
+        let address = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
+        if std::net::TcpStream::connect(&address).is_err() {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "no S3 server at {endpoint} in CI");
+            eprintln!("\n*** SKIPPED: no S3-compatible server at {endpoint} (start SeaweedFS as .ci/run does) ***\n");
+            return None;
+        }
+        Some(Self {
+            endpoint,
+            bucket: std::env::var("DPSYNTH_TEST_S3_BUCKET").unwrap_or_else(|_| "dpsynth-test".into()),
+            key: std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_else(|_| "dpsynth".into()),
+            secret: std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|_| "dpsynth-secret".into()),
+        })
+    }
+
+    fn envs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", self.key.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret.clone()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    fn store(&self) -> Arc<dyn ObjectStore> {
+        Arc::new(
+            AmazonS3Builder::new()
+                .with_endpoint(&self.endpoint)
+                .with_allow_http(true)
+                .with_bucket_name(&self.bucket)
+                .with_access_key_id(&self.key)
+                .with_secret_access_key(&self.secret)
+                .with_region("us-east-1")
+                .build()
+                .unwrap(),
+        )
+    }
+
+    fn url(&self, key: &str) -> String {
+        format!("s3://{}/{key}", self.bucket)
+    }
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}-{}", std::process::id(), chrono_free_nanos())
+}
+
+fn chrono_free_nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+#[tokio::test]
+async fn a_job_reads_and_writes_s3() {
+    let Some(s3) = S3::from_env() else { return };
+    let store = s3.store();
+    let root = unique("job");
+    let dir = tempfile::tempdir().unwrap();
+    let local_spec = demo_spec(dir.path(), 80);
+    let csv = std::fs::read(dir.path().join("icu_vitals.csv")).unwrap();
+    store.put(&Path::from(format!("{root}/input/icu_vitals.csv")), PutPayload::from(csv)).await.unwrap();
+    let spec = local_spec
+        .replace(dir.path().join("icu_vitals.csv").to_str().unwrap(), &s3.url(&format!("{root}/input/icu_vitals.csv")));
+    std::fs::write(dir.path().join("job.toml"), spec).unwrap();
+
+    let output = s3.url(&format!("{root}/out"));
+    let ledger = s3.url(&format!("{root}/ledger"));
+    let out = Command::new(bin("dpsynth"))
+        .args(["run", dir.path().join("job.toml").to_str().unwrap()])
+        .args(["--output", &output, "--ledger", &ledger, "--scratch", &s3.url(&format!("{root}/scratch"))])
+        .envs(s3.envs())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = last_json(&out.stdout);
+
+    let manifest_bytes =
+        store.get(&Path::from(format!("{root}/out/_manifest.json"))).await.unwrap().bytes().await.unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest_bytes).unwrap();
+    assert_eq!(manifest, printed);
+    for part in manifest["parts"].as_array().unwrap() {
+        let key = format!("{root}/out/{}", part["path"].as_str().unwrap());
+        let bytes = store.get(&Path::from(key)).await.unwrap().bytes().await.unwrap();
+        assert_eq!(format!("{:x}", Sha256::digest(&bytes)), part["sha256"].as_str().unwrap());
+    }
+    let location = StoreLocation { store: store.clone(), prefix: Path::from(format!("{root}/ledger")), url: ledger };
+    let ledger = Ledger::open(&location, "demo-icu-vitals").await.unwrap();
+    assert_eq!(ledger.charges().len(), 1);
+    assert_eq!(ledger.spent().unwrap().epsilon, manifest["privacy"]["epsilon"].as_f64().unwrap());
+
+    // Writing the same output again is refused: the manifest is create-if-absent.
+    let again = Command::new(bin("dpsynth"))
+        .args(["run", dir.path().join("job.toml").to_str().unwrap()])
+        .args(["--output", &output, "--ledger", &location.url, "--scratch", &s3.url(&format!("{root}/scratch"))])
+        .envs(s3.envs())
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already holds a complete dataset"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_charges_on_s3_never_exceed_the_budget() {
+    let Some(s3) = S3::from_env() else { return };
+    let root = unique("ledger");
+    let location = StoreLocation { store: s3.store(), prefix: Path::from(root.as_str()), url: s3.url(&root) };
+    let budget = 0.55;
+    Ledger::init(
+        &location,
+        "s3-race",
+        Budget { epsilon: budget, delta: 0.0 },
+        Adjacency::AddRemove,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let release = Mechanism::Laplace { l1_sensitivity: 1.0, scale: 10.0, releases: 1, adjacency: Adjacency::AddRemove };
+    let cost = account(&[release.clone()], Accountant::Pld, 0.0, &AccountingOptions::default()).unwrap().epsilon;
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let location = StoreLocation { store: s3.store(), ..location.clone() };
+            let release = release.clone();
+            tokio::spawn(async move {
+                let mut ledger = Ledger::open(&location, "s3-race").await.unwrap();
+                for won in 0.. {
+                    let request = ChargeRequest {
+                        job_id: format!("t{t}-{won}"),
+                        mechanisms: vec![release.clone()],
+                        accountant: Accountant::Pld,
+                        delta: 0.0,
+                    };
+                    match ledger.charge(&request).await {
+                        Ok(_) => {}
+                        Err(LedgerError::BudgetExceeded { .. }) => return won,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, (budget / cost).floor() as usize);
+    let ledger = Ledger::open(&location, "s3-race").await.unwrap();
+    assert_eq!(ledger.charges().len(), total);
+    assert!(ledger.spent().unwrap().epsilon <= budget);
+}

@@ -1,0 +1,131 @@
+//! Standalone clusters (coordinator + workers over loopback gRPC): the demo, Adult's
+//! fidelity, the manifest contract and budget refusal.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use dpsynth_coordinator::job::JobRequest;
+use dpsynth_coordinator::service::CoordinatorConfig;
+use dpsynth_coordinator::standalone::Standalone;
+use dpsynth_proto::JobState;
+use dpsynth_shared::spec::{Format, JobSpec};
+use sha2::{Digest, Sha256};
+
+const RUNNING: i32 = JobState::Running as i32;
+const SUCCEEDED: i32 = JobState::Succeeded as i32;
+const REFUSED: i32 = JobState::Refused as i32;
+
+/// Runs a job on a fresh 2-worker standalone cluster; returns (state, message).
+async fn run(spec: JobSpec, scratch: &std::path::Path) -> (i32, String) {
+    let mut config = CoordinatorConfig::default();
+    config.env.scratch_url = scratch.to_str().unwrap().to_string();
+    let cluster = Standalone::start(config, 2).await.unwrap();
+    let job_id = format!("test-{}", std::process::id());
+    cluster.service.start_job(JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None });
+    let status = loop {
+        let s = cluster.service.job_status(&job_id).unwrap();
+        if s.state != RUNNING {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    cluster.shutdown().await;
+    (status.state, status.message)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_spec_job_writes_a_verifiable_output_and_charges_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&demo_spec(dir.path(), 120), "demo").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+
+    let out = dir.path().join("out");
+    let manifest = manifest(&out).expect("manifest written");
+    assert_eq!(manifest["format"], "dpsynth.manifest.v1");
+    let names: Vec<&str> =
+        manifest["columns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let declared: Vec<&str> = spec.schema.columns.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, declared, "output keeps the input's column names");
+    let mut rows = 0;
+    for part in manifest["parts"].as_array().unwrap() {
+        let bytes = std::fs::read(out.join(part["path"].as_str().unwrap())).unwrap();
+        assert_eq!(format!("{:x}", Sha256::digest(&bytes)), part["sha256"].as_str().unwrap());
+        rows += part["rows"].as_u64().unwrap();
+    }
+    assert_eq!(rows, manifest["rows"].as_u64().unwrap());
+    assert!(rows > 0);
+
+    let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
+    assert!(epsilon <= spec.privacy.epsilon && epsilon > 0.99 * spec.privacy.epsilon);
+    let (charges, spent) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
+    assert_eq!(charges, 1);
+    assert!((spent - epsilon).abs() < 1e-12 && spent <= 10.0);
+    // The partitions (encoded private rows) are gone.
+    let leftover = walk(&dir.path().join("scratch"));
+    assert!(leftover.is_empty(), "scratch not cleaned: {leftover:?}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .flat_map(|e| {
+            let p = e.unwrap().path();
+            if p.is_dir() { walk(&p) } else { vec![p.display().to_string()] }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_over_budget_is_refused_before_it_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = demo_spec(dir.path(), 30).replace("epsilon = 1.0\n", "epsilon = 11.0\n");
+    let spec = JobSpec::parse(&text, "over-budget").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, REFUSED, "{message}");
+    assert!(message.contains("privacy budget exceeded") && message.contains("demo-icu-vitals"), "{message}");
+    assert!(manifest(&dir.path().join("out")).is_none());
+    assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0);
+    // Refused at planning: nothing was partitioned.
+    assert!(walk(&dir.path().join("scratch")).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adult_marginals_one_way_tv_is_small() {
+    let Some(adult) = shared_data("adult/adult.data") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("examples/adult-marginals.toml"))
+        .unwrap()
+        .replace("../shared/data/adult/adult.data", adult.to_str().unwrap())
+        .replace("./dpsynth-out/ledger", dir.path().join("ledger").to_str().unwrap())
+        .replace("./dpsynth-out/adult-marginals", dir.path().join("out").to_str().unwrap());
+    let spec = JobSpec::parse(&text, "adult").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+    let out = dir.path().join("out");
+    let m = manifest(&out).unwrap();
+    let real = histograms(&spec, spec.input.urls.clone(), Format::Csv).await;
+    let synthetic = histograms(&spec, parts(&out, &m), Format::Parquet).await;
+    let tvs: Vec<f64> = real.iter().zip(&synthetic).map(|(a, b)| tv(a, b)).collect();
+    let mean = tvs.iter().sum::<f64>() / tvs.len() as f64;
+    eprintln!("1-way TV per column: {tvs:.4?}; mean {mean:.4}");
+    assert!(mean < 0.05, "mean 1-way TV {mean}");
+    // The noisy size estimate is close to the real 32,561 rows (noise std ≈ σ·√K·√bins).
+    let rows = m["rows"].as_f64().unwrap();
+    assert!((rows - 32_561.0).abs() < 500.0, "{rows}");
+}
+
+#[test]
+fn the_demo_command_works_on_a_fresh_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin("dpsynth")).arg("demo").current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest_json = last_json(&out.stdout);
+    let job = manifest_json["job_id"].as_str().unwrap();
+    let written = manifest(&dir.path().join("dpsynth-out/demo/synthetic").join(job)).expect("manifest on disk");
+    assert_eq!(written, manifest_json);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("privacy ledger of 'demo-icu-vitals'"));
+}
