@@ -97,3 +97,28 @@ fn killing_a_worker_mid_job_still_completes_with_the_same_charge() {
     assert_eq!(stormy.0, 1, "charged exactly once despite the lost worker");
     assert_eq!(calm.1, stormy.1, "same ledger total as the undisturbed run");
 }
+
+#[test]
+fn a_worker_of_another_protocol_version_is_refused() {
+    use dpsynth_proto::coordinator_client::CoordinatorClient;
+    use dpsynth_proto::{PROTOCOL_VERSION, RegisterWorkerRequest};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_coordinator, url) = coordinator(dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let status = rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
+        let mut client = CoordinatorClient::new(channel);
+        client
+            .register_worker(RegisterWorkerRequest {
+                protocol_version: PROTOCOL_VERSION + 1,
+                worker_name: "from-the-future".into(),
+                capabilities: None,
+                dpsynth_version: "9.9.9".into(),
+            })
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(status.message().contains("incompatible dpsynth protocol"), "{}", status.message());
+}

@@ -148,7 +148,8 @@ async fn concurrent_charges_on_s3_never_exceed_the_budget() {
     .await
     .unwrap();
     let release = Mechanism::Laplace { l1_sensitivity: 1.0, scale: 10.0, releases: 1, adjacency: Adjacency::AddRemove };
-    let cost = account(std::slice::from_ref(&release), Accountant::Pld, 0.0, &AccountingOptions::default()).unwrap().epsilon;
+    let cost =
+        account(std::slice::from_ref(&release), Accountant::Pld, 0.0, &AccountingOptions::default()).unwrap().epsilon;
     let tasks: Vec<_> = (0..4)
         .map(|t| {
             let location = StoreLocation { store: s3.store(), ..location.clone() };
