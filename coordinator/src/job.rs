@@ -27,6 +27,7 @@ use rand::rngs::{ChaCha20Rng, SysRng};
 use tracing::Instrument;
 
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
+use crate::telemetry::Telemetry;
 
 /// Why a job did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -99,20 +100,23 @@ pub async fn run_job(
     request: JobRequest,
     env: &JobEnv,
     scheduler: &Scheduler,
+    telemetry: &Telemetry,
     progress: ProgressHandle,
 ) -> Result<Manifest, JobError> {
     let span = tracing::info_span!("job", id = %request.job_id);
-    run(request, env, scheduler, progress).instrument(span).await
+    run(request, env, scheduler, telemetry, progress).instrument(span).await
 }
 
 async fn run(
     request: JobRequest,
     env: &JobEnv,
     scheduler: &Scheduler,
+    telemetry: &Telemetry,
     progress: ProgressHandle,
 ) -> Result<Manifest, JobError> {
     let JobRequest { job_id, spec, .. } = &request;
-    let output_url = request.output_url.clone().unwrap_or_else(|| spec.output.url.clone());
+    // `{job_id}` in the output URL gives every (scheduled) run its own prefix.
+    let output_url = request.output_url.clone().unwrap_or_else(|| spec.output.url.clone()).replace("{job_id}", job_id);
     let ledger_url = request
         .ledger_url
         .clone()
@@ -135,7 +139,11 @@ async fn run(
         accountant: spec.privacy.accountant,
         delta: spec.privacy.delta,
     };
-    let admission = ledger.check(&charge).await?;
+    let admission = ledger.check(&charge).await;
+    if let Ok(spent) = ledger.spent() {
+        telemetry.dataset(&spec.job.dataset_id, spent.epsilon, ledger.budget().epsilon);
+    }
+    let admission = admission?;
     tracing::info!(
         sigma,
         epsilon = admission.cost.epsilon,
@@ -147,7 +155,7 @@ async fn run(
     // 2. Partition by privacy unit into the scratch store.
     set_stage(&progress, "partitioning");
     let scratch = storage::open(&env.scratch_url)?;
-    let result = partition_and_aggregate(&request, &scratch, &domain, &plan, scheduler, &progress).await;
+    let result = partition_and_aggregate(&request, &scratch, &domain, &plan, scheduler, telemetry, &progress).await;
     cleanup_scratch(&scratch, job_id).await;
     let (mut counts, _units) = result?;
 
@@ -161,6 +169,7 @@ async fn run(
     // 4. Charge before anything derived from the noisy counts leaves the coordinator.
     set_stage(&progress, "charging the ledger");
     let receipt = ledger.charge(&charge).await?;
+    telemetry.dataset(&spec.job.dataset_id, receipt.admission.after.epsilon, receipt.admission.budget.epsilon);
     progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = receipt.admission.cost.epsilon;
 
     // 5. Release: synthetic parts, then the manifest.
@@ -219,6 +228,7 @@ async fn partition_and_aggregate(
     domain: &Domain,
     plan: &MarginalsPlan,
     scheduler: &Scheduler,
+    telemetry: &Telemetry,
     progress: &ProgressHandle,
 ) -> Result<(Vec<f64>, u64), JobError> {
     let spec = &request.spec;
@@ -264,6 +274,7 @@ async fn partition_and_aggregate(
                     Ok(counts) if done.insert(result.task_id) => {
                         sum.iter_mut().zip(counts).for_each(|(s, c)| *s += c);
                         units += result.units;
+                        telemetry.task_done(result.seconds);
                         progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done.len() as u32;
                         tracing::info!(
                             task = result.task_id,

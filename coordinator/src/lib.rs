@@ -6,3 +6,4 @@ pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod standalone;
+pub mod telemetry;

@@ -27,6 +27,8 @@ pub struct TaskResult {
     pub worker: String,
     pub units: u64,
     pub tensors: Vec<(String, Vec<f64>)>,
+    /// Seconds from hand-out to result (set by the scheduler).
+    pub seconds: f64,
 }
 
 /// What a job hears about its tasks.
@@ -47,6 +49,7 @@ struct Running {
     def: TaskDef,
     attempt: u32,
     worker: String,
+    started: Instant,
 }
 
 #[derive(Default)]
@@ -120,17 +123,21 @@ impl Scheduler {
         inner.workers.get_mut(worker)?.last_seen = Instant::now();
         let (def, attempt) = inner.pending.pop_front()?;
         let key = (def.job_id.clone(), def.task_id);
-        inner.running.insert(key, Running { def: def.clone(), attempt, worker: worker.to_string() });
+        inner
+            .running
+            .insert(key, Running { def: def.clone(), attempt, worker: worker.to_string(), started: Instant::now() });
         Some((def, attempt))
     }
 
-    fn take_running(&self, worker: &str, job_id: &str, task_id: u64, attempt: u32) -> Result<(), String> {
+    /// Removes a running attempt; returns how long it ran.
+    fn take_running(&self, worker: &str, job_id: &str, task_id: u64, attempt: u32) -> Result<f64, String> {
         let mut inner = self.lock();
         let key = (job_id.to_string(), task_id);
         match inner.running.get(&key) {
             Some(r) if r.worker == worker && r.attempt == attempt => {
+                let seconds = r.started.elapsed().as_secs_f64();
                 inner.running.remove(&key);
-                Ok(())
+                Ok(seconds)
             }
             _ => Err(format!("task {task_id} attempt {attempt} of job {job_id} is not running on {worker}")),
         }
@@ -143,8 +150,8 @@ impl Scheduler {
     }
 
     /// Accepts a result only from the worker running that attempt.
-    pub fn complete(&self, job_id: &str, attempt: u32, result: TaskResult) -> Result<(), String> {
-        self.take_running(&result.worker, job_id, result.task_id, attempt)?;
+    pub fn complete(&self, job_id: &str, attempt: u32, mut result: TaskResult) -> Result<(), String> {
+        result.seconds = self.take_running(&result.worker, job_id, result.task_id, attempt)?;
         self.notify(job_id, TaskEvent::Done(result));
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The coordinator's gRPC service: worker registration and liveness, task hand-out and
 //! results, job submission and status.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,12 +12,14 @@ use dpsynth_proto::{
     PollTaskResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportFailureRequest, ReportFailureResponse,
     ResultChunk, SubmitJobRequest, SubmitJobResponse, SubmitResultResponse, Task,
 };
+use dpsynth_shared::metrics::Exposition;
 use dpsynth_shared::spec::JobSpec;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::job::{JobEnv, JobRequest, Progress, ProgressHandle, run_job};
 use crate::scheduler::{Scheduler, TaskResult};
+use crate::telemetry::Telemetry;
 
 /// Tunables of a coordinator, with defaults for a single machine.
 #[derive(Clone, Debug)]
@@ -52,6 +54,7 @@ struct JobEntry {
 #[derive(Clone)]
 pub struct CoordinatorService {
     scheduler: Arc<Scheduler>,
+    telemetry: Arc<Telemetry>,
     config: Arc<CoordinatorConfig>,
     jobs: Arc<Mutex<HashMap<String, JobEntry>>>,
 }
@@ -78,7 +81,7 @@ impl CoordinatorService {
                 }
             }
         });
-        Self { scheduler, config: Arc::new(config), jobs: Arc::default() }
+        Self { scheduler, telemetry: Arc::default(), config: Arc::new(config), jobs: Arc::default() }
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -96,7 +99,7 @@ impl CoordinatorService {
         let this = self.clone();
         let handle = progress.clone();
         tokio::spawn(async move {
-            let result = run_job(request, &this.config.env, &this.scheduler, handle).await;
+            let result = run_job(request, &this.config.env, &this.scheduler, &this.telemetry, handle).await;
             let outcome = match result {
                 Ok(manifest) => {
                     tracing::info!(
@@ -121,6 +124,28 @@ impl CoordinatorService {
             }
         });
         progress
+    }
+
+    /// One Prometheus scrape: jobs by state, workers, tasks, ε per dataset.
+    pub fn metrics(&self) -> String {
+        let mut e = Exposition::default();
+        let mut states: BTreeMap<&str, f64> =
+            ["running", "succeeded", "failed", "refused"].into_iter().map(|s| (s, 0.0)).collect();
+        for entry in self.jobs.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            let state = match &entry.outcome {
+                None => "running",
+                Some(Ok(_)) => "succeeded",
+                Some(Err((JobState::Refused, _))) => "refused",
+                Some(Err(_)) => "failed",
+            };
+            *states.entry(state).or_default() += 1.0;
+        }
+        for (state, n) in states {
+            e.gauge("dpsynth_jobs", "Jobs known to this coordinator, by state.", &[("state", state)], n);
+        }
+        e.gauge("dpsynth_workers", "Live workers.", &[], self.scheduler.live_workers().len() as f64);
+        self.telemetry.render(&mut e);
+        e.finish()
     }
 
     /// Status of a job (what `GetJob` returns).
@@ -240,7 +265,13 @@ impl Coordinator for CoordinatorService {
             }
             tensors.push((meta.name.clone(), values));
         }
-        let result = TaskResult { task_id: header.task_id, worker: header.worker_id, units: header.units, tensors };
+        let result = TaskResult {
+            task_id: header.task_id,
+            worker: header.worker_id,
+            units: header.units,
+            tensors,
+            seconds: 0.0,
+        };
         self.scheduler.complete(&header.job_id, header.attempt, result).map_err(Status::failed_precondition)?;
         Ok(Response::new(SubmitResultResponse {}))
     }

@@ -5,8 +5,11 @@
 
 pub mod data;
 pub mod generators;
+pub mod logging;
+pub mod metrics;
 pub mod output;
 pub mod privacy;
+pub mod sampling;
 pub mod simulate;
 pub mod spec;
 pub mod storage;

@@ -11,8 +11,10 @@ use std::fmt::Write as _;
 
 use chrono::{Duration, NaiveDate};
 use rand::rngs::ChaCha8Rng;
-use rand::{Rng, RngExt, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Normal};
+
+use crate::sampling::pick;
 
 /// Column header of the simulated CSV.
 pub const HEADER: &str = "patient_id,charttime,heart_rate,resp_rate,temperature,spo2,sbp,dbp,rhythm,pain";
@@ -28,18 +30,6 @@ const STATES: [([f64; 6], [f64; 4]); 3] = [
 ];
 const SPREAD: [f64; 6] = [9.0, 3.0, 0.4, 2.0, 12.0, 8.0];
 const TRANSITIONS: [[f64; 3]; 3] = [[0.85, 0.13, 0.02], [0.25, 0.60, 0.15], [0.05, 0.30, 0.65]];
-
-fn pick(weights: &[f64], rng: &mut impl Rng) -> usize {
-    let u: f64 = rng.random();
-    let mut acc = 0.0;
-    for (i, w) in weights.iter().enumerate() {
-        acc += w;
-        if u < acc {
-            return i;
-        }
-    }
-    weights.len() - 1
-}
 
 /// Simulates `patients` patients; returns the CSV text (header included).
 pub fn icu_vitals_csv(patients: usize, seed: u64) -> String {

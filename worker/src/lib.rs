@@ -4,7 +4,9 @@
 
 pub mod execute;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use dpsynth_proto::coordinator_client::CoordinatorClient;
@@ -16,8 +18,37 @@ use dpsynth_proto::{
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
+/// Counters this worker exposes on `/metrics`.
+#[derive(Default)]
+pub struct WorkerMetrics {
+    tasks: AtomicU64,
+    failures: AtomicU64,
+    /// Privacy units per second of the last task, as f64 bits.
+    last_rate: AtomicU64,
+}
+
+impl WorkerMetrics {
+    pub fn render(&self) -> String {
+        let mut e = dpsynth_shared::metrics::Exposition::default();
+        e.counter("dpsynth_worker_tasks_total", "Tasks completed.", &[], self.tasks.load(Ordering::Relaxed) as f64);
+        e.counter(
+            "dpsynth_worker_task_failures_total",
+            "Tasks failed.",
+            &[],
+            self.failures.load(Ordering::Relaxed) as f64,
+        );
+        e.gauge(
+            "dpsynth_worker_examples_per_second",
+            "Examples (privacy units) processed per second in the last task.",
+            &[],
+            f64::from_bits(self.last_rate.load(Ordering::Relaxed)),
+        );
+        e.finish()
+    }
+}
+
 /// Worker settings, with defaults for a local cluster.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WorkerConfig {
     /// Coordinator gRPC URL, e.g. `http://127.0.0.1:50051`.
     pub coordinator_url: String,
@@ -25,11 +56,17 @@ pub struct WorkerConfig {
     pub name: String,
     /// Wait between polls when there is no work.
     pub poll_interval: Duration,
+    pub metrics: Arc<WorkerMetrics>,
 }
 
 impl WorkerConfig {
     pub fn new(coordinator_url: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { coordinator_url: coordinator_url.into(), name: name.into(), poll_interval: Duration::from_millis(100) }
+        Self {
+            coordinator_url: coordinator_url.into(),
+            name: name.into(),
+            poll_interval: Duration::from_millis(100),
+            metrics: Arc::default(),
+        }
     }
 }
 
@@ -143,9 +180,16 @@ async fn serve_tasks(
             kind = task.kind,
             "task started"
         );
+        let started = Instant::now();
         match execute::execute(&task).await {
-            Ok(aggregate) => submit(client, worker_id, &task, aggregate).await?,
+            Ok(aggregate) => {
+                let rate = aggregate.units as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                config.metrics.last_rate.store(rate.to_bits(), Ordering::Relaxed);
+                config.metrics.tasks.fetch_add(1, Ordering::Relaxed);
+                submit(client, worker_id, &task, aggregate).await?
+            }
             Err(e) => {
+                config.metrics.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(job = task.job_id, task = task.task_id, error = %e, "task failed");
                 client
                     .report_failure(ReportFailureRequest {

@@ -1,5 +1,7 @@
 //! `dpsynth-worker`: one per CPU/GPU pod.
 
+use std::sync::Arc;
+
 use clap::Parser;
 use dpsynth_worker::{WorkerConfig, run};
 
@@ -12,19 +14,25 @@ struct Args {
     /// Name reported to the coordinator (defaults to the host name).
     #[arg(long, env = "DPSYNTH_WORKER_NAME")]
     name: Option<String>,
+    /// Serve Prometheus `/metrics` and `/healthz` on this address.
+    #[arg(long, env = "DPSYNTH_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    dpsynth_shared::logging::init();
     let args = Args::parse();
     let name = args
         .name
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("worker-{}", std::process::id()));
-    run(WorkerConfig::new(args.coordinator, name)).await
+    let config = WorkerConfig::new(args.coordinator, name);
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let metrics = config.metrics.clone();
+        tokio::spawn(dpsynth_shared::metrics::serve(listener, Arc::new(move || metrics.render())));
+        tracing::info!(%addr, "metrics listening");
+    }
+    run(config).await
 }

@@ -57,6 +57,9 @@ pub struct ServeArgs {
     /// Seconds without heartbeat before a worker is declared dead.
     #[arg(long, default_value_t = 3.0)]
     worker_timeout: f64,
+    /// Serve Prometheus `/metrics` and `/healthz` on this address.
+    #[arg(long, env = "DPSYNTH_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Args)]
@@ -193,6 +196,12 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         tracing::info!(address = %listener.local_addr()?, "coordinator listening");
         let service = CoordinatorService::new(config);
+        if let Some(addr) = args.metrics_listen {
+            let metrics = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+            let scraped = service.clone();
+            tokio::spawn(dpsynth_shared::metrics::serve(metrics, std::sync::Arc::new(move || scraped.metrics())));
+            tracing::info!(%addr, "metrics listening");
+        }
         serve(listener, service, async {
             // Kubernetes stops pods with SIGTERM; a terminal with Ctrl-C.
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

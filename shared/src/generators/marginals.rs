@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::data::{DataError, EncodedBatch};
 use crate::privacy::mechanism::{Adjacency, Mechanism};
+use crate::sampling::pick;
 use crate::spec::{ColumnKind, JobSpec};
 
 /// Kind name of marginals tasks in the protocol.
@@ -267,21 +268,10 @@ impl Synthesizer {
     pub fn sample_bins(&self, rng: &mut impl Rng) -> Vec<usize> {
         let n = self.plan.task.domain.columns.len();
         let mut bins = vec![0; n];
-        let draw = |p: &[f64], rng: &mut dyn rand::Rng| -> usize {
-            let u: f64 = rng.random();
-            let mut acc = 0.0;
-            for (i, w) in p.iter().enumerate() {
-                acc += w;
-                if u < acc {
-                    return i;
-                }
-            }
-            p.len() - 1
-        };
-        bins[self.plan.root] = draw(&self.marginals[self.plan.root], rng);
+        bins[self.plan.root] = pick(&self.marginals[self.plan.root], rng);
         for &(_, c) in &self.plan.edges {
             let (p, rows) = &self.conditionals[&c];
-            bins[c] = draw(&rows[bins[*p]], rng);
+            bins[c] = pick(&rows[bins[*p]], rng);
         }
         bins
     }
