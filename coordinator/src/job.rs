@@ -255,6 +255,7 @@ async fn partition_and_aggregate(
         .collect();
     let total = tasks.len();
     progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = total as u32;
+    let started = std::time::Instant::now();
     let mut events = scheduler.submit(&request.job_id, tasks);
     let mut done = HashSet::new();
     let mut sum = vec![0.0; plan.task.cells()];
@@ -276,11 +277,14 @@ async fn partition_and_aggregate(
                         units += result.units;
                         telemetry.task_done(result.seconds);
                         progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done.len() as u32;
+                        let per_task = started.elapsed().as_secs_f64() / done.len() as f64;
+                        let eta_s = (per_task * (total - done.len()) as f64).round();
                         tracing::info!(
                             task = result.task_id,
                             worker = result.worker,
                             done = done.len(),
                             total,
+                            eta_s,
                             "task done"
                         );
                     }

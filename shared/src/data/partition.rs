@@ -1,9 +1,9 @@
 //! Disjoint partitions by privacy unit. A keyed hash (HMAC-SHA256 under a per-job secret
 //! key from the OS CSPRNG) of the unit id picks the partition, so every row of a unit
 //! lands in the same partition, no unit is split, and the assignment reveals nothing to
-//! anyone without the key. Partitions are encoded Parquet files, one object per
-//! partition under the job's scratch prefix, so a deployment can grant each worker access
-//! to its own objects only.
+//! anyone without the key. Partitions are encoded Parquet files, one prefix per partition
+//! under the job's scratch prefix, so a deployment can grant each worker access to its own
+//! prefixes only.
 
 use std::sync::Arc;
 
@@ -98,7 +98,8 @@ impl PartitionWriter {
         let mut writers = Vec::new();
         let mut urls = Vec::new();
         for k in 0..count {
-            let relative = format!("{job_id}/partition-{k:05}.parquet");
+            // One prefix per partition: object-store policies can grant each worker its own.
+            let relative = format!("{job_id}/partition-{k:05}/part-00000.parquet");
             let path = scratch.child(&relative);
             let writer = parquet_io::create_writer(scratch.store.clone(), path, schema.clone())
                 .map_err(|e| DataError::Internal(e.to_string()))?;
