@@ -24,7 +24,6 @@ use dpsynth_shared::storage::{self, StoreLocation};
 use object_store::ObjectStoreExt;
 use rand::SeedableRng;
 use rand::rngs::{ChaCha20Rng, SysRng};
-use tracing::Instrument;
 
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
 use crate::telemetry::Telemetry;
@@ -96,18 +95,8 @@ pub struct JobEnv {
 }
 
 /// Runs a job to completion.
+#[tracing::instrument(name = "job", skip_all, fields(id = %request.job_id))]
 pub async fn run_job(
-    request: JobRequest,
-    env: &JobEnv,
-    scheduler: &Scheduler,
-    telemetry: &Telemetry,
-    progress: ProgressHandle,
-) -> Result<Manifest, JobError> {
-    let span = tracing::info_span!("job", id = %request.job_id);
-    run(request, env, scheduler, telemetry, progress).instrument(span).await
-}
-
-async fn run(
     request: JobRequest,
     env: &JobEnv,
     scheduler: &Scheduler,
@@ -203,6 +192,16 @@ async fn run(
         })
         .await?;
     ledger.record_release(receipt.seq, &output_url).await?;
+    if let Some(evaluation) = &spec.evaluation {
+        // Post-processing of the released output plus real data: no budget; diagnostics only.
+        set_stage(&progress, "evaluating");
+        match dpsynth_shared::eval::run(spec, &spec.input.urls, &evaluation.test_urls, &output_url, &output_url).await {
+            Ok(report) => {
+                tracing::info!(hist = report.fidelity.hist, pair = report.fidelity.pair, "evaluation report written")
+            }
+            Err(e) => tracing::warn!(error = %e, "evaluation failed; the synthetic output is complete regardless"),
+        }
+    }
     set_stage(&progress, "done");
     Ok(manifest)
 }

@@ -26,6 +26,8 @@ enum Command {
     Serve(commands::job::ServeArgs),
     /// Submit a job to a running coordinator and follow it to the end.
     Submit(commands::job::SubmitArgs),
+    /// Evaluate synthetic data against real training and held-out data (HTML + JSON report).
+    Eval(commands::eval::EvalArgs),
     /// Privacy calculators: ε for a noise level, noise for a target ε, PATE's GNMax.
     #[command(subcommand)]
     Privacy(commands::privacy::PrivacyCommand),
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::job::run(args),
         Command::Serve(args) => commands::job::serve_command(args),
         Command::Submit(args) => commands::job::submit(args),
+        Command::Eval(args) => commands::eval::run(args),
         Command::Privacy(cmd) => commands::privacy::run(cmd),
         Command::Ledger(cmd) => commands::ledger::run(cmd),
     };

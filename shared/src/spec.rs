@@ -29,6 +29,16 @@ pub struct JobSpec {
     pub privacy: PrivacySpec,
     pub generator: GeneratorSpec,
     pub output: OutputSpec,
+    #[serde(default)]
+    pub evaluation: Option<EvaluationSpec>,
+}
+
+/// Evaluate the output at the end of the job (`report.json`, `report.html` beside it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluationSpec {
+    /// Held-out real data, never used by the job.
+    pub test_urls: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -114,6 +124,9 @@ pub struct SchemaSpec {
     /// Column the synthetic data is most often used to predict.
     #[serde(default)]
     pub target: Option<String>,
+    /// Column ordering each unit's rows (e.g. a visit day), for longitudinal evaluation.
+    #[serde(default)]
+    pub order_by: Option<String>,
     pub columns: Vec<ColumnSpec>,
 }
 
@@ -371,6 +384,12 @@ impl JobSpec {
                     return Err(format!("unit column '{unit}' must have kind = \"identifier\""));
                 }
                 None => return Err(format!("unit column '{unit}' is not among the columns")),
+            }
+        }
+        if let Some(order) = &self.schema.order_by {
+            match column(order) {
+                Some(c) if c.kind != ColumnKind::Identifier && c.kind != ColumnKind::Categorical => {}
+                _ => return Err(format!("order_by '{order}' must be a declared numeric or datetime column")),
             }
         }
         if let Some(target) = &self.schema.target {

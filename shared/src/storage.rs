@@ -59,6 +59,16 @@ fn open_existing(dir: &str, url: &str) -> Result<StoreLocation, StorageError> {
     Ok(StoreLocation { store: Arc::new(fs), prefix: Path::default(), url: url.to_string() })
 }
 
+/// Opens a prefix that must already exist (local directories are not created).
+pub fn open_existing_prefix(url: &str) -> Result<StoreLocation, StorageError> {
+    match url.split_once("://") {
+        Some(("s3" | "s3a", _)) => open(url),
+        Some(("file", rest)) => open_existing(rest, url),
+        Some(_) => Err(StorageError::InvalidUrl { url: url.to_string(), reason: "unsupported scheme".into() }),
+        None => open_existing(url, url),
+    }
+}
+
 /// Opens the store a URL points to. Local directories are created if missing.
 pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
     let invalid = |reason: &str| StorageError::InvalidUrl { url: url.to_string(), reason: reason.to_string() };

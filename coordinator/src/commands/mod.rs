@@ -1,5 +1,6 @@
 //! One module per command group.
 
+pub mod eval;
 pub mod job;
 pub mod ledger;
 pub mod privacy;

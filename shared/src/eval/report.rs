@@ -1,0 +1,217 @@
+//! The evaluation report: `report.json` (everything, machine-readable) and a
+//! self-contained `report.html` (inline SVG plots, no scripts, no external resources).
+
+use std::fmt::Write as _;
+
+use super::EvalReport;
+
+const REAL: &str = "#1f77b4";
+const SYNTHETIC: &str = "#ff7f0e";
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// Grouped bars of two distributions over the same labels.
+fn bars(title: &str, labels: &[String], real: &[f64], synthetic: &[f64], real_name: &str) -> String {
+    let (w, h, pad) = (640.0, 220.0, 30.0);
+    let n = labels.len().max(1) as f64;
+    let top = real.iter().chain(synthetic).copied().fold(1e-12, f64::max);
+    let slot = (w - 2.0 * pad) / n;
+    let mut svg = format!(
+        "<svg class=\"plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" role=\"img\"><title>{}</title>",
+        h + 40.0,
+        escape(title)
+    );
+    for (i, label) in labels.iter().enumerate() {
+        let x = pad + i as f64 * slot;
+        for (k, (value, color)) in [(real[i], REAL), (synthetic[i], SYNTHETIC)].into_iter().enumerate() {
+            let bh = value / top * (h - pad);
+            let _ = write!(
+                svg,
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bh:.1}\" fill=\"{color}\"><title>{}: {value:.4}</title></rect>",
+                x + k as f64 * slot * 0.45,
+                h - bh,
+                slot * 0.42,
+                escape(label)
+            );
+        }
+        if labels.len() <= 24 {
+            let _ = write!(
+                svg,
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"9\" transform=\"rotate(35 {:.1} {:.1})\">{}</text>",
+                x,
+                h + 12.0,
+                x,
+                h + 12.0,
+                escape(&label.chars().take(14).collect::<String>())
+            );
+        }
+    }
+    let _ = write!(
+        svg,
+        "<text x=\"{pad}\" y=\"14\" font-size=\"12\" fill=\"{REAL}\">■ {real_name}</text>\
+         <text x=\"{}\" y=\"14\" font-size=\"12\" fill=\"{SYNTHETIC}\">■ synthetic</text></svg>",
+        pad + 120.0
+    );
+    svg
+}
+
+/// Empirical CDFs of two sorted samples.
+fn cdfs(title: &str, a: &[f64], a_name: &str, b: &[f64], b_name: &str) -> String {
+    let (w, h, pad) = (640.0, 220.0, 30.0);
+    let top = a.iter().chain(b).copied().filter(|x| x.is_finite()).fold(1e-12, f64::max);
+    let line = |v: &[f64], color: &str| {
+        let points: Vec<String> = v
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                format!("{:.1},{:.1}", pad + x / top * (w - 2.0 * pad), h - (i + 1) as f64 / v.len() as f64 * (h - pad))
+            })
+            .collect();
+        format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>", points.join(" "))
+    };
+    format!(
+        "<svg class=\"plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" role=\"img\"><title>{}</title>{}{}\
+         <text x=\"{pad}\" y=\"14\" font-size=\"12\" fill=\"{REAL}\">— {a_name}</text>\
+         <text x=\"{}\" y=\"14\" font-size=\"12\" fill=\"{SYNTHETIC}\">— {b_name}</text>\
+         <text x=\"{pad}\" y=\"{}\" font-size=\"10\">0</text><text x=\"{}\" y=\"{}\" font-size=\"10\">{top:.3}</text></svg>",
+        h + 20.0,
+        escape(title),
+        line(a, REAL),
+        line(b, SYNTHETIC),
+        pad + 160.0,
+        h + 14.0,
+        w - pad - 30.0,
+        h + 14.0
+    )
+}
+
+fn row(out: &mut String, name: &str, value: impl std::fmt::Display, meaning: &str) {
+    let _ = write!(out, "<tr><td>{}</td><td>{value}</td><td>{}</td></tr>", escape(name), escape(meaning));
+}
+
+/// The self-contained HTML page.
+pub fn html(report: &EvalReport) -> String {
+    let mut body = String::new();
+    let _ = write!(body, "<h1>dpsynth evaluation report</h1><p class=\"notice\">{}</p>", escape(&report.notice));
+    body.push_str("<h2>Formal guarantee</h2>");
+    match &report.guarantee {
+        Some(g) => {
+            let _ = write!(
+                body,
+                "<p>(ε = {}, δ = {}) under the {} accountant, dataset <b>{}</b>, ledger {} entry {}.</p>\
+                 <p>Mechanisms: <code>{}</code></p><p>Declared public: {}</p>",
+                g["epsilon"],
+                g["delta"],
+                escape(g["accountant"].as_str().unwrap_or("?")),
+                escape(g["dataset_id"].as_str().unwrap_or("?")),
+                escape(g["ledger_url"].as_str().unwrap_or("?")),
+                g["ledger_entry"],
+                escape(&g["mechanisms"].to_string()),
+                escape(&g["public_inputs"].as_array().map(|a| a.len()).unwrap_or(0).to_string())
+                    + " schema items (bounds, categories, bins) from the job spec"
+            );
+        }
+        None => body.push_str("<p>No dpsynth manifest with the synthetic data: no formal guarantee is known.</p>"),
+    }
+    let f = &report.fidelity;
+    body.push_str("<h2>Fidelity</h2><table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
+    row(&mut body, "HIST", format!("{:.4}", f.hist), "mean per-column histogram intersection (1 = identical)");
+    row(&mut body, "Pair", format!("{:.4}", f.pair), "mean 2-way histogram intersection");
+    row(&mut body, "CorAcc", format!("{:.4}", f.cor_acc), "share of column pairs with the same association level");
+    body.push_str("</table><table><tr><th>column</th><th>HIST</th><th>W1 (scaled)</th><th>JS distance</th></tr>");
+    for c in &f.columns {
+        let fmt = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.4}"));
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{:.4}</td><td>{}</td><td>{}</td></tr>",
+            escape(&c.name),
+            c.hist,
+            fmt(c.w1),
+            fmt(c.js)
+        );
+    }
+    body.push_str("</table><h3>Marginals</h3>");
+    for c in &f.columns {
+        let _ = write!(body, "<h4>{}</h4>", escape(&c.name));
+        body.push_str(&bars(&c.name, &c.labels, &c.real, &c.synthetic, "real (train)"));
+    }
+    if let Some(l) = &report.longitudinal {
+        body.push_str("<h2>Longitudinal fidelity</h2><table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
+        row(
+            &mut body,
+            "state-transition divergence",
+            format!("{:.4}", l.state_transition_divergence),
+            "mean Frobenius norm of transition-matrix differences",
+        );
+        row(
+            &mut body,
+            "TDCR JS",
+            format!("{:.4}", l.tdcr_js),
+            "JS distance of synthetic vs held-out nearest-table distances (max √ln 2 ≈ 0.833)",
+        );
+        row(
+            &mut body,
+            "TDCR median (synthetic / held-out)",
+            format!("{:.4} / {:.4}", l.tdcr_synthetic_median, l.tdcr_holdout_median),
+            "nearest training table, DTW per feature / path length, summed",
+        );
+        row(
+            &mut body,
+            "sequence-length TV",
+            format!("{:.4}", l.sequence_length_tv),
+            "total variation of rows per unit",
+        );
+        body.push_str("</table>");
+        let labels: Vec<String> = l.lengths.iter().map(ToString::to_string).collect();
+        body.push_str("<h4>rows per unit</h4>");
+        body.push_str(&bars("rows per unit", &labels, &l.real_lengths, &l.synthetic_lengths, "real (train)"));
+    }
+    let p = &report.privacy;
+    body.push_str("<h2>Empirical privacy (diagnostics, not guarantees)</h2><table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
+    row(
+        &mut body,
+        "DCR p5 / median, synthetic",
+        format!("{:.4} / {:.4}", p.dcr_synthetic_p5, p.dcr_synthetic_median),
+        "Gower distance to the closest training row",
+    );
+    row(
+        &mut body,
+        "DCR p5 / median, held-out (reference)",
+        format!("{:.4} / {:.4}", p.dcr_holdout_p5, p.dcr_holdout_median),
+        "the same for real rows not used in training",
+    );
+    row(
+        &mut body,
+        "exact-copy rate (NRS)",
+        format!("{:.4}", p.exact_copy_rate),
+        "synthetic rows identical to a training row",
+    );
+    row(
+        &mut body,
+        "membership-inference AUC",
+        format!("{:.4}", p.membership_auc),
+        "distance attack; 0.5 = cannot tell members apart",
+    );
+    body.push_str("</table>");
+    body.push_str("<h4>distance to closest training record (CDF)</h4>");
+    body.push_str(&cdfs(
+        "distance to closest training record (CDF)",
+        &p.dcr_holdout,
+        "held-out real",
+        &p.dcr_synthetic,
+        "synthetic",
+    ));
+    let _ = write!(
+        body,
+        "<h2>Sizes</h2><p>train {} rows, held-out {} rows, synthetic {} rows (private figures).</p>",
+        report.rows.train, report.rows.test, report.rows.synthetic
+    );
+    format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dpsynth evaluation report</title>\
+         <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}}table{{border-collapse:collapse;margin:1em 0}}\
+         td,th{{border:1px solid #ccc;padding:4px 8px}}.notice{{background:#fff3cd;padding:8px}}svg.plot{{display:block;margin:8px 0}}</style>\
+         </head><body>{body}</body></html>"
+    )
+}

@@ -1,0 +1,143 @@
+//! `dpsynth eval`: exact scores for a table against itself, the CLI end to end on the demo
+//! and on pbcseq (rendered by headless Chromium when available), and evaluation at the
+//! end of a job whose spec names a held-out set.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::eval;
+use dpsynth_shared::spec::JobSpec;
+
+#[tokio::test]
+async fn a_table_against_itself_scores_perfectly() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&demo_spec(dir.path(), 60), "demo").unwrap();
+    let domain = Domain::from_spec(&spec);
+    let table = eval::load(&spec, &domain, &spec.input.urls).await.unwrap();
+    let report = eval::evaluate(&spec, &domain, &table, &table, &table, None);
+    assert!((report.fidelity.hist - 1.0).abs() < 1e-12, "HIST {}", report.fidelity.hist);
+    assert!((report.fidelity.pair - 1.0).abs() < 1e-12, "Pair {}", report.fidelity.pair);
+    assert_eq!(report.fidelity.cor_acc, 1.0);
+    assert!(report.fidelity.columns.iter().all(|c| c.w1.unwrap_or(0.0) == 0.0 && c.js.unwrap_or(0.0) == 0.0));
+    assert_eq!(report.privacy.exact_copy_rate, 1.0);
+    assert_eq!((report.privacy.dcr_synthetic_median, report.privacy.dcr_holdout_p5), (0.0, 0.0));
+    let l = report.longitudinal.expect("unit and order_by make it longitudinal");
+    assert_eq!((l.state_transition_divergence, l.sequence_length_tv, l.tdcr_synthetic_median), (0.0, 0.0, 0.0));
+    assert_eq!(l.tdcr_js, 0.0);
+}
+
+/// Splits a CSV by unit (column `unit`, an integer or `P…` id) into train and test files.
+fn split_by_unit(csv: &Path, unit: usize, dir: &Path) -> (String, String) {
+    let text = std::fs::read_to_string(csv).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let (mut train, mut test) = (vec![header.to_string()], vec![header.to_string()]);
+    for line in lines {
+        let id: u64 = line.split(',').nth(unit).unwrap().trim_start_matches('P').parse().unwrap();
+        if id.is_multiple_of(2) { train.push(line.into()) } else { test.push(line.into()) }
+    }
+    let (a, b) = (dir.join("train.csv"), dir.join("test.csv"));
+    std::fs::write(&a, train.join("\n") + "\n").unwrap();
+    std::fs::write(&b, test.join("\n") + "\n").unwrap();
+    (a.to_str().unwrap().to_string(), b.to_str().unwrap().to_string())
+}
+
+/// Runs a job on `train` and evaluates its output; returns the report directory.
+fn run_and_evaluate(spec_text: &str, train: &str, test: &str, dir: &Path) -> std::path::PathBuf {
+    let spec_path = dir.join("job.toml");
+    std::fs::write(&spec_path, spec_text).unwrap();
+    let out = dir.join("synthetic");
+    let run = Command::new(bin("dpsynth"))
+        .args(["run", spec_path.to_str().unwrap(), "--output", out.to_str().unwrap()])
+        .args(["--ledger", dir.join("ledger").to_str().unwrap(), "--scratch", dir.join("scratch").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report = dir.join("report");
+    let eval = Command::new(bin("dpsynth"))
+        .args(["eval", "--spec", spec_path.to_str().unwrap(), "--train", train, "--test", test])
+        .args(["--synthetic", out.to_str().unwrap(), "--out", report.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let summary = last_json(&eval.stdout);
+    assert_eq!(summary["longitudinal"], true);
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(report.join("report.json")).unwrap()).unwrap();
+    assert!(json["notice"].as_str().unwrap().contains("NOT for publication"));
+    assert!(json["guarantee"]["epsilon"].as_f64().unwrap() > 0.0, "the manifest's guarantee is in the report");
+    report
+}
+
+/// Headless Chromium must parse the page and find every plot.
+fn rendered_plots(html: &Path) -> Option<usize> {
+    let browser = ["chromium-headless-shell", "chromium", "chromium-browser"]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()));
+    let Some(browser) = browser else {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "headless Chromium missing in CI");
+        eprintln!("\n*** SKIPPED rendering check: no headless Chromium ***\n");
+        return None;
+    };
+    let dom = Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .unwrap();
+    assert!(dom.status.success(), "{}", String::from_utf8_lossy(&dom.stderr));
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(dom.contains("dpsynth evaluation report"));
+    Some(dom.matches("<svg").count())
+}
+
+#[test]
+fn eval_on_the_demo_output_renders() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = demo_spec(dir.path(), 80);
+    let (train, test) = split_by_unit(&dir.path().join("icu_vitals.csv"), 0, dir.path());
+    let spec = spec.replace(dir.path().join("icu_vitals.csv").to_str().unwrap(), &train);
+    let report = run_and_evaluate(&spec, &train, &test, dir.path());
+    // 9 columns, rows per unit, DCR.
+    if let Some(plots) = rendered_plots(&report.join("report.html")) {
+        assert_eq!(plots, 11);
+    }
+}
+
+#[test]
+fn eval_on_pbcseq_renders() {
+    let Some(pbcseq) = shared_data("pbcseq/pbcseq.csv") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = split_by_unit(&pbcseq, 1, dir.path());
+    let spec = std::fs::read_to_string(repo().join("examples/pbcseq-marginals.toml"))
+        .unwrap()
+        .replace("../shared/data/pbcseq/pbcseq.csv", &train);
+    let report = run_and_evaluate(&spec, &train, &test, dir.path());
+    // 18 synthesised columns, rows per unit, DCR.
+    if let Some(plots) = rendered_plots(&report.join("report.html")) {
+        assert_eq!(plots, 20);
+    }
+}
+
+#[test]
+fn a_job_naming_a_held_out_set_writes_its_report_beside_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = demo_spec(dir.path(), 60);
+    let (train, test) = split_by_unit(&dir.path().join("icu_vitals.csv"), 0, dir.path());
+    let spec = spec.replace(dir.path().join("icu_vitals.csv").to_str().unwrap(), &train)
+        + &format!("\n[evaluation]\ntest_urls = [\"{test}\"]\n");
+    std::fs::write(dir.path().join("job.toml"), spec).unwrap();
+    let run = Command::new(bin("dpsynth"))
+        .args(["run", dir.path().join("job.toml").to_str().unwrap()])
+        .args(["--scratch", dir.path().join("scratch").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let out = dir.path().join("out");
+    assert!(manifest(&out).is_some());
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert!(report["fidelity"]["hist"].as_f64().unwrap() > 0.0);
+    assert!(out.join("report.html").exists());
+}
