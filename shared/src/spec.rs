@@ -124,6 +124,9 @@ pub struct SchemaSpec {
     /// Column the synthetic data is most often used to predict.
     #[serde(default)]
     pub target: Option<String>,
+    /// The target's positive class for utility metrics (default: its last category).
+    #[serde(default)]
+    pub positive_class: Option<String>,
     /// Column ordering each unit's rows (e.g. a visit day), for longitudinal evaluation.
     #[serde(default)]
     pub order_by: Option<String>,

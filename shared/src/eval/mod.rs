@@ -8,6 +8,7 @@ pub mod fidelity;
 pub mod longitudinal;
 pub mod privacy;
 pub mod report;
+pub mod utility;
 
 use serde::{Deserialize, Serialize};
 
@@ -67,6 +68,8 @@ pub struct EvalReport {
     /// The formal guarantee, from the synthetic output's manifest when there is one.
     pub guarantee: Option<serde_json::Value>,
     pub rows: RowCounts,
+    /// Train-on-synthetic, test-on-real (when the spec names a categorical target).
+    pub utility: Option<utility::Utility>,
     pub fidelity: fidelity::Fidelity,
     pub longitudinal: Option<longitudinal::Longitudinal>,
     pub privacy: privacy::PrivacyDiagnostics,
@@ -99,10 +102,21 @@ pub fn evaluate(
         (Some(_), Some(order)) => Some(longitudinal::evaluate(domain, order, train, test, synthetic)),
         _ => None,
     };
+    let utility = spec.schema.target.as_deref().and_then(|t| {
+        let target = domain.index_of(t)?;
+        let positive =
+            match (&spec.schema.positive_class, &spec.schema.columns.iter().find(|c| c.name == t)?.categories) {
+                (Some(p), _) => p.clone(),
+                (None, Some(categories)) => categories.last()?.clone(),
+                (None, None) => return None,
+            };
+        utility::evaluate(domain, target, &positive, train, test, synthetic)
+    });
     EvalReport {
         notice: NOTICE.to_string(),
         guarantee,
         rows: RowCounts { train: train.rows(), test: test.rows(), synthetic: synthetic.rows() },
+        utility,
         fidelity: fidelity::evaluate(domain, train, synthetic),
         longitudinal,
         privacy: privacy::evaluate(domain, train, test, synthetic),

@@ -115,6 +115,29 @@ pub fn html(report: &EvalReport) -> String {
         }
         None => body.push_str("<p>No dpsynth manifest with the synthetic data: no formal guarantee is known.</p>"),
     }
+    if let Some(u) = &report.utility {
+        let _ = write!(
+            body,
+            "<h2>Utility (train on synthetic, test on real held-out)</h2><p>Target <b>{}</b>, positive class <b>{}</b>; \
+             the rows trained on the real training table are the reference.</p>\
+             <table><tr><th>model</th><th>trained on</th><th>ROC-AUC</th><th>PR-AUC</th><th>F1</th><th>accuracy</th></tr>",
+            escape(&u.target),
+            escape(&u.positive_class)
+        );
+        for s in &u.scores {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td></tr>",
+                escape(&s.model),
+                escape(&s.trained_on),
+                s.roc_auc,
+                s.pr_auc,
+                s.f1,
+                s.accuracy
+            );
+        }
+        body.push_str("</table>");
+    }
     let f = &report.fidelity;
     body.push_str("<h2>Fidelity</h2><table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
     row(&mut body, "HIST", format!("{:.4}", f.hist), "mean per-column histogram intersection (1 = identical)");
