@@ -11,7 +11,7 @@ fn waits_for_an_unreachable_coordinator() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_secs(3));
     assert!(child.try_wait().unwrap().is_none(), "the worker exited instead of retrying");
     child.kill().unwrap();
     let out = child.wait_with_output().unwrap();

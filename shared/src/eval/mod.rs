@@ -55,6 +55,18 @@ pub async fn load(spec: &JobSpec, domain: &Domain, urls: &[String]) -> Result<Ta
     Ok(table)
 }
 
+/// `items.iter().map(f)`, spread over all cores (nearest-neighbour searches).
+pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = items.len().div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            items.chunks(chunk).map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<_>>())).collect();
+        handles.into_iter().flat_map(|h| h.join().expect("worker thread")).collect()
+    })
+}
+
 /// Whether a column is numeric (compared as numbers) or categorical.
 pub fn is_numeric(c: &ColumnDomain) -> bool {
     matches!(c.encoding, Encoding::Numeric { .. })

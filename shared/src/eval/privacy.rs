@@ -10,18 +10,21 @@
 //!   distance to the nearest synthetic row; AUC of training (members) against held-out
 //!   (non-members) records. 0.5 means the attack cannot tell them apart.
 //!
-//! Nearest-neighbour searches are exact, with early abandoning, over evenly spaced samples
-//! of at most `SAMPLE` query rows (all reference rows are searched).
+//! Nearest-neighbour searches are exact, with early abandoning, in parallel, over evenly
+//! spaced samples of at most `SAMPLE` query rows (all reference rows are searched).
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::Table;
+use super::{Table, par_map};
 use crate::data::domain::{Domain, Encoding};
 
 /// Query rows sampled for DCR and the membership attack.
-pub const SAMPLE: usize = 2000;
+pub const SAMPLE: usize = 10_000;
+/// Members and non-members scored by the membership attack, and synthetic rows it uses.
+const ATTACK_SAMPLE: usize = 1000;
+const ATTACK_REFERENCE: usize = 8000;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PrivacyDiagnostics {
@@ -88,20 +91,16 @@ impl Gower {
     /// Mean-per-column distance from each query to its nearest reference row.
     fn nearest(&self, queries: &Points, reference: &Points) -> Vec<f64> {
         let d = self.ranges.len().max(1) as f64;
-        queries
-            .rows
-            .iter()
-            .map(|q| {
-                let mut best = f64::INFINITY;
-                for r in &reference.rows {
-                    best = best.min(self.distance(q, r, best));
-                    if best == 0.0 {
-                        break;
-                    }
+        par_map(&queries.rows, |q| {
+            let mut best = f64::INFINITY;
+            for r in &reference.rows {
+                best = best.min(self.distance(q, r, best));
+                if best == 0.0 {
+                    break;
                 }
-                best / d
-            })
-            .collect()
+            }
+            best / d
+        })
     }
 }
 
@@ -154,9 +153,9 @@ pub fn evaluate(domain: &Domain, train: &Table, test: &Table, synthetic: &Table)
     let training_rows: HashSet<Vec<u64>> = (0..train.rows()).map(|r| row_key(train, r)).collect();
     let copies = (0..synthetic.rows()).filter(|r| training_rows.contains(&row_key(synthetic, *r))).count();
 
-    let synthetic_reference = points(synthetic, spaced(synthetic.rows(), 4 * SAMPLE));
-    let members = points(train, spaced(train.rows(), SAMPLE / 2));
-    let non_members = points(test, spaced(test.rows(), SAMPLE / 2));
+    let synthetic_reference = points(synthetic, spaced(synthetic.rows(), ATTACK_REFERENCE));
+    let members = points(train, spaced(train.rows(), ATTACK_SAMPLE));
+    let non_members = points(test, spaced(test.rows(), ATTACK_SAMPLE));
     let score = |p: &Points| gower.nearest(p, &synthetic_reference).into_iter().map(|d| -d).collect::<Vec<_>>();
     PrivacyDiagnostics {
         dcr_synthetic_p5: quantile(&dcr_synthetic, 0.05),
