@@ -146,7 +146,7 @@ pub async fn run_job(
     let scratch = storage::open(&env.scratch_url)?;
     let result = partition_and_aggregate(&request, &scratch, &domain, &plan, scheduler, telemetry, &progress).await;
     cleanup_scratch(&scratch, job_id).await;
-    let (mut counts, _units) = result?;
+    let mut counts = result?;
 
     // 3. Noise, once per cell, here and only here.
     set_stage(&progress, "adding noise");
@@ -229,7 +229,7 @@ async fn partition_and_aggregate(
     scheduler: &Scheduler,
     telemetry: &Telemetry,
     progress: &ProgressHandle,
-) -> Result<(Vec<f64>, u64), JobError> {
+) -> Result<Vec<f64>, JobError> {
     let spec = &request.spec;
     let key = PartitionKey::generate()?;
     let mut writer = PartitionWriter::new(scratch, &request.job_id, domain, spec.job.partitions, key)?;
@@ -258,10 +258,9 @@ async fn partition_and_aggregate(
     let mut events = scheduler.submit(&request.job_id, tasks);
     let mut done = HashSet::new();
     let mut sum = vec![0.0; plan.task.cells()];
-    let mut units = 0;
     let outcome = loop {
         if done.len() == total {
-            break Ok((sum, units));
+            break Ok(sum);
         }
         match events.recv().await {
             Some(TaskEvent::Done(result)) => {
@@ -273,7 +272,6 @@ async fn partition_and_aggregate(
                 match check {
                     Ok(counts) if done.insert(result.task_id) => {
                         sum.iter_mut().zip(counts).for_each(|(s, c)| *s += c);
-                        units += result.units;
                         telemetry.task_done(result.seconds);
                         progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done.len() as u32;
                         let per_task = started.elapsed().as_secs_f64() / done.len() as f64;
