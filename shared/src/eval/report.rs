@@ -234,7 +234,7 @@ pub fn html(report: &EvalReport) -> String {
     format!(
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dpsynth evaluation report</title>\
          <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}}table{{border-collapse:collapse;margin:1em 0}}\
-         td,th{{border:1px solid #ccc;padding:4px 8px}}.notice{{background:#fff3cd;padding:8px}}svg.plot{{display:block;margin:8px 0}}</style>\
+         td,th{{border:1px solid #ccc;padding:4px 8px}}.notice{{background:#fff3cd;padding:8px}}svg.plot{{display:block;margin:8px 0}}code{{word-break:break-all}}</style>\
          </head><body>{body}</body></html>"
     )
 }
