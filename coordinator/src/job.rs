@@ -217,6 +217,16 @@ async fn open_ledger(location: &StoreLocation, spec: &JobSpec) -> Result<Ledger,
                 other => Ok(other?),
             }
         }
+        (Ok(ledger), Some(declared)) if declared != ledger.budget() => {
+            // The ledger's budget is the one that binds; a spec cannot change it.
+            tracing::warn!(
+                dataset,
+                ledger_epsilon = ledger.budget().epsilon,
+                spec_epsilon = declared.epsilon,
+                "the spec's dataset_budget differs from the existing ledger's; the ledger's applies"
+            );
+            Ok(ledger)
+        }
         (result, _) => Ok(result?),
     }
 }
