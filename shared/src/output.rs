@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::builder::{Float64Builder, Int64Builder, StringBuilder, TimestampSecondBuilder};
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampSecondArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use chrono::{DateTime, Utc};
 use object_store::path::Path;
@@ -103,43 +102,29 @@ pub fn rows_to_batch(spec: &JobSpec, rows: &[Vec<SyntheticValue>], first_id: u64
         .iter()
         .map(|c| -> ArrayRef {
             if c.kind == ColumnKind::Identifier {
-                let mut b = StringBuilder::new();
-                for i in 0..rows.len() {
-                    b.append_value(format!("syn-{}", first_id + i as u64));
-                }
-                return Arc::new(b.finish());
+                let ids = (0..rows.len() as u64).map(|i| format!("syn-{}", first_id + i));
+                return Arc::new(StringArray::from_iter_values(ids));
             }
             let d = domain_index;
             domain_index += 1;
             let values = rows.iter().map(|r| &r[d]);
             match c.kind {
-                ColumnKind::Categorical => {
-                    let mut b = StringBuilder::new();
-                    values.for_each(|v| match v {
-                        SyntheticValue::Category(s) => b.append_value(s),
-                        _ => b.append_null(),
-                    });
-                    Arc::new(b.finish())
-                }
-                ColumnKind::Integer => {
-                    let mut b = Int64Builder::new();
-                    values.for_each(|v| {
-                        b.append_option(if let SyntheticValue::Integer(x) = v { Some(*x) } else { None })
-                    });
-                    Arc::new(b.finish())
-                }
-                ColumnKind::Continuous => {
-                    let mut b = Float64Builder::new();
-                    values.for_each(|v| b.append_option(if let SyntheticValue::Real(x) = v { Some(*x) } else { None }));
-                    Arc::new(b.finish())
-                }
-                ColumnKind::Datetime => {
-                    let mut b = TimestampSecondBuilder::new();
-                    values.for_each(|v| {
-                        b.append_option(if let SyntheticValue::Datetime(x) = v { Some(*x) } else { None })
-                    });
-                    Arc::new(b.finish())
-                }
+                ColumnKind::Categorical => Arc::new(StringArray::from_iter(values.map(|v| match v {
+                    SyntheticValue::Category(s) => Some(s.as_str()),
+                    _ => None,
+                }))),
+                ColumnKind::Integer => Arc::new(Int64Array::from_iter(values.map(|v| match v {
+                    SyntheticValue::Integer(x) => Some(*x),
+                    _ => None,
+                }))),
+                ColumnKind::Continuous => Arc::new(Float64Array::from_iter(values.map(|v| match v {
+                    SyntheticValue::Real(x) => Some(*x),
+                    _ => None,
+                }))),
+                ColumnKind::Datetime => Arc::new(TimestampSecondArray::from_iter(values.map(|v| match v {
+                    SyntheticValue::Datetime(x) => Some(*x),
+                    _ => None,
+                }))),
                 ColumnKind::Identifier => unreachable!(),
             }
         })

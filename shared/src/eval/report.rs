@@ -87,8 +87,14 @@ fn cdfs(title: &str, a: &[f64], a_name: &str, b: &[f64], b_name: &str) -> String
     )
 }
 
-fn row(out: &mut String, name: &str, value: impl std::fmt::Display, meaning: &str) {
-    let _ = write!(out, "<tr><td>{}</td><td>{value}</td><td>{}</td></tr>", escape(name), escape(meaning));
+/// A "metric / value / meaning" table.
+fn metric_table(rows: &[(&str, String, &str)]) -> String {
+    let mut out = String::from("<table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
+    for (name, value, meaning) in rows {
+        let _ = write!(out, "<tr><td>{}</td><td>{value}</td><td>{}</td></tr>", escape(name), escape(meaning));
+    }
+    out.push_str("</table>");
+    out
 }
 
 /// The self-contained HTML page.
@@ -139,11 +145,13 @@ pub fn html(report: &EvalReport) -> String {
         body.push_str("</table>");
     }
     let f = &report.fidelity;
-    body.push_str("<h2>Fidelity</h2><table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
-    row(&mut body, "HIST", format!("{:.4}", f.hist), "mean per-column histogram intersection (1 = identical)");
-    row(&mut body, "Pair", format!("{:.4}", f.pair), "mean 2-way histogram intersection");
-    row(&mut body, "CorAcc", format!("{:.4}", f.cor_acc), "share of column pairs with the same association level");
-    body.push_str("</table><table><tr><th>column</th><th>HIST</th><th>W1 (scaled)</th><th>JS distance</th></tr>");
+    body.push_str("<h2>Fidelity</h2>");
+    body.push_str(&metric_table(&[
+        ("HIST", format!("{:.4}", f.hist), "mean per-column histogram intersection (1 = identical)"),
+        ("Pair", format!("{:.4}", f.pair), "mean 2-way histogram intersection"),
+        ("CorAcc", format!("{:.4}", f.cor_acc), "share of column pairs with the same association level"),
+    ]));
+    body.push_str("<table><tr><th>column</th><th>HIST</th><th>W1 (scaled)</th><th>JS distance</th></tr>");
     for c in &f.columns {
         let fmt = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.4}"));
         let _ = write!(
@@ -161,63 +169,49 @@ pub fn html(report: &EvalReport) -> String {
         body.push_str(&bars(&c.name, &c.labels, &c.real, &c.synthetic, "real (train)"));
     }
     if let Some(l) = &report.longitudinal {
-        body.push_str("<h2>Longitudinal fidelity</h2><table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
-        row(
-            &mut body,
-            "state-transition divergence",
-            format!("{:.4}", l.state_transition_divergence),
-            "mean Frobenius norm of transition-matrix differences",
-        );
-        row(
-            &mut body,
-            "TDCR JS",
-            format!("{:.4}", l.tdcr_js),
-            "JS distance of synthetic vs held-out nearest-table distances (max √ln 2 ≈ 0.833)",
-        );
-        row(
-            &mut body,
-            "TDCR median (synthetic / held-out)",
-            format!("{:.4} / {:.4}", l.tdcr_synthetic_median, l.tdcr_holdout_median),
-            "nearest training table, DTW per feature / path length, summed",
-        );
-        row(
-            &mut body,
-            "sequence-length TV",
-            format!("{:.4}", l.sequence_length_tv),
-            "total variation of rows per unit",
-        );
-        body.push_str("</table>");
+        body.push_str("<h2>Longitudinal fidelity</h2>");
+        body.push_str(&metric_table(&[
+            (
+                "state-transition divergence",
+                format!("{:.4}", l.state_transition_divergence),
+                "mean Frobenius norm of transition-matrix differences",
+            ),
+            (
+                "TDCR JS",
+                format!("{:.4}", l.tdcr_js),
+                "JS distance of synthetic vs held-out nearest-table distances (max √ln 2 ≈ 0.833)",
+            ),
+            (
+                "TDCR median (synthetic / held-out)",
+                format!("{:.4} / {:.4}", l.tdcr_synthetic_median, l.tdcr_holdout_median),
+                "nearest training table, DTW per feature / path length, summed",
+            ),
+            ("sequence-length TV", format!("{:.4}", l.sequence_length_tv), "total variation of rows per unit"),
+        ]));
         let labels: Vec<String> = l.lengths.iter().map(ToString::to_string).collect();
         body.push_str("<h4>rows per unit</h4>");
         body.push_str(&bars("rows per unit", &labels, &l.real_lengths, &l.synthetic_lengths, "real (train)"));
     }
     let p = &report.privacy;
-    body.push_str("<h2>Empirical privacy (diagnostics, not guarantees)</h2><table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
-    row(
-        &mut body,
-        "DCR p5 / median, synthetic",
-        format!("{:.4} / {:.4}", p.dcr_synthetic_p5, p.dcr_synthetic_median),
-        "Gower distance to the closest training row",
-    );
-    row(
-        &mut body,
-        "DCR p5 / median, held-out (reference)",
-        format!("{:.4} / {:.4}", p.dcr_holdout_p5, p.dcr_holdout_median),
-        "the same for real rows not used in training",
-    );
-    row(
-        &mut body,
-        "exact-copy rate (NRS)",
-        format!("{:.4}", p.exact_copy_rate),
-        "synthetic rows identical to a training row",
-    );
-    row(
-        &mut body,
-        "membership-inference AUC",
-        format!("{:.4}", p.membership_auc),
-        "distance attack; 0.5 = cannot tell members apart",
-    );
-    body.push_str("</table>");
+    body.push_str("<h2>Empirical privacy (diagnostics, not guarantees)</h2>");
+    body.push_str(&metric_table(&[
+        (
+            "DCR p5 / median, synthetic",
+            format!("{:.4} / {:.4}", p.dcr_synthetic_p5, p.dcr_synthetic_median),
+            "Gower distance to the closest training row",
+        ),
+        (
+            "DCR p5 / median, held-out (reference)",
+            format!("{:.4} / {:.4}", p.dcr_holdout_p5, p.dcr_holdout_median),
+            "the same for real rows not used in training",
+        ),
+        ("exact-copy rate (NRS)", format!("{:.4}", p.exact_copy_rate), "synthetic rows identical to a training row"),
+        (
+            "membership-inference AUC",
+            format!("{:.4}", p.membership_auc),
+            "distance attack; 0.5 = cannot tell members apart",
+        ),
+    ]));
     body.push_str("<h4>distance to closest training record (CDF)</h4>");
     body.push_str(&cdfs(
         "distance to closest training record (CDF)",

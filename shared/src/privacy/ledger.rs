@@ -386,16 +386,18 @@ impl Ledger {
 
     /// Every charge with its status.
     pub fn charges(&self) -> Vec<(&Entry, ChargeStatus)> {
+        let released: std::collections::HashSet<u64> = self
+            .entries
+            .iter()
+            .filter_map(|e| match e.body {
+                EntryBody::Release { charge_seq, .. } => Some(charge_seq),
+                _ => None,
+            })
+            .collect();
         self.entries
             .iter()
             .filter(|e| matches!(e.body, EntryBody::Charge { .. }))
-            .map(|e| {
-                let released = self
-                    .entries
-                    .iter()
-                    .any(|r| matches!(r.body, EntryBody::Release { charge_seq, .. } if charge_seq == e.seq));
-                (e, if released { ChargeStatus::Released } else { ChargeStatus::Charged })
-            })
+            .map(|e| (e, if released.contains(&e.seq) { ChargeStatus::Released } else { ChargeStatus::Charged }))
             .collect()
     }
 
