@@ -37,13 +37,59 @@ fn submit(spec: &Path, url: &str) -> Output {
 }
 
 fn write_spec(dir: &Path, patients: usize, dataset: &str, partitions: u32) -> std::path::PathBuf {
-    let text = demo_spec(dir, patients)
+    place_spec(dir, demo_spec(dir, patients), dataset, partitions)
+}
+
+/// Gives a spec its own dataset (ledger), partition count and output directory.
+fn place_spec(dir: &Path, text: String, dataset: &str, partitions: u32) -> std::path::PathBuf {
+    let text = text
         .replace("dataset_id = \"demo-icu-vitals\"", &format!("dataset_id = \"{dataset}\""))
         .replace("partitions = 4", &format!("partitions = {partitions}"))
         .replace(dir.join("out").to_str().unwrap(), dir.join(format!("out-{dataset}")).to_str().unwrap());
     let path = dir.join(format!("{dataset}.toml"));
     std::fs::write(&path, text).unwrap();
     path
+}
+
+#[test]
+fn killing_a_worker_during_dp_sgd_rounds_completes_with_the_same_charge() {
+    let dir = tempfile::tempdir().unwrap();
+    let (coordinator, url) = coordinator(dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let spec = |name: &str| place_spec(dir.path(), findiff_spec(dir.path(), 300, 4.0), name, 6);
+
+    let mut doomed = worker(&url, "doomed");
+    let _survivor = worker(&url, "survivor");
+    let out = submit(&spec("calm-sgd"), &url);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Same job; one worker is SIGKILLed once it is training.
+    doomed.drain();
+    coordinator.drain();
+    let stormy = spec("stormy-sgd");
+    let submitter = std::thread::spawn({
+        let url = url.clone();
+        move || submit(&stormy, &url)
+    });
+    assert!(
+        doomed.wait_for("partition loaded for training", Duration::from_secs(60)),
+        "the doomed worker never trained"
+    );
+    assert!(coordinator.wait_for("DP-SGD run charged", Duration::from_secs(5)));
+    std::thread::sleep(Duration::from_millis(300));
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    let out = submitter.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = manifest(&dir.path().join("out-stormy-sgd")).expect("manifest written");
+    assert!(m["rows"].as_u64().unwrap() > 0);
+    assert_eq!(m["generator"], "findiff");
+    assert!(coordinator.wait_for("worker lost", Duration::from_secs(10)), "the coordinator never noticed the kill");
+
+    let calm = rt.block_on(ledger_state(&dir.path().join("ledger"), "calm-sgd"));
+    let stormy = rt.block_on(ledger_state(&dir.path().join("ledger"), "stormy-sgd"));
+    assert_eq!((calm.0, stormy.0), (1, 1), "each run charged exactly once");
+    assert!((calm.1 - 1.0).abs() < 1e-3 && (stormy.1 - 1.0).abs() < 1e-3, "calibrated to ε = 1: {calm:?} {stormy:?}");
 }
 
 #[test]

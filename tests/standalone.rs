@@ -131,3 +131,103 @@ fn the_demo_command_works_on_a_fresh_directory() {
     assert_eq!(written, manifest_json);
     assert!(String::from_utf8_lossy(&out.stderr).contains("privacy ledger of 'demo-icu-vitals'"));
 }
+
+/// One DP-SGD round with q = 1 (every unit sampled) on a cluster of `workers`: the sum of
+/// the partitions' clipped gradient sums, before noise.
+async fn one_round_sum(
+    workers: usize,
+    urls: &[String],
+    plan: &dpsynth_shared::generators::findiff::FinDiffPlan,
+    weights: &[f32],
+) -> Vec<f64> {
+    use dpsynth_coordinator::scheduler::{TaskDef, TaskEvent};
+    use dpsynth_shared::dpsgd::{RoundSettings, TASK_KIND, encode_task};
+    use dpsynth_shared::generators::findiff::FinDiffRound;
+
+    let cluster = Standalone::start(CoordinatorConfig::default(), workers).await.unwrap();
+    while cluster.service.scheduler().live_workers().len() < workers {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let round = FinDiffRound {
+        settings: RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 },
+        model: plan.model.clone(),
+        timestep_exponent: 1.0,
+    };
+    let params = std::sync::Arc::new(encode_task(&round, weights));
+    let job = format!("round-{workers}");
+    let tasks = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| TaskDef {
+            job_id: job.clone(),
+            task_id: i as u64,
+            kind: TASK_KIND.to_string(),
+            params: params.clone(),
+            partition_urls: vec![url.clone()],
+        })
+        .collect();
+    let mut events = cluster.service.scheduler().submit(&job, tasks);
+    let mut sums = vec![None; urls.len()];
+    let mut holders = std::collections::HashSet::new();
+    while sums.iter().any(Option::is_none) {
+        match events.recv().await.unwrap() {
+            TaskEvent::Done(mut r) => {
+                holders.insert(r.worker.clone());
+                sums[r.task_id as usize] = Some(r.tensors.remove(0).1);
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    assert_eq!(holders.len(), workers, "every worker held some partitions");
+    cluster.shutdown().await;
+    let mut total = vec![0.0; weights.len()];
+    for s in sums.into_iter().flatten() {
+        total.iter_mut().zip(&s).for_each(|(t, v)| *t += v);
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_two_and_three_workers_return_the_same_clipped_gradient_sum() {
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::data::input::InputReader;
+    use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
+    use dpsynth_shared::dpsgd::params::LinearStack;
+    use dpsynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
+    use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan};
+
+    let dir = tempfile::tempdir().unwrap();
+    // Every row of a patient kept: no random subsampling, so all runs see the same examples.
+    let text = findiff_spec(dir.path(), 60, 1.0).replace("max_rows_per_unit = 8", "max_rows_per_unit = 100000");
+    let spec = JobSpec::parse(&text, "round").unwrap();
+    let domain = Domain::from_spec(&spec);
+    let plan = FinDiffPlan::new(&spec, &domain).unwrap();
+    let scratch = dpsynth_shared::storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+    let mut writer = PartitionWriter::new(&scratch, "round", &domain, 6, PartitionKey::generate().unwrap()).unwrap();
+    let mut input = InputReader::new(&spec, &domain);
+    while let Some(batch) = input.next_batch().await.unwrap() {
+        writer.write(batch).await.unwrap();
+    }
+    let urls = writer.finish().await.unwrap().urls;
+    let device = compute_device();
+    let model = FinDiffModel::new(&plan.model, &device);
+    let weights = model.parameters();
+
+    // Reference: every unit in one place, one process, no gRPC.
+    let mut model = model;
+    model.set_timestep_exponent(1.0);
+    let all = plan.model.load_examples(&urls).await.unwrap();
+    let units: Vec<usize> = (0..all.units.len()).collect();
+    assert_eq!(units.len(), 60);
+    let settings = RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 };
+    let reference = clipped_gradient_sum(&model, &all, &units, &settings, &device).unwrap().sum;
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!(norm(&reference) > 0.0 && norm(&reference) <= 60.0 * 0.5 * (1.0 + 1e-5));
+
+    for workers in [1, 2, 3] {
+        let sum = one_round_sum(workers, &urls, &plan, &weights).await;
+        let diff: Vec<f64> = sum.iter().zip(&reference).map(|(a, b)| a - b).collect();
+        let err = norm(&diff) / norm(&reference);
+        assert!(err < 1e-5, "{workers} workers: relative error {err:e} against the single-process sum");
+    }
+}

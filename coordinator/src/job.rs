@@ -3,6 +3,10 @@
 //! manifest. The coordinator is the only place noise is drawn and the only ledger writer.
 //! A job that fails before its charge spends nothing; no manifest is written unless the
 //! whole output is.
+//!
+//! Marginals charge after aggregating (nothing noisy leaves before). DP-FinDiff charges
+//! its whole DP-SGD run (and the unit count that fixes q) before the first round: a run
+//! that then fails has spent its budget but released nothing.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -10,16 +14,21 @@ use std::sync::{Arc, Mutex};
 use dpsynth_shared::data::DataError;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::data::input::InputReader;
-use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
-use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, decode_bin};
+use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
+use dpsynth_shared::dpsgd::optimizer::Optimizer;
+use dpsynth_shared::dpsgd::params::LinearStack;
+use dpsynth_shared::dpsgd::{RoundSettings, compute_device, encode_task};
+use dpsynth_shared::generators::findiff::diffusion::{self, timestep_exponent};
+use dpsynth_shared::generators::findiff::{self, FinDiffModel, FinDiffPlan, FinDiffRound};
+use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, SyntheticValue, decode_bin};
 use dpsynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
 use dpsynth_shared::privacy::accountant::{AccountingOptions, calibrate_sigma};
-use dpsynth_shared::privacy::ledger::{ChargeRequest, Ledger, LedgerError};
-use dpsynth_shared::privacy::mechanism::Adjacency;
+use dpsynth_shared::privacy::ledger::{ChargeReceipt, ChargeRequest, Ledger, LedgerError};
+use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::privacy::noise::Noise;
-use dpsynth_shared::spec::JobSpec;
+use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 use object_store::ObjectStoreExt;
 use rand::SeedableRng;
@@ -27,6 +36,7 @@ use rand::rngs::{ChaCha20Rng, SysRng};
 
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
 use crate::telemetry::Telemetry;
+use crate::training::{self, TrainingRun};
 
 /// Why a job did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +51,8 @@ pub enum JobError {
     Storage(#[from] dpsynth_shared::storage::StorageError),
     #[error(transparent)]
     Plan(#[from] marginals::PlanError),
+    #[error(transparent)]
+    FinDiffPlan(#[from] findiff::PlanError),
     #[error(transparent)]
     Privacy(#[from] dpsynth_shared::privacy::PrivacyError),
     #[error("worker {worker}: task {task_id} failed: {error}")]
@@ -112,65 +124,27 @@ pub async fn run_job(
         .or_else(|| spec.privacy.ledger.clone())
         .unwrap_or_else(|| env.default_ledger_url.clone());
 
-    // 1. Plan and price, from public information only.
     set_stage(&progress, "planning");
     let domain = Domain::from_spec(spec);
-    let plan = MarginalsPlan::new(spec, &domain)?;
     let ledger_location = storage::open(&ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
-    let accounting = ledger.options().clone();
-    let sigma = calibrate_sigma(spec.privacy.epsilon, spec.privacy.delta, spec.privacy.accountant, &accounting, |s| {
-        vec![plan.mechanism(s)]
-    })?;
-    let charge = ChargeRequest {
-        job_id: job_id.clone(),
-        mechanisms: vec![plan.mechanism(sigma)],
-        accountant: spec.privacy.accountant,
-        delta: spec.privacy.delta,
-    };
-    let admission = ledger.check(&charge).await;
-    if let Ok(spent) = ledger.spent() {
-        telemetry.dataset(&spec.job.dataset_id, spent.epsilon, ledger.budget().epsilon);
-    }
-    let admission = admission?;
-    tracing::info!(
-        sigma,
-        epsilon = admission.cost.epsilon,
-        remaining_after = admission.remaining_epsilon(),
-        "ledger admits the job's planned cost"
-    );
-    let output = OutputWriter::create(storage::open(&output_url)?).await?;
-
-    // 2. Partition by privacy unit into the scratch store.
-    set_stage(&progress, "partitioning");
     let scratch = storage::open(&env.scratch_url)?;
-    let result = partition_and_aggregate(&request, &scratch, &domain, &plan, scheduler, telemetry, &progress).await;
+    let ctx = JobContext { request: &request, domain: &domain, scheduler, telemetry, progress: &progress };
+    let released = match spec.generator.name {
+        GeneratorName::Marginals => run_marginals(&ctx, &mut ledger, &scratch, &output_url).await,
+        GeneratorName::Findiff => run_findiff(&ctx, &mut ledger, &scratch, &output_url).await,
+    };
+    scheduler.cancel(job_id);
     cleanup_scratch(&scratch, job_id).await;
-    let mut counts = result?;
+    let Released { output, receipt, mechanisms, mut public_inputs } = released?;
 
-    // 3. Noise, once per cell, here and only here.
-    set_stage(&progress, "adding noise");
-    let std = sigma * plan.task.sensitivity();
-    Noise::from_os()?.add_gaussian(&mut counts, std);
-    let synthesizer = Synthesizer::new(plan.clone(), &counts);
-    drop(counts);
-
-    // 4. Charge before anything derived from the noisy counts leaves the coordinator.
-    set_stage(&progress, "charging the ledger");
-    let receipt = ledger.charge(&charge).await?;
-    telemetry.dataset(&spec.job.dataset_id, receipt.admission.after.epsilon, receipt.admission.budget.epsilon);
-    progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = receipt.admission.cost.epsilon;
-
-    // 5. Release: synthetic parts, then the manifest.
-    set_stage(&progress, "writing output");
-    let rows = spec.output.rows.unwrap_or_else(|| synthesizer.noisy_total.round().max(1.0) as u64);
-    let output = write_parts(spec, output, &synthesizer, rows).await?;
+    public_inputs.splice(0..0, declared_inputs(spec));
     let manifest = output
         .finish(Manifest {
             format: MANIFEST_FORMAT.to_string(),
             dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
             job_id: job_id.clone(),
-            generator: "marginals".to_string(),
+            generator: spec.generator.name.as_str().to_string(),
             created_at: chrono::Utc::now(),
             rows: 0,
             columns: output_schema(spec)
@@ -183,11 +157,11 @@ pub async fn run_job(
                 epsilon: receipt.admission.cost.epsilon,
                 delta: receipt.admission.cost.delta,
                 accountant: receipt.admission.cost.accountant,
-                mechanisms: charge.mechanisms.clone(),
+                mechanisms,
                 dataset_id: spec.job.dataset_id.clone(),
                 ledger_url: ledger_url.clone(),
                 ledger_entry: receipt.seq,
-                public_inputs: public_inputs(spec),
+                public_inputs,
             },
         })
         .await?;
@@ -231,87 +205,302 @@ async fn open_ledger(location: &StoreLocation, spec: &JobSpec) -> Result<Ledger,
     }
 }
 
-async fn partition_and_aggregate(
-    request: &JobRequest,
-    scratch: &StoreLocation,
-    domain: &Domain,
-    plan: &MarginalsPlan,
-    scheduler: &Scheduler,
-    telemetry: &Telemetry,
-    progress: &ProgressHandle,
-) -> Result<Vec<f64>, JobError> {
-    let spec = &request.spec;
-    let key = PartitionKey::generate()?;
-    let mut writer = PartitionWriter::new(scratch, &request.job_id, domain, spec.job.partitions, key)?;
-    let mut input = InputReader::new(spec, domain);
-    while let Some(batch) = input.next_batch().await? {
-        writer.write(batch).await?;
-    }
-    let urls = writer.finish().await?;
+/// What every generator needs from its job.
+struct JobContext<'a> {
+    request: &'a JobRequest,
+    domain: &'a Domain,
+    scheduler: &'a Scheduler,
+    telemetry: &'a Telemetry,
+    progress: &'a ProgressHandle,
+}
 
-    set_stage(progress, "aggregating on workers");
+/// A generator's released output, with what was charged for it.
+struct Released {
+    output: OutputWriter,
+    receipt: ChargeReceipt,
+    mechanisms: Vec<Mechanism>,
+    /// Released statistics the output depends on, for the manifest.
+    public_inputs: Vec<String>,
+}
+
+impl JobContext<'_> {
+    fn spec(&self) -> &JobSpec {
+        &self.request.spec
+    }
+
+    /// Checks the charge with the ledger, updating the dataset gauges.
+    async fn admit(&self, ledger: &mut Ledger, charge: &ChargeRequest) -> Result<(), JobError> {
+        let admission = ledger.check(charge).await;
+        if let Ok(spent) = ledger.spent() {
+            self.telemetry.dataset(&self.spec().job.dataset_id, spent.epsilon, ledger.budget().epsilon);
+        }
+        let admission = admission?;
+        tracing::info!(
+            epsilon = admission.cost.epsilon,
+            remaining_after = admission.remaining_epsilon(),
+            "ledger admits the job's planned cost"
+        );
+        Ok(())
+    }
+
+    /// Charges the ledger: after this, and only after this, may derived output leave.
+    async fn charge(&self, ledger: &mut Ledger, charge: &ChargeRequest) -> Result<ChargeReceipt, JobError> {
+        set_stage(self.progress, "charging the ledger");
+        let receipt = ledger.charge(charge).await?;
+        self.telemetry.dataset(
+            &self.spec().job.dataset_id,
+            receipt.admission.after.epsilon,
+            receipt.admission.budget.epsilon,
+        );
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = receipt.admission.cost.epsilon;
+        Ok(receipt)
+    }
+
+    /// Splits the private input by privacy unit into the scratch store.
+    async fn partition(&self, scratch: &StoreLocation) -> Result<Partitioned, JobError> {
+        set_stage(self.progress, "partitioning");
+        let spec = self.spec();
+        let key = PartitionKey::generate()?;
+        let mut writer = PartitionWriter::new(scratch, &self.request.job_id, self.domain, spec.job.partitions, key)?;
+        let mut input = InputReader::new(spec, self.domain);
+        while let Some(batch) = input.next_batch().await? {
+            writer.write(batch).await?;
+        }
+        Ok(writer.finish().await?)
+    }
+
+    fn charge_request(&self, mechanisms: Vec<Mechanism>) -> ChargeRequest {
+        let spec = self.spec();
+        ChargeRequest {
+            job_id: self.request.job_id.clone(),
+            mechanisms,
+            accountant: spec.privacy.accountant,
+            delta: spec.privacy.delta,
+        }
+    }
+}
+
+/// DP marginals: one Gaussian release of all tables, then sampling.
+async fn run_marginals(
+    ctx: &JobContext<'_>,
+    ledger: &mut Ledger,
+    scratch: &StoreLocation,
+    output_url: &str,
+) -> Result<Released, JobError> {
+    let spec = ctx.spec();
+    let plan = MarginalsPlan::new(spec, ctx.domain)?;
+    let accounting = ledger.options().clone();
+    let sigma = calibrate_sigma(spec.privacy.epsilon, spec.privacy.delta, spec.privacy.accountant, &accounting, |s| {
+        vec![plan.mechanism(s)]
+    })?;
+    let charge = ctx.charge_request(vec![plan.mechanism(sigma)]);
+    ctx.admit(ledger, &charge).await?;
+    let output = OutputWriter::create(storage::open(output_url)?).await?;
+    let partitioned = ctx.partition(scratch).await?;
+    let mut counts = aggregate_marginals(ctx, &partitioned.urls, &plan).await?;
+
+    // Noise, once per cell, here and only here.
+    set_stage(ctx.progress, "adding noise");
+    Noise::from_os()?.add_gaussian(&mut counts, sigma * plan.task.sensitivity());
+    let synthesizer = Synthesizer::new(plan.clone(), &counts);
+    drop(counts);
+
+    let receipt = ctx.charge(ledger, &charge).await?;
+    set_stage(ctx.progress, "writing output");
+    let rows = spec.output.rows.unwrap_or_else(|| synthesizer.noisy_total.round().max(1.0) as u64);
+    let output = write_marginal_parts(spec, output, &synthesizer, rows).await?;
+    Ok(Released { output, receipt, mechanisms: charge.mechanisms, public_inputs: Vec::new() })
+}
+
+async fn aggregate_marginals(
+    ctx: &JobContext<'_>,
+    urls: &[String],
+    plan: &MarginalsPlan,
+) -> Result<Vec<f64>, JobError> {
+    set_stage(ctx.progress, "aggregating on workers");
+    let job_id = &ctx.request.job_id;
     let params = Arc::new(serde_json::to_vec(&plan.task).map_err(|e| JobError::Other(e.to_string()))?);
     let tasks: Vec<TaskDef> = urls
-        .into_iter()
+        .iter()
         .enumerate()
         .map(|(i, url)| TaskDef {
-            job_id: request.job_id.clone(),
+            job_id: job_id.clone(),
             task_id: i as u64,
             kind: marginals::TASK_KIND.to_string(),
             params: params.clone(),
-            partition_urls: vec![url],
+            partition_urls: vec![url.clone()],
         })
         .collect();
     let total = tasks.len();
-    progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = total as u32;
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = total as u32;
     let started = std::time::Instant::now();
-    let mut events = scheduler.submit(&request.job_id, tasks);
+    let mut events = ctx.scheduler.submit(job_id, tasks);
     let mut done = HashSet::new();
     let mut sum = vec![0.0; plan.task.cells()];
-    let outcome = loop {
-        if done.len() == total {
-            break Ok(sum);
-        }
+    while done.len() < total {
         match events.recv().await {
             Some(TaskEvent::Done(result)) => {
                 let counts = result.tensors.iter().find(|(n, _)| n == "counts").map(|(_, c)| c.as_slice());
-                let check = counts.ok_or_else(|| "no 'counts' tensor".to_string()).and_then(|c| {
-                    plan.task.validate(c, result.units)?;
-                    Ok(c)
-                });
-                match check {
-                    Ok(counts) if done.insert(result.task_id) => {
-                        sum.iter_mut().zip(counts).for_each(|(s, c)| *s += c);
-                        telemetry.task_done(result.seconds);
-                        progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done.len() as u32;
-                        let per_task = started.elapsed().as_secs_f64() / done.len() as f64;
-                        let eta_s = (per_task * (total - done.len()) as f64).round();
-                        tracing::info!(
-                            task = result.task_id,
-                            worker = result.worker,
-                            done = done.len(),
-                            total,
-                            eta_s,
-                            "task done"
-                        );
-                    }
-                    Ok(_) => {}
-                    Err(reason) => {
-                        break Err(JobError::BadResult { worker: result.worker, task_id: result.task_id, reason });
-                    }
+                let counts = counts
+                    .ok_or_else(|| "no 'counts' tensor".to_string())
+                    .and_then(|c| plan.task.validate(c, result.units).map(|()| c))
+                    .map_err(|reason| JobError::BadResult {
+                        worker: result.worker.clone(),
+                        task_id: result.task_id,
+                        reason,
+                    })?;
+                if done.insert(result.task_id) {
+                    sum.iter_mut().zip(counts).for_each(|(s, c)| *s += c);
+                    ctx.telemetry.task_done(result.seconds);
+                    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done.len() as u32;
+                    let per_task = started.elapsed().as_secs_f64() / done.len() as f64;
+                    let eta_s = (per_task * (total - done.len()) as f64).round();
+                    tracing::info!(
+                        task = result.task_id,
+                        worker = result.worker,
+                        done = done.len(),
+                        total,
+                        eta_s,
+                        "task done"
+                    );
                 }
             }
             Some(TaskEvent::Requeued { task_id, worker }) => {
                 tracing::warn!(task = task_id, worker, "worker lost mid-task; task requeued");
             }
             Some(TaskEvent::Failed { task_id, worker, error }) => {
-                break Err(JobError::Task { worker, task_id, error });
+                return Err(JobError::Task { worker, task_id, error });
             }
-            None => break Err(JobError::Other("scheduler stopped".into())),
+            None => return Err(JobError::Other("scheduler stopped".into())),
         }
+    }
+    Ok(sum)
+}
+
+/// DP-FinDiff: a DP unit count fixes the sampling rate; the whole DP-SGD run is charged
+/// before the first round; the trained model is sampled into the output.
+async fn run_findiff(
+    ctx: &JobContext<'_>,
+    ledger: &mut Ledger,
+    scratch: &StoreLocation,
+    output_url: &str,
+) -> Result<Released, JobError> {
+    let spec = ctx.spec();
+    let params = &spec.generator.findiff;
+    let plan = FinDiffPlan::new(spec, ctx.domain)?;
+    let accounting = ledger.options().clone();
+    if params.noise_multiplier.is_none() {
+        // A calibrated run costs exactly the job's (ε, δ) whatever q turns out to be:
+        // refuse now, before touching the data, if the ledger cannot afford it.
+        let sigma = plan.calibrate(spec, &accounting, plan.provisional_rate())?;
+        ctx.admit(ledger, &ctx.charge_request(plan.mechanisms(plan.provisional_rate(), sigma))).await?;
+    }
+    let output = OutputWriter::create(storage::open(output_url)?).await?;
+    let partitioned = ctx.partition(scratch).await?;
+
+    // The unit count, released with Gaussian noise (charged below with the training).
+    let mut noise = Noise::from_os()?;
+    let noisy_units = partitioned.units as f64 + noise.gaussian(params.count_noise_multiplier);
+    let rate = plan.rate(noisy_units);
+    let sigma = match params.noise_multiplier {
+        Some(sigma) => sigma,
+        None => plan.calibrate(spec, &accounting, rate)?,
     };
-    scheduler.cancel(&request.job_id);
-    outcome
+    let charge = ctx.charge_request(plan.mechanisms(rate, sigma));
+    ctx.admit(ledger, &charge).await?;
+    let receipt = ctx.charge(ledger, &charge).await?;
+    let steps = plan.steps(rate);
+    tracing::info!(rate, sigma, steps, epsilon = receipt.admission.cost.epsilon, "DP-SGD run charged");
+
+    set_stage(ctx.progress, "training (DP-SGD)");
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = steps as u32;
+    let device = compute_device();
+    let mut model = FinDiffModel::new(&plan.model, &device);
+    let mut parameters: Vec<f64> = model.parameters().into_iter().map(f64::from).collect();
+    let mut optimizer = Optimizer::new(params.optimizer, params.schedule, steps, parameters.len());
+    let run = TrainingRun {
+        job_id: &ctx.request.job_id,
+        partitions: &partitioned.urls,
+        rate,
+        clip: params.clip,
+        noise_multiplier: sigma,
+        expected_batch: rate * noisy_units.max(1.0),
+        micro_batch: params.micro_batch,
+        steps,
+        epsilon: receipt.admission.cost.epsilon,
+    };
+    let encode = |settings: &RoundSettings, weights: &[f32]| {
+        let epoch = settings.round as f64 * rate;
+        let round = FinDiffRound {
+            settings: settings.clone(),
+            model: plan.model.clone(),
+            timestep_exponent: timestep_exponent(params.alpha_start, params.alpha_end, epoch, params.epochs),
+        };
+        encode_task(&round, weights)
+    };
+    training::train(&run, &mut parameters, &mut optimizer, encode, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
+
+    set_stage(ctx.progress, "sampling");
+    let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
+    model.load_parameters(&weights).map_err(|e| JobError::Other(e.to_string()))?;
+    let rows = spec.output.rows.unwrap_or_else(|| noisy_units.round().max(1.0) as u64);
+    let output = write_findiff_parts(spec, output, model, &plan, rows).await?;
+    let public_inputs = vec![
+        format!(
+            "privacy units: {noisy_units:.1} (Gaussian release, noise multiplier {}; charged)",
+            params.count_noise_multiplier
+        ),
+        format!("DP-SGD: q = {rate:.6}, σ = {sigma:.4}, C = {}, {steps} steps", params.clip),
+    ];
+    Ok(Released { output, receipt, mechanisms: charge.mechanisms, public_inputs })
+}
+
+/// Samples `rows` synthetic rows from the trained denoiser, streaming one part at a time.
+async fn write_findiff_parts(
+    spec: &JobSpec,
+    mut output: OutputWriter,
+    model: FinDiffModel,
+    plan: &FinDiffPlan,
+    rows: u64,
+) -> Result<OutputWriter, JobError> {
+    const CHUNK: u64 = 2048;
+    let model = Arc::new(model);
+    let mut written = 0;
+    while written < rows {
+        let n = (rows - written).min(spec.output.rows_per_part);
+        let model = model.clone();
+        let encoding = plan.model.encoding.clone();
+        let sampling_steps = spec.generator.findiff.sampling_steps;
+        let part = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<SyntheticValue>>, JobError> {
+            // Sampling is post-processing; its randomness is not private.
+            let mut rng =
+                ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| JobError::Other(format!("OS entropy: {e}")))?;
+            let device = compute_device();
+            let mut out = Vec::with_capacity(n as usize);
+            let mut done = 0;
+            while done < n {
+                let m = (n - done).min(CHUNK) as usize;
+                let x = diffusion::sample(
+                    &model.denoiser,
+                    &model.schedule,
+                    m,
+                    encoding.width,
+                    sampling_steps,
+                    &device,
+                    &mut rng,
+                );
+                out.extend(x.chunks(encoding.width).map(|row| encoding.decode_row(row)));
+                done += m as u64;
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| JobError::Other(e.to_string()))??;
+        output.write_part(&rows_to_batch(spec, &part, written)).await?;
+        written += n;
+        tracing::info!(rows = written, of = rows, "synthetic rows written");
+    }
+    Ok(output)
 }
 
 /// Deletes the job's partitions: they hold encoded private rows.
@@ -332,7 +521,7 @@ async fn cleanup_scratch(scratch: &StoreLocation, job_id: &str) {
 }
 
 /// Samples `rows` synthetic rows, part by part (memory bounded by `rows_per_part`).
-async fn write_parts(
+async fn write_marginal_parts(
     spec: &JobSpec,
     mut output: OutputWriter,
     synthesizer: &Synthesizer,
@@ -356,7 +545,7 @@ async fn write_parts(
     Ok(output)
 }
 
-fn public_inputs(spec: &JobSpec) -> Vec<String> {
+fn declared_inputs(spec: &JobSpec) -> Vec<String> {
     let mut out: Vec<String> = spec
         .schema
         .columns

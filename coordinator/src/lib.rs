@@ -7,3 +7,4 @@ pub mod server;
 pub mod service;
 pub mod standalone;
 pub mod telemetry;
+pub mod training;

@@ -1,14 +1,19 @@
-//! Worker registry and task queue. Workers pull tasks; a worker that stops heartbeating is
-//! declared dead and its running tasks go back to the front of the queue with a new
-//! attempt number, so a late result from the old attempt is refused and nothing is
-//! counted twice.
+//! Worker registry and task queue. Workers pull tasks (long polling); a worker that stops
+//! heartbeating is declared dead and its running tasks go back to the front of the queue
+//! with a new attempt number, so a late result from the old attempt is refused and nothing
+//! is counted twice.
+//!
+//! Partitions stick to workers: the first worker handed a partition owns it, and later
+//! tasks on that partition (every DP-SGD round) go only to its owner, so its rows stay
+//! where they were loaded. New partitions go to the live worker owning the fewest; a dead
+//! worker's partitions are released to the others.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpsynth_proto::Capabilities;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 /// One unit of work: a kind, its parameters, and the partitions it reads.
 #[derive(Clone, Debug)]
@@ -58,18 +63,42 @@ struct Inner {
     pending: VecDeque<(TaskDef, u32)>,
     running: HashMap<(String, u64), Running>,
     listeners: HashMap<String, mpsc::UnboundedSender<TaskEvent>>,
+    /// Partition URL → the worker that holds it.
+    owners: HashMap<String, String>,
     next_worker: u64,
+}
+
+impl Inner {
+    fn owned_by(&self, worker: &str) -> usize {
+        self.owners.values().filter(|w| *w == worker).count()
+    }
+
+    /// Whether `worker` may take `task`: it owns all its partitions, or they are unowned
+    /// and no live worker owns fewer partitions than it does.
+    fn may_take(&self, worker: &str, task: &TaskDef) -> bool {
+        let mut unowned = false;
+        for url in &task.partition_urls {
+            match self.owners.get(url) {
+                Some(owner) if owner != worker => return false,
+                Some(_) => {}
+                None => unowned = true,
+            }
+        }
+        !unowned || self.workers.keys().all(|w| self.owned_by(w) >= self.owned_by(worker))
+    }
 }
 
 /// Shared between the gRPC service, the jobs and the reaper.
 pub struct Scheduler {
     inner: Mutex<Inner>,
     worker_timeout: Duration,
+    /// Wakes long polls when tasks are queued.
+    queued: Notify,
 }
 
 impl Scheduler {
     pub fn new(worker_timeout: Duration) -> Self {
-        Self { inner: Mutex::new(Inner::default()), worker_timeout }
+        Self { inner: Mutex::new(Inner::default()), worker_timeout, queued: Notify::new() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -106,7 +135,15 @@ impl Scheduler {
         let mut inner = self.lock();
         inner.listeners.insert(job_id.to_string(), tx);
         inner.pending.extend(tasks.into_iter().map(|t| (t, 1)));
+        drop(inner);
+        self.queued.notify_waiters();
         rx
+    }
+
+    /// Queues more tasks for a job already submitted (the next DP-SGD round).
+    pub fn enqueue(&self, tasks: Vec<TaskDef>) {
+        self.lock().pending.extend(tasks.into_iter().map(|t| (t, 1)));
+        self.queued.notify_waiters();
     }
 
     /// Forgets a job's queued and running tasks.
@@ -115,13 +152,35 @@ impl Scheduler {
         inner.pending.retain(|(t, _)| t.job_id != job_id);
         inner.running.retain(|(j, _), _| j != job_id);
         inner.listeners.remove(job_id);
+        let prefix = format!("/{job_id}/");
+        inner.owners.retain(|url, _| !url.contains(&prefix));
+    }
+
+    /// The next task for a known worker, waiting up to `wait` for one to be queued.
+    pub async fn poll_wait(&self, worker: &str, wait: Duration) -> Option<(TaskDef, u32)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.queued.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(task) = self.poll(worker) {
+                return Some(task);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
     }
 
     /// The next task for a known worker.
     pub fn poll(&self, worker: &str) -> Option<(TaskDef, u32)> {
         let mut inner = self.lock();
         inner.workers.get_mut(worker)?.last_seen = Instant::now();
-        let (def, attempt) = inner.pending.pop_front()?;
+        let index = inner.pending.iter().position(|(def, _)| inner.may_take(worker, def))?;
+        let (def, attempt) = inner.pending.remove(index).expect("found above");
+        for url in &def.partition_urls {
+            inner.owners.insert(url.clone(), worker.to_string());
+        }
         let key = (def.job_id.clone(), def.task_id);
         inner
             .running
@@ -172,8 +231,10 @@ impl Scheduler {
             .filter(|(_, w)| now.duration_since(w.last_seen) > self.worker_timeout)
             .map(|(id, _)| id.clone())
             .collect();
+        let requeued = !dead.is_empty();
         for id in dead {
             inner.workers.remove(&id);
+            inner.owners.retain(|_, owner| *owner != id);
             tracing::warn!(worker = id, "worker lost (no heartbeat); requeueing its tasks");
             let lost: Vec<(String, u64)> =
                 inner.running.iter().filter(|(_, r)| r.worker == id).map(|(k, _)| k.clone()).collect();
@@ -184,6 +245,10 @@ impl Scheduler {
                 }
                 inner.pending.push_front((r.def, r.attempt + 1));
             }
+        }
+        drop(inner);
+        if requeued {
+            self.queued.notify_waiters();
         }
     }
 }

@@ -17,7 +17,11 @@ pub async fn serve(
     reporter.set_serving::<CoordinatorServer<CoordinatorService>>().await;
     Server::builder()
         .add_service(health)
-        .add_service(CoordinatorServer::new(service))
+        .add_service(
+            CoordinatorServer::new(service)
+                .max_decoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
 }

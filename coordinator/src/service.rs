@@ -214,11 +214,13 @@ impl Coordinator for CoordinatorService {
     }
 
     async fn poll_task(&self, request: Request<PollTaskRequest>) -> Result<Response<PollTaskResponse>, Status> {
-        let worker = request.into_inner().worker_id;
+        let PollTaskRequest { worker_id: worker, wait_ms } = request.into_inner();
         if !self.scheduler.heartbeat(&worker) {
             return Err(Status::not_found(format!("unknown worker {worker}: register again")));
         }
-        let task = self.scheduler.poll(&worker).map(|(def, attempt)| Task {
+        // Capped well below the worker timeout so a held poll never looks like silence.
+        let wait = Duration::from_millis(u64::from(wait_ms)).min(self.config.worker_timeout / 2);
+        let task = self.scheduler.poll_wait(&worker, wait).await.map(|(def, attempt)| Task {
             job_id: def.job_id,
             task_id: def.task_id,
             attempt,

@@ -3,7 +3,11 @@
 tonic::include_proto!("dpsynth.v1");
 
 /// Version of the protocol in `dpsynth.proto`; peers of another version are refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: DP-SGD round tasks (`dpsgd`) and long polling.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest chunk of tensor bytes sent in one message.
 pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// Largest gRPC message either side accepts: a round task carries a model's weights.
+pub const MAX_MESSAGE_BYTES: usize = 256 << 20;

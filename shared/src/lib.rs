@@ -4,6 +4,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
 pub mod data;
+pub mod dpsgd;
 pub mod eval;
 pub mod generators;
 pub mod logging;

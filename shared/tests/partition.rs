@@ -57,7 +57,7 @@ async fn units_never_straddle_partitions() {
         }
         writer.write(rows).await.unwrap();
     }
-    let urls = writer.finish().await.unwrap();
+    let urls = writer.finish().await.unwrap().urls;
     assert_eq!(urls.len(), 7);
     let mut seen_in: HashMap<String, HashSet<usize>> = HashMap::new();
     let mut rows_of: HashMap<String, usize> = HashMap::new();

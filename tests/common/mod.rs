@@ -164,3 +164,15 @@ pub fn parts(dir: &Path, manifest: &serde_json::Value) -> Vec<String> {
         .map(|p| dir.join(p["path"].as_str().unwrap()).to_str().unwrap().to_string())
         .collect()
 }
+
+/// The demo spec turned into a small DP-FinDiff job (patients are units of up to 8 rows).
+pub fn findiff_spec(dir: &Path, patients: usize, epochs: f64) -> String {
+    let text = demo_spec(dir, patients);
+    let start = text.find("[generator]").unwrap();
+    let end = text.find("[output]").unwrap();
+    format!(
+        "{}[generator]\nname = \"findiff\"\n\n[generator.findiff]\nbatch_size = 32\nepochs = {epochs}\nmax_rows_per_unit = 8\nhidden = 32\ndiffusion_steps = 100\nsampling_steps = 20\n\n{}",
+        &text[..start],
+        &text[end..]
+    )
+}

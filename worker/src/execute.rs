@@ -1,8 +1,20 @@
 //! Task execution: one function per task kind, each returning a bounded aggregate.
+//!
+//! DP-SGD rounds keep the worker's encoded partitions and model in memory between rounds
+//! (raw rows stay here), and run the model on a blocking thread.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
 use dpsynth_proto::Task;
 use dpsynth_shared::data::partition::read_partition;
-use dpsynth_shared::generators::marginals::{MarginalsTask, TASK_KIND};
+use dpsynth_shared::dpsgd::params::LinearStack;
+use dpsynth_shared::dpsgd::{self, Examples, compute_device, decode_task};
+use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
+use dpsynth_shared::generators::marginals::{self, MarginalsTask};
+use rand::SeedableRng;
+use rand::rngs::{ChaCha20Rng, SysRng};
 
 /// Named f64 tensors plus the number of privacy units that contributed.
 pub struct Aggregate {
@@ -10,12 +22,67 @@ pub struct Aggregate {
     pub tensors: Vec<(String, Vec<f64>)>,
 }
 
-pub async fn execute(task: &Task) -> anyhow::Result<Aggregate> {
-    match task.kind.as_str() {
-        TASK_KIND => marginals(task).await,
-        other => {
-            anyhow::bail!("unknown task kind {other:?}: this worker is older than its coordinator")
+/// State a worker keeps for the job it is training: its examples per partition and the
+/// model (rebuilt only when the job changes).
+#[derive(Default)]
+pub struct Executor {
+    job: String,
+    examples: HashMap<String, Arc<Examples>>,
+    model: Option<Arc<Mutex<FinDiffModel>>>,
+}
+
+impl Executor {
+    pub async fn execute(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
+        match task.kind.as_str() {
+            marginals::TASK_KIND => marginals(task).await,
+            dpsgd::TASK_KIND => self.dpsgd_round(task).await,
+            other => {
+                anyhow::bail!("unknown task kind {other:?}: this worker is older than its coordinator")
+            }
         }
+    }
+
+    /// One DP-SGD round over the task's partitions: the clipped gradient sum.
+    async fn dpsgd_round(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
+        let (round, parameters): (FinDiffRound, Vec<f32>) = decode_task(&task.params)?;
+        if self.job != task.job_id {
+            // A new job: forget the previous one's rows and model.
+            *self = Executor { job: task.job_id.clone(), ..Executor::default() };
+        }
+        let mut parts = Vec::new();
+        for url in &task.partition_urls {
+            if !self.examples.contains_key(url) {
+                let examples = round.model.load_examples(std::slice::from_ref(url)).await?;
+                tracing::info!(partition = url, "partition loaded for training");
+                self.examples.insert(url.clone(), Arc::new(examples));
+            }
+            parts.push(self.examples[url].clone());
+        }
+        let device = compute_device();
+        let model = match &self.model {
+            Some(m) => m.clone(),
+            None => {
+                let m = Arc::new(Mutex::new(FinDiffModel::new(&round.model, &device)));
+                self.model = Some(m.clone());
+                m
+            }
+        };
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Aggregate> {
+            let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
+            model.load_parameters(&parameters)?;
+            model.set_timestep_exponent(round.timestep_exponent);
+            // Which units are sampled is private randomness: OS-keyed CSPRNG.
+            let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng).context("OS entropy")?;
+            let mut sum = vec![0f64; model.parameter_count()];
+            let mut units = 0;
+            for examples in &parts {
+                let c = dpsgd::contribute(&*model, examples, &round.settings, &mut rng, &device)?;
+                sum.iter_mut().zip(&c.sum).for_each(|(s, v)| *s += v);
+                units += c.units;
+            }
+            Ok(Aggregate { units, tensors: vec![("gradient_sum".to_string(), sum)] })
+        })
+        .await?
     }
 }
 

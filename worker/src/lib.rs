@@ -54,7 +54,7 @@ pub struct WorkerConfig {
     pub coordinator_url: String,
     /// Name reported to the coordinator (the pod name on Kubernetes).
     pub name: String,
-    /// Wait between polls when there is no work.
+    /// How long one poll may wait at the coordinator for work (long polling).
     pub poll_interval: Duration,
     pub metrics: Arc<WorkerMetrics>,
 }
@@ -64,7 +64,7 @@ impl WorkerConfig {
         Self {
             coordinator_url: coordinator_url.into(),
             name: name.into(),
-            poll_interval: Duration::from_millis(100),
+            poll_interval: Duration::from_secs(1),
             metrics: Arc::default(),
         }
     }
@@ -106,7 +106,10 @@ async fn connect(url: &str) -> Channel {
 pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     loop {
         let channel = connect(&config.coordinator_url).await;
-        let mut client = CoordinatorClient::new(channel);
+        // Round tasks carry the model's weights; results carry gradient sums.
+        let mut client = CoordinatorClient::new(channel)
+            .max_decoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES);
         let registered = client
             .register_worker(RegisterWorkerRequest {
                 protocol_version: PROTOCOL_VERSION,
@@ -160,8 +163,10 @@ async fn serve_tasks(
     worker_id: &str,
     config: &WorkerConfig,
 ) -> anyhow::Result<()> {
+    let mut executor = execute::Executor::default();
     loop {
-        let polled = client.poll_task(PollTaskRequest { worker_id: worker_id.to_string() }).await;
+        let wait_ms = config.poll_interval.as_millis().min(u128::from(u32::MAX)) as u32;
+        let polled = client.poll_task(PollTaskRequest { worker_id: worker_id.to_string(), wait_ms }).await;
         let task = match polled {
             Ok(r) => r.into_inner().task,
             Err(status) if status.code() == Code::NotFound => {
@@ -169,10 +174,8 @@ async fn serve_tasks(
             }
             Err(status) => return Err(status).context("polling for work"),
         };
-        let Some(task) = task else {
-            tokio::time::sleep(config.poll_interval).await;
-            continue;
-        };
+        // No task within the wait: poll again.
+        let Some(task) = task else { continue };
         tracing::info!(
             job = task.job_id,
             task = task.task_id,
@@ -181,7 +184,7 @@ async fn serve_tasks(
             "task started"
         );
         let started = Instant::now();
-        match execute::execute(&task).await {
+        match executor.execute(&task).await {
             Ok(aggregate) => {
                 let rate = aggregate.units as f64 / started.elapsed().as_secs_f64().max(1e-9);
                 config.metrics.last_rate.store(rate.to_bits(), Ordering::Relaxed);

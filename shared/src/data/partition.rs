@@ -5,6 +5,7 @@
 //! under the job's scratch prefix, so a deployment can grant each worker access to its own
 //! prefixes only.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -84,6 +85,14 @@ pub struct PartitionWriter {
     domain: Domain,
     writers: Vec<AsyncArrowWriter<BufWriter>>,
     urls: Vec<String>,
+    units: HashSet<String>,
+}
+
+/// What partitioning produced. The unit count is private: it may leave the coordinator
+/// only through a DP release.
+pub struct Partitioned {
+    pub urls: Vec<String>,
+    pub units: u64,
 }
 
 impl PartitionWriter {
@@ -106,7 +115,7 @@ impl PartitionWriter {
             writers.push(writer);
             urls.push(format!("{}/{relative}", scratch.url.trim_end_matches('/')));
         }
-        Ok(Self { key, schema, domain: domain.clone(), writers, urls })
+        Ok(Self { key, schema, domain: domain.clone(), writers, urls, units: HashSet::new() })
     }
 
     /// Routes each row to its unit's partition.
@@ -115,6 +124,9 @@ impl PartitionWriter {
         let mut split: Vec<EncodedBatch> = (0..count).map(|_| EncodedBatch::empty(self.domain.columns.len())).collect();
         for (i, unit) in batch.units.into_iter().enumerate() {
             let target = &mut split[self.key.partition_of(&unit, count) as usize];
+            if !self.units.contains(&unit) {
+                self.units.insert(unit.clone());
+            }
             for (d, values) in batch.values.iter().enumerate() {
                 target.values[d].push(values[i]);
             }
@@ -129,12 +141,12 @@ impl PartitionWriter {
         Ok(())
     }
 
-    /// Finishes every file; returns their URLs in partition order.
-    pub async fn finish(self) -> Result<Vec<String>, DataError> {
+    /// Finishes every file; returns their URLs in partition order and the unit count.
+    pub async fn finish(self) -> Result<Partitioned, DataError> {
         for writer in self.writers {
             writer.close().await.map_err(|e| DataError::Internal(format!("closing a partition: {e}")))?;
         }
-        Ok(self.urls)
+        Ok(Partitioned { urls: self.urls, units: self.units.len() as u64 })
     }
 }
 

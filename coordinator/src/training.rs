@@ -1,0 +1,129 @@
+//! The coordinator's side of distributed DP-SGD: per round, broadcast the weights, collect
+//! every partition's clipped gradient sum, check it, add the noise (here and only here),
+//! divide by the expected batch and step the optimizer on the f64 master copy.
+//!
+//! A worker lost mid-round only delays the round: its task goes back to the queue with a
+//! new attempt and another worker takes the partition over; the round's noise is drawn
+//! once all sums are in, so nothing about an incomplete round is ever released.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dpsynth_shared::dpsgd::optimizer::Optimizer;
+use dpsynth_shared::dpsgd::{self, RoundSettings};
+use dpsynth_shared::privacy::noise::Noise;
+use rand::TryRng;
+use rand::rngs::SysRng;
+
+use crate::job::{JobError, ProgressHandle};
+use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
+use crate::telemetry::Telemetry;
+
+/// A planned DP-SGD run (its privacy cost is already charged).
+pub struct TrainingRun<'a> {
+    pub job_id: &'a str,
+    pub partitions: &'a [String],
+    pub rate: f64,
+    pub clip: f64,
+    pub noise_multiplier: f64,
+    /// q·N̂: the divisor of every noisy sum.
+    pub expected_batch: f64,
+    pub micro_batch: usize,
+    pub steps: u64,
+    /// ε charged for the whole run (progress reports).
+    pub epsilon: f64,
+}
+
+/// Trains `parameters` in place. `task_params(settings, weights)` encodes one round's task.
+#[allow(clippy::too_many_arguments)]
+pub async fn train(
+    run: &TrainingRun<'_>,
+    parameters: &mut [f64],
+    optimizer: &mut Optimizer,
+    task_params: impl Fn(&RoundSettings, &[f32]) -> Vec<u8>,
+    scheduler: &Scheduler,
+    telemetry: &Telemetry,
+    progress: &ProgressHandle,
+) -> Result<(), JobError> {
+    let mut noise = Noise::from_os()?;
+    let started = Instant::now();
+    let first_step = optimizer.step;
+    let mut last_report = Instant::now();
+    let mut events = None;
+    let p = run.partitions.len();
+    while optimizer.step < run.steps {
+        let round = optimizer.step;
+        let mut seed = [0u8; 32];
+        SysRng.try_fill_bytes(&mut seed).map_err(|e| JobError::Other(format!("OS entropy: {e}")))?;
+        let settings = RoundSettings { round, rate: run.rate, clip: run.clip, seed, micro_batch: run.micro_batch };
+        let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
+        let params = Arc::new(task_params(&settings, &weights));
+        let tasks: Vec<TaskDef> = run
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(i, url)| TaskDef {
+                job_id: run.job_id.to_string(),
+                task_id: round * p as u64 + i as u64,
+                kind: dpsgd::TASK_KIND.to_string(),
+                params: params.clone(),
+                partition_urls: vec![url.clone()],
+            })
+            .collect();
+        let rx = match events.as_mut() {
+            None => events.insert(scheduler.submit(run.job_id, tasks)),
+            Some(rx) => {
+                scheduler.enqueue(tasks);
+                rx
+            }
+        };
+        let mut sums: HashMap<u64, Vec<f64>> = HashMap::new();
+        while sums.len() < p {
+            match rx.recv().await {
+                Some(TaskEvent::Done(mut result)) => {
+                    let Some(index) = result.tensors.iter().position(|(n, _)| n == "gradient_sum") else {
+                        return Err(bad(&result.worker, result.task_id, "no 'gradient_sum' tensor".into()));
+                    };
+                    let sum = result.tensors.swap_remove(index).1;
+                    dpsgd::validate(&sum, result.units, parameters.len(), run.clip)
+                        .map_err(|reason| bad(&result.worker, result.task_id, reason))?;
+                    telemetry.task_done(result.seconds);
+                    sums.insert(result.task_id, sum);
+                }
+                Some(TaskEvent::Requeued { task_id, worker }) => {
+                    tracing::warn!(task = task_id, worker, round, "worker lost mid-round; its partition is redone");
+                }
+                Some(TaskEvent::Failed { task_id, worker, error }) => {
+                    return Err(JobError::Task { worker, task_id, error });
+                }
+                None => return Err(JobError::Other("scheduler stopped".into())),
+            }
+        }
+        let mut gradient = vec![0.0; parameters.len()];
+        for sum in sums.values() {
+            gradient.iter_mut().zip(sum).for_each(|(g, s)| *g += s);
+        }
+        noise.add_gaussian(&mut gradient, run.noise_multiplier * run.clip);
+        gradient.iter_mut().for_each(|g| *g /= run.expected_batch);
+        optimizer.step(parameters, &gradient);
+
+        let done = optimizer.step;
+        {
+            let mut progress = progress.lock().unwrap_or_else(|e| e.into_inner());
+            progress.tasks_done = done as u32;
+        }
+        if last_report.elapsed().as_secs_f64() >= 5.0 || done == run.steps {
+            last_report = Instant::now();
+            let per_round = started.elapsed().as_secs_f64() / (done - first_step) as f64;
+            let eta_s = (per_round * (run.steps - done) as f64).round();
+            tracing::info!(round = done, rounds = run.steps, eta_s, epsilon_charged = run.epsilon, "DP-SGD progress");
+        }
+    }
+    scheduler.cancel(run.job_id);
+    Ok(())
+}
+
+fn bad(worker: &str, task_id: u64, reason: String) -> JobError {
+    JobError::BadResult { worker: worker.to_string(), task_id, reason }
+}

@@ -1,0 +1,438 @@
+//! Distributed DP-SGD, generic over the model.
+//!
+//! Per round, the coordinator broadcasts the parameters; every worker Poisson-samples the
+//! units of its partitions with the *global* rate q (so the union over workers is Poisson
+//! sampling of the whole dataset), computes each sampled unit's gradient (the sum over
+//! the unit's rows), clips it as a whole to L2 norm C and returns the sum and the number
+//! of sampled units. The coordinator alone adds N(0, σ²C²) per coordinate, divides by
+//! the *expected* batch q·N̂ and steps its optimizer.
+//!
+//! Privacy map: one unit changes the summed clipped gradient by at most C (add/remove),
+//! so T rounds are the Poisson-subsampled Gaussian mechanism with rate q, noise
+//! multiplier σ and T steps (`Mechanism::dp_sgd`), charged before the first round.
+
+pub mod ghost;
+pub mod optimizer;
+pub mod params;
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use burn::tensor::{Device, Tensor};
+use rand::rngs::{ChaCha20Rng, SysRng};
+use rand::{CryptoRng, RngExt, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::data::EncodedBatch;
+use crate::data::domain::Domain;
+use crate::data::partition::read_partition;
+use ghost::{GhostTape, LinearHook, clipped_sum};
+use params::LinearStack;
+
+/// Kind name of DP-SGD round tasks in the protocol.
+pub const TASK_KIND: &str = "dpsgd";
+
+/// Engine errors.
+#[derive(Debug, thiserror::Error)]
+pub enum DpSgdError {
+    #[error("model: {0}")]
+    Model(String),
+    #[error("task parameters: {0}")]
+    Params(String),
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+}
+
+/// The device models run on: the first CUDA GPU with the `cuda` feature, else the CPU
+/// (`flex`) backend.
+pub fn compute_device() -> Device {
+    #[cfg(feature = "cuda")]
+    {
+        Device::cuda(0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Device::flex()
+    }
+}
+
+/// A worker's private examples, grouped by unit: each unit's rows are contiguous.
+#[derive(Clone, Debug, Default)]
+pub struct Examples {
+    /// Features, row-major (rows × width).
+    pub x: Vec<f32>,
+    pub width: usize,
+    /// Per unit: its id and its rows.
+    pub units: Vec<(String, Range<usize>)>,
+}
+
+impl Examples {
+    /// Reads partitions and encodes rows; a unit keeps at most `max_rows_per_unit` rows (a
+    /// uniform subset drawn with a CSPRNG), so it contributes at most that many rows to the
+    /// one example it forms.
+    pub async fn load(
+        urls: &[String],
+        domain: &Domain,
+        max_rows_per_unit: u32,
+        width: usize,
+        encode: impl Fn(&EncodedBatch, usize, &mut [f32]),
+    ) -> Result<Self, DpSgdError> {
+        let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng)
+            .map_err(|e| DpSgdError::Model(format!("OS entropy unavailable: {e}")))?;
+        let m = max_rows_per_unit.max(1) as usize;
+        let mut order: Vec<String> = Vec::new();
+        let mut kept: HashMap<String, (u64, Vec<Vec<f32>>)> = HashMap::new();
+        for url in urls {
+            read_partition(url, domain, |batch| {
+                for (r, unit) in batch.units.iter().enumerate() {
+                    let mut row = vec![0f32; width];
+                    encode(&batch, r, &mut row);
+                    let (seen, rows) = kept.entry(unit.clone()).or_insert_with(|| {
+                        order.push(unit.clone());
+                        (0, Vec::new())
+                    });
+                    *seen += 1;
+                    if rows.len() < m {
+                        rows.push(row);
+                    } else {
+                        let j = rng.random_range(0..*seen) as usize;
+                        if j < m {
+                            rows[j] = row;
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        let mut examples = Examples { x: Vec::new(), width, units: Vec::with_capacity(order.len()) };
+        for unit in order {
+            let (_, rows) = kept.remove(&unit).expect("listed when first seen");
+            let start = examples.x.len() / width;
+            examples.units.push((unit, start..start + rows.len()));
+            examples.x.extend(rows.into_iter().flatten());
+        }
+        Ok(examples)
+    }
+}
+
+/// A model the engine can train: per-row losses through a linear-layer hook.
+pub trait DpModel: LinearStack {
+    /// Loss of each of `rows` (indices into `examples`, grouped by unit). Any randomness
+    /// inside the loss is non-private and keyed by `seed` and the row's unit, so a sum
+    /// does not depend on which worker holds which unit.
+    fn losses(
+        &self,
+        examples: &Examples,
+        rows: &[RowRef<'_>],
+        seed: &[u8; 32],
+        device: &Device,
+        hook: &mut impl LinearHook,
+    ) -> Tensor<1>;
+}
+
+/// A row as the loss sees it: its index, its unit's id and its position in the unit.
+#[derive(Clone, Copy, Debug)]
+pub struct RowRef<'a> {
+    pub row: usize,
+    pub unit: &'a str,
+    pub position: usize,
+}
+
+/// Settings of one round that every worker gets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundSettings {
+    pub round: u64,
+    /// Poisson sampling rate q of every unit.
+    pub rate: f64,
+    /// L2 clipping norm C of a unit's whole gradient.
+    pub clip: f64,
+    /// Keys the non-private per-row randomness of this round.
+    pub seed: [u8; 32],
+    /// Units per backward pass (memory bound; no effect on the result).
+    pub micro_batch: usize,
+}
+
+/// A worker's share of one round.
+#[derive(Clone, Debug)]
+pub struct Contribution {
+    pub sum: Vec<f64>,
+    /// Sampled units (private: validation only, never released).
+    pub units: u64,
+}
+
+/// Poisson-samples `examples`' units with rate q from a CSPRNG, then sums their clipped
+/// gradients.
+pub fn contribute<M: DpModel>(
+    model: &M,
+    examples: &Examples,
+    settings: &RoundSettings,
+    rng: &mut impl CryptoRng,
+    device: &Device,
+) -> Result<Contribution, DpSgdError> {
+    let sampled: Vec<usize> = (0..examples.units.len()).filter(|_| rng.random::<f64>() < settings.rate).collect();
+    clipped_gradient_sum(model, examples, &sampled, settings, device)
+}
+
+/// Sum of the clipped gradients of the given units.
+pub fn clipped_gradient_sum<M: DpModel>(
+    model: &M,
+    examples: &Examples,
+    units: &[usize],
+    settings: &RoundSettings,
+    device: &Device,
+) -> Result<Contribution, DpSgdError> {
+    let mut sum = vec![0f64; model.parameter_count()];
+    for chunk in units.chunks(settings.micro_batch.max(1)) {
+        let mut rows = Vec::new();
+        let mut unit_of_row = Vec::new();
+        for (u, &unit) in chunk.iter().enumerate() {
+            let (id, range) = &examples.units[unit];
+            for (position, row) in range.clone().enumerate() {
+                rows.push(RowRef { row, unit: id, position });
+                unit_of_row.push(u);
+            }
+        }
+        let mut tape = GhostTape::default();
+        let losses = model.losses(examples, &rows, &settings.seed, device, &mut tape);
+        let clipped = clipped_sum(model, tape, losses, &unit_of_row, chunk.len(), settings.clip)?;
+        sum.iter_mut().zip(&clipped.sum).for_each(|(s, c)| *s += f64::from(*c));
+    }
+    Ok(Contribution { sum, units: units.len() as u64 })
+}
+
+/// Coordinator-side check of a worker's sum: right length, finite, and ‖sum‖ ≤ units·C
+/// (with f32 rounding slack). Anything else is a broken or hostile worker.
+pub fn validate(sum: &[f64], units: u64, parameters: usize, clip: f64) -> Result<(), String> {
+    if sum.len() != parameters {
+        return Err(format!("expected {parameters} gradient coordinates, got {}", sum.len()));
+    }
+    if sum.iter().any(|v| !v.is_finite()) {
+        return Err("the gradient sum is not finite".into());
+    }
+    let norm = sum.iter().map(|v| v * v).sum::<f64>().sqrt();
+    let bound = units as f64 * clip * (1.0 + 1e-4);
+    if norm > bound {
+        return Err(format!("the gradient sum has norm {norm:.6}, above units × C = {bound:.6}"));
+    }
+    Ok(())
+}
+
+/// Parameters travel as raw little-endian f32 after a length-prefixed JSON header.
+pub fn encode_task<H: Serialize>(header: &H, parameters: &[f32]) -> Vec<u8> {
+    let json = serde_json::to_vec(header).expect("serialisable header");
+    let mut out = Vec::with_capacity(4 + json.len() + 4 * parameters.len());
+    out.extend((json.len() as u32).to_le_bytes());
+    out.extend(json);
+    for p in parameters {
+        out.extend(p.to_le_bytes());
+    }
+    out
+}
+
+/// Inverse of [`encode_task`].
+pub fn decode_task<H: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<(H, Vec<f32>), DpSgdError> {
+    let bad = |m: &str| DpSgdError::Params(m.to_string());
+    let len = u32::from_le_bytes(bytes.get(..4).ok_or_else(|| bad("truncated"))?.try_into().expect("4 bytes")) as usize;
+    let json = bytes.get(4..4 + len).ok_or_else(|| bad("truncated header"))?;
+    let header = serde_json::from_slice(json).map_err(|e| DpSgdError::Params(e.to_string()))?;
+    let rest = &bytes[4 + len..];
+    if !rest.len().is_multiple_of(4) {
+        return Err(bad("parameter bytes are not a multiple of 4"));
+    }
+    Ok((header, rest.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+    use rand::rngs::ChaCha8Rng;
+    use rand_distr::{Distribution, StandardNormal};
+
+    use super::*;
+    use crate::generators::findiff::encoding::TabularEncoding;
+    use crate::generators::findiff::model::DenoiserConfig;
+    use crate::generators::findiff::{FinDiffModel, FinDiffModelSpec};
+    use ghost::Plain;
+
+    const WIDTH: usize = 5;
+
+    fn model(device: &Device) -> FinDiffModel {
+        let spec = FinDiffModelSpec {
+            domain: Domain { columns: Vec::new() },
+            encoding: TabularEncoding { features: Vec::new(), width: WIDTH },
+            denoiser: DenoiserConfig::new(WIDTH).with_hidden(24).with_time_embedding(8),
+            diffusion_steps: 50,
+            beta_start: 1e-4,
+            beta_end: 0.02,
+            max_rows_per_unit: 4,
+        };
+        let mut m = FinDiffModel::new(&spec, device);
+        m.set_timestep_exponent(1.0);
+        m
+    }
+
+    /// `rows_of[u]` rows for unit u, features from a fixed-seed generator (test data).
+    fn examples(rows_of: &[usize]) -> Examples {
+        let mut rng = ChaCha8Rng::from_seed([11; 32]);
+        let mut ex = Examples { x: Vec::new(), width: WIDTH, units: Vec::new() };
+        for (u, &n) in rows_of.iter().enumerate() {
+            let start = ex.x.len() / WIDTH;
+            ex.units.push((format!("unit-{u}"), start..start + n));
+            ex.x.extend((0..n * WIDTH).map(|_| 0.7 * Distribution::<f32>::sample(&StandardNormal, &mut rng)));
+        }
+        ex
+    }
+
+    fn rows_of_unit<'a>(ex: &'a Examples, u: usize) -> Vec<RowRef<'a>> {
+        let (id, range) = &ex.units[u];
+        range.clone().enumerate().map(|(position, row)| RowRef { row, unit: id, position }).collect()
+    }
+
+    /// One ordinary backward pass per unit.
+    fn naive_unit_gradients(model: &FinDiffModel, ex: &Examples, seed: &[u8; 32], device: &Device) -> Vec<Vec<f64>> {
+        let tracked = model.tracked();
+        (0..ex.units.len())
+            .map(|u| {
+                let losses = tracked.losses(ex, &rows_of_unit(ex, u), seed, device, &mut Plain);
+                let grads = losses.sum().backward();
+                tracked.flat_gradient(&grads).into_iter().map(f64::from).collect()
+            })
+            .collect()
+    }
+
+    fn norm(v: &[f64]) -> f64 {
+        v.iter().map(|x| x * x).sum::<f64>().sqrt()
+    }
+
+    fn relative_error(a: &[f64], b: &[f64]) -> f64 {
+        let diff: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+        norm(&diff) / norm(b)
+    }
+
+    fn settings(clip: f64) -> RoundSettings {
+        RoundSettings { round: 0, rate: 1.0, clip, seed: [3; 32], micro_batch: 7 }
+    }
+
+    fn check_against_naive(rows_of: &[usize]) {
+        let device = compute_device();
+        let model = model(&device);
+        let ex = examples(rows_of);
+        let naive = naive_unit_gradients(&model, &ex, &[3; 32], &device);
+        let norms: Vec<f64> = naive.iter().map(|g| norm(g)).collect();
+        let mut sorted = norms.clone();
+        sorted.sort_by(f64::total_cmp);
+        // C at the median: half the units are clipped, half are not.
+        let clip = sorted[sorted.len() / 2];
+        let mut expected = vec![0.0; model.parameter_count()];
+        for (g, n) in naive.iter().zip(&norms) {
+            let c = (clip / n).min(1.0);
+            expected.iter_mut().zip(g).for_each(|(e, v)| *e += c * v);
+        }
+        let all: Vec<usize> = (0..ex.units.len()).collect();
+        let got = clipped_gradient_sum(&model, &ex, &all, &settings(clip), &device).unwrap();
+        let err = relative_error(&got.sum, &expected);
+        assert!(err < 1e-5, "ghost clipped sum differs from the per-example loop: relative error {err:e}");
+
+        // The ghost norms themselves, unit by unit.
+        let mut tape = GhostTape::default();
+        let rows: Vec<RowRef<'_>> = all.iter().flat_map(|&u| rows_of_unit(&ex, u)).collect();
+        let unit_of_row: Vec<usize> = all.iter().flat_map(|&u| std::iter::repeat_n(u, ex.units[u].1.len())).collect();
+        let losses = model.losses(&ex, &rows, &[3; 32], &device, &mut tape);
+        let ghost = clipped_sum(&model, tape, losses, &unit_of_row, all.len(), clip).unwrap();
+        for (g, n) in ghost.norms.iter().zip(&norms) {
+            assert!((g - n).abs() <= 1e-5 * n, "ghost norm {g} vs per-example norm {n}");
+        }
+    }
+
+    #[test]
+    fn ghost_clipping_equals_a_per_example_loop_for_single_row_units() {
+        check_against_naive(&[1; 24]);
+    }
+
+    #[test]
+    fn ghost_clipping_equals_a_per_example_loop_for_multi_row_units() {
+        check_against_naive(&[1, 3, 2, 4, 1, 2, 3, 1, 4, 2, 1, 3, 2, 2, 1, 4]);
+    }
+
+    #[test]
+    fn no_unit_contributes_more_than_the_clipping_norm() {
+        let device = compute_device();
+        let model = model(&device);
+        let ex = examples(&[1, 2, 3, 1, 4, 2, 1, 1]);
+        for clip in [1e-3, 0.05, 1.0] {
+            for u in 0..ex.units.len() {
+                let alone = clipped_gradient_sum(&model, &ex, &[u], &settings(clip), &device).unwrap();
+                let n = norm(&alone.sum);
+                assert!(n <= clip * (1.0 + 1e-5), "unit {u} contributes norm {n} > C = {clip}");
+                validate(&alone.sum, 1, model.parameter_count(), clip).unwrap();
+            }
+            // Eight units can never sum beyond 8·C.
+            let all: Vec<usize> = (0..ex.units.len()).collect();
+            let sum = clipped_gradient_sum(&model, &ex, &all, &settings(clip), &device).unwrap();
+            assert!(norm(&sum.sum) <= 8.0 * clip * (1.0 + 1e-5));
+        }
+    }
+
+    #[test]
+    fn sums_do_not_depend_on_how_units_are_split_or_batched() {
+        let device = compute_device();
+        let model = model(&device);
+        let rows_of = [1, 2, 1, 3, 1, 1, 2, 4, 1, 2, 1, 1];
+        let whole = examples(&rows_of);
+        let all: Vec<usize> = (0..whole.units.len()).collect();
+        let reference = clipped_gradient_sum(&model, &whole, &all, &settings(0.5), &device).unwrap().sum;
+        for workers in [2, 3] {
+            let mut total = vec![0.0; reference.len()];
+            for w in 0..workers {
+                // Worker w holds every `workers`-th unit, in its own Examples.
+                let mut part = Examples { x: Vec::new(), width: WIDTH, units: Vec::new() };
+                for (_, (id, range)) in whole.units.iter().enumerate().filter(|(u, _)| u % workers == w) {
+                    let start = part.x.len() / WIDTH;
+                    part.units.push((id.clone(), start..start + range.len()));
+                    part.x.extend_from_slice(&whole.x[range.start * WIDTH..range.end * WIDTH]);
+                }
+                let units: Vec<usize> = (0..part.units.len()).collect();
+                let mut s = settings(0.5);
+                s.micro_batch = 2 + w;
+                let sum = clipped_gradient_sum(&model, &part, &units, &s, &device).unwrap().sum;
+                total.iter_mut().zip(&sum).for_each(|(t, v)| *t += v);
+            }
+            let err = relative_error(&total, &reference);
+            assert!(err < 1e-5, "{workers} workers: relative error {err:e}");
+        }
+    }
+
+    #[test]
+    fn poisson_sampling_includes_each_unit_at_the_rate() {
+        // q = 0.3 over 2000 units: the count is Binomial(2000, 0.3), sd ≈ 20.5; ±5 sd.
+        let device = compute_device();
+        let model = model(&device);
+        let ex = examples(&[1; 2000]);
+        let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng).unwrap();
+        let mut s = settings(1.0);
+        s.rate = 0.3;
+        s.micro_batch = 2000;
+        let c = contribute(&model, &ex, &s, &mut rng, &device).unwrap();
+        assert!((c.units as f64 - 600.0).abs() < 5.0 * 20.5, "sampled {} units", c.units);
+        s.rate = 0.0;
+        assert_eq!(contribute(&model, &ex, &s, &mut rng, &device).unwrap().units, 0);
+    }
+
+    #[test]
+    fn tasks_round_trip_and_reject_malformed_bytes() {
+        let bytes = encode_task(&settings(1.0), &[1.5, -2.0]);
+        let (s, w): (RoundSettings, Vec<f32>) = decode_task(&bytes).unwrap();
+        assert_eq!((s, w), (settings(1.0), vec![1.5, -2.0]));
+        assert!(decode_task::<RoundSettings>(&bytes[..bytes.len() - 1]).is_err());
+        assert!(decode_task::<RoundSettings>(&[1, 0]).is_err());
+    }
+
+    #[test]
+    fn validation_rejects_sums_beyond_units_times_clip() {
+        assert!(validate(&[3.0, 4.0], 5, 2, 1.0).is_ok());
+        assert!(validate(&[3.0, 4.0], 4, 2, 1.0).unwrap_err().contains("above"));
+        assert!(validate(&[f64::NAN, 0.0], 4, 2, 1.0).is_err());
+        assert!(validate(&[0.0], 4, 2, 1.0).is_err());
+    }
+}
