@@ -11,7 +11,10 @@ use common::*;
 
 /// A coordinator process on a free port; returns it and its URL.
 fn coordinator(dir: &Path) -> (Proc, String) {
-    let port = free_port();
+    coordinator_on(dir, free_port())
+}
+
+fn coordinator_on(dir: &Path, port: u16) -> (Proc, String) {
     let mut cmd = Command::new(bin("dpsynth"));
     cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--worker-timeout", "1"])
         .args(["--scratch", dir.join("scratch").to_str().unwrap()])
@@ -90,6 +93,49 @@ fn killing_a_worker_during_dp_sgd_rounds_completes_with_the_same_charge() {
     let stormy = rt.block_on(ledger_state(&dir.path().join("ledger"), "stormy-sgd"));
     assert_eq!((calm.0, stormy.0), (1, 1), "each run charged exactly once");
     assert!((calm.1 - 1.0).abs() < 1e-3 && (stormy.1 - 1.0).abs() < 1e-3, "calibrated to ε = 1: {calm:?} {stormy:?}");
+}
+
+#[test]
+fn a_restarted_coordinator_resumes_a_charged_dp_sgd_run_without_charging_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let (mut first, url) = coordinator_on(dir.path(), port);
+    let _workers = [worker(&url, "a"), worker(&url, "b")];
+    let text = findiff_spec(dir.path(), 300, 6.0)
+        .replace("[job]", "[job]\nid = \"resumable\"")
+        .replace("hidden = 32", "hidden = 32\ncheckpoint_every = 5");
+    let spec = place_spec(dir.path(), text, "resumable", 4);
+    let submitter = std::thread::spawn({
+        let (spec, url) = (spec.clone(), url.clone());
+        move || submit(&spec, &url)
+    });
+    assert!(first.wait_for("DP-SGD run charged", Duration::from_secs(60)), "training never started");
+    let checkpoint = dir.path().join("scratch/checkpoints/resumable");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !checkpoint.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let lost = submitter.join().unwrap();
+    assert!(!lost.status.success(), "the submitter saw its coordinator die");
+    assert!(checkpoint.exists(), "a checkpoint survives the crash");
+    assert!(manifest(&dir.path().join("out-resumable")).is_none(), "nothing was released");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let charged = rt.block_on(ledger_state(&dir.path().join("ledger"), "resumable"));
+    assert_eq!(charged.0, 1);
+
+    // Same job id, same scratch and ledger: the run resumes and is not charged again.
+    let (second, url) = coordinator_on(dir.path(), port);
+    let out = submit(&spec, &url);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(second.wait_for("resuming the charged DP-SGD run", Duration::from_secs(1)), "the run did not resume");
+    let m = manifest(&dir.path().join("out-resumable")).expect("manifest written");
+    assert!(m["rows"].as_u64().unwrap() > 0);
+    let after = rt.block_on(ledger_state(&dir.path().join("ledger"), "resumable"));
+    assert_eq!(after, charged, "resuming charged nothing more");
+    assert!(!checkpoint.exists(), "the checkpoint is removed once the job is done");
 }
 
 #[test]

@@ -19,6 +19,7 @@ use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::dpsgd::params::LinearStack;
 use dpsynth_shared::dpsgd::{RoundSettings, compute_device, encode_task};
 use dpsynth_shared::generators::findiff::diffusion::{self, timestep_exponent};
+use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
 use dpsynth_shared::generators::findiff::{self, FinDiffModel, FinDiffPlan, FinDiffRound};
 use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, SyntheticValue, decode_bin};
 use dpsynth_shared::output::{
@@ -27,13 +28,12 @@ use dpsynth_shared::output::{
 use dpsynth_shared::privacy::accountant::{AccountingOptions, calibrate_sigma};
 use dpsynth_shared::privacy::ledger::{ChargeReceipt, ChargeRequest, Ledger, LedgerError};
 use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
-use dpsynth_shared::privacy::noise::Noise;
+use dpsynth_shared::privacy::noise::{Noise, os_rng};
 use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 use object_store::ObjectStoreExt;
-use rand::SeedableRng;
-use rand::rngs::{ChaCha20Rng, SysRng};
 
+use crate::checkpoint::{self, ChargedRun, Checkpointer};
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
 use crate::telemetry::Telemetry;
 use crate::training::{self, TrainingRun};
@@ -261,7 +261,10 @@ impl JobContext<'_> {
         set_stage(self.progress, "partitioning");
         let spec = self.spec();
         let key = PartitionKey::generate()?;
-        let mut writer = PartitionWriter::new(scratch, &self.request.job_id, self.domain, spec.job.partitions, key)?;
+        // A fresh sub-prefix per partitioning: a resumed job never reuses a URL whose
+        // contents a worker may still hold from before.
+        let prefix = format!("{}/{:08x}", self.request.job_id, rand::random::<u32>());
+        let mut writer = PartitionWriter::new(scratch, &prefix, self.domain, spec.job.partitions, key)?;
         let mut input = InputReader::new(spec, self.domain);
         while let Some(batch) = input.next_batch().await? {
             writer.write(batch).await?;
@@ -378,7 +381,9 @@ async fn aggregate_marginals(
 }
 
 /// DP-FinDiff: a DP unit count fixes the sampling rate; the whole DP-SGD run is charged
-/// before the first round; the trained model is sampled into the output.
+/// before the first round; the trained model is sampled into the output. A checkpoint of
+/// the charged run is written right after the charge and every `checkpoint_every` rounds;
+/// a coordinator restarted on the same job id resumes from it without charging again.
 async fn run_findiff(
     ctx: &JobContext<'_>,
     ledger: &mut Ledger,
@@ -386,73 +391,119 @@ async fn run_findiff(
     output_url: &str,
 ) -> Result<Released, JobError> {
     let spec = ctx.spec();
+    let job_id = &ctx.request.job_id;
     let params = &spec.generator.findiff;
-    let plan = FinDiffPlan::new(spec, ctx.domain)?;
-    let accounting = ledger.options().clone();
-    if params.noise_multiplier.is_none() {
-        // A calibrated run costs exactly the job's (ε, δ) whatever q turns out to be:
-        // refuse now, before touching the data, if the ledger cannot afford it.
-        let sigma = plan.calibrate(spec, &accounting, plan.provisional_rate())?;
-        ctx.admit(ledger, &ctx.charge_request(plan.mechanisms(plan.provisional_rate(), sigma))).await?;
-    }
-    let output = OutputWriter::create(storage::open(output_url)?).await?;
-    let partitioned = ctx.partition(scratch).await?;
-
-    // The unit count, released with Gaussian noise (charged below with the training).
-    let mut noise = Noise::from_os()?;
-    let noisy_units = partitioned.units as f64 + noise.gaussian(params.count_noise_multiplier);
-    let rate = plan.rate(noisy_units);
-    let sigma = match params.noise_multiplier {
-        Some(sigma) => sigma,
-        None => plan.calibrate(spec, &accounting, rate)?,
+    let device = compute_device();
+    let resumed = checkpoint::load(scratch, job_id).await?;
+    let (run, mut optimizer, mut parameters, partitioned, output) = match resumed {
+        Some(saved) => {
+            checkpoint::verify_charged(ledger, job_id, &saved.run)?;
+            if saved.run.model.domain != *ctx.domain {
+                return Err(JobError::Other(format!(
+                    "job {job_id} has a checkpoint for another schema; resubmit it unchanged or under a new job id"
+                )));
+            }
+            tracing::info!(
+                round = saved.optimizer.step,
+                rounds = saved.run.steps,
+                ledger_entry = saved.run.receipt.seq,
+                "resuming the charged DP-SGD run from its checkpoint"
+            );
+            let output = OutputWriter::create(storage::open(output_url)?).await?;
+            // The previous coordinator's partitions are stale: partition again.
+            cleanup_scratch(scratch, job_id).await;
+            let partitioned = ctx.partition(scratch).await?;
+            (saved.run, saved.optimizer, saved.parameters, partitioned, output)
+        }
+        None => {
+            let plan = FinDiffPlan::new(spec, ctx.domain)?;
+            let accounting = ledger.options().clone();
+            if params.noise_multiplier.is_none() {
+                // A calibrated run costs exactly the job's (ε, δ) whatever q turns out to be:
+                // refuse now, before touching the data, if the ledger cannot afford it.
+                let rate = plan.provisional_rate();
+                let sigma = plan.calibrate(spec, &accounting, rate)?;
+                ctx.admit(ledger, &ctx.charge_request(plan.mechanisms(rate, sigma))).await?;
+            }
+            let output = OutputWriter::create(storage::open(output_url)?).await?;
+            let partitioned = ctx.partition(scratch).await?;
+            // The unit count, released with Gaussian noise (charged with the training).
+            let noisy_units = partitioned.units as f64 + Noise::from_os()?.gaussian(params.count_noise_multiplier);
+            let rate = plan.rate(noisy_units);
+            let sigma = match params.noise_multiplier {
+                Some(sigma) => sigma,
+                None => plan.calibrate(spec, &accounting, rate)?,
+            };
+            let charge = ctx.charge_request(plan.mechanisms(rate, sigma));
+            ctx.admit(ledger, &charge).await?;
+            let receipt = ctx.charge(ledger, &charge).await?;
+            let steps = plan.steps(rate);
+            tracing::info!(rate, sigma, steps, epsilon = receipt.admission.cost.epsilon, "DP-SGD run charged");
+            let model = FinDiffModel::new(&plan.model, &device);
+            let parameters: Vec<f64> = model.parameters().into_iter().map(f64::from).collect();
+            let optimizer = Optimizer::new(params.optimizer, params.schedule, steps, parameters.len());
+            let run = ChargedRun { model: plan.model, noisy_units, rate, sigma, steps, charge, receipt };
+            checkpoint::save(scratch, job_id, &run, &optimizer, &parameters).await?;
+            (run, optimizer, parameters, partitioned, output)
+        }
     };
-    let charge = ctx.charge_request(plan.mechanisms(rate, sigma));
-    ctx.admit(ledger, &charge).await?;
-    let receipt = ctx.charge(ledger, &charge).await?;
-    let steps = plan.steps(rate);
-    tracing::info!(rate, sigma, steps, epsilon = receipt.admission.cost.epsilon, "DP-SGD run charged");
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = run.receipt.admission.cost.epsilon;
 
     set_stage(ctx.progress, "training (DP-SGD)");
-    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = steps as u32;
-    let device = compute_device();
-    let mut model = FinDiffModel::new(&plan.model, &device);
-    let mut parameters: Vec<f64> = model.parameters().into_iter().map(f64::from).collect();
-    let mut optimizer = Optimizer::new(params.optimizer, params.schedule, steps, parameters.len());
-    let run = TrainingRun {
-        job_id: &ctx.request.job_id,
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = run.steps as u32;
+    let training = TrainingRun {
+        job_id,
         partitions: &partitioned.urls,
-        rate,
+        rate: run.rate,
         clip: params.clip,
-        noise_multiplier: sigma,
-        expected_batch: rate * noisy_units.max(1.0),
+        noise_multiplier: run.sigma,
+        expected_batch: run.rate * run.noisy_units.max(1.0),
         micro_batch: params.micro_batch,
-        steps,
-        epsilon: receipt.admission.cost.epsilon,
+        steps: run.steps,
+        epsilon: run.receipt.admission.cost.epsilon,
     };
     let encode = |settings: &RoundSettings, weights: &[f32]| {
-        let epoch = settings.round as f64 * rate;
+        let epoch = settings.round as f64 * run.rate;
         let round = FinDiffRound {
             settings: settings.clone(),
-            model: plan.model.clone(),
+            model: run.model.clone(),
             timestep_exponent: timestep_exponent(params.alpha_start, params.alpha_end, epoch, params.epochs),
         };
         encode_task(&round, weights)
     };
-    training::train(&run, &mut parameters, &mut optimizer, encode, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
+    let checkpointer = Checkpointer { scratch, job_id, run: &run, every: params.checkpoint_every };
+    let trained = training::train(
+        &training,
+        &mut parameters,
+        &mut optimizer,
+        encode,
+        &checkpointer,
+        ctx.scheduler,
+        ctx.telemetry,
+        ctx.progress,
+    )
+    .await;
+    if trained.is_err() {
+        // A failed run stays charged but releases nothing; it is not resumable.
+        checkpoint::delete(scratch, job_id).await;
+    }
+    trained?;
 
     set_stage(ctx.progress, "sampling");
+    let mut model = FinDiffModel::new(&run.model, &device);
     let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
     model.load_parameters(&weights).map_err(|e| JobError::Other(e.to_string()))?;
-    let rows = spec.output.rows.unwrap_or_else(|| noisy_units.round().max(1.0) as u64);
-    let output = write_findiff_parts(spec, output, model, &plan, rows).await?;
+    let rows = spec.output.rows.unwrap_or_else(|| run.noisy_units.round().max(1.0) as u64);
+    let output = write_findiff_parts(spec, output, model, &run.model.encoding, rows).await?;
+    checkpoint::delete(scratch, job_id).await;
     let public_inputs = vec![
         format!(
-            "privacy units: {noisy_units:.1} (Gaussian release, noise multiplier {}; charged)",
-            params.count_noise_multiplier
+            "privacy units: {:.1} (Gaussian release, noise multiplier {}; charged)",
+            run.noisy_units, params.count_noise_multiplier
         ),
-        format!("DP-SGD: q = {rate:.6}, σ = {sigma:.4}, C = {}, {steps} steps", params.clip),
+        format!("DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps", run.rate, run.sigma, params.clip, run.steps),
     ];
-    Ok(Released { output, receipt, mechanisms: charge.mechanisms, public_inputs })
+    Ok(Released { output, receipt: run.receipt, mechanisms: run.charge.mechanisms, public_inputs })
 }
 
 /// Samples `rows` synthetic rows from the trained denoiser, streaming one part at a time.
@@ -460,7 +511,7 @@ async fn write_findiff_parts(
     spec: &JobSpec,
     mut output: OutputWriter,
     model: FinDiffModel,
-    plan: &FinDiffPlan,
+    encoding: &TabularEncoding,
     rows: u64,
 ) -> Result<OutputWriter, JobError> {
     const CHUNK: u64 = 2048;
@@ -469,12 +520,11 @@ async fn write_findiff_parts(
     while written < rows {
         let n = (rows - written).min(spec.output.rows_per_part);
         let model = model.clone();
-        let encoding = plan.model.encoding.clone();
+        let encoding = encoding.clone();
         let sampling_steps = spec.generator.findiff.sampling_steps;
         let part = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<SyntheticValue>>, JobError> {
             // Sampling is post-processing; its randomness is not private.
-            let mut rng =
-                ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| JobError::Other(format!("OS entropy: {e}")))?;
+            let mut rng = os_rng()?;
             let device = compute_device();
             let mut out = Vec::with_capacity(n as usize);
             let mut done = 0;
@@ -528,7 +578,7 @@ async fn write_marginal_parts(
     rows: u64,
 ) -> Result<OutputWriter, JobError> {
     // Sampling from the noisy tables is post-processing; any good generator will do.
-    let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| JobError::Other(format!("OS entropy: {e}")))?;
+    let mut rng = os_rng()?;
     let columns = synthesizer.domain().columns.len();
     let mut written = 0;
     while written < rows {

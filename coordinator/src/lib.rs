@@ -1,6 +1,7 @@
 //! The dpsynth coordinator: owns jobs, splits private data into partitions by privacy
 //! unit, hands tasks to workers, adds all noise, writes the privacy ledger and the output.
 
+pub mod checkpoint;
 pub mod job;
 pub mod scheduler;
 pub mod server;

@@ -12,10 +12,9 @@ use std::time::Instant;
 
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::dpsgd::{self, RoundSettings};
-use dpsynth_shared::privacy::noise::Noise;
-use rand::TryRng;
-use rand::rngs::SysRng;
+use dpsynth_shared::privacy::noise::{Noise, os_seed};
 
+use crate::checkpoint::Checkpointer;
 use crate::job::{JobError, ProgressHandle};
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
 use crate::telemetry::Telemetry;
@@ -35,13 +34,16 @@ pub struct TrainingRun<'a> {
     pub epsilon: f64,
 }
 
-/// Trains `parameters` in place. `task_params(settings, weights)` encodes one round's task.
+/// Trains `parameters` in place from `optimizer.step` to `run.steps`.
+/// `task_params(settings, weights)` encodes one round's task; `checkpointer` saves the
+/// run every so many rounds.
 #[allow(clippy::too_many_arguments)]
 pub async fn train(
     run: &TrainingRun<'_>,
     parameters: &mut [f64],
     optimizer: &mut Optimizer,
     task_params: impl Fn(&RoundSettings, &[f32]) -> Vec<u8>,
+    checkpointer: &Checkpointer<'_>,
     scheduler: &Scheduler,
     telemetry: &Telemetry,
     progress: &ProgressHandle,
@@ -54,8 +56,7 @@ pub async fn train(
     let p = run.partitions.len();
     while optimizer.step < run.steps {
         let round = optimizer.step;
-        let mut seed = [0u8; 32];
-        SysRng.try_fill_bytes(&mut seed).map_err(|e| JobError::Other(format!("OS entropy: {e}")))?;
+        let seed = os_seed()?;
         let settings = RoundSettings { round, rate: run.rate, clip: run.clip, seed, micro_batch: run.micro_batch };
         let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
         let params = Arc::new(task_params(&settings, &weights));
@@ -107,6 +108,7 @@ pub async fn train(
         noise.add_gaussian(&mut gradient, run.noise_multiplier * run.clip);
         gradient.iter_mut().for_each(|g| *g /= run.expected_batch);
         optimizer.step(parameters, &gradient);
+        checkpointer.after_round(optimizer, parameters).await?;
 
         let done = optimizer.step;
         {

@@ -6,15 +6,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
 use dpsynth_proto::Task;
 use dpsynth_shared::data::partition::read_partition;
 use dpsynth_shared::dpsgd::params::LinearStack;
 use dpsynth_shared::dpsgd::{self, Examples, compute_device, decode_task};
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
 use dpsynth_shared::generators::marginals::{self, MarginalsTask};
-use rand::SeedableRng;
-use rand::rngs::{ChaCha20Rng, SysRng};
+use dpsynth_shared::privacy::noise::os_rng;
 
 /// Named f64 tensors plus the number of privacy units that contributed.
 pub struct Aggregate {
@@ -72,7 +70,7 @@ impl Executor {
             model.load_parameters(&parameters)?;
             model.set_timestep_exponent(round.timestep_exponent);
             // Which units are sampled is private randomness: OS-keyed CSPRNG.
-            let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng).context("OS entropy")?;
+            let mut rng = os_rng()?;
             let mut sum = vec![0f64; model.parameter_count()];
             let mut units = 0;
             for examples in &parts {

@@ -176,13 +176,18 @@ async fn serve_tasks(
         };
         // No task within the wait: poll again.
         let Some(task) = task else { continue };
-        tracing::info!(
-            job = task.job_id,
-            task = task.task_id,
-            attempt = task.attempt,
-            kind = task.kind,
-            "task started"
-        );
+        // DP-SGD rounds are thousands of short tasks: logged at debug level.
+        if task.kind == dpsynth_shared::dpsgd::TASK_KIND {
+            tracing::debug!(job = task.job_id, task = task.task_id, attempt = task.attempt, "round task started");
+        } else {
+            tracing::info!(
+                job = task.job_id,
+                task = task.task_id,
+                attempt = task.attempt,
+                kind = task.kind,
+                "task started"
+            );
+        }
         let started = Instant::now();
         match executor.execute(&task).await {
             Ok(aggregate) => {
@@ -242,7 +247,7 @@ async fn submit(
     }
     match client.submit_result(tokio_stream::iter(chunks)).await {
         Ok(_) => {
-            tracing::info!(job = task.job_id, task = task.task_id, "result submitted");
+            tracing::debug!(job = task.job_id, task = task.task_id, "result submitted");
             Ok(())
         }
         // The coordinator gave this attempt to someone else (we were declared dead): drop it.

@@ -16,14 +16,13 @@ use futures::StreamExt;
 use hmac::{Hmac, Mac};
 use object_store::buffered::BufWriter;
 use parquet::arrow::AsyncArrowWriter;
-use rand::TryRng;
-use rand::rngs::SysRng;
 use sha2::Sha256;
 
 use super::domain::{Domain, Encoding};
 use super::input::BATCH_ROWS;
 use super::parquet_io;
 use super::{DataError, EncodedBatch};
+use crate::privacy::noise::os_seed;
 use crate::storage::{self, StoreLocation};
 
 /// Name of the privacy-unit column in partition files.
@@ -36,8 +35,7 @@ pub struct PartitionKey([u8; 32]);
 impl PartitionKey {
     /// A fresh key from the OS entropy source.
     pub fn generate() -> Result<Self, DataError> {
-        let mut key = [0u8; 32];
-        SysRng.try_fill_bytes(&mut key).map_err(|e| DataError::Internal(format!("OS entropy: {e}")))?;
+        let key = os_seed().map_err(|e| DataError::Internal(e.to_string()))?;
         Ok(Self(key))
     }
 

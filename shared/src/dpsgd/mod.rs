@@ -19,13 +19,13 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use burn::tensor::{Device, Tensor};
-use rand::rngs::{ChaCha20Rng, SysRng};
-use rand::{CryptoRng, RngExt, SeedableRng};
+use rand::{CryptoRng, RngExt};
 use serde::{Deserialize, Serialize};
 
 use crate::data::EncodedBatch;
 use crate::data::domain::Domain;
 use crate::data::partition::read_partition;
+use crate::privacy::noise::os_rng;
 use ghost::{GhostTape, LinearHook, clipped_sum};
 use params::LinearStack;
 
@@ -41,6 +41,8 @@ pub enum DpSgdError {
     Params(String),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
+    #[error(transparent)]
+    Privacy(#[from] crate::privacy::PrivacyError),
 }
 
 /// The device models run on: the first CUDA GPU with the `cuda` feature, else the CPU
@@ -77,8 +79,7 @@ impl Examples {
         width: usize,
         encode: impl Fn(&EncodedBatch, usize, &mut [f32]),
     ) -> Result<Self, DpSgdError> {
-        let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng)
-            .map_err(|e| DpSgdError::Model(format!("OS entropy unavailable: {e}")))?;
+        let mut rng = os_rng()?;
         let m = max_rows_per_unit.max(1) as usize;
         let mut order: Vec<String> = Vec::new();
         let mut kept: HashMap<String, (u64, Vec<Vec<f32>>)> = HashMap::new();
@@ -409,7 +410,7 @@ mod tests {
         let device = compute_device();
         let model = model(&device);
         let ex = examples(&[1; 2000]);
-        let mut rng = ChaCha20Rng::try_from_rng(&mut SysRng).unwrap();
+        let mut rng = os_rng().unwrap();
         let mut s = settings(1.0);
         s.rate = 0.3;
         s.micro_batch = 2000;

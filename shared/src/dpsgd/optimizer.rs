@@ -45,9 +45,11 @@ pub struct Optimizer {
     pub schedule: Schedule,
     pub steps: u64,
     pub step: u64,
-    /// First moment (Adam) or velocity (SGD).
+    /// First moment (Adam) or velocity (SGD). Stored apart from the JSON header.
+    #[serde(skip)]
     m: Vec<f64>,
     /// Second moment (Adam only).
+    #[serde(skip)]
     v: Vec<f64>,
 }
 
@@ -55,6 +57,23 @@ impl Optimizer {
     pub fn new(spec: OptimizerSpec, schedule: Schedule, steps: u64, parameters: usize) -> Self {
         let v = if matches!(spec, OptimizerSpec::Adam { .. }) { vec![0.0; parameters] } else { Vec::new() };
         Self { spec, schedule, steps, step: 0, m: vec![0.0; parameters], v }
+    }
+
+    /// The moment vectors (first, second), for checkpoints.
+    pub fn moments(&self) -> [&[f64]; 2] {
+        [&self.m, &self.v]
+    }
+
+    /// Restores moments saved by [`Optimizer::moments`]. An SGD optimizer has no second
+    /// moment: a checkpoint stores it padded with zeros, which is accepted and dropped.
+    pub fn restore_moments(&mut self, m: Vec<f64>, v: Vec<f64>) -> Result<(), String> {
+        let adam = matches!(self.spec, OptimizerSpec::Adam { .. });
+        if adam && m.len() != v.len() {
+            return Err(format!("moments of {} and {} values", m.len(), v.len()));
+        }
+        self.v = if adam { v } else { Vec::new() };
+        self.m = m;
+        Ok(())
     }
 
     /// One step: `params -= update(gradient)`.

@@ -22,13 +22,13 @@
 use std::collections::HashMap;
 
 use rand::rngs::ChaCha20Rng;
-use rand::rngs::SysRng;
-use rand::{CryptoRng, Rng, RngExt, SeedableRng};
+use rand::{CryptoRng, Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::data::{DataError, EncodedBatch};
 use crate::privacy::mechanism::{Adjacency, Mechanism};
+use crate::privacy::noise::os_rng;
 use crate::sampling::pick;
 use crate::spec::{ColumnKind, JobSpec};
 
@@ -138,8 +138,7 @@ impl MarginalsTask {
     /// Worker side: counts of bounded contributions over the given rows.
     pub fn counter(&self) -> Result<Counter<'_, ChaCha20Rng>, DataError> {
         // Which rows of a unit are kept is private randomness: OS-keyed CSPRNG.
-        let rng =
-            ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| DataError::Internal(format!("OS entropy: {e}")))?;
+        let rng = os_rng().map_err(|e| DataError::Internal(e.to_string()))?;
         Ok(Counter { task: self, counts: vec![0.0; self.cells()], units: HashMap::new(), row_units: 0, rng })
     }
 

@@ -14,7 +14,7 @@
 //! than the noise's resolution.
 
 use rand::rngs::{ChaCha20Rng, SysRng};
-use rand::{CryptoRng, RngExt, SeedableRng};
+use rand::{CryptoRng, RngExt, SeedableRng, TryRng};
 use rand_distr::{Exp1, StandardNormal};
 
 use super::PrivacyError;
@@ -29,12 +29,23 @@ pub struct Noise<R: CryptoRng = ChaCha20Rng> {
     rng: R,
 }
 
+/// ChaCha20 keyed with 256 bits from the OS entropy source: for all private randomness
+/// (noise, which units or rows are sampled) and for seeds nobody may guess.
+pub fn os_rng() -> Result<ChaCha20Rng, PrivacyError> {
+    ChaCha20Rng::try_from_rng(&mut SysRng).map_err(|e| PrivacyError::Entropy(format!("cannot read OS entropy: {e}")))
+}
+
+/// 256 bits from the OS entropy source.
+pub fn os_seed() -> Result<[u8; 32], PrivacyError> {
+    let mut seed = [0u8; 32];
+    SysRng.try_fill_bytes(&mut seed).map_err(|e| PrivacyError::Entropy(format!("cannot read OS entropy: {e}")))?;
+    Ok(seed)
+}
+
 impl Noise<ChaCha20Rng> {
-    /// ChaCha20 keyed with 256 bits from the OS entropy source.
+    /// ChaCha20 keyed from the OS ([`os_rng`]).
     pub fn from_os() -> Result<Self, PrivacyError> {
-        let rng = ChaCha20Rng::try_from_rng(&mut SysRng)
-            .map_err(|e| PrivacyError::Entropy(format!("cannot read OS entropy: {e}")))?;
-        Ok(Self { rng })
+        Ok(Self { rng: os_rng()? })
     }
 }
 

@@ -3,11 +3,12 @@
 //! Numeric columns are scaled to [-1, 1] with their *declared* bounds (never statistics of
 //! the rows); a numeric column that allows missing values gets an indicator feature
 //! (+1 missing, -1 present) and its value feature is 0 when missing. A categorical column
-//! (its missing bin included) maps each value to a frozen embedding of width `d_e` drawn
-//! from N(0, 1) with a public seed; decoding picks the nearest embedding of that column.
+//! (its missing bin included) maps each value to a frozen random embedding of width `d_e`
+//! and norm 1 (public seed); decoding picks the nearest embedding of that column.
 
-use rand::SeedableRng;
 use rand::rngs::ChaCha8Rng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +16,32 @@ use crate::data::EncodedBatch;
 use crate::data::domain::{Domain, Encoding};
 use crate::generators::marginals::SyntheticValue;
 use crate::spec::{ColumnKind, OTHER_CATEGORY};
+
+/// Frozen random embeddings of a column's `values`, all of norm 1 so that no value sits
+/// at the centre, where a noisy model's samples collect (nearest-embedding decoding would
+/// over-produce it). Width 2: evenly spaced on the unit circle, randomly rotated and
+/// permuted; wider: Gaussian directions.
+fn frozen_embeddings(values: usize, width: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<f32>> {
+    if width == 2 {
+        let offset = rng.random::<f64>() * std::f64::consts::TAU;
+        let mut order: Vec<usize> = (0..values).collect();
+        order.shuffle(rng);
+        return order
+            .into_iter()
+            .map(|k| {
+                let angle = offset + std::f64::consts::TAU * k as f64 / values as f64;
+                vec![angle.cos() as f32, angle.sin() as f32]
+            })
+            .collect();
+    }
+    (0..values)
+        .map(|_| {
+            let v: Vec<f64> = (0..width).map(|_| StandardNormal.sample(rng)).collect();
+            let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+            v.iter().map(|x| (x / norm) as f32).collect()
+        })
+        .collect()
+}
 
 /// How one domain column is laid out in the feature vector.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -63,9 +90,7 @@ impl TabularEncoding {
                 Encoding::Categorical { categories, .. } => {
                     let offset = width;
                     width += embedding_width;
-                    let embeddings = (0..column.bins())
-                        .map(|_| (0..embedding_width).map(|_| StandardNormal.sample(&mut rng)).collect())
-                        .collect();
+                    let embeddings = frozen_embeddings(column.bins(), embedding_width, &mut rng);
                     Feature::Categorical { offset, embeddings, categories: categories.clone(), missing: column.missing }
                 }
             })
@@ -190,6 +215,21 @@ mod tests {
         assert_eq!(decoded[0], vec![SyntheticValue::Integer(25), SyntheticValue::Category("blue".into())]);
         assert_eq!(decoded[1], vec![SyntheticValue::Missing, SyntheticValue::Category("red".into())]);
         assert_eq!(decoded[2], vec![SyntheticValue::Integer(100), SyntheticValue::Missing]);
+    }
+
+    #[test]
+    fn categorical_embeddings_have_unit_norm_and_are_evenly_spaced_in_two_dimensions() {
+        let mut rng = ChaCha8Rng::from_seed([5; 32]);
+        let e = frozen_embeddings(8, 2, &mut rng);
+        let mut angles: Vec<f64> = e.iter().map(|v| f64::from(v[1]).atan2(f64::from(v[0]))).collect();
+        angles.sort_by(f64::total_cmp);
+        for w in angles.windows(2) {
+            assert!((w[1] - w[0] - std::f64::consts::TAU / 8.0).abs() < 1e-5);
+        }
+        for v in frozen_embeddings(5, 4, &mut rng).iter().chain(&e) {
+            let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5);
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::dpsgd::params::LinearStack;
 use crate::dpsgd::{DpModel, Examples, RoundSettings, RowRef};
 use crate::privacy::accountant::{AccountingOptions, calibrate_sigma};
 use crate::privacy::mechanism::{Adjacency, Mechanism};
+use crate::privacy::noise::os_seed;
 use diffusion::{Draw, Schedule, draw, timestep_cdf};
 use encoding::TabularEncoding;
 use model::{Denoiser, DenoiserConfig};
@@ -187,9 +188,7 @@ impl FinDiffPlan {
         if domain.columns.is_empty() {
             return Err(PlanError("the schema has no column to synthesise".into()));
         }
-        let mut seed = [0u8; 32];
-        rand::TryRng::try_fill_bytes(&mut rand::rngs::SysRng, &mut seed)
-            .map_err(|e| PlanError(format!("OS entropy unavailable: {e}")))?;
+        let seed = os_seed().map_err(|e| PlanError(e.to_string()))?;
         let encoding = TabularEncoding::new(domain, params.embedding_width, seed);
         let denoiser = DenoiserConfig::new(encoding.width)
             .with_hidden(params.hidden)
