@@ -91,11 +91,12 @@ pub async fn load(scratch: &StoreLocation, job_id: &str) -> Result<Option<Checkp
     let len = u32::from_le_bytes(bytes.get(..4).ok_or_else(|| corrupt("truncated"))?.try_into().expect("4")) as usize;
     let header: Header = serde_json::from_slice(bytes.get(4..4 + len).ok_or_else(|| corrupt("truncated header"))?)
         .map_err(|e| corrupt(&e.to_string()))?;
-    let values = f64s(&bytes[4 + len..]);
-    let n = values.len() / 3;
-    if values.len() != 3 * n || (bytes.len() - 4 - len) % 8 != 0 {
+    let rest = &bytes[4 + len..];
+    if !rest.len().is_multiple_of(3 * 8) {
         return Err(corrupt("parameter arrays of unequal length"));
     }
+    let values = f64s(rest);
+    let n = values.len() / 3;
     let mut optimizer = header.optimizer;
     optimizer.restore_moments(values[n..2 * n].to_vec(), values[2 * n..].to_vec()).map_err(|e| corrupt(&e))?;
     Ok(Some(Checkpoint { run: header.run, optimizer, parameters: values[..n].to_vec() }))
