@@ -94,6 +94,27 @@ async fn a_job_over_budget_is_refused_before_it_starts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dp_sgd_budgets_are_enforced_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    // Over the dataset's budget: refused before a row is read, as every generator.
+    let text = findiff_spec(dir.path(), 30, 1.0).replace("epsilon = 1.0\n", "epsilon = 11.0\n");
+    let spec = JobSpec::parse(&text, "findiff-over-budget").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, REFUSED, "{message}");
+    assert!(message.contains("privacy budget exceeded"), "{message}");
+    assert!(walk(&dir.path().join("scratch")).is_empty(), "refused at planning: nothing was partitioned");
+
+    // A fixed σ that would cost more than the job's ε = 1: refused, nothing charged.
+    let text = findiff_spec(dir.path(), 30, 1.0).replace("hidden = 32", "hidden = 32\nnoise_multiplier = 0.3");
+    let spec = JobSpec::parse(&text, "findiff-sigma").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, REFUSED, "{message}");
+    assert!(message.contains("above the job's ε = 1"), "{message}");
+    assert!(manifest(&dir.path().join("out")).is_none());
+    assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adult_marginals_one_way_tv_is_small() {
     let Some(adult) = shared_data("adult/adult.data") else { return };
     let dir = tempfile::tempdir().unwrap();

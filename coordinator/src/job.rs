@@ -59,6 +59,10 @@ pub enum JobError {
     Task { worker: String, task_id: u64, error: String },
     #[error("worker {worker} returned an invalid aggregate for task {task_id}: {reason}")]
     BadResult { worker: String, task_id: u64, reason: String },
+    #[error(
+        "the job's noise_multiplier gives ε = {cost:.6} at δ = {delta:e}, above the job's ε = {epsilon}; nothing was charged"
+    )]
+    OverJobEpsilon { cost: f64, delta: f64, epsilon: f64 },
     #[error("{0}")]
     Other(String),
 }
@@ -66,7 +70,7 @@ pub enum JobError {
 impl JobError {
     /// The ledger refused the job (budget); not a malfunction.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, JobError::Ledger(LedgerError::BudgetExceeded { .. }))
+        matches!(self, JobError::Ledger(LedgerError::BudgetExceeded { .. }) | JobError::OverJobEpsilon { .. })
     }
 }
 
@@ -435,6 +439,15 @@ async fn run_findiff(
                 None => plan.calibrate(spec, &accounting, rate)?,
             };
             let charge = ctx.charge_request(plan.mechanisms(rate, sigma));
+            // A given σ must still fit the job's own ε (a calibrated one does by construction).
+            let cost = ledger.price(&charge)?;
+            if cost.epsilon > spec.privacy.epsilon * (1.0 + 1e-9) {
+                return Err(JobError::OverJobEpsilon {
+                    cost: cost.epsilon,
+                    delta: cost.delta,
+                    epsilon: spec.privacy.epsilon,
+                });
+            }
             ctx.admit(ledger, &charge).await?;
             let receipt = ctx.charge(ledger, &charge).await?;
             let steps = plan.steps(rate);
