@@ -4,8 +4,8 @@
 //! A checkpoint holds the plan as charged (model layout with its frozen embeddings, N̂, q,
 //! σ, T, the ledger receipt), the optimizer state and the f64 master parameters. It lives
 //! in the scratch store under `checkpoints/<job id>` (private storage, like the
-//! partitions) and is deleted when the job ends either way. The noise generator's state is
-//! never saved: a resumed run draws fresh noise from the OS.
+//! partitions) and is deleted as soon as training ends, either way. The noise generator's
+//! state is never saved: a resumed run draws fresh noise from the OS.
 //!
 //! Format: a u32 length, the JSON header, then the parameters and the optimizer's moments
 //! as little-endian f64.

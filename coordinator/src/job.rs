@@ -496,10 +496,10 @@ async fn run_findiff(
         ctx.progress,
     )
     .await;
-    if trained.is_err() {
-        // A failed run stays charged but releases nothing; it is not resumable.
-        checkpoint::delete(scratch, job_id).await;
-    }
+    // From here on the run is not resumable: a failed run stays charged and releases
+    // nothing; a finished one may already be writing parts, and resuming it would add
+    // rounds the ledger never charged.
+    checkpoint::delete(scratch, job_id).await;
     trained?;
 
     set_stage(ctx.progress, "sampling");
@@ -508,7 +508,6 @@ async fn run_findiff(
     model.load_parameters(&weights).map_err(|e| JobError::Other(e.to_string()))?;
     let rows = spec.output.rows.unwrap_or_else(|| run.noisy_units.round().max(1.0) as u64);
     let output = write_findiff_parts(spec, output, model, &run.model.encoding, rows).await?;
-    checkpoint::delete(scratch, job_id).await;
     let public_inputs = vec![
         format!(
             "privacy units: {:.1} (Gaussian release, noise multiplier {}; charged)",
