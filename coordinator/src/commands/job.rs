@@ -82,8 +82,9 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// Shows a job's progress until it ends; returns its final status.
 async fn follow(mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>) -> anyhow::Result<JobStatus> {
     let bar = ProgressBar::new(0);
+    // Counts tasks or DP-SGD rounds; the stage in the message says which.
     bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tasks, ETA {eta} — {msg}")
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len}, ETA {eta} — {msg}")
             .expect("valid template"),
     );
     loop {
