@@ -252,3 +252,85 @@ async fn one_two_and_three_workers_return_the_same_clipped_gradient_sum() {
         assert!(err < 1e-5, "{workers} workers: relative error {err:e} against the single-process sum");
     }
 }
+
+/// A hostile worker answering DP-SGD rounds with a gradient sum beyond units × C: the
+/// coordinator rejects it and the job fails without releasing anything (its run was
+/// charged before the first round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
+    use dpsynth_proto::coordinator_client::CoordinatorClient;
+    use dpsynth_proto::result_chunk::Part;
+    use dpsynth_proto::{
+        Dtype, PROTOCOL_VERSION, PollTaskRequest, RegisterWorkerRequest, ResultChunk, ResultHeader, TensorChunk,
+        TensorMeta,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&findiff_spec(dir.path(), 40, 1.0), "hostile").unwrap();
+    let mut config = CoordinatorConfig::default();
+    config.env.scratch_url = dir.path().join("scratch").to_str().unwrap().to_string();
+    let cluster = Standalone::start(config, 0).await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(cluster.url.clone()).unwrap().connect().await.unwrap();
+    let mut client = CoordinatorClient::new(channel).max_decoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES);
+    let worker_id = client
+        .register_worker(RegisterWorkerRequest {
+            protocol_version: PROTOCOL_VERSION,
+            worker_name: "hostile".into(),
+            capabilities: None,
+            dpsynth_version: "test".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .worker_id;
+    cluster.service.start_job(JobRequest {
+        job_id: "hostile".into(),
+        spec: spec.clone(),
+        output_url: None,
+        ledger_url: None,
+    });
+
+    let task = loop {
+        let polled = client.poll_task(PollTaskRequest { worker_id: worker_id.clone(), wait_ms: 500 }).await.unwrap();
+        if let Some(task) = polled.into_inner().task {
+            break task;
+        }
+    };
+    assert_eq!(task.kind, "dpsgd");
+    let (_, weights): (serde_json::Value, Vec<f32>) = dpsynth_shared::dpsgd::decode_task(&task.params).unwrap();
+    // One claimed unit, C = 1, but a sum of norm 10.
+    let mut sum = vec![0f64; weights.len()];
+    sum[0] = 10.0;
+    let header = ResultHeader {
+        worker_id: worker_id.clone(),
+        job_id: task.job_id.clone(),
+        task_id: task.task_id,
+        attempt: task.attempt,
+        units: 1,
+        tensors: vec![TensorMeta {
+            name: "gradient_sum".into(),
+            shape: vec![sum.len() as u64],
+            dtype: Dtype::F64 as i32,
+        }],
+    };
+    let bytes: Vec<u8> = sum.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut chunks = vec![ResultChunk { part: Some(Part::Header(header)) }];
+    for piece in bytes.chunks(dpsynth_proto::CHUNK_BYTES) {
+        chunks.push(ResultChunk { part: Some(Part::Data(TensorChunk { tensor_index: 0, data: piece.to_vec() })) });
+    }
+    client.submit_result(tokio_stream::iter(chunks)).await.unwrap();
+
+    let status = loop {
+        let s = cluster.service.job_status("hostile").unwrap();
+        if s.state != RUNNING {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cluster.shutdown().await;
+    assert_eq!(status.state, JobState::Failed as i32, "{}", status.message);
+    assert!(status.message.contains("above units × C"), "{}", status.message);
+    assert!(manifest(&dir.path().join("out")).is_none(), "nothing released");
+    assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 1, "charged before round 1");
+    assert!(!dir.path().join("scratch/checkpoints/hostile").exists(), "a failed run is not resumable");
+}
