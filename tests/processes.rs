@@ -101,7 +101,7 @@ fn a_restarted_coordinator_resumes_a_charged_dp_sgd_run_without_charging_again()
     let port = free_port();
     let (mut first, url) = coordinator_on(dir.path(), port);
     let _workers = [worker(&url, "a"), worker(&url, "b")];
-    let text = findiff_spec(dir.path(), 300, 6.0)
+    let text = findiff_spec(dir.path(), 300, 20.0)
         .replace("[job]", "[job]\nid = \"resumable\"")
         .replace("hidden = 32", "hidden = 32\ncheckpoint_every = 5");
     let spec = place_spec(dir.path(), text, "resumable", 4);
@@ -115,7 +115,8 @@ fn a_restarted_coordinator_resumes_a_charged_dp_sgd_run_without_charging_again()
     while !checkpoint.exists() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // ~190 rounds: killed well inside the run, after some periodic checkpoints.
+    std::thread::sleep(Duration::from_millis(700));
     first.child.kill().unwrap();
     first.child.wait().unwrap();
     let lost = submitter.join().unwrap();
