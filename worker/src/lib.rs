@@ -23,8 +23,9 @@ use tonic::transport::{Channel, Endpoint};
 pub struct WorkerMetrics {
     tasks: AtomicU64,
     failures: AtomicU64,
-    /// Privacy units per second of the last task, as f64 bits.
-    last_rate: AtomicU64,
+    /// Wall seconds of the last task, as f64 bits. (Not units per second: how many units a
+    /// task saw is private.)
+    last_seconds: AtomicU64,
 }
 
 impl WorkerMetrics {
@@ -38,10 +39,10 @@ impl WorkerMetrics {
             self.failures.load(Ordering::Relaxed) as f64,
         );
         e.gauge(
-            "dpsynth_worker_examples_per_second",
-            "Examples (privacy units) processed per second in the last task.",
+            "dpsynth_worker_last_task_seconds",
+            "Wall time of the last task.",
             &[],
-            f64::from_bits(self.last_rate.load(Ordering::Relaxed)),
+            f64::from_bits(self.last_seconds.load(Ordering::Relaxed)),
         );
         e.finish()
     }
@@ -191,8 +192,8 @@ async fn serve_tasks(
         let started = Instant::now();
         match executor.execute(&task).await {
             Ok(aggregate) => {
-                let rate = aggregate.units as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                config.metrics.last_rate.store(rate.to_bits(), Ordering::Relaxed);
+                let seconds = started.elapsed().as_secs_f64();
+                config.metrics.last_seconds.store(seconds.to_bits(), Ordering::Relaxed);
                 config.metrics.tasks.fetch_add(1, Ordering::Relaxed);
                 submit(client, worker_id, &task, aggregate).await?
             }
