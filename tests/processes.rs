@@ -96,6 +96,41 @@ fn killing_a_worker_during_dp_sgd_rounds_completes_with_the_same_charge() {
 }
 
 #[test]
+fn killing_a_worker_mid_pate_iteration_redoes_its_votes_without_charging_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (coordinator, url) = coordinator(dir.path());
+    let mut doomed = worker(&url, "doomed");
+    let _survivor = worker(&url, "survivor");
+    // One teacher per task, each slow enough (many Newton steps) to be killed mid-fit.
+    let text = pate_spec(dir.path(), 300, 4).replace("max_iterations = 2", "max_iterations = 4").replace(
+        "[generator.pate]\n",
+        "[generator.pate]\nrelease = \"label\"\nteachers_per_task = 1\nteacher_newton_steps = 3000\n",
+    );
+    let spec = place_spec(dir.path(), text, "stormy-pate", 6);
+    let submitter = std::thread::spawn({
+        let url = url.clone();
+        move || submit(&spec, &url)
+    });
+    assert!(coordinator.wait_for("PATE progress", Duration::from_secs(120)), "no iteration finished");
+    doomed.drain();
+    assert!(doomed.wait_for("task started", Duration::from_secs(60)), "the doomed worker never voted again");
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    let out = submitter.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = manifest(&dir.path().join("out-stormy-pate")).expect("manifest written");
+    assert_eq!(m["generator"], "pate");
+    assert!(coordinator.wait_for("its teachers vote again", Duration::from_secs(10)), "no vote task was redone");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (charges, epsilon) = rt.block_on(ledger_state(&dir.path().join("ledger"), "stormy-pate"));
+    assert_eq!(charges, 1, "charged once");
+    let charged_queries = m["privacy"]["mechanisms"][0]["queries"].as_u64().unwrap();
+    assert_eq!(pate_answered(&m), charged_queries, "every charged query answered once, none twice");
+    assert!((epsilon - m["privacy"]["epsilon"].as_f64().unwrap()).abs() < 1e-12);
+}
+
+#[test]
 fn a_restarted_coordinator_resumes_a_charged_dp_sgd_run_without_charging_again() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();

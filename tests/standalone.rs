@@ -153,6 +153,45 @@ fn the_demo_command_works_on_a_fresh_directory() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("privacy ledger of 'demo-icu-vitals'"));
 }
 
+/// One round of `kind` tasks (one per partition group, all with `params`) on a fresh
+/// cluster of `workers`: each task's first tensor, by task. Every worker must take part.
+async fn one_round(workers: usize, kind: &str, params: Vec<u8>, groups: &[Vec<String>]) -> Vec<Vec<f64>> {
+    use dpsynth_coordinator::scheduler::{TaskDef, TaskEvent};
+
+    let cluster = Standalone::start(CoordinatorConfig::default(), workers).await.unwrap();
+    while cluster.service.scheduler().live_workers().len() < workers {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let params = std::sync::Arc::new(params);
+    let job = format!("round-{kind}-{workers}");
+    let tasks = groups
+        .iter()
+        .enumerate()
+        .map(|(i, urls)| TaskDef {
+            job_id: job.clone(),
+            task_id: i as u64,
+            kind: kind.to_string(),
+            params: params.clone(),
+            partition_urls: urls.clone(),
+        })
+        .collect();
+    let mut events = cluster.service.scheduler().submit(&job, tasks);
+    let mut results = vec![None; groups.len()];
+    let mut holders = std::collections::HashSet::new();
+    while results.iter().any(Option::is_none) {
+        match events.recv().await.unwrap() {
+            TaskEvent::Done(mut r) => {
+                holders.insert(r.worker.clone());
+                results[r.task_id as usize] = Some(r.tensors.remove(0).1);
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    assert_eq!(holders.len(), workers, "every worker held some partitions");
+    cluster.shutdown().await;
+    results.into_iter().flatten().collect()
+}
+
 /// One DP-SGD round with q = 1 (every unit sampled) on a cluster of `workers`: the sum of
 /// the partitions' clipped gradient sums, before noise.
 async fn one_round_sum(
@@ -161,58 +200,146 @@ async fn one_round_sum(
     plan: &dpsynth_shared::generators::findiff::FinDiffPlan,
     weights: &[f32],
 ) -> Vec<f64> {
-    use dpsynth_coordinator::scheduler::{TaskDef, TaskEvent};
     use dpsynth_shared::dpsgd::{RoundSettings, TASK_KIND, encode_task};
     use dpsynth_shared::generators::findiff::FinDiffRound;
 
-    let cluster = Standalone::start(CoordinatorConfig::default(), workers).await.unwrap();
-    while cluster.service.scheduler().live_workers().len() < workers {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     let round = FinDiffRound {
         settings: RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 },
         model: plan.model.clone(),
         timestep_exponent: 1.0,
     };
-    let params = std::sync::Arc::new(encode_task(&round, weights));
-    let job = format!("round-{workers}");
-    let tasks = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| TaskDef {
-            job_id: job.clone(),
-            task_id: i as u64,
-            kind: TASK_KIND.to_string(),
-            params: params.clone(),
-            partition_urls: vec![url.clone()],
-        })
-        .collect();
-    let mut events = cluster.service.scheduler().submit(&job, tasks);
-    let mut sums = vec![None; urls.len()];
-    let mut holders = std::collections::HashSet::new();
-    while sums.iter().any(Option::is_none) {
-        match events.recv().await.unwrap() {
-            TaskEvent::Done(mut r) => {
-                holders.insert(r.worker.clone());
-                sums[r.task_id as usize] = Some(r.tensors.remove(0).1);
-            }
-            other => panic!("unexpected event {other:?}"),
-        }
-    }
-    assert_eq!(holders.len(), workers, "every worker held some partitions");
-    cluster.shutdown().await;
+    let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
+    let sums = one_round(workers, TASK_KIND, encode_task(&round, weights), &groups).await;
     let mut total = vec![0.0; weights.len()];
-    for s in sums.into_iter().flatten() {
+    for s in sums {
         total.iter_mut().zip(&s).for_each(|(t, v)| *t += v);
     }
     total
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_two_and_three_workers_return_the_same_clipped_gradient_sum() {
+/// Partitions a spec's input into `partitions` under `dir`; returns the partition URLs.
+async fn partition(spec: &JobSpec, dir: &std::path::Path, partitions: u32) -> Vec<String> {
     use dpsynth_shared::data::domain::Domain;
     use dpsynth_shared::data::input::InputReader;
     use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
+
+    let domain = Domain::from_spec(spec);
+    let scratch = dpsynth_shared::storage::open(dir.join("scratch").to_str().unwrap()).unwrap();
+    let mut writer =
+        PartitionWriter::new(&scratch, "round", &domain, partitions, PartitionKey::generate().unwrap()).unwrap();
+    let mut input = InputReader::new(spec, &domain);
+    while let Some(batch) = input.next_batch().await.unwrap() {
+        writer.write(batch).await.unwrap();
+    }
+    writer.finish().await.unwrap().urls
+}
+
+/// A PATE job's ledger entry is exactly its answered queries, each charged at the
+/// data-independent per-query cost and composed by the accountant; releasing the GNMax
+/// label or the noisy vote share costs the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pate_job_charges_exactly_its_answered_queries() {
+    use dpsynth_shared::privacy::accountant::{AccountingOptions, account};
+    use dpsynth_shared::privacy::mechanism::Mechanism;
+
+    let mut charged = Vec::new();
+    for release in ["label", "vote_share"] {
+        let dir = tempfile::tempdir().unwrap();
+        let text = pate_spec(dir.path(), 60, 4)
+            .replace("[generator.pate]\n", &format!("[generator.pate]\nrelease = \"{release}\"\n"));
+        let spec = JobSpec::parse(&text, "pate").unwrap();
+        let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+        assert_eq!(state, SUCCEEDED, "{message}");
+        let m = manifest(&dir.path().join("out")).expect("manifest written");
+        assert_eq!(m["rows"], 50);
+        assert_eq!(m["generator"], "pate");
+        let answered = pate_answered(&m) as usize;
+        assert_eq!(answered, 2 * 16);
+
+        let (entries, epsilon) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
+        assert_eq!(entries, 1, "one charge for the whole run");
+        let per_query = Mechanism::GnMax { sigma: 40.0, classes: 2, queries: 1 };
+        let expected = account(
+            &vec![per_query; answered],
+            spec.privacy.accountant,
+            spec.privacy.delta,
+            &AccountingOptions::default(),
+        )
+        .unwrap()
+        .epsilon;
+        assert!((epsilon - expected).abs() <= 1e-9 * expected, "{release}: ledger ε {epsilon} vs {expected}");
+        charged.push(epsilon);
+    }
+    assert!((charged[0] - charged[1]).abs() <= 1e-9 * charged[0], "label and vote share cost the same: {charged:?}");
+}
+
+/// PATE teachers are the partitions: every unit is in exactly one teacher's rows, and a
+/// vote round gives the same counts on 1, 2 or 4 workers (teachers are fit
+/// deterministically wherever they run; tasks hold several teachers each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_two_and_four_workers_cast_the_same_pate_votes() {
+    use dpsynth_shared::dpsgd::encode_task;
+    use dpsynth_shared::generators::pate::{PatePlan, TASK_KIND, VoteTask};
+    use dpsynth_shared::privacy::accountant::AccountingOptions;
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&pate_spec(dir.path(), 120, 8), "votes").unwrap();
+    let domain = dpsynth_shared::data::domain::Domain::from_spec(&spec);
+    let plan = PatePlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
+    let urls = partition(&spec, dir.path(), 8).await;
+
+    // Each patient's rows are all in one partition (teacher), and every patient is in one.
+    let task = VoteTask {
+        encoding: plan.encoding.clone(),
+        teacher: plan.teacher_config(),
+        iteration: 0,
+        seed: [3; 32],
+        fake_rows: 64,
+        queries: 40,
+    };
+    let mut owner = std::collections::HashMap::new();
+    let mut rows = 0;
+    for url in &urls {
+        let examples = task.load_examples(std::slice::from_ref(url)).await.unwrap();
+        rows += examples.x.len() / plan.encoding.width;
+        for (unit, _) in &examples.units {
+            assert!(owner.insert(unit.clone(), url.clone()).is_none(), "unit {unit} is in two teachers");
+        }
+    }
+    assert_eq!(owner.len(), 120, "every patient is in a teacher");
+    let all = task.load_examples(&urls).await.unwrap();
+    assert_eq!(rows, all.x.len() / plan.encoding.width, "no row lost or duplicated");
+
+    // Generated rows from an untrained generator (any fixed rows will do).
+    let mut gan = dpsynth_shared::generators::pate::gan::PateGan::new(
+        plan.encoding.clone(),
+        plan.params.clone(),
+        dpsynth_shared::dpsgd::compute_device().autodiff(),
+        [5; 32],
+    );
+    let mut generated = gan.sample(task.fake_rows);
+    generated.extend(gan.queries(task.queries));
+    let groups: Vec<Vec<String>> = urls.chunks(2).map(<[String]>::to_vec).collect();
+    let mut reference = None;
+    for workers in [1, 2, 4] {
+        let counts = one_round(workers, TASK_KIND, encode_task(&task, &generated), &groups).await;
+        let mut total = vec![0.0; task.queries];
+        for c in &counts {
+            total.iter_mut().zip(c).for_each(|(t, v)| *t += v);
+        }
+        assert!(total.iter().all(|v| (0.0..=8.0).contains(v)));
+        match &reference {
+            None => reference = Some(total),
+            Some(r) => assert_eq!(&total, r, "{workers} workers voted differently"),
+        }
+    }
+    let total = reference.unwrap();
+    assert!(total.iter().any(|&v| v > 0.0) && total.iter().any(|&v| v < 8.0), "votes are informative: {total:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_two_and_three_workers_return_the_same_clipped_gradient_sum() {
+    use dpsynth_shared::data::domain::Domain;
     use dpsynth_shared::dpsgd::params::LinearStack;
     use dpsynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
     use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan};
@@ -223,13 +350,7 @@ async fn one_two_and_three_workers_return_the_same_clipped_gradient_sum() {
     let spec = JobSpec::parse(&text, "round").unwrap();
     let domain = Domain::from_spec(&spec);
     let plan = FinDiffPlan::new(&spec, &domain).unwrap();
-    let scratch = dpsynth_shared::storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
-    let mut writer = PartitionWriter::new(&scratch, "round", &domain, 6, PartitionKey::generate().unwrap()).unwrap();
-    let mut input = InputReader::new(&spec, &domain);
-    while let Some(batch) = input.next_batch().await.unwrap() {
-        writer.write(batch).await.unwrap();
-    }
-    let urls = writer.finish().await.unwrap().urls;
+    let urls = partition(&spec, dir.path(), 6).await;
     let device = compute_device();
     let model = FinDiffModel::new(&plan.model, &device);
     let weights = model.parameters();

@@ -22,13 +22,15 @@ use dpsynth_shared::generators::findiff::diffusion::{self, timestep_exponent};
 use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
 use dpsynth_shared::generators::findiff::{self, FinDiffModel, FinDiffPlan, FinDiffRound};
 use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, SyntheticValue, decode_bin};
+use dpsynth_shared::generators::pate::gan::PateGan;
+use dpsynth_shared::generators::pate::{self, PatePlan};
 use dpsynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
 use dpsynth_shared::privacy::accountant::{AccountingOptions, calibrate_sigma};
 use dpsynth_shared::privacy::ledger::{ChargeReceipt, ChargeRequest, Ledger, LedgerError};
 use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
-use dpsynth_shared::privacy::noise::{Noise, os_rng};
+use dpsynth_shared::privacy::noise::{Noise, os_rng, os_seed};
 use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 use object_store::ObjectStoreExt;
@@ -53,6 +55,8 @@ pub enum JobError {
     Plan(#[from] marginals::PlanError),
     #[error(transparent)]
     FinDiffPlan(#[from] findiff::PlanError),
+    #[error(transparent)]
+    PatePlan(#[from] pate::PlanError),
     #[error(transparent)]
     Privacy(#[from] dpsynth_shared::privacy::PrivacyError),
     #[error("worker {worker}: task {task_id} failed: {error}")]
@@ -137,6 +141,7 @@ pub async fn run_job(
     let released = match spec.generator.name {
         GeneratorName::Marginals => run_marginals(&ctx, &mut ledger, &scratch, &output_url).await,
         GeneratorName::Findiff => run_findiff(&ctx, &mut ledger, &scratch, &output_url).await,
+        GeneratorName::Pate => run_pate(&ctx, &mut ledger, &scratch, &output_url).await,
     };
     scheduler.cancel(job_id);
     cleanup_scratch(&scratch, job_id).await;
@@ -516,6 +521,81 @@ async fn run_findiff(
         format!("DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps", run.rate, run.sigma, params.clip, run.steps),
     ];
     Ok(Released { output, receipt: run.receipt, mechanisms: run.charge.mechanisms, public_inputs })
+}
+
+/// PATE-TabTransGAN: the plan fixes σ and how many iterations of queries the job's ε pays
+/// for (data-independent GNMax cost); all of it, and the unit count when the output is
+/// sized by it, is charged before the first vote is aggregated. Teachers vote on the
+/// workers; the noisy labels train the student and generator here; the generator is
+/// sampled into the output.
+async fn run_pate(
+    ctx: &JobContext<'_>,
+    ledger: &mut Ledger,
+    scratch: &StoreLocation,
+    output_url: &str,
+) -> Result<Released, JobError> {
+    let spec = ctx.spec();
+    let job_id = &ctx.request.job_id;
+    let plan = PatePlan::new(spec, ctx.domain, ledger.options())?;
+    let charge = ctx.charge_request(plan.mechanisms());
+    ctx.admit(ledger, &charge).await?;
+    tracing::info!(
+        teachers = plan.teachers,
+        sigma = plan.sigma,
+        iterations = plan.iterations,
+        queries = plan.queries(),
+        "PATE plan: the job's ε pays for this many answered queries"
+    );
+    let mut output = OutputWriter::create(storage::open(output_url)?).await?;
+    let partitioned = ctx.partition(scratch).await?;
+    let receipt = ctx.charge(ledger, &charge).await?;
+    let mut public_inputs = Vec::new();
+    let rows = match spec.output.rows {
+        Some(rows) => rows,
+        None => {
+            let noise = plan.params.count_noise_multiplier;
+            let noisy_units = partitioned.units as f64 + Noise::from_os()?.gaussian(noise);
+            public_inputs
+                .push(format!("privacy units: {noisy_units:.1} (Gaussian release, noise multiplier {noise}; charged)"));
+            noisy_units.round().max(1.0) as u64
+        }
+    };
+
+    set_stage(ctx.progress, "teachers voting (PATE)");
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = plan.iterations;
+    let device = compute_device().autodiff();
+    let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), device, os_seed()?);
+    let run = crate::pate::VoteRun {
+        job_id,
+        partitions: &partitioned.urls,
+        plan: &plan,
+        epsilon: receipt.admission.cost.epsilon,
+    };
+    let (mut gan, summary) = crate::pate::train(&run, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
+    tracing::info!(answered = summary.answered, real_share = summary.real_share, "PATE training done");
+
+    set_stage(ctx.progress, "sampling");
+    let mut written = 0;
+    while written < rows {
+        let n = (rows - written).min(spec.output.rows_per_part);
+        let encoding = plan.encoding.clone();
+        let (back, part) = tokio::task::spawn_blocking(move || {
+            let x = gan.sample(n as usize);
+            let part: Vec<Vec<SyntheticValue>> = x.chunks(encoding.width).map(|row| encoding.decode_row(row)).collect();
+            (gan, part)
+        })
+        .await
+        .map_err(|e| JobError::Other(e.to_string()))?;
+        gan = back;
+        output.write_part(&rows_to_batch(spec, &part, written)).await?;
+        written += n;
+        tracing::info!(rows = written, of = rows, "synthetic rows written");
+    }
+    public_inputs.push(format!(
+        "PATE: {} teachers, GNMax σ = {} on (real, fake) vote counts, {} answered queries ({} iterations × {})",
+        plan.teachers, plan.sigma, summary.answered, plan.iterations, plan.params.queries_per_iteration
+    ));
+    Ok(Released { output, receipt, mechanisms: charge.mechanisms, public_inputs })
 }
 
 /// Samples `rows` synthetic rows from the trained denoiser, streaming one part at a time.

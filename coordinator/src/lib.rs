@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod job;
+pub mod pate;
 pub mod scheduler;
 pub mod server;
 pub mod service;

@@ -235,6 +235,7 @@ fn default_accountant() -> Accountant {
 pub enum GeneratorName {
     Marginals,
     Findiff,
+    Pate,
 }
 
 impl GeneratorName {
@@ -242,6 +243,7 @@ impl GeneratorName {
         match self {
             GeneratorName::Marginals => "marginals",
             GeneratorName::Findiff => "findiff",
+            GeneratorName::Pate => "pate",
         }
     }
 }
@@ -254,6 +256,123 @@ pub struct GeneratorSpec {
     pub marginals: MarginalsParams,
     #[serde(default)]
     pub findiff: FinDiffParams,
+    #[serde(default)]
+    pub pate: PateParams,
+}
+
+/// Parameters of the PATE-TabTransGAN generator (defaults: the paper's models; privacy
+/// and loop settings chosen for sound, data-independent accounting).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PateParams {
+    /// GNMax noise: standard deviation added to each of the two vote counts (real, fake);
+    /// default: teachers / 5.
+    pub sigma: Option<f64>,
+    /// Generated rows the teachers label per iteration (B).
+    pub queries_per_iteration: u32,
+    /// Upper limit on iterations; the budget stops the run earlier when it runs out.
+    pub max_iterations: Option<u32>,
+    /// Generated rows sent per iteration; each teacher draws as many fakes as it has rows.
+    pub fake_rows: u32,
+    /// Teachers (partitions) per worker task; a task returns the sum of their votes.
+    pub teachers_per_task: u32,
+    /// What is released per query (see [`PateRelease`]).
+    pub release: PateRelease,
+    /// Probability that each column of a query is redrawn uniformly (exploration).
+    pub explore: f64,
+    /// What a teacher's vote means (see [`TeacherVote`]).
+    pub vote: TeacherVote,
+    /// Teachers' logistic regression: L2 penalty and Newton iterations.
+    pub teacher_l2: f64,
+    pub teacher_newton_steps: u32,
+    /// Give the teachers the products of the target's indicator with every feature, so
+    /// they see class-conditional structure (plain logistic regression on one-hot columns
+    /// only sees each column's marginal).
+    pub target_interactions: bool,
+    /// Student (discriminator) and generator steps per iteration, on the labels released
+    /// so far (post-processing).
+    pub student_steps: u32,
+    pub generator_steps: u32,
+    /// The student learns the answers of the last this many iterations (the teachers judge
+    /// against the generator of their iteration, so older answers go stale).
+    pub student_window: u32,
+    pub batch_size: usize,
+    pub student_learning_rate: f64,
+    pub generator_learning_rate: f64,
+    /// Generator: latent width, residual blocks and their width; Gumbel-softmax temperature.
+    pub latent: usize,
+    pub generator_width: usize,
+    pub generator_blocks: usize,
+    pub temperature: f64,
+    /// Student: token width, encoder layers and heads.
+    pub d_model: usize,
+    pub layers: usize,
+    pub heads: usize,
+    /// Noise multiplier of the unit-count release that sizes the output when `[output]
+    /// rows` is not declared (sensitivity 1).
+    pub count_noise_multiplier: f64,
+}
+
+/// What the coordinator releases for each query. Both cost the same under the
+/// data-independent analysis: GNMax over two classes with N(0, σ²) per count is a function
+/// of the vote margin real − fake = 2·real − k plus N(0, 2σ²), i.e. of the real count plus
+/// N(0, σ²/2) — the Gaussian mechanism at sensitivity 1, RDP α/σ² per query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PateRelease {
+    /// The GNMax label: 1 when the noisy real count beats the noisy fake count (the paper).
+    Label,
+    /// The noisy share of teachers voting "real", clamped to [0, 1]: the same release before
+    /// its sign is taken, so the student also learns how strongly the teachers agree.
+    VoteShare,
+}
+
+/// How a PATE teacher turns its real-vs-generated scores into votes on a batch of queries.
+/// Whatever the rule, a teacher's vote on a query lies in [0, 1], so one unit (in one
+/// teacher) moves each query's real count by at most 1: the privacy analysis is the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TeacherVote {
+    /// Its probability that the row is real: a graded vote. Early generated rows all look
+    /// fake; hard votes are then all 0 and carry no direction, probabilities still rank
+    /// the rows.
+    Probability,
+    /// 1 when it takes the row for real (probability above ½; the paper's rule).
+    Absolute,
+    /// 1 for the half of the batch it scores most real.
+    Relative,
+}
+
+impl Default for PateParams {
+    fn default() -> Self {
+        Self {
+            sigma: None,
+            queries_per_iteration: 64,
+            max_iterations: None,
+            fake_rows: 512,
+            teachers_per_task: 8,
+            release: PateRelease::VoteShare,
+            explore: 0.2,
+            vote: TeacherVote::Probability,
+            teacher_l2: 1.0,
+            teacher_newton_steps: 8,
+            target_interactions: true,
+            student_steps: 100,
+            generator_steps: 100,
+            student_window: 4,
+            batch_size: 128,
+            student_learning_rate: 1e-3,
+            generator_learning_rate: 1e-3,
+            latent: 128,
+            generator_width: 256,
+            generator_blocks: 3,
+            temperature: 0.2,
+            d_model: 64,
+            layers: 3,
+            heads: 4,
+            count_noise_multiplier: 20.0,
+        }
+    }
 }
 
 /// Parameters of the DP-FinDiff generator (defaults: the paper's, except as noted).

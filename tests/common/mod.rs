@@ -176,3 +176,29 @@ pub fn findiff_spec(dir: &Path, patients: usize, epochs: f64) -> String {
         &text[end..]
     )
 }
+
+/// The demo spec turned into a small PATE job: `teachers` partitions, patients as units,
+/// two iterations of small models, the output size declared (no count release).
+pub fn pate_spec(dir: &Path, patients: usize, teachers: u32) -> String {
+    let text = demo_spec(dir, patients).replace("partitions = 4\n", &format!("partitions = {teachers}\n"));
+    let start = text.find("[generator]").unwrap();
+    let end = text.find("[output]").unwrap();
+    format!(
+        "{}[generator]\nname = \"pate\"\n\n[generator.pate]\nsigma = 40.0\nqueries_per_iteration = 16\nmax_iterations = 2\nfake_rows = 64\nstudent_steps = 3\ngenerator_steps = 2\nbatch_size = 16\ngenerator_width = 16\nlatent = 8\nd_model = 16\nlayers = 1\n\n{}rows = 50\n",
+        &text[..start],
+        &text[end..]
+    )
+}
+
+/// The number of answered queries a PATE job's manifest reports (the coordinator's own
+/// count of what it released).
+pub fn pate_answered(manifest: &serde_json::Value) -> u64 {
+    let pate = manifest["privacy"]["public_inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .find(|s| s.starts_with("PATE:"))
+        .expect("the PATE release is described");
+    pate.split(" answered queries").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap()
+}

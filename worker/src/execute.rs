@@ -12,9 +12,11 @@ use dpsynth_shared::dpsgd::params::LinearStack;
 use dpsynth_shared::dpsgd::{self, Examples, compute_device, decode_task};
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
 use dpsynth_shared::generators::marginals::{self, MarginalsTask};
+use dpsynth_shared::generators::pate::{self, VoteTask};
 use dpsynth_shared::privacy::noise::os_rng;
 
-/// Named f64 tensors plus the number of privacy units that contributed.
+/// Named f64 tensors plus the number of privacy units that contributed (for a vote
+/// round: the number of teachers).
 pub struct Aggregate {
     pub units: u64,
     pub tensors: Vec<(String, Vec<f64>)>,
@@ -34,15 +36,19 @@ impl Executor {
         match task.kind.as_str() {
             marginals::TASK_KIND => marginals(task).await,
             dpsgd::TASK_KIND => self.dpsgd_round(task).await,
+            pate::TASK_KIND => self.pate_votes(task).await,
             other => {
                 anyhow::bail!("unknown task kind {other:?}: this worker is older than its coordinator")
             }
         }
     }
 
-    /// One DP-SGD round over the task's partitions: the clipped gradient sum.
-    async fn dpsgd_round(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
-        let (round, parameters): (FinDiffRound, Vec<f32>) = decode_task(&task.params)?;
+    /// The task's partitions, loaded once per job (`load` encodes one partition).
+    async fn partitions<F, Fut>(&mut self, task: &Task, load: F) -> anyhow::Result<Vec<Arc<Examples>>>
+    where
+        F: Fn(String) -> Fut,
+        Fut: std::future::Future<Output = Result<Examples, dpsgd::DpSgdError>>,
+    {
         if self.job != task.job_id {
             // A new job: forget the previous one's rows and model.
             *self = Executor { job: task.job_id.clone(), ..Executor::default() };
@@ -50,12 +56,50 @@ impl Executor {
         let mut parts = Vec::new();
         for url in &task.partition_urls {
             if !self.examples.contains_key(url) {
-                let examples = round.model.load_examples(std::slice::from_ref(url)).await?;
-                tracing::info!(partition = url, "partition loaded for training");
+                let examples = load(url.clone()).await?;
+                tracing::info!(partition = url, "partition loaded");
                 self.examples.insert(url.clone(), Arc::new(examples));
             }
             parts.push(self.examples[url].clone());
         }
+        Ok(parts)
+    }
+
+    /// One PATE vote round: each partition's teacher fit and voting; the vote counts per
+    /// query summed over the task's teachers.
+    async fn pate_votes(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
+        let (round, generated): (VoteTask, Vec<f32>) = decode_task(&task.params)?;
+        let round = Arc::new(round);
+        let parts = {
+            let round = round.clone();
+            self.partitions(task, move |url| {
+                let round = round.clone();
+                async move { round.load_examples(&[url]).await }
+            })
+            .await?
+        };
+        let urls = task.partition_urls.clone();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Aggregate> {
+            let mut votes = vec![0f64; round.queries];
+            for (url, real) in urls.iter().zip(&parts) {
+                let teacher = round.teacher_votes(url, real, &generated).map_err(anyhow::Error::msg)?;
+                votes.iter_mut().zip(teacher).for_each(|(v, t)| *v += t);
+            }
+            Ok(Aggregate { units: urls.len() as u64, tensors: vec![("real_votes".to_string(), votes)] })
+        })
+        .await?
+    }
+
+    /// One DP-SGD round over the task's partitions: the clipped gradient sum.
+    async fn dpsgd_round(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
+        let (round, parameters): (FinDiffRound, Vec<f32>) = decode_task(&task.params)?;
+        let model_spec = Arc::new(round.model.clone());
+        let parts = self
+            .partitions(task, move |url| {
+                let spec = model_spec.clone();
+                async move { spec.load_examples(&[url]).await }
+            })
+            .await?;
         let device = compute_device();
         let model = match &self.model {
             Some(m) => m.clone(),

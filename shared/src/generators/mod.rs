@@ -2,3 +2,4 @@
 
 pub mod findiff;
 pub mod marginals;
+pub mod pate;

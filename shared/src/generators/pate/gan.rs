@@ -1,0 +1,172 @@
+//! The post-processing half of PATE-TabTransGAN: the student learns the teachers' released
+//! labels, the generator learns to fool the student (non-saturating loss). Nothing here
+//! sees a private row; the randomness (latents, Gumbel noise, batches) is not private.
+
+use burn::module::Module;
+use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
+use burn::tensor::activation::softplus;
+use burn::tensor::{Device, Tensor, TensorData};
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
+use rand_distr::{Distribution, StandardNormal};
+
+use super::encoding::{Head, PateEncoding};
+use super::model::{Generator, GeneratorConfig, Student, StudentConfig, hard_features, soft_features};
+use crate::spec::PateParams;
+
+/// The student, the generator and their optimizers.
+pub struct PateGan {
+    encoding: PateEncoding,
+    params: PateParams,
+    device: Device,
+    student: Student,
+    generator: Generator,
+    student_optimizer: ModuleOptimizer,
+    generator_optimizer: ModuleOptimizer,
+    rng: ChaCha8Rng,
+}
+
+impl PateGan {
+    /// `device` must be an autodiff device; `seed` keys the non-private randomness
+    /// (latents, Gumbel noise, exploration, batches).
+    pub fn new(encoding: PateEncoding, params: PateParams, device: Device, seed: [u8; 32]) -> Self {
+        let student = StudentConfig::new(encoding.groups.iter().map(|g| g.width).collect())
+            .with_d_model(params.d_model)
+            .with_layers(params.layers)
+            .with_heads(params.heads)
+            .init(&device);
+        let generator = GeneratorConfig::new(encoding.width)
+            .with_latent(params.latent)
+            .with_width(params.generator_width)
+            .with_blocks(params.generator_blocks)
+            .init(&device);
+        let adam = || AdamConfig::new().with_beta_1(0.5).with_beta_2(0.9).init();
+        Self {
+            encoding,
+            params,
+            device,
+            student,
+            generator,
+            student_optimizer: adam(),
+            generator_optimizer: adam(),
+            rng: ChaCha8Rng::from_seed(seed),
+        }
+    }
+
+    fn latent(&mut self, n: usize) -> Tensor<2> {
+        let z: Vec<f32> = (0..n * self.params.latent).map(|_| StandardNormal.sample(&mut self.rng)).collect();
+        Tensor::from_data(TensorData::new(z, [n, self.params.latent]), &self.device)
+    }
+
+    /// Gumbel noise for one-of heads, logistic noise for binary heads, 0 for unit heads.
+    fn head_noise(&mut self, n: usize) -> Vec<f32> {
+        let width = self.encoding.width;
+        let mut g = vec![0.0f32; n * width];
+        for row in g.chunks_mut(width) {
+            for group in &self.encoding.groups {
+                let mut offset = group.offset;
+                for head in &group.heads {
+                    let uniform = |rng: &mut ChaCha8Rng| rng.random_range(1e-6..1.0 - 1e-6f64);
+                    match head {
+                        Head::Unit => offset += 1,
+                        Head::Binary => {
+                            let u = uniform(&mut self.rng);
+                            row[offset] = (u.ln() - (1.0 - u).ln()) as f32;
+                            offset += 1;
+                        }
+                        Head::OneOf(k) => {
+                            for v in &mut row[offset..offset + k] {
+                                *v = -(-uniform(&mut self.rng).ln()).ln() as f32;
+                            }
+                            offset += k;
+                        }
+                    }
+                }
+            }
+        }
+        g
+    }
+
+    /// `n` generated rows as hard features (row-major), with the generator in inference mode.
+    pub fn sample(&mut self, n: usize) -> Vec<f32> {
+        let generator = self.generator.valid();
+        let z = self.latent(n).inner();
+        let raw = values(generator.forward(z));
+        let g = self.head_noise(n);
+        hard_features(&raw, &g, &self.encoding.groups, self.encoding.width)
+    }
+
+    /// One student step on labelled rows (`y` = 1 for "real"): mean binary cross-entropy.
+    /// Returns the loss.
+    fn student_step(&mut self, x: Vec<f32>, y: Vec<f32>) -> f64 {
+        let n = y.len();
+        let x = Tensor::from_data(TensorData::new(x, [n, self.encoding.width]), &self.device);
+        let y = Tensor::<1>::from_data(TensorData::new(y, [n]), &self.device);
+        let logits = self.student.forward(x);
+        // −[y log σ(l) + (1 − y) log(1 − σ(l))] = softplus(l) − y·l.
+        let loss = (softplus(logits.clone(), 1.0) - logits * y).mean();
+        let value = scalar(&loss);
+        let grads = GradientsParams::from_grads(loss.backward(), &self.student);
+        self.student = self.student_optimizer.step(self.params.student_learning_rate, self.student.clone(), grads);
+        value
+    }
+
+    /// One generator step: relaxed samples scored by the student, loss −log σ(logit).
+    /// Returns the loss.
+    fn generator_step(&mut self) -> f64 {
+        let n = self.params.batch_size;
+        let z = self.latent(n);
+        let g = self.head_noise(n);
+        let g = Tensor::from_data(TensorData::new(g, [n, self.encoding.width]), &self.device);
+        let x = soft_features(self.generator.forward(z), g, &self.encoding.groups, self.params.temperature);
+        let loss = softplus(-self.student.forward(x), 1.0).mean();
+        let value = scalar(&loss);
+        // Only the generator's parameters step; the student's gradients are dropped.
+        let grads = GradientsParams::from_grads(loss.backward(), &self.generator);
+        self.generator =
+            self.generator_optimizer.step(self.params.generator_learning_rate, self.generator.clone(), grads);
+        value
+    }
+
+    /// `n` query rows for the teachers: generated rows, each column redrawn uniformly with
+    /// probability `explore`; with a target, half of them are the other half with another
+    /// target value.
+    pub fn queries(&mut self, n: usize) -> Vec<f32> {
+        let w = self.encoding.width;
+        let fresh = if self.encoding.target.is_some() { n.div_ceil(2) } else { n };
+        let mut rows = self.sample(fresh);
+        for x in rows.chunks_mut(w) {
+            self.encoding.explore(x, self.params.explore, &mut self.rng);
+        }
+        let others: Vec<f32> =
+            rows.chunks(w).filter_map(|x| self.encoding.with_other_target(x)).flatten().take((n - fresh) * w).collect();
+        rows.extend(others);
+        rows
+    }
+
+    /// One iteration's post-processing: `student_steps` on minibatches of the released
+    /// (row, label) pairs `x`, `y`, then `generator_steps`. Returns the last losses.
+    pub fn fit_round(&mut self, x: &[f32], y: &[f32]) -> (f64, f64) {
+        let w = self.encoding.width;
+        let batch = self.params.batch_size.min(y.len());
+        let mut losses = (f64::NAN, f64::NAN);
+        for _ in 0..self.params.student_steps {
+            let picks: Vec<usize> = (0..batch).map(|_| self.rng.random_range(0..y.len())).collect();
+            let bx = picks.iter().flat_map(|&i| x[i * w..(i + 1) * w].iter().copied()).collect();
+            let by = picks.iter().map(|&i| y[i]).collect();
+            losses.0 = self.student_step(bx, by);
+        }
+        for _ in 0..self.params.generator_steps {
+            losses.1 = self.generator_step();
+        }
+        losses
+    }
+}
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 data")
+}
+
+fn scalar(t: &Tensor<1>) -> f64 {
+    f64::from(values(t.clone())[0])
+}
