@@ -580,7 +580,7 @@ async fn run_pate(
         let n = (rows - written).min(spec.output.rows_per_part);
         let encoding = plan.encoding.clone();
         let (back, part) = tokio::task::spawn_blocking(move || {
-            let x = gan.sample(n as usize);
+            let x = gan.sample_output(n as usize);
             let part: Vec<Vec<SyntheticValue>> = x.chunks(encoding.width).map(|row| encoding.decode_row(row)).collect();
             (gan, part)
         })

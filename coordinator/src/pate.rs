@@ -85,13 +85,7 @@ pub async fn train(
                 partition_urls: urls.to_vec(),
             })
             .collect();
-        let rx = match events.as_mut() {
-            None => events.insert(scheduler.submit(run.job_id, tasks)),
-            Some(rx) => {
-                scheduler.enqueue(tasks);
-                rx
-            }
-        };
+        let rx = scheduler.submit_round(run.job_id, tasks, &mut events);
         let mut counts: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
         while counts.len() < groups.len() {
             match rx.recv().await {

@@ -141,9 +141,25 @@ impl Scheduler {
     }
 
     /// Queues more tasks for a job already submitted (the next DP-SGD round).
-    pub fn enqueue(&self, tasks: Vec<TaskDef>) {
+    fn enqueue(&self, tasks: Vec<TaskDef>) {
         self.lock().pending.extend(tasks.into_iter().map(|t| (t, 1)));
         self.queued.notify_waiters();
+    }
+
+    /// Queues one round of a job's tasks (DP-SGD rounds, PATE iterations): the first round
+    /// registers the job's listener in `events`, later ones reuse it.
+    pub fn submit_round<'a>(
+        &self,
+        job_id: &str,
+        tasks: Vec<TaskDef>,
+        events: &'a mut Option<mpsc::UnboundedReceiver<TaskEvent>>,
+    ) -> &'a mut mpsc::UnboundedReceiver<TaskEvent> {
+        if events.is_some() {
+            self.enqueue(tasks);
+            events.as_mut().expect("checked above")
+        } else {
+            events.insert(self.submit(job_id, tasks))
+        }
     }
 
     /// Forgets a job's queued and running tasks.

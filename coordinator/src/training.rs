@@ -72,13 +72,7 @@ pub async fn train(
                 partition_urls: vec![url.clone()],
             })
             .collect();
-        let rx = match events.as_mut() {
-            None => events.insert(scheduler.submit(run.job_id, tasks)),
-            Some(rx) => {
-                scheduler.enqueue(tasks);
-                rx
-            }
-        };
+        let rx = scheduler.submit_round(run.job_id, tasks, &mut events);
         let mut sums: HashMap<u64, Vec<f64>> = HashMap::new();
         while sums.len() < p {
             match rx.recv().await {

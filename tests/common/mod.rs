@@ -165,29 +165,31 @@ pub fn parts(dir: &Path, manifest: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// `spec` with its `[generator]` section replaced by `generator` (TOML, up to `[output]`).
+fn with_generator(spec: &str, generator: &str) -> String {
+    let start = spec.find("[generator]").unwrap();
+    let end = spec.find("[output]").unwrap();
+    format!("{}{generator}\n\n{}", &spec[..start], &spec[end..])
+}
+
 /// The demo spec turned into a small DP-FinDiff job (patients are units of up to 8 rows).
 pub fn findiff_spec(dir: &Path, patients: usize, epochs: f64) -> String {
-    let text = demo_spec(dir, patients);
-    let start = text.find("[generator]").unwrap();
-    let end = text.find("[output]").unwrap();
-    format!(
-        "{}[generator]\nname = \"findiff\"\n\n[generator.findiff]\nbatch_size = 32\nepochs = {epochs}\nmax_rows_per_unit = 8\nhidden = 32\ndiffusion_steps = 100\nsampling_steps = 20\n\n{}",
-        &text[..start],
-        &text[end..]
+    with_generator(
+        &demo_spec(dir, patients),
+        &format!(
+            "[generator]\nname = \"findiff\"\n\n[generator.findiff]\nbatch_size = 32\nepochs = {epochs}\nmax_rows_per_unit = 8\nhidden = 32\ndiffusion_steps = 100\nsampling_steps = 20"
+        ),
     )
 }
 
 /// The demo spec turned into a small PATE job: `teachers` partitions, patients as units,
-/// two iterations of small models, the output size declared (no count release).
+/// at most two iterations of small models, the output size declared (no count release).
 pub fn pate_spec(dir: &Path, patients: usize, teachers: u32) -> String {
     let text = demo_spec(dir, patients).replace("partitions = 4\n", &format!("partitions = {teachers}\n"));
-    let start = text.find("[generator]").unwrap();
-    let end = text.find("[output]").unwrap();
-    format!(
-        "{}[generator]\nname = \"pate\"\n\n[generator.pate]\nsigma = 40.0\nqueries_per_iteration = 16\nmax_iterations = 2\nfake_rows = 64\nstudent_steps = 3\ngenerator_steps = 2\nbatch_size = 16\ngenerator_width = 16\nlatent = 8\nd_model = 16\nlayers = 1\n\n{}rows = 50\n",
-        &text[..start],
-        &text[end..]
-    )
+    with_generator(
+        &text,
+        "[generator]\nname = \"pate\"\n\n[generator.pate]\nsigma = 40.0\nqueries_per_iteration = 16\nmax_iterations = 2\nfake_rows = 64\nstudent_steps = 3\ngenerator_steps = 2\nbatch_size = 16\ngenerator_width = 16\nlatent = 8\nd_model = 16\nlayers = 1",
+    ) + "rows = 50\n"
 }
 
 /// The number of answered queries a PATE job's manifest reports (the coordinator's own

@@ -89,13 +89,19 @@ impl PateEncoding {
         }
     }
 
+    /// Where the target's features are, when the spec declares a target.
+    pub fn target_slot(&self) -> Option<std::ops::Range<usize>> {
+        let group = &self.groups[self.target?];
+        Some(group.offset..group.offset + group.width)
+    }
+
     /// A copy of hard row `x` with another target value (binary: flipped; one-hot: the
     /// next bin), or `None` without a target. Queried beside the original, it lets the
     /// teachers' relative votes say which target value fits the rest of the row better.
     pub fn with_other_target(&self, x: &[f32]) -> Option<Vec<f32>> {
         let group = &self.groups[self.target?];
         let mut out = x.to_vec();
-        let slot = &mut out[group.offset..group.offset + group.width];
+        let slot = &mut out[self.target_slot()?];
         match group.heads[0] {
             Head::OneOf(n) => {
                 let hot = (0..n).find(|&i| slot[i] > 0.5).unwrap_or(0);

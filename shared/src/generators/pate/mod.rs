@@ -234,7 +234,21 @@ impl VoteTask {
             let j = rng.random_range(i..self.fake_rows);
             order.swap(i, j);
         }
-        let fake: Vec<f32> = order[..m].iter().flat_map(|&r| pool[r * w..(r + 1) * w].iter().copied()).collect();
+        let mut fake: Vec<f32> = order[..m].iter().flat_map(|&r| pool[r * w..(r + 1) * w].iter().copied()).collect();
+        if let Some(slot) = self.encoding.target_slot().filter(|_| self.teacher.target_interactions) {
+            // The partition's own rows with their target values shuffled among them are
+            // fakes too: a steady lesson in which target value goes with which row, not
+            // relative to the moving generator.
+            let mut targets: Vec<usize> = (0..n_real).collect();
+            for i in (1..n_real).rev() {
+                targets.swap(i, rng.random_range(0..=i));
+            }
+            for (i, &j) in targets.iter().enumerate() {
+                let mut row = real.x[i * w..(i + 1) * w].to_vec();
+                row[slot.clone()].copy_from_slice(&real.x[j * w + slot.start..j * w + slot.end]);
+                fake.extend(row);
+            }
+        }
         let features = Features::new(&self.encoding, &self.teacher);
         let teacher = Teacher::fit(features, &self.teacher, &real.x, &fake, w);
         Ok(teacher.votes(queries, w, self.teacher.vote))
