@@ -292,7 +292,6 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     let task = VoteTask {
         encoding: plan.encoding.clone(),
         teacher: plan.teacher_config(),
-        iteration: 0,
         seed: [3; 32],
         fake_rows: 64,
         queries: 40,

@@ -67,7 +67,6 @@ pub async fn train(
         let header = VoteTask {
             encoding: plan.encoding.clone(),
             teacher: plan.teacher_config(),
-            iteration,
             seed: os_seed()?,
             fake_rows,
             queries,

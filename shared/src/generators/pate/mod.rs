@@ -191,7 +191,6 @@ impl PatePlan {
 pub struct VoteTask {
     pub encoding: PateEncoding,
     pub teacher: TeacherConfig,
-    pub iteration: u32,
     /// Keys which generated rows each teacher trains against (not private).
     pub seed: [u8; 32],
     pub fake_rows: usize,

@@ -82,7 +82,7 @@ impl Teacher {
     /// Fits on `real` and `fake` rows (row-major, `width` wide), each class weighted to the
     /// same total.
     pub fn fit(features: Features, config: &TeacherConfig, real: &[f32], fake: &[f32], width: usize) -> Self {
-        let d = features.dimension;
+        let d = features.dimension();
         let (n_real, n_fake) = (real.len() / width, fake.len() / width);
         let fake_weight = if n_fake == 0 { 0.0 } else { n_real as f64 / n_fake as f64 };
         let mut rows: Vec<Sample> = Vec::with_capacity(n_real + n_fake);
@@ -126,7 +126,7 @@ impl Teacher {
     }
 
     /// Log-odds that row `x` is real.
-    pub fn score(&self, x: &[f32]) -> f64 {
+    fn score(&self, x: &[f32]) -> f64 {
         let mut row = Vec::new();
         self.features.row(x, &mut row);
         row.iter().map(|(i, v)| self.beta[*i] * v).sum()
