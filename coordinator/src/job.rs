@@ -546,7 +546,7 @@ async fn run_pate(
         queries = plan.queries(),
         "PATE plan: the job's ε pays for this many answered queries"
     );
-    let mut output = OutputWriter::create(storage::open(output_url)?).await?;
+    let output = OutputWriter::create(storage::open(output_url)?).await?;
     let partitioned = ctx.partition(scratch).await?;
     let receipt = ctx.charge(ledger, &charge).await?;
     let mut public_inputs = Vec::new();
@@ -571,26 +571,24 @@ async fn run_pate(
         plan: &plan,
         epsilon: receipt.admission.cost.epsilon,
     };
-    let (mut gan, summary) = crate::pate::train(&run, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
+    let (gan, summary) = crate::pate::train(&run, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
     tracing::info!(answered = summary.answered, real_share = summary.real_share, "PATE training done");
 
     set_stage(ctx.progress, "sampling");
-    let mut written = 0;
-    while written < rows {
-        let n = (rows - written).min(spec.output.rows_per_part);
-        let encoding = plan.encoding.clone();
-        let (back, part) = tokio::task::spawn_blocking(move || {
-            let x = gan.sample_output(n as usize);
-            let part: Vec<Vec<SyntheticValue>> = x.chunks(encoding.width).map(|row| encoding.decode_row(row)).collect();
-            (gan, part)
-        })
-        .await
-        .map_err(|e| JobError::Other(e.to_string()))?;
-        gan = back;
-        output.write_part(&rows_to_batch(spec, &part, written)).await?;
-        written += n;
-        tracing::info!(rows = written, of = rows, "synthetic rows written");
-    }
+    let gan = Arc::new(Mutex::new(gan));
+    let encoding = Arc::new(plan.encoding.clone());
+    let output = write_parts(spec, output, rows, |n| {
+        let (gan, encoding) = (gan.clone(), encoding.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let x = gan.lock().unwrap_or_else(|e| e.into_inner()).sample_output(n as usize);
+                x.chunks(encoding.width).map(|row| encoding.decode_row(row)).collect()
+            })
+            .await
+            .map_err(|e| JobError::Other(e.to_string()))
+        }
+    })
+    .await?;
     public_inputs.push(format!(
         "PATE: {} teachers, GNMax σ = {} on (real, fake) vote counts, {} answered queries ({} iterations × {})",
         plan.teachers, plan.sigma, summary.answered, plan.iterations, plan.params.queries_per_iteration
@@ -601,44 +599,63 @@ async fn run_pate(
 /// Samples `rows` synthetic rows from the trained denoiser, streaming one part at a time.
 async fn write_findiff_parts(
     spec: &JobSpec,
-    mut output: OutputWriter,
+    output: OutputWriter,
     model: FinDiffModel,
     encoding: &TabularEncoding,
     rows: u64,
 ) -> Result<OutputWriter, JobError> {
     const CHUNK: u64 = 2048;
     let model = Arc::new(model);
+    let encoding = Arc::new(encoding.clone());
+    let sampling_steps = spec.generator.findiff.sampling_steps;
+    write_parts(spec, output, rows, |n| {
+        let (model, encoding) = (model.clone(), encoding.clone());
+        async move {
+            tokio::task::spawn_blocking(move || -> Result<Vec<Vec<SyntheticValue>>, JobError> {
+                // Sampling is post-processing; its randomness is not private.
+                let mut rng = os_rng()?;
+                let device = compute_device();
+                let mut out = Vec::with_capacity(n as usize);
+                let mut done = 0;
+                while done < n {
+                    let m = (n - done).min(CHUNK) as usize;
+                    let x = diffusion::sample(
+                        &model.denoiser,
+                        &model.schedule,
+                        m,
+                        encoding.width,
+                        sampling_steps,
+                        &device,
+                        &mut rng,
+                    );
+                    out.extend(x.chunks(encoding.width).map(|row| encoding.decode_row(row)));
+                    done += m as u64;
+                }
+                Ok(out)
+            })
+            .await
+            .map_err(|e| JobError::Other(e.to_string()))?
+        }
+    })
+    .await
+}
+
+/// Writes `rows` rows part by part (memory bounded by `rows_per_part`); `part(n)` draws
+/// the next `n` synthetic rows.
+async fn write_parts<F, Fut>(
+    spec: &JobSpec,
+    mut output: OutputWriter,
+    rows: u64,
+    mut part: F,
+) -> Result<OutputWriter, JobError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Vec<SyntheticValue>>, JobError>>,
+{
     let mut written = 0;
     while written < rows {
         let n = (rows - written).min(spec.output.rows_per_part);
-        let model = model.clone();
-        let encoding = encoding.clone();
-        let sampling_steps = spec.generator.findiff.sampling_steps;
-        let part = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<SyntheticValue>>, JobError> {
-            // Sampling is post-processing; its randomness is not private.
-            let mut rng = os_rng()?;
-            let device = compute_device();
-            let mut out = Vec::with_capacity(n as usize);
-            let mut done = 0;
-            while done < n {
-                let m = (n - done).min(CHUNK) as usize;
-                let x = diffusion::sample(
-                    &model.denoiser,
-                    &model.schedule,
-                    m,
-                    encoding.width,
-                    sampling_steps,
-                    &device,
-                    &mut rng,
-                );
-                out.extend(x.chunks(encoding.width).map(|row| encoding.decode_row(row)));
-                done += m as u64;
-            }
-            Ok(out)
-        })
-        .await
-        .map_err(|e| JobError::Other(e.to_string()))??;
-        output.write_part(&rows_to_batch(spec, &part, written)).await?;
+        output.write_part(&rows_to_batch(spec, &part(n).await?, written)).await?;
         written += n;
         tracing::info!(rows = written, of = rows, "synthetic rows written");
     }
@@ -662,29 +679,26 @@ async fn cleanup_scratch(scratch: &StoreLocation, job_id: &str) {
     }
 }
 
-/// Samples `rows` synthetic rows, part by part (memory bounded by `rows_per_part`).
+/// Samples `rows` synthetic rows from the noisy tables.
 async fn write_marginal_parts(
     spec: &JobSpec,
-    mut output: OutputWriter,
+    output: OutputWriter,
     synthesizer: &Synthesizer,
     rows: u64,
 ) -> Result<OutputWriter, JobError> {
     // Sampling from the noisy tables is post-processing; any good generator will do.
     let mut rng = os_rng()?;
     let columns = synthesizer.domain().columns.len();
-    let mut written = 0;
-    while written < rows {
-        let n = (rows - written).min(spec.output.rows_per_part);
-        let part: Vec<Vec<_>> = (0..n)
+    write_parts(spec, output, rows, |n| {
+        let part = (0..n)
             .map(|_| {
                 let bins = synthesizer.sample_bins(&mut rng);
                 (0..columns).map(|c| decode_bin(synthesizer.domain(), c, bins[c], &mut rng)).collect()
             })
             .collect();
-        output.write_part(&rows_to_batch(spec, &part, written)).await?;
-        written += n;
-    }
-    Ok(output)
+        std::future::ready(Ok(part))
+    })
+    .await
 }
 
 fn declared_inputs(spec: &JobSpec) -> Vec<String> {
