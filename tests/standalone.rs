@@ -236,17 +236,23 @@ async fn partition(spec: &JobSpec, dir: &std::path::Path, partitions: u32) -> Ve
 
 /// A PATE job's ledger entry is exactly its answered queries, each charged at the
 /// data-independent per-query cost and composed by the accountant; releasing the GNMax
-/// label or the noisy vote share costs the same.
+/// label or the noisy vote share costs the same, and so does a target-label answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pate_job_charges_exactly_its_answered_queries() {
     use dpsynth_shared::privacy::accountant::{AccountingOptions, account};
     use dpsynth_shared::privacy::mechanism::Mechanism;
 
     let mut charged = Vec::new();
-    for release in ["label", "vote_share"] {
+    // (release, target, label queries): with the target "rhythm" (4 values and missing)
+    // and label_share = 0.5, half of the answers are target labels.
+    for (release, target, labels) in [("label", None, 0), ("vote_share", None, 0), ("vote_share", Some("rhythm"), 16)] {
         let dir = tempfile::tempdir().unwrap();
-        let text = pate_spec(dir.path(), 60, 4)
+        let mut text = pate_spec(dir.path(), 60, 4)
             .replace("[generator.pate]\n", &format!("[generator.pate]\nrelease = \"{release}\"\n"));
+        if let Some(target) = target {
+            text = text.replace("[schema]\n", &format!("[schema]\ntarget = \"{target}\"\n"));
+            text = text.replace("max_iterations = 2\n", "max_iterations = 1\nlabel_share = 0.5\n");
+        }
         let spec = JobSpec::parse(&text, "pate").unwrap();
         let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
         assert_eq!(state, SUCCEEDED, "{message}");
@@ -254,7 +260,9 @@ async fn a_pate_job_charges_exactly_its_answered_queries() {
         assert_eq!(m["rows"], 50);
         assert_eq!(m["generator"], "pate");
         let answered = pate_answered(&m) as usize;
-        assert_eq!(answered, 2 * 16);
+        assert_eq!(answered, 2 * 16, "{release} {target:?}");
+        let public = m["privacy"]["public_inputs"].to_string();
+        assert!(public.contains(&format!("{labels} target labels")), "{public}");
 
         let (entries, epsilon) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
         assert_eq!(entries, 1, "one charge for the whole run");
@@ -270,20 +278,52 @@ async fn a_pate_job_charges_exactly_its_answered_queries() {
         assert!((epsilon - expected).abs() <= 1e-9 * expected, "{release}: ledger ε {epsilon} vs {expected}");
         charged.push(epsilon);
     }
-    assert!((charged[0] - charged[1]).abs() <= 1e-9 * charged[0], "label and vote share cost the same: {charged:?}");
+    assert!(
+        charged.iter().all(|c| (c - charged[0]).abs() <= 1e-9 * charged[0]),
+        "label, vote share and target labels cost the same: {charged:?}"
+    );
+
+    // A confidence threshold: every query is also charged its check (Gaussian on the
+    // largest count, sensitivity 1, σ₁ = 30); what cleared it is reported.
+    let dir = tempfile::tempdir().unwrap();
+    let text = pate_spec(dir.path(), 60, 4)
+        .replace("[generator.pate]\n", "[generator.pate]\nthreshold = 3.0\nthreshold_sigma = 30.0\n");
+    let spec = JobSpec::parse(&text, "pate").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+    let m = manifest(&dir.path().join("out")).expect("manifest written");
+    let asked = pate_answered(&m);
+    assert!(m["privacy"]["public_inputs"].to_string().contains("cleared the threshold"));
+    let (entries, epsilon) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
+    assert_eq!(entries, 1);
+    let mechanisms = [
+        Mechanism::Gaussian {
+            l2_sensitivity: 1.0,
+            noise_multiplier: 30.0,
+            releases: asked,
+            adjacency: dpsynth_shared::privacy::mechanism::Adjacency::AddRemove,
+        },
+        Mechanism::GnMax { sigma: 40.0, classes: 2, queries: asked },
+    ];
+    let expected = account(&mechanisms, spec.privacy.accountant, spec.privacy.delta, &AccountingOptions::default())
+        .unwrap()
+        .epsilon;
+    assert!((epsilon - expected).abs() <= 1e-9 * expected, "ledger ε {epsilon} vs {expected}");
 }
 
 /// PATE teachers are the partitions: every unit is in exactly one teacher's rows, and a
-/// vote round gives the same counts on 1, 2 or 4 workers (teachers are fit
-/// deterministically wherever they run; tasks hold several teachers each).
+/// vote round — real-or-generated or target labels — gives the same counts on 1, 2 or 4
+/// workers (teachers are fit deterministically wherever they run; tasks hold several
+/// teachers each).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     use dpsynth_shared::dpsgd::encode_task;
-    use dpsynth_shared::generators::pate::{PatePlan, TASK_KIND, VoteTask};
+    use dpsynth_shared::generators::pate::{PatePlan, Question, TASK_KIND, VoteTask};
     use dpsynth_shared::privacy::accountant::AccountingOptions;
 
     let dir = tempfile::tempdir().unwrap();
-    let spec = JobSpec::parse(&pate_spec(dir.path(), 120, 8), "votes").unwrap();
+    let text = pate_spec(dir.path(), 120, 8).replace("[schema]\n", "[schema]\ntarget = \"rhythm\"\n");
+    let spec = JobSpec::parse(&text, "votes").unwrap();
     let domain = dpsynth_shared::data::domain::Domain::from_spec(&spec);
     let plan = PatePlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
     let urls = partition(&spec, dir.path(), 8).await;
@@ -293,6 +333,7 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
         encoding: plan.encoding.clone(),
         teacher: plan.teacher_config(),
         seed: [3; 32],
+        question: Question::Realness,
         fake_rows: 64,
         queries: 40,
     };
@@ -334,6 +375,29 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     }
     let total = reference.unwrap();
     assert!(total.iter().any(|&v| v > 0.0) && total.iter().any(|&v| v < 8.0), "votes are informative: {total:?}");
+
+    // Target labels: each teacher's class probabilities over the rhythms (4 and missing),
+    // summed.
+    let classes = plan.encoding.target_classes().unwrap();
+    assert_eq!(classes, 5);
+    let labels = VoteTask { question: Question::Target, fake_rows: 0, ..task };
+    let queries = &generated[64 * plan.encoding.width..];
+    let mut reference = None;
+    for workers in [1, 2, 4] {
+        let counts = one_round(workers, TASK_KIND, encode_task(&labels, queries), &groups).await;
+        let mut total = vec![0.0; labels.queries * classes];
+        for c in &counts {
+            total.iter_mut().zip(c).for_each(|(t, v)| *t += v);
+        }
+        match &reference {
+            None => reference = Some(total),
+            Some(r) => assert_eq!(&total, r, "{workers} workers labelled differently"),
+        }
+    }
+    let total = reference.unwrap();
+    // Per query, the 8 teachers' probabilities sum to 8, and they do not all agree.
+    assert!(total.chunks(classes).all(|q| (q.iter().sum::<f64>() - 8.0).abs() < 1e-9), "{total:?}");
+    assert!(total.chunks(classes).any(|q| q.iter().all(|&v| v < 8.0 - 1e-6)), "{total:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -562,7 +562,9 @@ async fn run_pate(
     };
 
     set_stage(ctx.progress, "teachers voting (PATE)");
-    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = plan.iterations;
+    // The label queries are one more round of tasks.
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total =
+        plan.iterations + u32::from(plan.label_queries > 0);
     let device = compute_device().autodiff();
     let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), device, os_seed()?);
     let run = crate::pate::VoteRun {
@@ -571,27 +573,51 @@ async fn run_pate(
         plan: &plan,
         epsilon: receipt.admission.cost.epsilon,
     };
-    let (gan, summary) = crate::pate::train(&run, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
-    tracing::info!(answered = summary.answered, real_share = summary.real_share, "PATE training done");
+    let (gan, labels, summary) = crate::pate::train(&run, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
+    tracing::info!(
+        asked = summary.asked,
+        released = summary.released,
+        real_share = summary.real_share,
+        "PATE training done"
+    );
 
     set_stage(ctx.progress, "sampling");
     let gan = Arc::new(Mutex::new(gan));
+    let labels = Arc::new(labels);
     let encoding = Arc::new(plan.encoding.clone());
     let output = write_parts(spec, output, rows, |n| {
-        let (gan, encoding) = (gan.clone(), encoding.clone());
+        let (gan, labels, encoding) = (gan.clone(), labels.clone(), encoding.clone());
         async move {
-            tokio::task::spawn_blocking(move || {
-                let x = gan.lock().unwrap_or_else(|e| e.into_inner()).sample_output(n as usize);
-                x.chunks(encoding.width).map(|row| encoding.decode_row(row)).collect()
+            tokio::task::spawn_blocking(move || -> Result<Vec<Vec<SyntheticValue>>, JobError> {
+                let mut x = gan.lock().unwrap_or_else(|e| e.into_inner()).sample_output(n as usize);
+                if let Some(labels) = labels.as_ref() {
+                    // Post-processing: the label model draws each row's target.
+                    labels.relabel(&encoding, &mut x, &mut os_rng()?);
+                }
+                Ok(x.chunks(encoding.width).map(|row| encoding.decode_row(row)).collect())
             })
             .await
-            .map_err(|e| JobError::Other(e.to_string()))
+            .map_err(|e| JobError::Other(e.to_string()))?
         }
     })
     .await?;
+    let threshold = match (plan.params.threshold, plan.threshold_sigma) {
+        (Some(t), Some(s)) => {
+            format!(
+                "; confident GNMax (threshold {t} teachers, σ₁ = {s}): each query charged as answered, {} cleared the threshold and were released",
+                summary.released
+            )
+        }
+        _ => String::new(),
+    };
     public_inputs.push(format!(
-        "PATE: {} teachers, GNMax σ = {} on (real, fake) vote counts, {} answered queries ({} iterations × {})",
-        plan.teachers, plan.sigma, summary.answered, plan.iterations, plan.params.queries_per_iteration
+        "PATE: {} teachers, GNMax σ = {} on the vote counts, {} answered queries ({} iterations × {} real-or-generated, {} target labels){threshold}",
+        plan.teachers,
+        plan.sigma,
+        summary.asked,
+        plan.iterations,
+        plan.params.queries_per_iteration,
+        summary.labels
     ));
     Ok(Released { output, receipt, mechanisms: charge.mechanisms, public_inputs })
 }

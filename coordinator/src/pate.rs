@@ -1,7 +1,9 @@
 //! The coordinator's side of PATE: per iteration, generate the teachers' fake rows and
 //! the queries, collect every task's vote counts, check them, add the GNMax noise (here
 //! and only here), release the labels to the student, then train the student and the
-//! generator on everything released so far.
+//! generator on the recent answers. After the last iteration, the label queries: the
+//! teachers' target classifiers vote on rows drawn as the output is, and a label model is
+//! fit to the noisy histograms.
 //!
 //! The whole run is charged before the first iteration (`PatePlan::mechanisms`), so the
 //! number of answered queries is fixed in advance by the data-independent cost. A worker
@@ -14,8 +16,12 @@ use std::time::Instant;
 
 use dpsynth_shared::dpsgd::encode_task;
 use dpsynth_shared::generators::pate::gan::PateGan;
-use dpsynth_shared::generators::pate::{self, PatePlan, VoteTask, release, validate_votes};
+use dpsynth_shared::generators::pate::teacher::TargetModel;
+use dpsynth_shared::generators::pate::{
+    self, PatePlan, Question, VoteTask, confident, release, release_histogram, validate_votes,
+};
 use dpsynth_shared::privacy::noise::{Noise, os_seed};
+use tokio::sync::mpsc;
 
 use crate::job::{JobError, ProgressHandle};
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
@@ -32,29 +38,41 @@ pub struct VoteRun<'a> {
 
 /// What the run released, for the manifest and logs.
 pub struct VoteSummary {
-    pub answered: u64,
-    /// Share of answers that came out "real".
+    /// Queries put to the teachers and charged: real-or-generated and target labels.
+    pub asked: u64,
+    /// Of those, the answers released (all of them without a confidence threshold).
+    pub released: u64,
+    pub labels: u64,
+    /// Share of real-or-generated answers that came out "real".
     pub real_share: f64,
 }
 
-/// Runs every planned iteration; returns the trained models.
+/// Runs every planned iteration, then the label queries; returns the trained models (the
+/// label model when the plan has label queries).
 pub async fn train(
     run: &VoteRun<'_>,
     mut gan: PateGan,
     scheduler: &Scheduler,
     telemetry: &Telemetry,
     progress: &ProgressHandle,
-) -> Result<(PateGan, VoteSummary), JobError> {
+) -> Result<(PateGan, Option<TargetModel>, VoteSummary), JobError> {
     let plan = run.plan;
     let params = &plan.params;
     let (fake_rows, queries) = (params.fake_rows as usize, params.queries_per_iteration as usize);
     let width = plan.encoding.width;
-    let groups: Vec<&[String]> = run.partitions.chunks(params.teachers_per_task as usize).collect();
+    let mut rounds = VoteRounds {
+        run,
+        scheduler,
+        telemetry,
+        groups: run.partitions.chunks(params.teachers_per_task as usize).collect(),
+        events: None,
+        next_task: 0,
+    };
     let mut noise = Noise::from_os()?;
     let mut released_x: Vec<f32> = Vec::with_capacity(plan.queries() as usize * width);
     let mut released_y: Vec<f32> = Vec::with_capacity(plan.queries() as usize);
-    let mut events = None;
     let started = Instant::now();
+    let mut asked = 0u64;
     for iteration in 0..plan.iterations {
         let round_started = Instant::now();
         let (back, generated) = blocking(move || {
@@ -64,72 +82,17 @@ pub async fn train(
         })
         .await?;
         gan = back;
-        let header = VoteTask {
-            encoding: plan.encoding.clone(),
-            teacher: plan.teacher_config(),
-            seed: os_seed()?,
-            fake_rows,
-            queries,
-        };
-        let task_params = Arc::new(encode_task(&header, &generated));
-        let first_task = u64::from(iteration) * groups.len() as u64;
-        let tasks: Vec<TaskDef> = groups
-            .iter()
-            .enumerate()
-            .map(|(i, urls)| TaskDef {
-                job_id: run.job_id.to_string(),
-                task_id: first_task + i as u64,
-                kind: pate::TASK_KIND.to_string(),
-                params: task_params.clone(),
-                partition_urls: urls.to_vec(),
-            })
-            .collect();
-        let rx = scheduler.submit_round(run.job_id, tasks, &mut events);
-        let mut counts: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-        while counts.len() < groups.len() {
-            match rx.recv().await {
-                Some(TaskEvent::Done(mut result)) => {
-                    let bad = |reason: String| JobError::BadResult {
-                        worker: result.worker.clone(),
-                        task_id: result.task_id,
-                        reason,
-                    };
-                    let Some(index) = result.tensors.iter().position(|(n, _)| n == "real_votes") else {
-                        return Err(bad("no 'real_votes' tensor".into()));
-                    };
-                    let teachers = result
-                        .task_id
-                        .checked_sub(first_task)
-                        .and_then(|i| groups.get(i as usize))
-                        .ok_or_else(|| bad("a result for a task of another iteration".into()))?
-                        .len();
-                    let votes = result.tensors.swap_remove(index).1;
-                    validate_votes(&votes, queries, teachers, params.vote).map_err(bad)?;
-                    telemetry.task_done(result.seconds);
-                    counts.insert(result.task_id, votes);
-                }
-                Some(TaskEvent::Requeued { task_id, worker }) => {
-                    tracing::warn!(
-                        task = task_id,
-                        worker,
-                        iteration,
-                        "worker lost mid-iteration; its teachers vote again"
-                    );
-                }
-                Some(TaskEvent::Failed { task_id, worker, error }) => {
-                    return Err(JobError::Task { worker, task_id, error });
-                }
-                None => return Err(JobError::Other("scheduler stopped".into())),
-            }
-        }
-        // Summed in task order: the same on any cluster.
-        let mut real = vec![0.0; queries];
-        for votes in counts.values() {
-            real.iter_mut().zip(votes).for_each(|(r, v)| *r += v);
-        }
+        let real = rounds.ask(Question::Realness, fake_rows, &generated, iteration).await?;
+        let k = f64::from(plan.teachers);
+        let largest: Vec<f64> = real.iter().map(|&r| r.max(k - r)).collect();
+        let keep = confidence(plan, &largest, &mut noise);
         // The release (charged before the first iteration).
-        released_y.extend(release(&real, plan.teachers, plan.sigma, plan.params.release, &mut noise));
-        released_x.extend_from_slice(&generated[fake_rows * width..]);
+        let answers = release(&real, plan.teachers, plan.sigma, plan.params.release, &mut noise);
+        for (i, answer) in answers.into_iter().enumerate().filter(|(i, _)| keep[*i]) {
+            released_y.push(answer);
+            released_x.extend_from_slice(&generated[(fake_rows + i) * width..(fake_rows + i + 1) * width]);
+        }
+        asked += queries as u64;
 
         let voted = round_started.elapsed().as_secs_f64();
         // Teachers judge against the current generator: older answers go stale as it moves.
@@ -149,7 +112,7 @@ pub async fn train(
         tracing::info!(
             iteration = done,
             iterations = plan.iterations,
-            answered = released_y.len(),
+            released = released_y.len(),
             epsilon_charged = run.epsilon,
             student_loss = losses.0,
             generator_loss = losses.1,
@@ -159,10 +122,150 @@ pub async fn train(
             "PATE progress"
         );
     }
+    let mut labelled = 0;
+    let labels = match (plan.label_queries, plan.encoding.target_classes()) {
+        (0, _) | (_, None) => None,
+        (n, Some(classes)) => {
+            // Label queries are drawn as the output will be: the label model is fit where
+            // it is used.
+            let n = n as usize;
+            let (back, queries) = blocking(move || {
+                let queries = gan.sample_output(n);
+                (gan, queries)
+            })
+            .await?;
+            gan = back;
+            let counts = rounds.ask(Question::Target, 0, &queries, plan.iterations).await?;
+            let largest: Vec<f64> = counts.chunks(classes).map(|c| c.iter().copied().fold(0.0, f64::max)).collect();
+            let keep = confidence(plan, &largest, &mut noise);
+            let shares = release_histogram(&counts, classes, plan.sigma, &mut noise);
+            let w = plan.encoding.width;
+            let (queries, shares): (Vec<f32>, Vec<f64>) = {
+                let kept = (0..n).filter(|&i| keep[i]);
+                (
+                    kept.clone().flat_map(|i| queries[i * w..(i + 1) * w].iter().copied()).collect(),
+                    kept.flat_map(|i| shares[i * classes..(i + 1) * classes].iter().copied()).collect(),
+                )
+            };
+            labelled = shares.len() as u64 / classes as u64;
+            let (encoding, config) = (plan.encoding.clone(), plan.teacher_config());
+            let model = blocking(move || TargetModel::fit(&encoding, &config, &queries, &shares)).await?;
+            progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = plan.iterations + 1;
+            tracing::info!(labels = n, epsilon_charged = run.epsilon, "PATE target labels released");
+            model
+        }
+    };
     scheduler.cancel(run.job_id);
-    let answered = released_y.len() as u64;
-    let real_share = released_y.iter().map(|&y| f64::from(y)).sum::<f64>() / answered.max(1) as f64;
-    Ok((gan, VoteSummary { answered, real_share }))
+    let realness = released_y.len() as u64;
+    let real_share = released_y.iter().map(|&y| f64::from(y)).sum::<f64>() / realness.max(1) as f64;
+    let summary = VoteSummary {
+        asked: asked + plan.label_queries,
+        released: realness + labelled,
+        labels: plan.label_queries,
+        real_share,
+    };
+    Ok((gan, labels, summary))
+}
+
+/// Which queries clear the confidence threshold (all without one).
+fn confidence(plan: &PatePlan, largest: &[f64], noise: &mut Noise) -> Vec<bool> {
+    match (plan.params.threshold, plan.threshold_sigma) {
+        (Some(threshold), Some(sigma)) => confident(largest, threshold, sigma, noise),
+        _ => vec![true; largest.len()],
+    }
+}
+
+/// Sends vote rounds to the teachers and collects their counts.
+struct VoteRounds<'a> {
+    run: &'a VoteRun<'a>,
+    scheduler: &'a Scheduler,
+    telemetry: &'a Telemetry,
+    groups: Vec<&'a [String]>,
+    events: Option<mpsc::UnboundedReceiver<TaskEvent>>,
+    next_task: u64,
+}
+
+impl VoteRounds<'_> {
+    /// One round: every group of teachers answers `question` on `generated` (`fake_rows`
+    /// rows to train against, then the queries); returns the vote counts summed over all
+    /// teachers, checked and in task order (the same on any cluster). A lost worker's task
+    /// is requeued; nothing is released until every count is in.
+    async fn ask(
+        &mut self,
+        question: Question,
+        fake_rows: usize,
+        generated: &[f32],
+        iteration: u32,
+    ) -> Result<Vec<f64>, JobError> {
+        let plan = self.run.plan;
+        let header = VoteTask {
+            encoding: plan.encoding.clone(),
+            teacher: plan.teacher_config(),
+            seed: os_seed()?,
+            question,
+            fake_rows,
+            queries: generated.len() / plan.encoding.width - fake_rows,
+        };
+        let expected = header.queries * header.votes_per_query();
+        let task_params = Arc::new(encode_task(&header, generated));
+        let first_task = self.next_task;
+        self.next_task += self.groups.len() as u64;
+        let tasks: Vec<TaskDef> = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, urls)| TaskDef {
+                job_id: self.run.job_id.to_string(),
+                task_id: first_task + i as u64,
+                kind: pate::TASK_KIND.to_string(),
+                params: task_params.clone(),
+                partition_urls: urls.to_vec(),
+            })
+            .collect();
+        let rx = self.scheduler.submit_round(self.run.job_id, tasks, &mut self.events);
+        let mut counts: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+        while counts.len() < self.groups.len() {
+            match rx.recv().await {
+                Some(TaskEvent::Done(mut result)) => {
+                    let bad = |reason: String| JobError::BadResult {
+                        worker: result.worker.clone(),
+                        task_id: result.task_id,
+                        reason,
+                    };
+                    let Some(index) = result.tensors.iter().position(|(n, _)| n == "votes") else {
+                        return Err(bad("no 'votes' tensor".into()));
+                    };
+                    let teachers = result
+                        .task_id
+                        .checked_sub(first_task)
+                        .and_then(|i| self.groups.get(i as usize))
+                        .ok_or_else(|| bad("a result for a task of another round".into()))?
+                        .len();
+                    let votes = result.tensors.swap_remove(index).1;
+                    validate_votes(&votes, expected, teachers, header.whole_votes()).map_err(bad)?;
+                    self.telemetry.task_done(result.seconds);
+                    counts.insert(result.task_id, votes);
+                }
+                Some(TaskEvent::Requeued { task_id, worker }) => {
+                    tracing::warn!(
+                        task = task_id,
+                        worker,
+                        iteration,
+                        "worker lost mid-iteration; its teachers vote again"
+                    );
+                }
+                Some(TaskEvent::Failed { task_id, worker, error }) => {
+                    return Err(JobError::Task { worker, task_id, error });
+                }
+                None => return Err(JobError::Other("scheduler stopped".into())),
+            }
+        }
+        let mut total = vec![0.0; expected];
+        for votes in counts.values() {
+            total.iter_mut().zip(votes).for_each(|(t, v)| *t += v);
+        }
+        Ok(total)
+    }
 }
 
 /// Runs model work off the async threads.

@@ -66,7 +66,7 @@ impl Executor {
     }
 
     /// One PATE vote round: each partition's teacher fit and voting; the vote counts per
-    /// query summed over the task's teachers.
+    /// query (per target value for label questions) summed over the task's teachers.
     async fn pate_votes(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
         let (round, generated): (VoteTask, Vec<f32>) = decode_task(&task.params)?;
         let round = Arc::new(round);
@@ -80,12 +80,12 @@ impl Executor {
         };
         let urls = task.partition_urls.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<Aggregate> {
-            let mut votes = vec![0f64; round.queries];
+            let mut votes = vec![0f64; round.queries * round.votes_per_query()];
             for (url, real) in urls.iter().zip(&parts) {
                 let teacher = round.teacher_votes(url, real, &generated).map_err(anyhow::Error::msg)?;
                 votes.iter_mut().zip(teacher).for_each(|(v, t)| *v += t);
             }
-            Ok(Aggregate { units: urls.len() as u64, tensors: vec![("real_votes".to_string(), votes)] })
+            Ok(Aggregate { units: urls.len() as u64, tensors: vec![("votes".to_string(), votes)] })
         })
         .await?
     }

@@ -95,20 +95,49 @@ impl PateEncoding {
         Some(group.offset..group.offset + group.width)
     }
 
+    /// How many values a categorical target takes (`None` without one).
+    pub fn target_classes(&self) -> Option<usize> {
+        match self.groups[self.target?].heads[0] {
+            Head::OneOf(n) => Some(n),
+            Head::Binary => Some(2),
+            Head::Unit => None,
+        }
+    }
+
+    /// The target value (bin) of hard row `x`, for a categorical target.
+    pub fn target_class(&self, x: &[f32]) -> Option<usize> {
+        let slot = &x[self.target_slot()?];
+        match self.groups[self.target?].heads[0] {
+            Head::OneOf(_) => Some((0..slot.len()).fold(0, |best, i| if slot[i] > slot[best] { i } else { best })),
+            Head::Binary => Some(usize::from(slot[0] > 0.5)),
+            Head::Unit => None,
+        }
+    }
+
+    /// Sets the categorical target of row `x` to bin `class` (no-op without one).
+    pub fn set_target_class(&self, x: &mut [f32], class: usize) {
+        let Some(t) = self.target else { return };
+        let group = &self.groups[t];
+        let slot = &mut x[group.offset..group.offset + group.width];
+        match group.heads[0] {
+            Head::OneOf(_) => {
+                slot.iter_mut().for_each(|v| *v = 0.0);
+                slot[class] = 1.0;
+            }
+            Head::Binary => slot[0] = class as f32,
+            Head::Unit => {}
+        }
+    }
+
     /// A copy of hard row `x` with another target value (binary: flipped; one-hot: the
     /// next bin), or `None` without a target. Queried beside the original, it lets the
     /// teachers' relative votes say which target value fits the rest of the row better.
     pub fn with_other_target(&self, x: &[f32]) -> Option<Vec<f32>> {
-        let group = &self.groups[self.target?];
         let mut out = x.to_vec();
-        let slot = &mut out[self.target_slot()?];
-        match group.heads[0] {
-            Head::OneOf(n) => {
-                let hot = (0..n).find(|&i| slot[i] > 0.5).unwrap_or(0);
-                slot.iter_mut().for_each(|v| *v = 0.0);
-                slot[(hot + 1) % n] = 1.0;
-            }
-            _ => slot[0] = 1.0 - slot[0],
+        match (self.target_class(x), self.target_classes()) {
+            (Some(class), Some(classes)) => self.set_target_class(&mut out, (class + 1) % classes),
+            // A numeric target: mirrored in its range.
+            _ => out[self.target_slot()?.start] = 1.0 - x[self.target_slot()?.start],
         }
         Some(out)
     }

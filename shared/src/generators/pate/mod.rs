@@ -13,6 +13,10 @@
 //!   on the real count). Both are the Gaussian mechanism on the vote margin: RDP α/σ² per
 //!   answered query, charged data-independently. The paper's Eq. 2 is not a valid bound
 //!   for Gaussian noise and is not used.
+//! - Confident GNMax (optional `threshold`): a query is answered only when its largest
+//!   count plus N(0, σ₁²) reaches the threshold. The check is the Gaussian mechanism on the
+//!   largest count (sensitivity 1) and is charged for every query, as is an answer (it may
+//!   pass): under the data-independent charge it filters answers but saves nothing.
 //! - Stopping rule: the number of iterations is the largest whose answered queries fit the
 //!   job's ε under the ledger's accountant — a data-independent figure fixed before any
 //!   vote, and charged in full before the first answer is released.
@@ -20,6 +24,12 @@
 //!   (exploration); with a target, half of them are the other half with the target changed,
 //!   so the teachers say which target value fits a row better.
 //! - Student and generator (`model`, `gan`) train on released answers only.
+//! - Labels (a departure, `label_share` of the answers; on by default with a target): after
+//!   the last iteration, the teachers fit a classifier of the target on their rows and
+//!   vote its class probabilities on rows drawn as the output is drawn (classic PATE
+//!   labelling). One unit moves one teacher's probability vector, by at most √2 in L2: the
+//!   noisy histogram (N(0, σ²) per class) is GNMax's, at the same data-independent cost
+//!   per answer. A label model fit to the released shares draws the output rows' target.
 
 pub mod encoding;
 pub mod gan;
@@ -38,10 +48,19 @@ use crate::privacy::mechanism::{Adjacency, Mechanism};
 use crate::privacy::noise::Noise;
 use crate::spec::{JobSpec, PateParams, PateRelease, TeacherVote};
 use encoding::PateEncoding;
-use teacher::{Features, Teacher, TeacherConfig};
+use teacher::{Features, TargetModel, Teacher, TeacherConfig};
 
 /// Task kind of a vote round.
 pub const TASK_KIND: &str = "pate_votes";
+
+/// What the teachers are asked about the query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Question {
+    /// Is the row real or generated (one vote in [0, 1] per query)?
+    Realness,
+    /// Which target value goes with the rest of the row (a probability per target value)?
+    Target,
+}
 
 /// Errors building a PATE plan.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +74,11 @@ pub struct PatePlan {
     pub params: PateParams,
     pub teachers: u32,
     pub sigma: f64,
+    /// Noise of the confidence check, when the plan has a threshold.
+    pub threshold_sigma: Option<f64>,
     pub iterations: u32,
+    /// Target-label queries answered after the last iteration.
+    pub label_queries: u64,
     /// Whether the unit count is released to size the output (no `[output] rows`).
     pub count: bool,
 }
@@ -69,8 +92,10 @@ impl PatePlan {
             return Err(PlanError("PATE needs at least 2 teachers ([job] partitions)".into()));
         }
         let sigma = params.sigma.unwrap_or(f64::from(teachers) / 5.0);
+        let threshold_sigma = params.threshold.map(|_| params.threshold_sigma.unwrap_or(sigma));
         let positive = [
             ("sigma", sigma),
+            ("threshold_sigma", threshold_sigma.unwrap_or(1.0)),
             ("teacher_l2", params.teacher_l2),
             ("temperature", params.temperature),
             ("student_learning_rate", params.student_learning_rate),
@@ -83,10 +108,18 @@ impl PatePlan {
         if !(0.0..=1.0).contains(&params.explore) {
             return Err(PlanError(format!("explore must be a probability, got {}", params.explore)));
         }
+        if let Some(t) = params.threshold.filter(|t| !(t.is_finite() && *t > 0.0 && *t <= f64::from(teachers))) {
+            return Err(PlanError(format!("threshold must be a count of teachers in (0, {teachers}], got {t}")));
+        }
+        if !(0.0..1.0).contains(&params.label_share) {
+            return Err(PlanError(format!("label_share must be in [0, 1), got {}", params.label_share)));
+        }
         let counts = [
             ("queries_per_iteration", params.queries_per_iteration as usize),
             ("fake_rows", params.fake_rows as usize),
             ("teacher_newton_steps", params.teacher_newton_steps as usize),
+            ("teacher_hidden", params.teacher_hidden),
+            ("teacher_mlp_steps", params.teacher_mlp_steps as usize),
             ("teachers_per_task", params.teachers_per_task as usize),
             ("batch_size", params.batch_size),
             ("student_window", params.student_window as usize),
@@ -108,8 +141,18 @@ impl PatePlan {
             return Err(PlanError("the schema has no column to synthesise".into()));
         }
         let encoding = PateEncoding::new(domain, spec.schema.target.as_deref());
-        let mut plan = Self { encoding, params, teachers, sigma, iterations: 0, count: spec.output.rows.is_none() };
+        let mut plan = Self {
+            encoding,
+            params,
+            teachers,
+            sigma,
+            threshold_sigma,
+            iterations: 0,
+            label_queries: 0,
+            count: spec.output.rows.is_none(),
+        };
         plan.iterations = plan.affordable_iterations(spec, options)?;
+        plan.label_queries = plan.label_queries_for(plan.iterations);
         Ok(plan)
     }
 
@@ -141,9 +184,20 @@ impl PatePlan {
         Ok(lo)
     }
 
-    /// Queries answered over the whole run.
+    /// Queries answered over the whole run (real-or-generated and target labels).
     pub fn queries(&self) -> u64 {
-        u64::from(self.iterations) * u64::from(self.params.queries_per_iteration)
+        u64::from(self.iterations) * u64::from(self.params.queries_per_iteration) + self.label_queries
+    }
+
+    /// Label queries beside `iterations` iterations: `label_share` of all answers (none
+    /// without a categorical target).
+    fn label_queries_for(&self, iterations: u32) -> u64 {
+        if self.encoding.target_classes().is_none() {
+            return 0;
+        }
+        let share = self.params.label_share;
+        let realness = f64::from(iterations) * f64::from(self.params.queries_per_iteration);
+        (realness * share / (1.0 - share)).round() as u64
     }
 
     fn mechanisms_for(&self, iterations: u32) -> Vec<Mechanism> {
@@ -157,6 +211,19 @@ impl PatePlan {
             });
         }
         let queries = u64::from(iterations) * u64::from(self.params.queries_per_iteration);
+        let labels = self.label_queries_for(iterations);
+        if let Some(sigma) = self.threshold_sigma {
+            // Every query's check, on its largest vote count (sensitivity 1).
+            out.push(Mechanism::Gaussian {
+                l2_sensitivity: 1.0,
+                noise_multiplier: sigma,
+                releases: queries + labels,
+                adjacency: Adjacency::AddRemove,
+            });
+        }
+        if let (Some(classes), true) = (self.encoding.target_classes(), labels > 0) {
+            out.push(Mechanism::GnMax { sigma: self.sigma, classes: classes as u32, queries: labels });
+        }
         out.push(match self.params.release {
             PateRelease::Label => Mechanism::GnMax { sigma: self.sigma, classes: 2, queries },
             // The real count (sensitivity 1) with N(0, σ²/2): the same cost as GNMax.
@@ -170,15 +237,19 @@ impl PatePlan {
         out
     }
 
-    /// What the whole run is charged: [unit count,] GNMax × every planned query.
+    /// What the whole run is charged: [unit count,] [confidence checks,] [target labels,]
+    /// real-or-generated answers.
     pub fn mechanisms(&self) -> Vec<Mechanism> {
         self.mechanisms_for(self.iterations)
     }
 
     pub fn teacher_config(&self) -> TeacherConfig {
         TeacherConfig {
+            model: self.params.teacher,
             l2: self.params.teacher_l2,
             newton_steps: self.params.teacher_newton_steps,
+            hidden: self.params.teacher_hidden,
+            mlp_steps: self.params.teacher_mlp_steps,
             target_interactions: self.params.target_interactions,
             vote: self.params.vote,
         }
@@ -193,6 +264,8 @@ pub struct VoteTask {
     pub teacher: TeacherConfig,
     /// Keys which generated rows each teacher trains against (not private).
     pub seed: [u8; 32],
+    pub question: Question,
+    /// Generated rows to train against (0 for target questions).
     pub fake_rows: usize,
     pub queries: usize,
 }
@@ -208,9 +281,44 @@ impl VoteTask {
         .await
     }
 
-    /// The teacher of partition `url` fit on `real` and its votes on the queries, each in
-    /// [0, 1]. Deterministic in (task, url, rows).
+    /// Numbers a teacher returns per query: 1 for realness, one per target value.
+    pub fn votes_per_query(&self) -> usize {
+        match self.question {
+            Question::Realness => 1,
+            Question::Target => self.encoding.target_classes().unwrap_or(0),
+        }
+    }
+
+    /// Whether each teacher's votes are whole numbers (hard realness votes).
+    pub fn whole_votes(&self) -> bool {
+        self.question == Question::Realness && self.teacher.vote != TeacherVote::Probability
+    }
+
+    /// The teacher of partition `url` fit on `real` and its votes on the queries
+    /// (`votes_per_query` each, each in [0, 1]). Deterministic in (task, url, rows).
     pub fn teacher_votes(&self, url: &str, real: &Examples, generated: &[f32]) -> Result<Vec<f64>, String> {
+        match self.question {
+            Question::Realness => self.realness_votes(url, real, generated),
+            Question::Target => self.target_votes(real, generated),
+        }
+    }
+
+    /// A target classifier fit on the partition's rows; its class probabilities per query.
+    fn target_votes(&self, real: &Examples, queries: &[f32]) -> Result<Vec<f64>, String> {
+        let (w, classes) = (self.encoding.width, self.votes_per_query());
+        if classes == 0 || queries.len() != self.queries * w {
+            return Err(format!("a target question needs a target and {} query features", self.queries * w));
+        }
+        let mut labels = vec![0.0; real.x.len() / w * classes];
+        for (x, l) in real.x.chunks(w).zip(labels.chunks_mut(classes)) {
+            l[self.encoding.target_class(x).unwrap_or_default()] = 1.0;
+        }
+        let model = TargetModel::fit(&self.encoding, &self.teacher, &real.x, &labels)
+            .ok_or("a target question needs a target")?;
+        Ok(model.probabilities(queries))
+    }
+
+    fn realness_votes(&self, url: &str, real: &Examples, generated: &[f32]) -> Result<Vec<f64>, String> {
         let w = self.encoding.width;
         if generated.len() != (self.fake_rows + self.queries) * w {
             return Err(format!(
@@ -249,18 +357,17 @@ impl VoteTask {
             }
         }
         let features = Features::new(&self.encoding, &self.teacher);
-        let teacher = Teacher::fit(features, &self.teacher, &real.x, &fake, w);
+        let teacher = Teacher::fit(features, &self.teacher, &real.x, &fake, w, &mut rng);
         Ok(teacher.votes(queries, w, self.teacher.vote))
     }
 }
 
-/// Checks a task's vote counts: one per query, each in [0, teachers] (a whole number
-/// unless teachers vote with probabilities).
-pub fn validate_votes(votes: &[f64], queries: usize, teachers: usize, rule: TeacherVote) -> Result<(), String> {
-    if votes.len() != queries {
-        return Err(format!("expected {queries} vote counts, got {}", votes.len()));
+/// Checks a task's vote counts: `expected` of them, each in [0, teachers] (a whole number
+/// when `whole`).
+pub fn validate_votes(votes: &[f64], expected: usize, teachers: usize, whole: bool) -> Result<(), String> {
+    if votes.len() != expected {
+        return Err(format!("expected {expected} vote counts, got {}", votes.len()));
     }
-    let whole = rule != TeacherVote::Probability;
     match votes.iter().find(|v| !((0.0..=teachers as f64).contains(*v) && (!whole || v.fract() == 0.0))) {
         Some(v) => {
             Err(format!("vote count {v} is not a {} in [0, {teachers}]", if whole { "whole number" } else { "number" }))
@@ -286,6 +393,26 @@ pub fn release(real_votes: &[f64], teachers: u32, sigma: f64, how: PateRelease, 
         .collect()
 }
 
+/// Confident GNMax's check (noise drawn here, on the coordinator): which queries have a
+/// largest vote count that, plus N(0, σ₁²), reaches `threshold`.
+pub fn confident(largest: &[f64], threshold: f64, sigma: f64, noise: &mut Noise) -> Vec<bool> {
+    largest.iter().map(|&c| c + noise.gaussian(sigma) >= threshold).collect()
+}
+
+/// The release for each label query's class-vote histogram (here and only here is its noise
+/// drawn): N(0, σ²) on every class count — GNMax's noisy histogram, of which the label is
+/// the argmax — then the shares (negative counts as 0, normalised; uniform if all are 0).
+pub fn release_histogram(counts: &[f64], classes: usize, sigma: f64, noise: &mut Noise) -> Vec<f64> {
+    counts
+        .chunks(classes)
+        .flat_map(|query| {
+            let noisy: Vec<f64> = query.iter().map(|c| (c + noise.gaussian(sigma)).max(0.0)).collect();
+            let total: f64 = noisy.iter().sum();
+            noisy.into_iter().map(move |c| if total > 0.0 { c / total } else { 1.0 / classes as f64 })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use rand::SeedableRng;
@@ -295,9 +422,12 @@ mod tests {
     use crate::privacy::math::normal_cdf;
 
     fn job(extra: &str, epsilon: f64) -> JobSpec {
-        JobSpec::parse(
-            &format!(
-                r#"
+        JobSpec::parse(&job_text(extra, epsilon), "test.toml").unwrap()
+    }
+
+    fn job_text(extra: &str, epsilon: f64) -> String {
+        format!(
+            r#"
                 [job]
                 dataset_id = "t"
                 partitions = 100
@@ -319,10 +449,7 @@ mod tests {
                 url = "out"
                 rows = 10
                 "#
-            ),
-            "test.toml",
         )
-        .unwrap()
     }
 
     #[test]
@@ -347,6 +474,90 @@ mod tests {
     }
 
     #[test]
+    fn label_queries_take_their_share_of_the_budget_at_the_same_cost_per_answer() {
+        let options = AccountingOptions::default();
+        let with_target = |extra: &str| {
+            let spec = JobSpec::parse(
+                &job_text(extra, 2.0).replace("[schema]\n", "[schema]\ntarget = \"colour\"\n"),
+                "t.toml",
+            )
+            .unwrap();
+            let plan = PatePlan::new(&spec, &Domain::from_spec(&spec), &options).unwrap();
+            (spec, plan)
+        };
+        let (spec, plan) = with_target("sigma = 20.0\nqueries_per_iteration = 10\nlabel_share = 0.25");
+        let realness = u64::from(plan.iterations) * 10;
+        assert_eq!(plan.label_queries, (realness as f64 / 3.0).round() as u64);
+        assert_eq!(plan.queries(), realness + plan.label_queries);
+        // The colour's 3 values and its missing bin.
+        let classes = plan.encoding.target_classes().unwrap() as u32;
+        assert_eq!(classes, 4);
+        assert!(plan.mechanisms().contains(&Mechanism::GnMax { sigma: 20.0, classes, queries: plan.label_queries }));
+        // Every answer costs the same: the charge is that of plan.queries() GNMax answers,
+        // and it fits the job's ε.
+        let per_query = vec![Mechanism::GnMax { sigma: 20.0, classes: 2, queries: 1 }; plan.queries() as usize];
+        let all = account(&per_query, spec.privacy.accountant, 1e-5, &options).unwrap().epsilon;
+        let charged = account(&plan.mechanisms(), spec.privacy.accountant, 1e-5, &options).unwrap().epsilon;
+        assert!((all - charged).abs() < 1e-9 && charged <= 2.0, "{all} vs {charged}");
+        // Without labels the realness queries get the whole budget.
+        let (_, plain) = with_target("sigma = 20.0\nqueries_per_iteration = 10\nlabel_share = 0.0");
+        assert_eq!(plain.label_queries, 0);
+        assert!(plain.iterations > plan.iterations);
+        assert!(plain.mechanisms().iter().all(|m| !matches!(m, Mechanism::GnMax { classes: 4, .. })));
+    }
+
+    #[test]
+    fn a_confidence_threshold_charges_its_check_on_every_query() {
+        let options = AccountingOptions::default();
+        let base = "sigma = 20.0\nqueries_per_iteration = 10\nrelease = \"label\"";
+        let plain = job(base, 2.0);
+        let plain = PatePlan::new(&plain, &Domain::from_spec(&plain), &options).unwrap();
+        let spec = job(&format!("{base}\nthreshold = 60.0\nthreshold_sigma = 30.0"), 2.0);
+        let plan = PatePlan::new(&spec, &Domain::from_spec(&spec), &options).unwrap();
+        assert_eq!(
+            plan.mechanisms(),
+            vec![
+                Mechanism::Gaussian {
+                    l2_sensitivity: 1.0,
+                    noise_multiplier: 30.0,
+                    releases: plan.queries(),
+                    adjacency: Adjacency::AddRemove
+                },
+                Mechanism::GnMax { sigma: 20.0, classes: 2, queries: plan.queries() },
+            ]
+        );
+        // The checks are paid for out of the same ε: fewer queries fit.
+        assert!(plan.iterations < plain.iterations);
+        let cost = account(&plan.mechanisms(), spec.privacy.accountant, 1e-5, &options).unwrap().epsilon;
+        assert!(cost <= 2.0);
+        for bad in ["threshold = 0.0", "threshold = 101.0", "threshold = 50.0\nthreshold_sigma = -1.0"] {
+            let spec = job(&format!("{base}\n{bad}"), 2.0);
+            assert!(PatePlan::new(&spec, &Domain::from_spec(&spec), &options).is_err(), "{bad}");
+        }
+        // A query clears the threshold T with probability Φ((largest − T) / σ₁).
+        let mut noise = Noise::with_rng(ChaCha20Rng::from_seed([13; 32]));
+        let n = 20_000;
+        let kept = confident(&vec![70.0; n], 60.0, 30.0, &mut noise);
+        let p = normal_cdf(10.0 / 30.0);
+        let observed = kept.iter().filter(|&&k| k).count() as f64 / n as f64;
+        assert!((observed - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt(), "{observed} vs {p}");
+    }
+
+    #[test]
+    fn released_label_histograms_follow_gnmax() {
+        let mut noise = Noise::with_rng(ChaCha20Rng::from_seed([12; 32]));
+        let n = 20_000;
+        // Class 1 has 30 of 40 votes, σ = 10: the noisy argmax is class 1 with probability
+        // Φ((30 − 10) / (√2·10)), as for GNMax; the shares are a distribution.
+        let shares = release_histogram(&[10.0, 30.0].repeat(n), 2, 10.0, &mut noise);
+        assert!(shares.chunks(2).all(|s| (s[0] + s[1] - 1.0).abs() < 1e-12 && s.iter().all(|v| *v >= 0.0)));
+        let p = normal_cdf(20.0 / (std::f64::consts::SQRT_2 * 10.0));
+        let observed = shares.chunks(2).filter(|s| s[1] > s[0]).count() as f64 / n as f64;
+        let sd = (p * (1.0 - p) / n as f64).sqrt();
+        assert!((observed - p).abs() < 5.0 * sd, "{observed} vs {p}");
+    }
+
+    #[test]
     fn released_labels_and_shares_follow_their_noise_distributions() {
         let mut noise = Noise::with_rng(ChaCha20Rng::from_seed([11; 32]));
         let n = 20_000;
@@ -367,12 +578,12 @@ mod tests {
 
     #[test]
     fn vote_counts_must_be_whole_and_within_the_teachers() {
-        let whole = TeacherVote::Absolute;
+        let whole = true;
         assert!(validate_votes(&[0.0, 3.0, 2.0], 3, 3, whole).is_ok());
         assert!(validate_votes(&[0.0, 4.0, 2.0], 3, 3, whole).is_err());
         assert!(validate_votes(&[0.5, 1.0, 2.0], 3, 3, whole).is_err());
         assert!(validate_votes(&[1.0, 2.0], 3, 3, whole).is_err());
-        let graded = TeacherVote::Probability;
+        let graded = false;
         assert!(validate_votes(&[0.5, 1.0, 2.9], 3, 3, graded).is_ok());
         assert!(validate_votes(&[0.5, f64::NAN, 2.0], 3, 3, graded).is_err());
         assert!(validate_votes(&[0.5, -0.1, 2.0], 3, 3, graded).is_err());
