@@ -23,7 +23,7 @@ use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
 use dpsynth_shared::generators::findiff::{self, FinDiffModel, FinDiffPlan, FinDiffRound};
 use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, SyntheticValue, decode_bin};
 use dpsynth_shared::generators::pate::gan::PateGan;
-use dpsynth_shared::generators::pate::{self, PatePlan};
+use dpsynth_shared::generators::pate::{self, PatePlan, Threshold};
 use dpsynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
@@ -575,7 +575,7 @@ async fn run_pate(
     };
     let (gan, labels, summary) = crate::pate::train(&run, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
     tracing::info!(
-        asked = summary.asked,
+        asked = plan.queries(),
         released = summary.released,
         real_share = summary.real_share,
         "PATE training done"
@@ -601,23 +601,23 @@ async fn run_pate(
         }
     })
     .await?;
-    let threshold = match (plan.params.threshold, plan.threshold_sigma) {
-        (Some(t), Some(s)) => {
+    let threshold = match plan.threshold {
+        Some(Threshold { count: t, sigma: s }) => {
             format!(
                 "; confident GNMax (threshold {t} teachers, σ₁ = {s}): each query charged as answered, {} cleared the threshold and were released",
                 summary.released
             )
         }
-        _ => String::new(),
+        None => String::new(),
     };
     public_inputs.push(format!(
         "PATE: {} teachers, GNMax σ = {} on the vote counts, {} answered queries ({} iterations × {} real-or-generated, {} target labels){threshold}",
         plan.teachers,
         plan.sigma,
-        summary.asked,
+        plan.queries(),
         plan.iterations,
         plan.params.queries_per_iteration,
-        summary.labels
+        plan.label_queries
     ));
     Ok(Released { output, receipt, mechanisms: charge.mechanisms, public_inputs })
 }

@@ -18,7 +18,7 @@ use dpsynth_shared::dpsgd::encode_task;
 use dpsynth_shared::generators::pate::gan::PateGan;
 use dpsynth_shared::generators::pate::teacher::TargetModel;
 use dpsynth_shared::generators::pate::{
-    self, PatePlan, Question, VoteTask, confident, release, release_histogram, validate_votes,
+    self, PatePlan, Question, VoteTask, release, release_histogram, validate_votes,
 };
 use dpsynth_shared::privacy::noise::{Noise, os_seed};
 use tokio::sync::mpsc;
@@ -38,11 +38,9 @@ pub struct VoteRun<'a> {
 
 /// What the run released, for the manifest and logs.
 pub struct VoteSummary {
-    /// Queries put to the teachers and charged: real-or-generated and target labels.
-    pub asked: u64,
-    /// Of those, the answers released (all of them without a confidence threshold).
+    /// Answers released: all of the plan's queries without a confidence threshold, those
+    /// that cleared it with one.
     pub released: u64,
-    pub labels: u64,
     /// Share of real-or-generated answers that came out "real".
     pub real_share: f64,
 }
@@ -72,7 +70,6 @@ pub async fn train(
     let mut released_x: Vec<f32> = Vec::with_capacity(plan.queries() as usize * width);
     let mut released_y: Vec<f32> = Vec::with_capacity(plan.queries() as usize);
     let started = Instant::now();
-    let mut asked = 0u64;
     for iteration in 0..plan.iterations {
         let round_started = Instant::now();
         let (back, generated) = blocking(move || {
@@ -92,7 +89,6 @@ pub async fn train(
             released_y.push(answer);
             released_x.extend_from_slice(&generated[(fake_rows + i) * width..(fake_rows + i + 1) * width]);
         }
-        asked += queries as u64;
 
         let voted = round_started.elapsed().as_secs_f64();
         // Teachers judge against the current generator: older answers go stale as it moves.
@@ -158,20 +154,15 @@ pub async fn train(
     scheduler.cancel(run.job_id);
     let realness = released_y.len() as u64;
     let real_share = released_y.iter().map(|&y| f64::from(y)).sum::<f64>() / realness.max(1) as f64;
-    let summary = VoteSummary {
-        asked: asked + plan.label_queries,
-        released: realness + labelled,
-        labels: plan.label_queries,
-        real_share,
-    };
+    let summary = VoteSummary { released: realness + labelled, real_share };
     Ok((gan, labels, summary))
 }
 
 /// Which queries clear the confidence threshold (all without one).
 fn confidence(plan: &PatePlan, largest: &[f64], noise: &mut Noise) -> Vec<bool> {
-    match (plan.params.threshold, plan.threshold_sigma) {
-        (Some(threshold), Some(sigma)) => confident(largest, threshold, sigma, noise),
-        _ => vec![true; largest.len()],
+    match plan.threshold {
+        Some(threshold) => threshold.check(largest, noise),
+        None => vec![true; largest.len()],
     }
 }
 

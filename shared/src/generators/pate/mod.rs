@@ -74,8 +74,8 @@ pub struct PatePlan {
     pub params: PateParams,
     pub teachers: u32,
     pub sigma: f64,
-    /// Noise of the confidence check, when the plan has a threshold.
-    pub threshold_sigma: Option<f64>,
+    /// Confident GNMax's check, when the spec asks for one.
+    pub threshold: Option<Threshold>,
     pub iterations: u32,
     /// Target-label queries answered after the last iteration.
     pub label_queries: u64,
@@ -92,10 +92,11 @@ impl PatePlan {
             return Err(PlanError("PATE needs at least 2 teachers ([job] partitions)".into()));
         }
         let sigma = params.sigma.unwrap_or(f64::from(teachers) / 5.0);
-        let threshold_sigma = params.threshold.map(|_| params.threshold_sigma.unwrap_or(sigma));
+        let threshold =
+            params.threshold.map(|count| Threshold { count, sigma: params.threshold_sigma.unwrap_or(sigma) });
         let positive = [
             ("sigma", sigma),
-            ("threshold_sigma", threshold_sigma.unwrap_or(1.0)),
+            ("threshold_sigma", threshold.map_or(1.0, |t| t.sigma)),
             ("teacher_l2", params.teacher_l2),
             ("temperature", params.temperature),
             ("student_learning_rate", params.student_learning_rate),
@@ -146,7 +147,7 @@ impl PatePlan {
             params,
             teachers,
             sigma,
-            threshold_sigma,
+            threshold,
             iterations: 0,
             label_queries: 0,
             count: spec.output.rows.is_none(),
@@ -212,11 +213,11 @@ impl PatePlan {
         }
         let queries = u64::from(iterations) * u64::from(self.params.queries_per_iteration);
         let labels = self.label_queries_for(iterations);
-        if let Some(sigma) = self.threshold_sigma {
+        if let Some(threshold) = self.threshold {
             // Every query's check, on its largest vote count (sensitivity 1).
             out.push(Mechanism::Gaussian {
                 l2_sensitivity: 1.0,
-                noise_multiplier: sigma,
+                noise_multiplier: threshold.sigma,
                 releases: queries + labels,
                 adjacency: Adjacency::AddRemove,
             });
@@ -305,16 +306,17 @@ impl VoteTask {
 
     /// A target classifier fit on the partition's rows; its class probabilities per query.
     fn target_votes(&self, real: &Examples, queries: &[f32]) -> Result<Vec<f64>, String> {
-        let (w, classes) = (self.encoding.width, self.votes_per_query());
-        if classes == 0 || queries.len() != self.queries * w {
-            return Err(format!("a target question needs a target and {} query features", self.queries * w));
+        let w = self.encoding.width;
+        let classes = self.encoding.target_classes().ok_or("a target question needs a categorical target")?;
+        if queries.len() != self.queries * w {
+            return Err(format!("expected {} query features, got {}", self.queries * w, queries.len()));
         }
         let mut labels = vec![0.0; real.x.len() / w * classes];
         for (x, l) in real.x.chunks(w).zip(labels.chunks_mut(classes)) {
             l[self.encoding.target_class(x).unwrap_or_default()] = 1.0;
         }
         let model = TargetModel::fit(&self.encoding, &self.teacher, &real.x, &labels)
-            .ok_or("a target question needs a target")?;
+            .ok_or("a target question needs a categorical target")?;
         Ok(model.probabilities(queries))
     }
 
@@ -393,10 +395,20 @@ pub fn release(real_votes: &[f64], teachers: u32, sigma: f64, how: PateRelease, 
         .collect()
 }
 
-/// Confident GNMax's check (noise drawn here, on the coordinator): which queries have a
-/// largest vote count that, plus N(0, σ₁²), reaches `threshold`.
-pub fn confident(largest: &[f64], threshold: f64, sigma: f64, noise: &mut Noise) -> Vec<bool> {
-    largest.iter().map(|&c| c + noise.gaussian(sigma) >= threshold).collect()
+/// Confident GNMax's check: a query is answered when its largest vote count plus
+/// N(0, `sigma`²) reaches `count` (teachers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Threshold {
+    pub count: f64,
+    pub sigma: f64,
+}
+
+impl Threshold {
+    /// Which queries clear the threshold, given their largest vote counts (here and only
+    /// here is the check's noise drawn, on the coordinator).
+    pub fn check(&self, largest: &[f64], noise: &mut Noise) -> Vec<bool> {
+        largest.iter().map(|&c| c + noise.gaussian(self.sigma) >= self.count).collect()
+    }
 }
 
 /// The release for each label query's class-vote histogram (here and only here is its noise
@@ -537,7 +549,7 @@ mod tests {
         // A query clears the threshold T with probability Φ((largest − T) / σ₁).
         let mut noise = Noise::with_rng(ChaCha20Rng::from_seed([13; 32]));
         let n = 20_000;
-        let kept = confident(&vec![70.0; n], 60.0, 30.0, &mut noise);
+        let kept = Threshold { count: 60.0, sigma: 30.0 }.check(&vec![70.0; n], &mut noise);
         let p = normal_cdf(10.0 / 30.0);
         let observed = kept.iter().filter(|&&k| k).count() as f64 / n as f64;
         assert!((observed - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt(), "{observed} vs {p}");

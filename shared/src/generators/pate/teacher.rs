@@ -277,12 +277,11 @@ impl TargetModel {
         let classes = encoding.target_classes()?;
         let width = encoding.width;
         let mut model = Self { slot, width, betas: Vec::new(), classes };
-        let features: Vec<Vec<(usize, f64)>> = x.chunks(width).map(|row| model.features(row)).collect();
+        let mut rows: Vec<Sample> = x.chunks(width).map(|row| (model.features(row), 0.0, 1.0)).collect();
         // A binary target needs one regression (of class 1); otherwise one per class.
         let modelled = if classes == 2 { 1..2 } else { 0..classes };
         for class in modelled {
-            let rows: Vec<Sample> =
-                features.iter().zip(labels.chunks(classes)).map(|(f, l)| (f.clone(), l[class], 1.0)).collect();
+            rows.iter_mut().zip(labels.chunks(classes)).for_each(|(row, l)| row.1 = l[class]);
             model.betas.push(fit_logistic(&rows, width + 1, config.l2, config.newton_steps));
         }
         Some(model)
