@@ -8,6 +8,9 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
+use dpsynth_coordinator::job::JobRequest;
+use dpsynth_coordinator::service::CoordinatorConfig;
+use dpsynth_coordinator::standalone::Standalone;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::eval;
 use dpsynth_shared::spec::JobSpec;
@@ -67,7 +70,7 @@ fn run_and_evaluate(spec_text: &str, train: &str, test: &str, dir: &Path) -> std
     let summary = last_json(&eval.stdout);
     assert_eq!(summary["longitudinal"], true);
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(report.join("report.json")).unwrap()).unwrap();
-    assert!(json["notice"].as_str().unwrap().contains("NOT for publication"));
+    assert!(json["notice"].as_str().unwrap().contains("DO NOT PUBLISH"));
     assert!(json["guarantee"]["epsilon"].as_f64().unwrap() > 0.0, "the manifest's guarantee is in the report");
     report
 }
@@ -121,25 +124,189 @@ fn eval_on_pbcseq_renders() {
     }
 }
 
+/// The report is computed on private rows (training and held-out): it goes to the
+/// operator's diagnostics store, never under the output prefix, and its figures stay out
+/// of the log; a coordinator without a diagnostics store refuses such a job.
 #[test]
-fn a_job_naming_a_held_out_set_writes_its_report_beside_the_output() {
+fn a_job_naming_a_held_out_set_writes_its_report_to_the_diagnostics_store_only() {
     let dir = tempfile::tempdir().unwrap();
     let spec = demo_spec(dir.path(), 60);
     let (train, test) = split_by_unit(&dir.path().join("icu_vitals.csv"), 0, dir.path());
     let spec = spec.replace(dir.path().join("icu_vitals.csv").to_str().unwrap(), &train)
         + &format!("\n[evaluation]\ntest_urls = [\"{test}\"]\n");
-    std::fs::write(dir.path().join("job.toml"), spec).unwrap();
+    let spec = spec.replace("[job]\n", "[job]\nid = \"evaluated\"\n");
+    std::fs::write(dir.path().join("job.toml"), &spec).unwrap();
+    let diagnostics = dir.path().join("diagnostics");
     let run = Command::new(bin("dpsynth"))
         .args(["run", dir.path().join("job.toml").to_str().unwrap()])
+        .args(["--scratch", dir.path().join("scratch").to_str().unwrap()])
+        .args(["--diagnostics", diagnostics.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let out = dir.path().join("out");
+    assert!(manifest(&out).is_some());
+    let beside: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|name| !(name.starts_with("part-") || name == "_manifest.json"))
+        .collect();
+    assert!(beside.is_empty(), "only parts and the manifest under the output prefix: {beside:?}");
+    let report_dir = diagnostics.join("evaluated");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report_dir.join("report.json")).unwrap()).unwrap();
+    assert!(report["fidelity"]["hist"].as_f64().unwrap() > 0.0);
+    assert!(report_dir.join("report.html").exists());
+    assert!(!stderr.contains("hist") && !stderr.contains("pair="), "evaluation figures in the log: {stderr}");
+
+    // `serve` without --diagnostics: the job is refused at submission, before any read.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let refused = rt.block_on(async {
+        let cluster = Standalone::start(CoordinatorConfig::default(), 0).await.unwrap();
+        let spec = JobSpec::parse(&spec, "evaluated").unwrap();
+        let request = JobRequest { job_id: "evaluated-2".into(), spec, output_url: None, ledger_url: None };
+        let refused = cluster.service.start_job(request).map(|_| ()).unwrap_err();
+        cluster.shutdown().await;
+        refused
+    });
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("diagnostics"), "{refused:?}");
+}
+
+/// `dpsynth eval` never writes its report into a release, nor under one; elsewhere the
+/// report says at its top that it is not differentially private.
+#[test]
+fn eval_refuses_to_write_its_report_beside_a_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec_path = dir.path().join("job.toml");
+    std::fs::write(&spec_path, demo_spec(dir.path(), 40)).unwrap();
+    let out = dir.path().join("synthetic");
+    let run = Command::new(bin("dpsynth"))
+        .args(["run", spec_path.to_str().unwrap(), "--output", out.to_str().unwrap()])
+        .args(["--ledger", dir.path().join("ledger").to_str().unwrap()])
         .args(["--scratch", dir.path().join("scratch").to_str().unwrap()])
         .output()
         .unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let out = dir.path().join("out");
-    assert!(manifest(&out).is_some());
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
-    assert!(report["fidelity"]["hist"].as_f64().unwrap() > 0.0);
-    assert!(out.join("report.html").exists());
+    let input = dir.path().join("icu_vitals.csv");
+    let eval = |report: &Path| {
+        Command::new(bin("dpsynth"))
+            .args(["eval", "--spec", spec_path.to_str().unwrap(), "--test", input.to_str().unwrap()])
+            .args(["--synthetic", out.to_str().unwrap(), "--out", report.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    for report in [out.clone(), out.join("report"), out.join("a/b")] {
+        let refused = eval(&report);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{}: {stderr}", report.display());
+        assert!(stderr.contains("must never sit beside a release"), "{stderr}");
+        assert!(!report.join("report.json").exists() && !report.join("report.html").exists());
+    }
+    let report = dir.path().join("diagnostics");
+    let accepted = eval(&report);
+    assert!(accepted.status.success(), "{}", String::from_utf8_lossy(&accepted.stderr));
+    assert_eq!(last_json(&accepted.stdout)["differentially_private"], false);
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(report.join("report.json")).unwrap()).unwrap();
+    assert!(json["notice"].as_str().unwrap().starts_with("NOT DIFFERENTIALLY PRIVATE — DO NOT PUBLISH."));
+    assert_eq!(json["differentially_private"], false);
+    let html = std::fs::read_to_string(report.join("report.html")).unwrap();
+    let banner = html.find("NOT DIFFERENTIALLY PRIVATE — DO NOT PUBLISH.").expect("banner");
+    assert!(banner < html.find("<h1>").unwrap(), "the banner comes first");
+}
+
+/// Caps that bind (tiny here) sample each metric's input, and the report says what was
+/// used out of what was available, in report.json and on the page.
+#[tokio::test]
+async fn the_report_states_what_its_caps_sampled() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = JobSpec::parse(&demo_spec(dir.path(), 30), "demo").unwrap();
+    spec.schema.target = Some("rhythm".into());
+    spec.schema.positive_class = Some("afib".into());
+    let domain = Domain::from_spec(&spec);
+    let table = eval::load(&spec, &domain, &spec.input.urls).await.unwrap();
+    let rows = table.rows();
+    let units = table.units.iter().collect::<std::collections::HashSet<_>>().len();
+
+    // Default caps: this small table is evaluated whole.
+    let whole = eval::evaluate(&spec, &domain, &table, &table, &table, None);
+    let find = |report: &eval::EvalReport, metric: &str, table: &str| {
+        let u = report.sampling.iter().find(|u| u.metric == metric && u.table == table);
+        let u = u.unwrap_or_else(|| panic!("{metric} / {table} in {:?}", report.sampling));
+        (u.used, u.available, u.sampled)
+    };
+    assert_eq!(find(&whole, "DCR reference", "train"), (rows, rows, false));
+    assert_eq!(find(&whole, "DCR queries", "synthetic"), (rows, rows, false));
+    assert_eq!(find(&whole, "TDCR reference (tables)", "train"), (units, units, false));
+    assert_eq!(find(&whole, "utility: fitted", "synthetic"), (rows, rows, false));
+    assert_eq!(whole.privacy.dcr_synthetic.len(), rows);
+
+    let limits = eval::EvalLimits {
+        dcr_queries: 7,
+        dcr_reference: 50,
+        attack_records: 5,
+        attack_reference: 20,
+        fidelity_rows: 30,
+        fidelity_pairs: 4,
+        utility_fit_rows: 60,
+        utility_test_rows: 40,
+        tdcr_queries: 3,
+        tdcr_reference: 10,
+        ..eval::EvalLimits::default()
+    };
+    let stages = std::sync::Mutex::new(Vec::new());
+    let progress = |s: &str| stages.lock().unwrap().push(s.to_string());
+    let report = eval::evaluate_with(&spec, &domain, &table, &table, &table, None, &limits, &progress);
+    let d = domain.columns.len();
+    for (metric, name, used, available) in [
+        ("DCR reference", "train", 50, rows),
+        ("DCR queries", "synthetic", 7, rows),
+        ("DCR queries", "test", 7, rows),
+        ("exact-copy rate", "synthetic", rows, rows),
+        ("membership attack members", "train", 5, rows),
+        ("membership attack reference", "synthetic", 20, rows),
+        ("Pair, CorAcc", "train", 30, rows),
+        ("Pair, CorAcc", "column pairs", 4, d * (d - 1) / 2),
+        ("HIST, W1, JS", "synthetic", rows, rows),
+        ("utility: fitted", "train", 60, rows),
+        ("utility: scored", "test", 40, rows),
+        ("TDCR queries (tables)", "synthetic", 3, units),
+        ("TDCR reference (tables)", "train", 10, units),
+    ] {
+        assert_eq!(find(&report, metric, name), (used, available, used < available), "{metric} / {name}");
+    }
+    assert_eq!((report.privacy.dcr_synthetic.len(), report.privacy.dcr_holdout.len()), (7, 7));
+    // The exact-copy rate reads every row whatever the caps.
+    assert_eq!(report.privacy.exact_copy_rate, 1.0);
+    assert_eq!(report.limits, limits);
+    assert_eq!(
+        *stages.lock().unwrap(),
+        [
+            "evaluation 1/4: fidelity",
+            "evaluation 2/4: utility",
+            "evaluation 3/4: longitudinal",
+            "evaluation 4/4: empirical privacy"
+        ]
+    );
+    assert_eq!(report.timings.len(), 4);
+
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["differentially_private"], false);
+    assert_eq!(json["limits"]["dcr_reference"], 50);
+    let dcr = json["sampling"].as_array().unwrap().iter().find(|u| u["metric"] == "DCR reference").unwrap();
+    assert_eq!(
+        (dcr["used"].as_u64(), dcr["available"].as_u64(), dcr["sampled"].as_bool()),
+        (Some(50), Some(rows as u64), Some(true))
+    );
+    let html = eval::report::html(&report);
+    assert!(html.contains("id=\"sampling\""), "a Sampling section");
+    assert!(html.contains(&format!(
+        "<tr><td>DCR reference</td><td>train</td><td>50</td><td>{rows}</td><td><b>sampled</b></td></tr>"
+    )));
+    assert!(html.contains("were sampled under the evaluation's caps"), "a note at the top");
+    let anything_sampled = whole.sampling.iter().any(|u| u.sampled);
+    assert_eq!(eval::report::html(&whole).contains("were sampled under"), anything_sampled);
 }
 
 /// Writes a design matrix as CSV (features…, label).

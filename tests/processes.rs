@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
+use dpsynth_shared::privacy::accountant::Accountant;
 
 /// A coordinator process on a free port; returns it and its URL.
 fn coordinator(dir: &Path) -> (Proc, String) {
@@ -88,8 +89,14 @@ fn killing_a_worker_during_dp_sgd_rounds_completes_with_the_same_charge() {
 
     let calm = rt.block_on(ledger_state(&dir.path().join("ledger"), "calm-sgd"));
     let stormy = rt.block_on(ledger_state(&dir.path().join("ledger"), "stormy-sgd"));
-    assert_eq!((calm.0, stormy.0), (1, 1), "each run charged exactly once");
-    assert!((calm.1 - 1.0).abs() < 1e-3 && (stormy.1 - 1.0).abs() < 1e-3, "calibrated to ε = 1: {calm:?} {stormy:?}");
+    assert_eq!((calm.0, stormy.0), (2, 2), "each run charged exactly once (its unit count, then its run)");
+    for job in ["calm-sgd", "stormy-sgd"] {
+        // The count and the run together are calibrated to the job's ε = 1 under RDP; the
+        // ledger's total (the tighter of RDP and PLD) is no larger.
+        let rdp = rt.block_on(ledger_total_under(&dir.path().join("ledger"), job, Accountant::Rdp));
+        let total = rt.block_on(ledger_state(&dir.path().join("ledger"), job)).1;
+        assert!((rdp - 1.0).abs() < 1e-3 && total <= rdp + 1e-12, "calibrated to ε = 1: {job} {rdp} {total}");
+    }
 }
 
 #[test]
@@ -124,7 +131,9 @@ fn killing_a_worker_mid_pate_iteration_redoes_its_votes_without_charging_twice()
     assert_eq!(charges, 1, "charged once");
     let charged_queries = m["privacy"]["mechanisms"][0]["queries"].as_u64().unwrap();
     assert_eq!(pate_answered(&m), charged_queries, "every charged query answered once, none twice");
-    assert!((epsilon - m["privacy"]["epsilon"].as_f64().unwrap()).abs() < 1e-12);
+    let charged = m["privacy"]["epsilon"].as_f64().unwrap();
+    let own = rt.block_on(ledger_total_under(&dir.path().join("ledger"), "stormy-pate", manifest_accountant(&m)));
+    assert!((own - charged).abs() < 1e-9 * charged && epsilon <= own + 1e-12, "{own} {epsilon} vs {charged}");
 }
 
 #[test]
@@ -157,7 +166,7 @@ fn a_restarted_coordinator_resumes_a_charged_dp_sgd_run_without_charging_again()
     assert!(manifest(&dir.path().join("out-resumable")).is_none(), "nothing was released");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let charged = rt.block_on(ledger_state(&dir.path().join("ledger"), "resumable"));
-    assert_eq!(charged.0, 1);
+    assert_eq!(charged.0, 2, "the unit count and the run");
 
     // Same job id, same scratch and ledger: the run resumes and is not charged again.
     let (second, url) = coordinator_on(dir.path(), port);
@@ -246,4 +255,43 @@ fn a_worker_of_another_protocol_version_is_refused() {
     });
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(status.message().contains("incompatible dpsynth protocol"), "{}", status.message());
+}
+
+/// The runs of digits in `text`, as written.
+fn numbers(text: &str) -> Vec<&str> {
+    text.split(|c: char| !c.is_ascii_digit()).filter(|n| !n.is_empty()).collect()
+}
+
+#[test]
+fn a_submitter_learns_nothing_row_level_from_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (coordinator, url) = coordinator(dir.path());
+    let _worker = worker(&url, "only");
+    // A category the spec does not declare at data row 237 (a number below any port).
+    let text = demo_spec(dir.path(), 150).replace("[job]\n", "[job]\nid = \"no-oracle\"\n");
+    let spec = place_spec(dir.path(), text, "no-oracle", 4);
+    let csv = dir.path().join("icu_vitals.csv");
+    let mut lines: Vec<String> = std::fs::read_to_string(&csv).unwrap().lines().map(String::from).collect();
+    assert!(lines.len() > 300);
+    set_field(&mut lines[237], 8, "bradycardia");
+    std::fs::write(&csv, lines.join("\n") + "\n").unwrap();
+
+    let out = submit(&spec, &url);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(last_json(&out.stdout)["error"], input_mismatch_message(), "{stdout}");
+    for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        for private in ["rhythm", "icu_vitals", "bradycardia", "row "] {
+            assert!(!text.contains(private), "the submitter's {name} has '{private}': {text}");
+        }
+        assert!(!numbers(text).contains(&"237"), "the submitter's {name} has the row number: {text}");
+    }
+    assert!(
+        coordinator.wait_for("icu_vitals.csv: column 'rhythm', row 237: a category", Duration::from_secs(5)),
+        "the operator log has the row-level detail"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert_eq!(rt.block_on(ledger_state(&dir.path().join("ledger"), "no-oracle")), (0, 0.0), "nothing charged");
+    assert!(manifest(&dir.path().join("out-no-oracle")).is_none());
 }

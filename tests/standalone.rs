@@ -11,7 +11,10 @@ use dpsynth_coordinator::job::JobRequest;
 use dpsynth_coordinator::service::CoordinatorConfig;
 use dpsynth_coordinator::standalone::Standalone;
 use dpsynth_proto::JobState;
+use dpsynth_shared::privacy::ledger::{EntryBody, Ledger};
+use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::spec::{Format, JobSpec};
+use dpsynth_shared::storage;
 use sha2::{Digest, Sha256};
 
 const RUNNING: i32 = JobState::Running as i32;
@@ -24,7 +27,7 @@ async fn run(spec: JobSpec, scratch: &std::path::Path) -> (i32, String) {
     config.env.scratch_url = scratch.to_str().unwrap().to_string();
     let cluster = Standalone::start(config, 2).await.unwrap();
     let job_id = format!("test-{}", std::process::id());
-    cluster.service.start_job(JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None });
+    cluster.service.start_job(JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None }).unwrap();
     let status = loop {
         let s = cluster.service.job_status(&job_id).unwrap();
         if s.state != RUNNING {
@@ -63,9 +66,10 @@ async fn demo_spec_job_writes_a_verifiable_output_and_charges_once() {
     assert!(epsilon <= spec.privacy.epsilon && epsilon > 0.99 * spec.privacy.epsilon);
     let (charges, spent) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
     assert_eq!(charges, 1);
-    assert!((spent - epsilon).abs() < 1e-12 && spent <= 10.0);
+    let own = ledger_total_under(&dir.path().join("ledger"), &spec.job.dataset_id, spec.privacy.accountant).await;
+    assert!((own - epsilon).abs() < 1e-12 && spent <= own + 1e-12 && spent <= 10.0, "{own} {spent} {epsilon}");
     // The partitions (encoded private rows) are gone.
-    let leftover = walk(&dir.path().join("scratch"));
+    let leftover = walk(&dir.path().join("scratch/partitions"));
     assert!(leftover.is_empty(), "scratch not cleaned: {leftover:?}");
 }
 
@@ -79,6 +83,24 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// A submitter reads everything under the output prefix it names, so that prefix may
+/// not hold (or sit inside) the ledger or the scratch store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_inside_the_ledger_or_scratch_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    for (inside, store) in [(dir.path().join("ledger/out"), "ledger"), (dir.path().join("scratch"), "scratch")] {
+        let text = demo_spec(dir.path(), 30).replace(out.to_str().unwrap(), inside.to_str().unwrap());
+        let spec = JobSpec::parse(&text, "overlap").unwrap();
+        let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+        assert_eq!(state, JobState::Failed as i32, "{message}");
+        assert!(message.contains(&format!("overlaps the coordinator's {store} store")), "{message}");
+        assert!(manifest(&inside).is_none());
+        assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0, "nothing charged");
+        assert!(walk(&dir.path().join("scratch/partitions")).is_empty(), "nothing read");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_over_budget_is_refused_before_it_starts() {
     let dir = tempfile::tempdir().unwrap();
@@ -90,7 +112,7 @@ async fn a_job_over_budget_is_refused_before_it_starts() {
     assert!(manifest(&dir.path().join("out")).is_none());
     assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0);
     // Refused at planning: nothing was partitioned.
-    assert!(walk(&dir.path().join("scratch")).is_empty());
+    assert!(walk(&dir.path().join("scratch/partitions")).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,17 +123,40 @@ async fn dp_sgd_budgets_are_enforced_before_training() {
     let spec = JobSpec::parse(&text, "findiff-over-budget").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_eq!(state, REFUSED, "{message}");
-    assert!(message.contains("privacy budget exceeded"), "{message}");
-    assert!(walk(&dir.path().join("scratch")).is_empty(), "refused at planning: nothing was partitioned");
+    assert!(message.contains("exceeds what remains of the dataset's budget"), "{message}");
+    assert!(walk(&dir.path().join("scratch/partitions")).is_empty(), "refused at planning: nothing was partitioned");
+    assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0, "nothing charged");
 
-    // A fixed σ that would cost more than the job's ε = 1: refused, nothing charged.
+    // A fixed σ that would cost more than the job's ε = 1. Whether it does depends on q,
+    // i.e. on the unit count: the refusal (and the ε it states) is decided on the noisy
+    // count, which is therefore charged as its own entry first — repeating the job cannot
+    // average uncharged counts. Nothing else is charged and nothing is released.
     let text = findiff_spec(dir.path(), 30, 1.0).replace("hidden = 32", "hidden = 32\nnoise_multiplier = 0.3");
     let spec = JobSpec::parse(&text, "findiff-sigma").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_eq!(state, REFUSED, "{message}");
     assert!(message.contains("above the job's ε = 1"), "{message}");
+    assert!(message.contains("only the unit count release (ledger entry "), "{message}");
     assert!(manifest(&dir.path().join("out")).is_none());
-    assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0);
+    let ledger =
+        Ledger::open(&storage::open(dir.path().join("ledger").to_str().unwrap()).unwrap(), &spec.job.dataset_id)
+            .await
+            .unwrap();
+    let charged: Vec<Vec<Mechanism>> = ledger
+        .charges()
+        .into_iter()
+        .map(|(entry, _)| match &entry.body {
+            EntryBody::Charge { request, .. } => request.mechanisms.clone(),
+            other => panic!("not a charge: {other:?}"),
+        })
+        .collect();
+    let count = Mechanism::Gaussian {
+        l2_sensitivity: 1.0,
+        noise_multiplier: spec.generator.findiff.count_noise_multiplier,
+        releases: 1,
+        adjacency: Adjacency::AddRemove,
+    };
+    assert_eq!(charged, vec![vec![count]], "exactly the unit count release was charged");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,7 +269,7 @@ async fn partition(spec: &JobSpec, dir: &std::path::Path, partitions: u32) -> Ve
     use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
 
     let domain = Domain::from_spec(spec);
-    let scratch = dpsynth_shared::storage::open(dir.join("scratch").to_str().unwrap()).unwrap();
+    let scratch = storage::open(dir.join("scratch").to_str().unwrap()).unwrap();
     let mut writer =
         PartitionWriter::new(&scratch, "round", &domain, partitions, PartitionKey::generate().unwrap()).unwrap();
     let mut input = InputReader::new(spec, &domain);
@@ -240,7 +285,6 @@ async fn partition(spec: &JobSpec, dir: &std::path::Path, partitions: u32) -> Ve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pate_job_charges_exactly_its_answered_queries() {
     use dpsynth_shared::privacy::accountant::{AccountingOptions, account};
-    use dpsynth_shared::privacy::mechanism::Mechanism;
 
     let mut charged = Vec::new();
     // (release, target, label queries): with the target "rhythm" (4 values and missing)
@@ -264,8 +308,11 @@ async fn a_pate_job_charges_exactly_its_answered_queries() {
         let public = m["privacy"]["public_inputs"].to_string();
         assert!(public.contains(&format!("{labels} target labels")), "{public}");
 
-        let (entries, epsilon) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
+        let (entries, total) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
         assert_eq!(entries, 1, "one charge for the whole run");
+        let epsilon =
+            ledger_total_under(&dir.path().join("ledger"), &spec.job.dataset_id, spec.privacy.accountant).await;
+        assert!(total <= epsilon + 1e-12);
         let per_query = Mechanism::GnMax { sigma: 40.0, classes: 2, queries: 1 };
         let expected = account(
             &vec![per_query; answered],
@@ -294,14 +341,16 @@ async fn a_pate_job_charges_exactly_its_answered_queries() {
     let m = manifest(&dir.path().join("out")).expect("manifest written");
     let asked = pate_answered(&m);
     assert!(m["privacy"]["public_inputs"].to_string().contains("cleared the threshold"));
-    let (entries, epsilon) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
+    let (entries, total) = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await;
     assert_eq!(entries, 1);
+    let epsilon = ledger_total_under(&dir.path().join("ledger"), &spec.job.dataset_id, spec.privacy.accountant).await;
+    assert!(total <= epsilon + 1e-12);
     let mechanisms = [
         Mechanism::Gaussian {
             l2_sensitivity: 1.0,
             noise_multiplier: 30.0,
             releases: asked,
-            adjacency: dpsynth_shared::privacy::mechanism::Adjacency::AddRemove,
+            adjacency: Adjacency::AddRemove,
         },
         Mechanism::GnMax { sigma: 40.0, classes: 2, queries: asked },
     ];
@@ -467,12 +516,10 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
         .unwrap()
         .into_inner()
         .worker_id;
-    cluster.service.start_job(JobRequest {
-        job_id: "hostile".into(),
-        spec: spec.clone(),
-        output_url: None,
-        ledger_url: None,
-    });
+    cluster
+        .service
+        .start_job(JobRequest { job_id: "hostile".into(), spec: spec.clone(), output_url: None, ledger_url: None })
+        .unwrap();
 
     let task = loop {
         let polled = client.poll_task(PollTaskRequest { worker_id: worker_id.clone(), wait_ms: 500 }).await.unwrap();
@@ -482,6 +529,26 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
     };
     assert_eq!(task.kind, "dpsgd");
     let (_, weights): (serde_json::Value, Vec<f32>) = dpsynth_shared::dpsgd::decode_task(&task.params).unwrap();
+    // A declared shape whose product overflows u64 (it once panicked the handler): refused
+    // as an invalid argument, and the task stays the worker's to answer.
+    let overflowing = ResultHeader {
+        worker_id: worker_id.clone(),
+        job_id: task.job_id.clone(),
+        task_id: task.task_id,
+        attempt: task.attempt,
+        units: 1,
+        tensors: vec![TensorMeta {
+            name: "gradient_sum".into(),
+            shape: vec![1 << 32, 1 << 32, 2],
+            dtype: dpsynth_proto::Dtype::F64 as i32,
+        }],
+    };
+    let refused = client
+        .submit_result(tokio_stream::iter(vec![ResultChunk { part: Some(Part::Header(overflowing)) }]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+
     // One claimed unit, C = 1, but a sum of norm 10.
     let mut sum = vec![0f64; weights.len()];
     sum[0] = 10.0;
@@ -513,8 +580,10 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
     };
     cluster.shutdown().await;
     assert_eq!(status.state, JobState::Failed as i32, "{}", status.message);
-    assert!(status.message.contains("above units × C"), "{}", status.message);
+    // The reason (with the oversized norm) is for the operator's log, not the submitter.
+    assert!(status.message.contains("operator log") && !status.message.contains("units × C"), "{}", status.message);
     assert!(manifest(&dir.path().join("out")).is_none(), "nothing released");
-    assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 1, "charged before round 1");
+    let charges = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0;
+    assert_eq!(charges, 2, "the unit count and the run, charged before round 1");
     assert!(!dir.path().join("scratch/checkpoints/hostile").exists(), "a failed run is not resumable");
 }

@@ -2,31 +2,45 @@
 //! run is already charged instead of charging (or training) it again.
 //!
 //! A checkpoint holds the plan as charged (model layout with its frozen embeddings, N̂, q,
-//! σ, T, the ledger receipt), the optimizer state and the f64 master parameters. It lives
+//! σ, T, the ledger receipts), the optimizer state and the f64 master parameters. It lives
 //! in the scratch store under `checkpoints/<job id>` (private storage, like the
 //! partitions) and is deleted as soon as training ends, either way. The noise generator's
 //! state is never saved: a resumed run draws fresh noise from the OS.
+//!
+//! A checkpoint is resumed at most once per saved round: the resuming coordinator first
+//! creates `leases/<job id>/<charge entry>-<round>` with create-if-absent, so two
+//! coordinators given the same job cannot both continue it; and only a charge the ledger
+//! has not released may be resumed at all.
 //!
 //! Format: a u32 length, the JSON header, then the parameters and the optimizer's moments
 //! as little-endian f64.
 
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::generators::findiff::FinDiffModelSpec;
-use dpsynth_shared::privacy::ledger::{ChargeReceipt, ChargeRequest, EntryBody, Ledger};
+use dpsynth_shared::privacy::accountant::PrivacyCost;
+use dpsynth_shared::privacy::ledger::{ChargeReceipt, ChargeRequest, ChargeStatus, EntryBody, Ledger};
+use dpsynth_shared::privacy::mechanism::Mechanism;
 use dpsynth_shared::storage::StoreLocation;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::job::JobError;
+use crate::scratch;
 
 /// The plan a run was charged for.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChargedRun {
     pub model: FinDiffModelSpec,
+    /// The released unit count (rounded), charged in ledger entry `count_entry`.
     pub noisy_units: f64,
     pub rate: f64,
     pub sigma: f64,
     pub steps: u64,
+    pub count_entry: u64,
+    /// All of the job's mechanisms (count and run) and their cost, for the manifest.
+    pub mechanisms: Vec<Mechanism>,
+    pub cost: PrivacyCost,
+    /// The run's own charge.
     pub charge: ChargeRequest,
     pub receipt: ChargeReceipt,
 }
@@ -45,7 +59,7 @@ pub struct Checkpoint {
 }
 
 fn path(scratch: &StoreLocation, job_id: &str) -> object_store::path::Path {
-    scratch.child(&format!("checkpoints/{job_id}"))
+    scratch.child(&format!("{}/{job_id}", scratch::CHECKPOINTS))
 }
 
 fn f64s(bytes: &[u8]) -> Vec<f64> {
@@ -119,27 +133,92 @@ impl Checkpointer<'_> {
     }
 }
 
-pub async fn delete(scratch: &StoreLocation, job_id: &str) {
+/// Deletes the job's checkpoint; an error here must stop the job before it releases.
+pub async fn delete(scratch: &StoreLocation, job_id: &str) -> Result<(), JobError> {
     match scratch.store.delete(&path(scratch, job_id)).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-        Err(e) => tracing::warn!(job = job_id, error = %e, "could not delete the job's checkpoint"),
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(JobError::Other(format!(
+            "could not delete the checkpoint of {job_id} ({e}); not releasing, since a later resume of it would \
+             train past its charge"
+        ))),
     }
 }
 
 /// A checkpoint may be resumed only if the ledger holds exactly the charge it names, for
-/// this job and these mechanisms: resuming never spends budget, so it must not be able to
-/// skip a charge.
-pub fn verify_charged(ledger: &Ledger, job_id: &str, run: &ChargedRun) -> Result<(), JobError> {
-    let found = ledger.charges().into_iter().any(|(entry, _)| {
-        entry.seq == run.receipt.seq
-            && matches!(&entry.body, EntryBody::Charge { request, .. } if request.job_id == job_id && *request == run.charge)
+/// this job and these mechanisms, and has not released it: resuming never spends budget,
+/// so it must not be able to skip a charge or produce a second release.
+pub fn verify_charged(ledger: &Ledger, job_id: &str, charge: &ChargeRequest, seq: u64) -> Result<(), JobError> {
+    let found = ledger.charges().into_iter().find(|(entry, _)| {
+        entry.seq == seq
+            && matches!(&entry.body, EntryBody::Charge { request, .. } if request.job_id == job_id && request == charge)
     });
-    if found {
-        Ok(())
-    } else {
-        Err(JobError::Other(format!(
-            "job {job_id} has a checkpoint but the ledger holds no matching charge (entry {}); refusing to resume",
-            run.receipt.seq
-        )))
+    match found {
+        Some((_, ChargeStatus::Charged)) => Ok(()),
+        Some((_, ChargeStatus::Released)) => Err(JobError::Other(format!(
+            "job {job_id} has a checkpoint of charge {seq}, which the ledger has already released; refusing to resume"
+        ))),
+        None => Err(JobError::Other(format!(
+            "job {job_id} has a checkpoint but the ledger holds no matching charge (entry {seq}); refusing to resume"
+        ))),
+    }
+}
+
+/// Takes the one resume of charge `seq`'s checkpoint saved after `round` rounds
+/// (create-if-absent), or fails when another coordinator already resumed it from there.
+pub async fn take_resume_lease(scratch: &StoreLocation, job_id: &str, seq: u64, round: u64) -> Result<(), JobError> {
+    let name = format!("{}/{job_id}/{seq}-{round}", scratch::LEASES);
+    let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+    let body = PutPayload::from(format!("resumed at {}\n", chrono::Utc::now().to_rfc3339()).into_bytes());
+    match scratch.store.put_opts(&scratch.child(&name), body, options).await {
+        Ok(_) => Ok(()),
+        Err(object_store::Error::AlreadyExists { .. }) => Err(JobError::Other(format!(
+            "job {job_id}: another coordinator already resumed this charged run from round {round}; refusing to run \
+             it twice"
+        ))),
+        Err(e) => Err(JobError::Other(format!("taking the resume lease of {job_id}: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions};
+    use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, Ledger};
+    use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
+    use dpsynth_shared::storage;
+
+    use super::{take_resume_lease, verify_charged};
+
+    fn request(job_id: &str) -> ChargeRequest {
+        ChargeRequest {
+            job_id: job_id.into(),
+            mechanisms: vec![Mechanism::dp_sgd(0.01, 1.0, 100)],
+            accountant: Accountant::Rdp,
+            delta: 1e-6,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_resumes_once_and_never_after_its_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = storage::open(dir.path().join("ledger").to_str().unwrap()).unwrap();
+        let budget = Budget { epsilon: 10.0, delta: 1e-5 };
+        let mut ledger =
+            Ledger::init(&store, "d", budget, Adjacency::AddRemove, AccountingOptions::default()).await.unwrap();
+        let charge = request("j");
+        let receipt = ledger.charge(&charge).await.unwrap();
+        verify_charged(&ledger, "j", &charge, receipt.seq).unwrap();
+        // Another job's or another run's charge does not vouch for this checkpoint.
+        assert!(verify_charged(&ledger, "k", &request("k"), receipt.seq).is_err());
+
+        let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+        take_resume_lease(&scratch, "j", receipt.seq, 40).await.unwrap();
+        let second = take_resume_lease(&scratch, "j", receipt.seq, 40).await.unwrap_err();
+        assert!(second.to_string().contains("already resumed"), "{second}");
+        // A later checkpoint of the same run is a new resume.
+        take_resume_lease(&scratch, "j", receipt.seq, 80).await.unwrap();
+
+        ledger.record_release(receipt.seq, "out").await.unwrap();
+        let released = verify_charged(&ledger, "j", &charge, receipt.seq).unwrap_err();
+        assert!(released.to_string().contains("already released"), "{released}");
     }
 }

@@ -1,12 +1,17 @@
 //! A job's lifecycle: validate → check that the ledger can afford the planned cost →
-//! partition → run tasks on workers → add noise → charge → release (write output) →
-//! manifest. The coordinator is the only place noise is drawn and the only ledger writer.
-//! A job that fails before its charge spends nothing; no manifest is written unless the
-//! whole output is.
+//! partition → run tasks on workers → add noise → charge → claim the release → write the
+//! output → manifest. The coordinator is the only place noise is drawn and the only ledger
+//! writer. A job that fails before its charge spends nothing; no manifest is written
+//! unless the whole output is.
 //!
 //! Marginals charge after aggregating (nothing noisy leaves before). DP-FinDiff charges
-//! its whole DP-SGD run (and the unit count that fixes q) before the first round: a run
-//! that then fails has spent its budget but released nothing.
+//! the unit count that fixes q as its own entry as soon as it is drawn, then its whole
+//! DP-SGD run before the first round; PATE charges its whole run before the first vote. A
+//! charged job that then fails has spent its budget but released nothing. Every charge is
+//! released at most once: the ledger's release marker is claimed before the first part.
+//!
+//! What a submitter sees of a failure ([`JobError::submitter_message`]) never depends on
+//! private data; the operator's log has the detail.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -27,16 +32,16 @@ use dpsynth_shared::generators::pate::{self, PatePlan, Threshold};
 use dpsynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
-use dpsynth_shared::privacy::accountant::{AccountingOptions, calibrate_sigma};
-use dpsynth_shared::privacy::ledger::{ChargeReceipt, ChargeRequest, Ledger, LedgerError};
+use dpsynth_shared::privacy::accountant::{AccountingOptions, PrivacyCost, calibrate_sigma};
+use dpsynth_shared::privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, LedgerError};
 use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::privacy::noise::{Noise, os_rng, os_seed};
 use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
-use object_store::ObjectStoreExt;
 
 use crate::checkpoint::{self, ChargedRun, Checkpointer};
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
+use crate::scratch;
 use crate::telemetry::Telemetry;
 use crate::training::{self, TrainingRun};
 
@@ -63,18 +68,63 @@ pub enum JobError {
     Task { worker: String, task_id: u64, error: String },
     #[error("worker {worker} returned an invalid aggregate for task {task_id}: {reason}")]
     BadResult { worker: String, task_id: u64, reason: String },
+    /// Decided on the released (charged) unit count, so it may carry figures derived from it.
     #[error(
-        "the job's noise_multiplier gives ε = {cost:.6} at δ = {delta:e}, above the job's ε = {epsilon}; nothing was charged"
+        "the job's noise_multiplier gives ε = {cost:.6} at δ = {delta:e}, above the job's ε = {epsilon}; \
+         only the unit count release (ledger entry {count_entry}) was charged"
     )]
-    OverJobEpsilon { cost: f64, delta: f64, epsilon: f64 },
+    OverJobEpsilon { cost: f64, delta: f64, epsilon: f64, count_entry: u64 },
+    /// DP-FinDiff's cost depends on q, known only after the (charged) unit count: before
+    /// reading a row, its declared ε must fit what is left of the dataset's budget.
+    #[error(
+        "the job's ε = {epsilon} exceeds what remains of the dataset's budget (ε = {remaining:.6} of {budget}); \
+         nothing was read or charged"
+    )]
+    OverRemainingBudget { epsilon: f64, remaining: f64, budget: f64 },
+    #[error(transparent)]
+    Spec(#[from] dpsynth_shared::spec::SpecError),
+    /// A release must never share a prefix with private or operator-only state.
+    #[error("the output location {output} overlaps the coordinator's {store} store; choose another output prefix")]
+    OutputOverlaps { output: String, store: &'static str },
     #[error("{0}")]
     Other(String),
 }
 
+/// What a submitter is told when the input does not match the schema the spec declares.
+pub const INPUT_MISMATCH: &str = "input does not match the declared schema";
+
 impl JobError {
     /// The ledger refused the job (budget); not a malfunction.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, JobError::Ledger(LedgerError::BudgetExceeded { .. }) | JobError::OverJobEpsilon { .. })
+        matches!(
+            self,
+            JobError::Ledger(LedgerError::BudgetExceeded { .. })
+                | JobError::OverJobEpsilon { .. }
+                | JobError::OverRemainingBudget { .. }
+        )
+    }
+
+    /// What the submitter may see. Ledger, spec, plan and calibration errors depend only on
+    /// public inputs (the spec, the ledger, released and charged statistics); any other
+    /// failure can follow a private read and might describe it (a row, a column, a worker's
+    /// aggregate), so the submitter gets a fixed sentence and the operator's log the detail.
+    pub fn submitter_message(&self) -> String {
+        match self {
+            JobError::Ledger(_)
+            | JobError::OverJobEpsilon { .. }
+            | JobError::OverRemainingBudget { .. }
+            | JobError::Spec(_)
+            | JobError::Plan(_)
+            | JobError::FinDiffPlan(_)
+            | JobError::PatePlan(_)
+            | JobError::Privacy(_)
+            | JobError::OutputOverlaps { .. }
+            | JobError::Storage(_) => self.to_string(),
+            JobError::Data(_) => format!("{INPUT_MISMATCH} (details are in the coordinator's operator log)"),
+            JobError::Output(_) | JobError::Task { .. } | JobError::BadResult { .. } | JobError::Other(_) => {
+                "the job failed while processing private data; the reason is in the coordinator's operator log".into()
+            }
+        }
     }
 }
 
@@ -87,6 +137,14 @@ pub struct JobRequest {
     pub output_url: Option<String>,
     /// Overrides the spec's ledger store.
     pub ledger_url: Option<String>,
+}
+
+impl JobRequest {
+    /// The output prefix: the override or the spec's, where `{job_id}` gives every
+    /// (scheduled) run its own prefix.
+    pub fn resolved_output_url(&self) -> String {
+        self.output_url.clone().unwrap_or_else(|| self.spec.output.url.clone()).replace("{job_id}", &self.job_id)
+    }
 }
 
 /// Where a job stands, for status calls and progress bars. Counts of rows or units are
@@ -112,6 +170,9 @@ fn set_stage(progress: &ProgressHandle, stage: &str) {
 pub struct JobEnv {
     pub scratch_url: String,
     pub default_ledger_url: String,
+    /// The operator's store for evaluation reports (diagnostics computed on private data,
+    /// for the data owner only); `None`: this coordinator refuses jobs that ask for one.
+    pub diagnostics_url: Option<String>,
 }
 
 /// Runs a job to completion.
@@ -124,8 +185,7 @@ pub async fn run_job(
     progress: ProgressHandle,
 ) -> Result<Manifest, JobError> {
     let JobRequest { job_id, spec, .. } = &request;
-    // `{job_id}` in the output URL gives every (scheduled) run its own prefix.
-    let output_url = request.output_url.clone().unwrap_or_else(|| spec.output.url.clone()).replace("{job_id}", job_id);
+    let output_url = request.resolved_output_url();
     let ledger_url = request
         .ledger_url
         .clone()
@@ -133,19 +193,24 @@ pub async fn run_job(
         .unwrap_or_else(|| env.default_ledger_url.clone());
 
     set_stage(&progress, "planning");
+    refuse_overlaps(&output_url, &ledger_url, env)?;
     let domain = Domain::from_spec(spec);
     let ledger_location = storage::open(&ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
-    let scratch = storage::open(&env.scratch_url)?;
+    let scratch_store = storage::open(&env.scratch_url)?;
     let ctx = JobContext { request: &request, domain: &domain, scheduler, telemetry, progress: &progress };
     let released = match spec.generator.name {
-        GeneratorName::Marginals => run_marginals(&ctx, &mut ledger, &scratch, &output_url).await,
-        GeneratorName::Findiff => run_findiff(&ctx, &mut ledger, &scratch, &output_url).await,
-        GeneratorName::Pate => run_pate(&ctx, &mut ledger, &scratch, &output_url).await,
+        GeneratorName::Marginals => run_marginals(&ctx, &mut ledger, &scratch_store, &output_url).await,
+        GeneratorName::Findiff => run_findiff(&ctx, &mut ledger, &scratch_store, &output_url).await,
+        GeneratorName::Pate => run_pate(&ctx, &mut ledger, &scratch_store, &output_url).await,
     };
     scheduler.cancel(job_id);
-    cleanup_scratch(&scratch, job_id).await;
-    let Released { output, receipt, mechanisms, mut public_inputs } = released?;
+    // Only this process's partitions of the job: another coordinator sharing the scratch
+    // store may hold the same job id.
+    scratch::delete_prefix(&scratch_store, &scratch::partition_prefix(job_id)).await;
+    let Released { output, receipt, cost, mechanisms, mut public_inputs } = released?;
+    // The charge is released, so no checkpoint of it may be resumed: its leases are moot.
+    scratch::delete_prefix(&scratch_store, &format!("{}/{job_id}", scratch::LEASES)).await;
 
     public_inputs.splice(0..0, declared_inputs(spec));
     let manifest = output
@@ -163,9 +228,9 @@ pub async fn run_job(
                 .collect(),
             parts: Vec::new(),
             privacy: ManifestPrivacy {
-                epsilon: receipt.admission.cost.epsilon,
-                delta: receipt.admission.cost.delta,
-                accountant: receipt.admission.cost.accountant,
+                epsilon: cost.epsilon,
+                delta: cost.delta,
+                accountant: cost.accountant,
                 mechanisms,
                 dataset_id: spec.job.dataset_id.clone(),
                 ledger_url: ledger_url.clone(),
@@ -174,19 +239,46 @@ pub async fn run_job(
             },
         })
         .await?;
-    ledger.record_release(receipt.seq, &output_url).await?;
-    if let Some(evaluation) = &spec.evaluation {
-        // Post-processing of the released output plus real data: no budget; diagnostics only.
-        set_stage(&progress, "evaluating");
-        match dpsynth_shared::eval::run(spec, &spec.input.urls, &evaluation.test_urls, &output_url, &output_url).await {
-            Ok(report) => {
-                tracing::info!(hist = report.fidelity.hist, pair = report.fidelity.pair, "evaluation report written")
-            }
-            Err(e) => tracing::warn!(error = %e, "evaluation failed; the synthetic output is complete regardless"),
-        }
-    }
     set_stage(&progress, "done");
     Ok(manifest)
+}
+
+/// Writes the evaluation report the spec asks for (if any) to the diagnostics store, after
+/// the job has ended: the submitter's status never waits on it (its duration follows the
+/// private tables' sizes). Computed on private data (training and held-out rows): a
+/// diagnostic for the data owner, written to the operator's store and never beside the
+/// release; its figures stay out of the log and the job status.
+pub async fn evaluate_for_owner(request: &JobRequest, env: &JobEnv) {
+    // `start_job` refuses an evaluation on a coordinator without a diagnostics store.
+    let (spec, job_id) = (&request.spec, &request.job_id);
+    let (Some(evaluation), Some(diagnostics)) = (&spec.evaluation, &env.diagnostics_url) else { return };
+    let diagnostics = format!("{}/{job_id}", diagnostics.trim_end_matches('/'));
+    // Its progress lines (stage timings follow table sizes) go to the operator log only.
+    let operator_log = |stage: &str| tracing::info!(job = job_id, stage, "evaluation progress");
+    let (train, test) = (&spec.input.urls, &evaluation.test_urls);
+    let synthetic = request.resolved_output_url();
+    match dpsynth_shared::eval::run(spec, train, test, &synthetic, &diagnostics, &operator_log).await {
+        Ok(_) => tracing::info!(job = job_id, diagnostics, "evaluation report written to the diagnostics store"),
+        Err(e) => {
+            tracing::warn!(job = job_id, error = %e, "evaluation failed; the synthetic output is complete regardless")
+        }
+    }
+}
+
+/// Refuses an output prefix that is, contains or lies under the ledger, scratch or
+/// diagnostics store: a submitter reads everything under the prefix it names.
+fn refuse_overlaps(output_url: &str, ledger_url: &str, env: &JobEnv) -> Result<(), JobError> {
+    let stores = [
+        ("ledger", Some(ledger_url)),
+        ("scratch", Some(env.scratch_url.as_str())),
+        ("diagnostics", env.diagnostics_url.as_deref()),
+    ];
+    for (store, url) in stores {
+        if url.is_some_and(|url| storage::nested(output_url, url)) {
+            return Err(JobError::OutputOverlaps { output: output_url.to_string(), store });
+        }
+    }
+    Ok(())
 }
 
 /// Opens the dataset's ledger, creating it when the spec declares the dataset's budget.
@@ -226,7 +318,10 @@ struct JobContext<'a> {
 /// A generator's released output, with what was charged for it.
 struct Released {
     output: OutputWriter,
+    /// The charge whose release this output is.
     receipt: ChargeReceipt,
+    /// The job's whole cost (all its ledger entries), as its accountant states it.
+    cost: PrivacyCost,
     mechanisms: Vec<Mechanism>,
     /// Released statistics the output depends on, for the manifest.
     public_inputs: Vec<String>,
@@ -238,7 +333,7 @@ impl JobContext<'_> {
     }
 
     /// Checks the charge with the ledger, updating the dataset gauges.
-    async fn admit(&self, ledger: &mut Ledger, charge: &ChargeRequest) -> Result<(), JobError> {
+    async fn admit(&self, ledger: &mut Ledger, charge: &ChargeRequest) -> Result<Admission, JobError> {
         let admission = ledger.check(charge).await;
         if let Ok(spent) = ledger.spent() {
             self.telemetry.dataset(&self.spec().job.dataset_id, spent.epsilon, ledger.budget().epsilon);
@@ -249,7 +344,7 @@ impl JobContext<'_> {
             remaining_after = admission.remaining_epsilon(),
             "ledger admits the job's planned cost"
         );
-        Ok(())
+        Ok(admission)
     }
 
     /// Charges the ledger: after this, and only after this, may derived output leave.
@@ -265,14 +360,27 @@ impl JobContext<'_> {
         Ok(receipt)
     }
 
+    /// Claims the one release of `receipt`'s charge in the ledger and opens the output:
+    /// after this, and only after this, may parts be written. A charge that was already
+    /// released (another coordinator, a resumed copy of this job) is refused here.
+    async fn claim_release(
+        &self,
+        ledger: &mut Ledger,
+        receipt: &ChargeReceipt,
+        output: OutputWriter,
+    ) -> Result<OutputWriter, JobError> {
+        ledger.record_release(receipt.seq, output.url()).await?;
+        Ok(output)
+    }
+
     /// Splits the private input by privacy unit into the scratch store.
     async fn partition(&self, scratch: &StoreLocation) -> Result<Partitioned, JobError> {
         set_stage(self.progress, "partitioning");
         let spec = self.spec();
         let key = PartitionKey::generate()?;
-        // A fresh sub-prefix per partitioning: a resumed job never reuses a URL whose
-        // contents a worker may still hold from before.
-        let prefix = format!("{}/{:08x}", self.request.job_id, rand::random::<u32>());
+        // Under this process's prefix: a resumed job (a new process) never reuses a URL
+        // whose contents a worker may still hold from before.
+        let prefix = scratch::partition_prefix(&self.request.job_id);
         let mut writer = PartitionWriter::new(scratch, &prefix, self.domain, spec.job.partitions, key)?;
         let mut input = InputReader::new(spec, self.domain);
         while let Some(batch) = input.next_batch().await? {
@@ -319,9 +427,11 @@ async fn run_marginals(
 
     let receipt = ctx.charge(ledger, &charge).await?;
     set_stage(ctx.progress, "writing output");
+    let output = ctx.claim_release(ledger, &receipt, output).await?;
     let rows = spec.output.rows.unwrap_or_else(|| synthesizer.noisy_total.round().max(1.0) as u64);
     let output = write_marginal_parts(spec, output, &synthesizer, rows).await?;
-    Ok(Released { output, receipt, mechanisms: charge.mechanisms, public_inputs: Vec::new() })
+    let cost = receipt.admission.cost.clone();
+    Ok(Released { output, receipt, cost, mechanisms: charge.mechanisms, public_inputs: Vec::new() })
 }
 
 async fn aggregate_marginals(
@@ -392,7 +502,8 @@ async fn aggregate_marginals(
 /// DP-FinDiff: a DP unit count fixes the sampling rate; the whole DP-SGD run is charged
 /// before the first round; the trained model is sampled into the output. A checkpoint of
 /// the charged run is written right after the charge and every `checkpoint_every` rounds;
-/// a coordinator restarted on the same job id resumes from it without charging again.
+/// a coordinator restarted on the same job id resumes from it without charging again,
+/// once, under a resume lease.
 async fn run_findiff(
     ctx: &JobContext<'_>,
     ledger: &mut Ledger,
@@ -406,12 +517,13 @@ async fn run_findiff(
     let resumed = checkpoint::load(scratch, job_id).await?;
     let (run, mut optimizer, mut parameters, partitioned, output) = match resumed {
         Some(saved) => {
-            checkpoint::verify_charged(ledger, job_id, &saved.run)?;
+            checkpoint::verify_charged(ledger, job_id, &saved.run.charge, saved.run.receipt.seq)?;
             if saved.run.model.domain != *ctx.domain {
                 return Err(JobError::Other(format!(
                     "job {job_id} has a checkpoint for another schema; resubmit it unchanged or under a new job id"
                 )));
             }
+            checkpoint::take_resume_lease(scratch, job_id, saved.run.receipt.seq, saved.optimizer.step).await?;
             tracing::info!(
                 round = saved.optimizer.step,
                 rounds = saved.run.steps,
@@ -419,53 +531,78 @@ async fn run_findiff(
                 "resuming the charged DP-SGD run from its checkpoint"
             );
             let output = OutputWriter::create(storage::open(output_url)?).await?;
-            // The previous coordinator's partitions are stale: partition again.
-            cleanup_scratch(scratch, job_id).await;
+            // The previous coordinator's partitions are its own (swept once it is gone).
             let partitioned = ctx.partition(scratch).await?;
             (saved.run, saved.optimizer, saved.parameters, partitioned, output)
         }
         None => {
             let plan = FinDiffPlan::new(spec, ctx.domain)?;
             let accounting = ledger.options().clone();
-            if params.noise_multiplier.is_none() {
-                // A calibrated run costs exactly the job's (ε, δ) whatever q turns out to be:
-                // refuse now, before touching the data, if the ledger cannot afford it.
-                let rate = plan.provisional_rate();
-                let sigma = plan.calibrate(spec, &accounting, rate)?;
-                ctx.admit(ledger, &ctx.charge_request(plan.mechanisms(rate, sigma))).await?;
+            // Before touching the data, against a bound that does not depend on it: a run
+            // calibrated to the job's (ε, δ) costs exactly that whatever q turns out to be,
+            // and a given noise multiplier is refused below if it would cost more.
+            // The ledger composes under both accountants, so the actual q's total can differ
+            // from the provisional one's: the declared ε must also fit what is left.
+            let provisional = plan.provisional_rate();
+            let cap = plan.calibrate(spec, &accounting, provisional)?;
+            let admission = ctx.admit(ledger, &ctx.charge_request(plan.mechanisms(provisional, cap))).await?;
+            let remaining = admission.budget.epsilon - admission.before.epsilon;
+            if spec.privacy.epsilon > remaining {
+                return Err(JobError::OverRemainingBudget {
+                    epsilon: spec.privacy.epsilon,
+                    remaining,
+                    budget: admission.budget.epsilon,
+                });
             }
             let output = OutputWriter::create(storage::open(output_url)?).await?;
             let partitioned = ctx.partition(scratch).await?;
-            // The unit count, released with Gaussian noise (charged with the training).
-            let noisy_units = partitioned.units as f64 + Noise::from_os()?.gaussian(params.count_noise_multiplier);
+            // The unit count, released with Gaussian noise and charged on its own before
+            // anything derived from it (q, T, σ, a refusal, a log line) can leave. Rounded at
+            // once: the noisy double's low bits are never used.
+            let count_charge = ctx.charge_request(vec![plan.count_mechanism()]);
+            let count_receipt = ctx.charge(ledger, &count_charge).await?;
+            let noisy_units =
+                (partitioned.units as f64 + Noise::from_os()?.gaussian(params.count_noise_multiplier)).round().max(1.0);
             let rate = plan.rate(noisy_units);
             let sigma = match params.noise_multiplier {
                 Some(sigma) => sigma,
                 None => plan.calibrate(spec, &accounting, rate)?,
             };
-            let charge = ctx.charge_request(plan.mechanisms(rate, sigma));
+            let mechanisms = plan.mechanisms(rate, sigma);
             // A given σ must still fit the job's own ε (a calibrated one does by construction).
-            let cost = ledger.price(&charge)?;
+            let cost = ledger.price(&ctx.charge_request(mechanisms.clone()))?;
             if cost.epsilon > spec.privacy.epsilon * (1.0 + 1e-9) {
                 return Err(JobError::OverJobEpsilon {
                     cost: cost.epsilon,
                     delta: cost.delta,
                     epsilon: spec.privacy.epsilon,
+                    count_entry: count_receipt.seq,
                 });
             }
-            ctx.admit(ledger, &charge).await?;
+            let charge = ctx.charge_request(vec![plan.run_mechanism(rate, sigma)]);
             let receipt = ctx.charge(ledger, &charge).await?;
             let steps = plan.steps(rate);
-            tracing::info!(rate, sigma, steps, epsilon = receipt.admission.cost.epsilon, "DP-SGD run charged");
+            tracing::info!(sigma, steps, epsilon = cost.epsilon, "DP-SGD run charged");
             let model = FinDiffModel::new(&plan.model, &device);
             let parameters: Vec<f64> = model.parameters().into_iter().map(f64::from).collect();
             let optimizer = Optimizer::new(params.optimizer, params.schedule, steps, parameters.len());
-            let run = ChargedRun { model: plan.model, noisy_units, rate, sigma, steps, charge, receipt };
+            let run = ChargedRun {
+                model: plan.model,
+                noisy_units,
+                rate,
+                sigma,
+                steps,
+                count_entry: count_receipt.seq,
+                mechanisms,
+                cost,
+                charge,
+                receipt,
+            };
             checkpoint::save(scratch, job_id, &run, &optimizer, &parameters).await?;
             (run, optimizer, parameters, partitioned, output)
         }
     };
-    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = run.receipt.admission.cost.epsilon;
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = run.cost.epsilon;
 
     set_stage(ctx.progress, "training (DP-SGD)");
     ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = run.steps as u32;
@@ -478,7 +615,7 @@ async fn run_findiff(
         expected_batch: run.rate * run.noisy_units.max(1.0),
         micro_batch: params.micro_batch,
         steps: run.steps,
-        epsilon: run.receipt.admission.cost.epsilon,
+        epsilon: run.cost.epsilon,
     };
     let encode = |settings: &RoundSettings, weights: &[f32]| {
         let epoch = settings.round as f64 * run.rate;
@@ -502,12 +639,15 @@ async fn run_findiff(
     )
     .await;
     // From here on the run is not resumable: a failed run stays charged and releases
-    // nothing; a finished one may already be writing parts, and resuming it would add
-    // rounds the ledger never charged.
-    checkpoint::delete(scratch, job_id).await;
+    // nothing; a finished one is about to release, and resuming it would add rounds the
+    // ledger never charged. A checkpoint that cannot be deleted stops the job before any
+    // release (the ledger also refuses to resume a released charge).
+    let deleted = checkpoint::delete(scratch, job_id).await;
     trained?;
+    deleted?;
 
     set_stage(ctx.progress, "sampling");
+    let output = ctx.claim_release(ledger, &run.receipt, output).await?;
     let mut model = FinDiffModel::new(&run.model, &device);
     let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
     model.load_parameters(&weights).map_err(|e| JobError::Other(e.to_string()))?;
@@ -515,12 +655,12 @@ async fn run_findiff(
     let output = write_findiff_parts(spec, output, model, &run.model.encoding, rows).await?;
     let public_inputs = vec![
         format!(
-            "privacy units: {:.1} (Gaussian release, noise multiplier {}; charged)",
-            run.noisy_units, params.count_noise_multiplier
+            "privacy units: {} (Gaussian release, noise multiplier {}; charged in ledger entry {})",
+            run.noisy_units, params.count_noise_multiplier, run.count_entry
         ),
         format!("DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps", run.rate, run.sigma, params.clip, run.steps),
     ];
-    Ok(Released { output, receipt: run.receipt, mechanisms: run.charge.mechanisms, public_inputs })
+    Ok(Released { output, receipt: run.receipt, cost: run.cost, mechanisms: run.mechanisms, public_inputs })
 }
 
 /// PATE-TabTransGAN: the plan fixes σ and how many iterations of queries the job's ε pays
@@ -554,10 +694,11 @@ async fn run_pate(
         Some(rows) => rows,
         None => {
             let noise = plan.params.count_noise_multiplier;
-            let noisy_units = partitioned.units as f64 + Noise::from_os()?.gaussian(noise);
+            // Rounded at once: the noisy double's low bits are never used.
+            let noisy_units = (partitioned.units as f64 + Noise::from_os()?.gaussian(noise)).round().max(1.0);
             public_inputs
-                .push(format!("privacy units: {noisy_units:.1} (Gaussian release, noise multiplier {noise}; charged)"));
-            noisy_units.round().max(1.0) as u64
+                .push(format!("privacy units: {noisy_units} (Gaussian release, noise multiplier {noise}; charged)"));
+            noisy_units as u64
         }
     };
 
@@ -582,6 +723,7 @@ async fn run_pate(
     );
 
     set_stage(ctx.progress, "sampling");
+    let output = ctx.claim_release(ledger, &receipt, output).await?;
     let gan = Arc::new(Mutex::new(gan));
     let labels = Arc::new(labels);
     let encoding = Arc::new(plan.encoding.clone());
@@ -619,7 +761,8 @@ async fn run_pate(
         plan.params.queries_per_iteration,
         plan.label_queries
     ));
-    Ok(Released { output, receipt, mechanisms: charge.mechanisms, public_inputs })
+    let cost = receipt.admission.cost.clone();
+    Ok(Released { output, receipt, cost, mechanisms: charge.mechanisms, public_inputs })
 }
 
 /// Samples `rows` synthetic rows from the trained denoiser, streaming one part at a time.
@@ -686,23 +829,6 @@ where
         tracing::info!(rows = written, of = rows, "synthetic rows written");
     }
     Ok(output)
-}
-
-/// Deletes the job's partitions: they hold encoded private rows.
-async fn cleanup_scratch(scratch: &StoreLocation, job_id: &str) {
-    use futures::TryStreamExt;
-    let prefix = scratch.child(job_id);
-    let listed: Result<Vec<_>, _> = scratch.store.list(Some(&prefix)).map_ok(|m| m.location).try_collect().await;
-    match listed {
-        Ok(paths) => {
-            for path in paths {
-                if let Err(e) = scratch.store.delete(&path).await {
-                    tracing::warn!(%path, error = %e, "could not delete a scratch partition");
-                }
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "could not list scratch partitions for cleanup"),
-    }
 }
 
 /// Samples `rows` synthetic rows from the noisy tables.

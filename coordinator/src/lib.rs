@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod job;
 pub mod pate;
 pub mod scheduler;
+pub mod scratch;
 pub mod server;
 pub mod service;
 pub mod standalone;

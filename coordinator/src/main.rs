@@ -26,6 +26,9 @@ enum Command {
     Serve(commands::job::ServeArgs),
     /// Submit a job to a running coordinator and follow it to the end.
     Submit(commands::job::SubmitArgs),
+    /// Data owner's check: read a job's input with its schema and report every row that
+    /// breaks it (file, column, row; never the value). Row-level output: keep it private.
+    Validate(commands::validate::ValidateArgs),
     /// Evaluate synthetic data against real training and held-out data (HTML + JSON report).
     Eval(commands::eval::EvalArgs),
     /// Privacy calculators: ε for a noise level, noise for a target ε, PATE's GNMax.
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::job::run(args),
         Command::Serve(args) => commands::job::serve_command(args),
         Command::Submit(args) => commands::job::submit(args),
+        Command::Validate(args) => commands::validate::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Privacy(cmd) => commands::privacy::run(cmd),
         Command::Ledger(cmd) => commands::ledger::run(cmd),

@@ -63,8 +63,8 @@ struct Inner {
     pending: VecDeque<(TaskDef, u32)>,
     running: HashMap<(String, u64), Running>,
     listeners: HashMap<String, mpsc::UnboundedSender<TaskEvent>>,
-    /// Partition URL → the worker that holds it.
-    owners: HashMap<String, String>,
+    /// (job, partition URL) → the worker that holds it.
+    owners: HashMap<(String, String), String>,
     next_worker: u64,
 }
 
@@ -78,7 +78,7 @@ impl Inner {
     fn may_take(&self, worker: &str, task: &TaskDef) -> bool {
         let mut unowned = false;
         for url in &task.partition_urls {
-            match self.owners.get(url) {
+            match self.owners.get(&(task.job_id.clone(), url.clone())) {
                 Some(owner) if owner != worker => return false,
                 Some(_) => {}
                 None => unowned = true,
@@ -168,8 +168,7 @@ impl Scheduler {
         inner.pending.retain(|(t, _)| t.job_id != job_id);
         inner.running.retain(|(j, _), _| j != job_id);
         inner.listeners.remove(job_id);
-        let prefix = format!("/{job_id}/");
-        inner.owners.retain(|url, _| !url.contains(&prefix));
+        inner.owners.retain(|(job, _), _| job != job_id);
     }
 
     /// The next task for a known worker, waiting up to `wait` for one to be queued.
@@ -195,7 +194,7 @@ impl Scheduler {
         let index = inner.pending.iter().position(|(def, _)| inner.may_take(worker, def))?;
         let (def, attempt) = inner.pending.remove(index).expect("found above");
         for url in &def.partition_urls {
-            inner.owners.insert(url.clone(), worker.to_string());
+            inner.owners.insert((def.job_id.clone(), url.clone()), worker.to_string());
         }
         let key = (def.job_id.clone(), def.task_id);
         inner

@@ -1,6 +1,7 @@
 //! The coordinator's gRPC service: worker registration and liveness, task hand-out and
 //! results, job submission and status.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +18,7 @@ use dpsynth_shared::spec::JobSpec;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::job::{JobEnv, JobRequest, Progress, ProgressHandle, run_job};
+use crate::job::{JobEnv, JobRequest, Progress, ProgressHandle, evaluate_for_owner, run_job};
 use crate::scheduler::{Scheduler, TaskResult};
 use crate::telemetry::Telemetry;
 
@@ -39,6 +40,7 @@ impl Default for CoordinatorConfig {
             env: JobEnv {
                 scratch_url: "./dpsynth-out/scratch".into(),
                 default_ledger_url: "./dpsynth-out/ledger".into(),
+                diagnostics_url: None,
             },
         }
     }
@@ -48,6 +50,8 @@ impl Default for CoordinatorConfig {
 struct JobEntry {
     progress: ProgressHandle,
     outcome: Option<Result<String, (JobState, String)>>,
+    /// The job has ended and its evaluation report (for the data owner) is being written.
+    diagnostics_pending: bool,
 }
 
 /// The coordinator: scheduler, jobs and configuration behind the gRPC service.
@@ -66,7 +70,7 @@ pub fn new_job_id() -> String {
 }
 
 impl CoordinatorService {
-    /// Starts the reaper that declares silent workers dead.
+    /// Starts the reaper that declares silent workers dead and the scratch heartbeat.
     pub fn new(config: CoordinatorConfig) -> Self {
         let scheduler = Arc::new(Scheduler::new(config.worker_timeout));
         let reaper = Arc::downgrade(&scheduler);
@@ -81,6 +85,12 @@ impl CoordinatorService {
                 }
             }
         });
+        // This process's heartbeat in the scratch store, so a coordinator sharing the store
+        // never sweeps the partitions this one's jobs are using.
+        match dpsynth_shared::storage::open(&config.env.scratch_url) {
+            Ok(scratch) => crate::scratch::keep_alive(scratch),
+            Err(e) => tracing::warn!(error = %e, "no scratch heartbeat: the scratch URL does not open"),
+        }
         Self { scheduler, telemetry: Arc::default(), config: Arc::new(config), jobs: Arc::default() }
     }
 
@@ -88,18 +98,32 @@ impl CoordinatorService {
         &self.scheduler
     }
 
-    /// Starts a job in the background; returns its progress handle.
-    pub fn start_job(&self, request: JobRequest) -> ProgressHandle {
+    /// Starts a job in the background; returns its progress handle. A job id is taken
+    /// once: the check and the insertion are one step, so two submissions of one id cannot
+    /// both start.
+    pub fn start_job(&self, request: JobRequest) -> Result<ProgressHandle, Status> {
+        dpsynth_shared::spec::validate_id("job id", &request.job_id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if request.spec.evaluation.is_some() && self.config.env.diagnostics_url.is_none() {
+            return Err(Status::failed_precondition(
+                "the spec asks for an evaluation, but this coordinator has no diagnostics store (serve --diagnostics): \
+                 evaluation reports are computed on private data and go to the data owner only",
+            ));
+        }
         let progress: ProgressHandle = Arc::new(Mutex::new(Progress::default()));
         let job_id = request.job_id.clone();
-        self.jobs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(job_id.clone(), JobEntry { progress: progress.clone(), outcome: None });
+        match self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry(job_id.clone()) {
+            Entry::Occupied(_) => return Err(Status::already_exists(format!("job {job_id} was already submitted"))),
+            Entry::Vacant(slot) => {
+                slot.insert(JobEntry { progress: progress.clone(), outcome: None, diagnostics_pending: false })
+            }
+        };
         let this = self.clone();
         let handle = progress.clone();
         tokio::spawn(async move {
+            let evaluation = request.spec.evaluation.is_some().then(|| request.clone());
             let result = run_job(request, &this.config.env, &this.scheduler, &this.telemetry, handle).await;
+            let succeeded = result.is_ok();
             let outcome = match result {
                 Ok(manifest) => {
                     tracing::info!(
@@ -110,20 +134,31 @@ impl CoordinatorService {
                     );
                     Ok(serde_json::to_string_pretty(&manifest).unwrap_or_default())
                 }
+                // The operator's log gets the whole error; the submitter what cannot
+                // depend on private data.
                 Err(e) if e.is_refusal() => {
                     tracing::warn!(job = job_id, error = %e, "job refused by the privacy ledger");
-                    Err((JobState::Refused, e.to_string()))
+                    Err((JobState::Refused, e.submitter_message()))
                 }
                 Err(e) => {
                     tracing::error!(job = job_id, error = %e, "job failed");
-                    Err((JobState::Failed, e.to_string()))
+                    Err((JobState::Failed, e.submitter_message()))
                 }
             };
+            let evaluate = evaluation.filter(|_| succeeded);
             if let Some(entry) = this.jobs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&job_id) {
                 entry.outcome = Some(outcome);
+                entry.diagnostics_pending = evaluate.is_some();
+            }
+            // The status is final before the data owner's diagnostics start.
+            if let Some(request) = evaluate {
+                evaluate_for_owner(&request, &this.config.env).await;
+                if let Some(entry) = this.jobs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&job_id) {
+                    entry.diagnostics_pending = false;
+                }
             }
         });
-        progress
+        Ok(progress)
     }
 
     /// One Prometheus scrape: jobs by state, workers, tasks, ε per dataset.
@@ -146,6 +181,12 @@ impl CoordinatorService {
         e.gauge("dpsynth_workers", "Live workers.", &[], self.scheduler.live_workers().len() as f64);
         self.telemetry.render(&mut e);
         e.finish()
+    }
+
+    /// Whether an ended job's evaluation report is still being written (a standalone `run`
+    /// waits for it before exiting).
+    pub fn diagnostics_pending(&self, job_id: &str) -> bool {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(job_id).is_some_and(|e| e.diagnostics_pending)
     }
 
     /// Status of a job (what `GetJob` returns).
@@ -261,8 +302,9 @@ impl Coordinator for CoordinatorService {
                 return Err(Status::invalid_argument(format!("tensor '{}': only f64 is supported", meta.name)));
             }
             let values = decode_f64(bytes)?;
-            let expected: u64 = meta.shape.iter().product();
-            if values.len() as u64 != expected {
+            // A hostile worker's shape may overflow: checked, and compared with what came.
+            let expected = meta.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+            if expected != Some(values.len() as u64) {
                 return Err(Status::invalid_argument(format!("tensor '{}' has the wrong number of values", meta.name)));
             }
             tensors.push((meta.name.clone(), values));
@@ -293,10 +335,12 @@ impl Coordinator for CoordinatorService {
         let r = request.into_inner();
         let spec = JobSpec::parse(&r.spec_toml, &r.spec_path).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
-        if self.job_status(&job_id).is_some() {
-            return Err(Status::already_exists(format!("job {job_id} was already submitted")));
-        }
-        self.start_job(JobRequest { job_id: job_id.clone(), spec, output_url: r.output_url, ledger_url: r.ledger_url });
+        self.start_job(JobRequest {
+            job_id: job_id.clone(),
+            spec,
+            output_url: r.output_url,
+            ledger_url: r.ledger_url,
+        })?;
         Ok(Response::new(SubmitJobResponse { job_id }))
     }
 

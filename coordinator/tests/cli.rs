@@ -102,6 +102,12 @@ fn ledger_init_show_and_dry_run() {
     let v = last_json(&fits);
     assert_eq!(v["admitted"], true);
     assert!(v["remaining_epsilon"].as_f64().unwrap() > 0.0);
+    // The total is the tighter of the two accountants, at the budget's δ.
+    let after = &v["spent_after"];
+    let (rdp, pld) = (after["rdp_epsilon"].as_f64().unwrap(), after["pld_epsilon"].as_f64().unwrap());
+    assert_eq!(after["epsilon"].as_f64().unwrap(), rdp.min(pld));
+    assert_eq!(after["accountant"], if pld < rdp { "pld" } else { "rdp" });
+    assert_eq!(after["delta"].as_f64().unwrap(), 1e-5);
 
     let gnmax = r#"{"kind":"gn_max","sigma":5,"classes":2,"queries":1000}"#;
     let too_much =
@@ -121,4 +127,16 @@ fn ledger_init_show_and_dry_run() {
     let missing = dpsynth(&["ledger", "show", "--dataset", "nope", "--store", store]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("dpsynth ledger init"));
+}
+
+/// `--worker-timeout 0` (and negative) once panicked at start; now a usage error.
+#[test]
+fn serve_refuses_a_worker_timeout_outside_its_range() {
+    for bad in ["0", "-1", "NaN", "1e9"] {
+        let out = dpsynth(&["serve", "--listen", "127.0.0.1:0", &format!("--worker-timeout={bad}")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--worker-timeout"), "{bad}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{bad}: {stderr}");
+    }
 }

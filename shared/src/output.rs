@@ -148,6 +148,11 @@ impl OutputWriter {
         }
     }
 
+    /// The output prefix, as given.
+    pub fn url(&self) -> &str {
+        &self.location.url
+    }
+
     fn err(&self, e: impl std::fmt::Display) -> OutputError {
         OutputError::Write { url: self.location.url.clone(), message: e.to_string() }
     }

@@ -1,7 +1,6 @@
 //! The job spec (TOML): what to read, its *public* schema, the privacy budget, the
 //! generator and where to write. Everything here is declared public by the user; nothing
-//! in it may be derived from the private rows without spending budget (see
-//! `dpsynth init --from`, which only proposes a schema for review).
+//! in it may be derived from the private rows without spending budget.
 
 use std::collections::HashSet;
 
@@ -18,6 +17,18 @@ pub enum SpecError {
     Parse { path: String, message: String },
     #[error("job spec {path}: {message}")]
     Invalid { path: String, message: String },
+    #[error("invalid {what} {id:?}: use 1 to 128 letters, digits, '.', '_' and '-', not starting with '.'")]
+    InvalidId { what: &'static str, id: String },
+}
+
+/// Checks a dataset or job id: ids name object-store prefixes (ledgers, scratch), so an
+/// empty id (every prefix) or a path (`../x`) must never get through.
+pub fn validate_id(what: &'static str, id: &str) -> Result<(), SpecError> {
+    let valid = !id.is_empty()
+        && id.len() <= 128
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && !id.starts_with('.');
+    if valid { Ok(()) } else { Err(SpecError::InvalidId { what, id: id.to_string() }) }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -588,6 +599,10 @@ impl JobSpec {
         let spec: JobSpec =
             toml::from_str(text).map_err(|e| SpecError::Parse { path: path.to_string(), message: e.to_string() })?;
         spec.validate().map_err(|message| SpecError::Invalid { path: path.to_string(), message })?;
+        validate_id("dataset id", &spec.job.dataset_id)?;
+        if let Some(id) = &spec.job.id {
+            validate_id("job id", id)?;
+        }
         Ok(spec)
     }
 
@@ -648,5 +663,32 @@ impl JobSpec {
             return Err("[output] rows_per_part must be at least 1".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{JobSpec, SpecError};
+
+    const DEMO: &str = include_str!("../../examples/demo.toml");
+
+    fn with_job_id(id: &str) -> Result<JobSpec, SpecError> {
+        JobSpec::parse(&DEMO.replace("[job]\n", &format!("[job]\nid = {id:?}\n")), "demo")
+    }
+
+    /// An empty id once named every job's scratch prefix (cleanup deleted them all), and a
+    /// path escaped the scratch store.
+    #[test]
+    fn job_and_dataset_ids_cannot_name_other_prefixes() {
+        for bad in ["", "../../x", "a/b", ".hidden", "x y", &"a".repeat(129)] {
+            let err = with_job_id(bad).unwrap_err();
+            assert!(matches!(err, SpecError::InvalidId { what: "job id", .. }), "{bad:?}: {err}");
+        }
+        assert_eq!(with_job_id("nightly-2026.11_23").unwrap().job.id.as_deref(), Some("nightly-2026.11_23"));
+        let bad_dataset = DEMO.replace("dataset_id = \"demo-icu-vitals\"", "dataset_id = \"../ledger\"");
+        assert!(matches!(
+            JobSpec::parse(&bad_dataset, "demo").unwrap_err(),
+            SpecError::InvalidId { what: "dataset id", .. }
+        ));
     }
 }

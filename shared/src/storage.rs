@@ -34,6 +34,49 @@ impl StoreLocation {
     }
 }
 
+/// A URL without `file://`, trailing slashes, and `.`/`..` segments; local paths made
+/// absolute. Returns (scheme, normalised path) with scheme "file", "s3", or "other" (left
+/// as it is: `storage` refuses it).
+pub fn canonical_url(url: &str) -> (String, String) {
+    let (scheme, rest) = match url.split_once("://") {
+        Some(("s3" | "s3a", rest)) => ("s3", rest.to_string()),
+        Some(("file", rest)) => ("file", rest.to_string()),
+        Some(_) => return ("other".into(), url.to_string()),
+        None => ("file", url.to_string()),
+    };
+    if scheme == "s3" {
+        let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+        return (scheme.into(), parts.join("/"));
+    }
+    let path = std::path::absolute(&rest).unwrap_or_else(|_| std::path::PathBuf::from(&rest));
+    let mut normal = std::path::PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                normal.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => normal.push(other),
+        }
+    }
+    // Resolve symbolic links in the longest part that exists.
+    let existing = normal.ancestors().find(|a| a.exists()).map(std::path::Path::to_path_buf);
+    if let Some(existing) = existing
+        && let Ok(real) = existing.canonicalize()
+        && let Ok(rest) = normal.strip_prefix(&existing)
+    {
+        normal = real.join(rest);
+    }
+    (scheme.into(), normal.to_string_lossy().into_owned())
+}
+
+/// Whether one location is the other or lies under it (after [`canonical_url`]).
+pub fn nested(a: &str, b: &str) -> bool {
+    let ((sa, pa), (sb, pb)) = (canonical_url(a), canonical_url(b));
+    let under = |x: &str, y: &str| x == y || x.starts_with(&format!("{}/", y.trim_end_matches('/')));
+    sa == sb && (under(&pa, &pb) || under(&pb, &pa))
+}
+
 /// Opens the store holding one object (an input file): the URL's parent is the store, the
 /// last segment the object. Nothing is created.
 pub fn open_file(url: &str) -> Result<(StoreLocation, Path), StorageError> {
@@ -97,5 +140,21 @@ pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
             Ok(StoreLocation { store: Arc::new(s3), prefix, url: url.to_string() })
         }
         other => Err(invalid(&format!("unsupported scheme {other:?} (use a path, file:// or s3://)"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nested;
+
+    #[test]
+    fn nested_locations_are_found_however_they_are_spelled() {
+        assert!(nested("/data/out", "/data/out/"));
+        assert!(nested("file:///data/out/x", "/data/./out"));
+        assert!(nested("/data", "/data/ledger"));
+        assert!(nested("s3://b/p/diagnostics/j", "s3a://b/p/diagnostics"));
+        assert!(!nested("/data/out", "/data/outside"));
+        assert!(!nested("s3://b/out", "/b/out"));
+        assert!(!nested("s3://b/out", "s3://c/out"));
     }
 }

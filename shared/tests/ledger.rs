@@ -1,5 +1,6 @@
 //! Privacy ledger behaviour on a real local object store: admission and refusal,
-//! composition across jobs, concurrent writers (tasks and processes), crash safety and
+//! composition across jobs (against dp_accounting, `fixtures/ledger_composition.json`),
+//! one release per charge, concurrent writers (tasks and processes), crash safety and
 //! detection of torn or altered entries.
 
 use std::collections::BTreeMap;
@@ -11,6 +12,7 @@ use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions, account
 use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, ChargeStatus, EntryBody, Ledger, LedgerError};
 use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism, Sampling};
 use dpsynth_shared::storage;
+use sha2::{Digest, Sha256};
 
 const DATASET: &str = "test-dataset";
 
@@ -24,10 +26,12 @@ fn request(job: &str, mechanism: Mechanism, accountant: Accountant, delta: f64) 
 }
 
 async fn init(dir: &Path, epsilon: f64, delta: f64) -> Ledger {
+    init_with(dir, Budget { epsilon, delta }, Adjacency::AddRemove).await
+}
+
+async fn init_with(dir: &Path, budget: Budget, adjacency: Adjacency) -> Ledger {
     let location = storage::open(dir.to_str().unwrap()).unwrap();
-    Ledger::init(&location, DATASET, Budget { epsilon, delta }, Adjacency::AddRemove, AccountingOptions::default())
-        .await
-        .unwrap()
+    Ledger::init(&location, DATASET, budget, adjacency, AccountingOptions::default()).await.unwrap()
 }
 
 async fn open(dir: &Path) -> Result<Ledger, LedgerError> {
@@ -76,7 +80,9 @@ async fn charges_until_the_budget_and_refusal_changes_nothing() {
     for i in 0..3 {
         let receipt = ledger.charge(&request(&format!("job-{i}"), laplace(0.3), Accountant::Pld, 0.0)).await.unwrap();
         assert_eq!(receipt.seq, i + 1);
-        assert!((receipt.admission.after.epsilon - cost * (i + 1) as f64).abs() < 1e-12);
+        // Composed at δ_B = 1e-6 rather than summed: at most the sum, and barely less.
+        let (after, sum) = (receipt.admission.after.epsilon, cost * (i + 1) as f64);
+        assert!(after <= sum + 1e-12 && after > sum - 1e-3, "{after} vs {sum}");
     }
     let before = snapshot(dir.path());
     let err = ledger.charge(&request("job-over", laplace(0.3), Accountant::Pld, 0.0)).await.unwrap_err();
@@ -91,11 +97,11 @@ async fn charges_until_the_budget_and_refusal_changes_nothing() {
     // A fresh handle sees exactly what was charged.
     let reopened = open(dir.path()).await.unwrap();
     assert_eq!(reopened.charges().len(), 3);
-    assert!((reopened.spent().unwrap().epsilon - 3.0 * cost).abs() < 1e-12);
+    assert_eq!(reopened.spent().unwrap(), ledger.spent().unwrap());
 }
 
 #[tokio::test]
-async fn rdp_charges_compose_by_adding_curves() {
+async fn charges_compose_their_mechanisms_under_both_accountants() {
     let dir = tempfile::tempdir().unwrap();
     let mut ledger = init(dir.path(), 10.0, 1e-5).await;
     let run = |steps| Mechanism::SubsampledGaussian {
@@ -107,20 +113,128 @@ async fn rdp_charges_compose_by_adding_curves() {
     ledger.charge(&request("a", run(500), Accountant::Rdp, 1e-5)).await.unwrap();
     ledger.charge(&request("b", run(500), Accountant::Rdp, 1e-5)).await.unwrap();
     let whole = account(&[run(1000)], Accountant::Rdp, 1e-5, &AccountingOptions::default()).unwrap();
-    let spent = ledger.spent().unwrap();
-    assert!((spent.epsilon - whole.epsilon).abs() < 1e-9 * whole.epsilon, "{} vs {}", spent.epsilon, whole.epsilon);
+    let rdp = ledger.spent().unwrap().rdp_epsilon.unwrap();
+    assert!((rdp - whole.epsilon).abs() < 1e-9 * whole.epsilon, "{rdp} vs {}", whole.epsilon);
     // Two halves composed is much less than twice one half (the point of adding curves).
     let half = account(&[run(500)], Accountant::Rdp, 1e-5, &AccountingOptions::default()).unwrap();
-    assert!(spent.epsilon < 2.0 * half.epsilon * 0.9);
+    assert!(rdp < 2.0 * half.epsilon * 0.9);
 
-    // A PLD charge composes basically with the RDP part, which then gets δ_B − δ_pld.
+    // A PLD-priced charge joins both totals like any other; the job's accountant and δ
+    // only state its own cost.
+    let options = AccountingOptions::default();
     let pld = ledger.charge(&request("c", run(200), Accountant::Pld, 2e-6)).await.unwrap();
-    let rdp_curve =
-        dpsynth_shared::privacy::accountant::rdp_curve(&[run(1000)], &AccountingOptions::default().orders).unwrap();
-    let rdp_eps = rdp_curve.epsilon(1e-5 - 2e-6, AccountingOptions::default().conversion).unwrap().epsilon;
+    assert_eq!(pld.admission.cost, account(&[run(200)], Accountant::Pld, 2e-6, &options).unwrap());
+    let all = [run(500), run(500), run(200)];
+    let rdp = account(&all, Accountant::Rdp, 1e-5, &options).unwrap();
+    let pld = account(&all, Accountant::Pld, 1e-5, &options).unwrap();
     let spent = ledger.spent().unwrap();
-    assert!((spent.epsilon - (rdp_eps + pld.admission.cost.epsilon)).abs() < 1e-9);
-    assert_eq!(spent.delta, 1e-5);
+    assert_eq!((spent.rdp_epsilon, spent.rdp_order), (Some(rdp.epsilon), rdp.order));
+    assert_eq!(spent.pld_epsilon, Some(pld.epsilon));
+    assert!(pld.epsilon < rdp.epsilon);
+    assert_eq!((spent.epsilon, spent.accountant, spent.delta), (pld.epsilon, Accountant::Pld, 1e-5));
+}
+
+/// The charges of `fixtures/ledger_composition.json` and dp_accounting 0.6.0's totals of
+/// their mechanisms after each one.
+#[derive(serde::Deserialize)]
+struct CompositionFixture {
+    budget: Budget,
+    orders: Vec<f64>,
+    pld_interval: f64,
+    tolerances: Tolerances,
+    charges: Vec<FixtureCharge>,
+}
+
+#[derive(serde::Deserialize)]
+struct Tolerances {
+    eps_rel: f64,
+    pld_eps_abs: f64,
+}
+
+#[derive(serde::Deserialize)]
+struct FixtureCharge {
+    job_id: String,
+    accountant: Accountant,
+    delta: f64,
+    mechanisms: Vec<Mechanism>,
+    after: ReferenceTotals,
+}
+
+#[derive(serde::Deserialize)]
+struct ReferenceTotals {
+    rdp_epsilon: f64,
+    rdp_order: f64,
+    pld_epsilon: f64,
+}
+
+#[tokio::test]
+async fn mixed_accountants_compose_the_mechanisms_like_dp_accounting() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ledger_composition.json");
+    let fixture: CompositionFixture = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let options = AccountingOptions::default();
+    assert_eq!((&fixture.orders, fixture.pld_interval), (&options.orders, options.pld_interval));
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = init(dir.path(), fixture.budget.epsilon, fixture.budget.delta).await;
+    // Marginals (RDP), DP-FinDiff (RDP), then PATE (PLD, at δ = δ_B): all admitted.
+    for charge in &fixture.charges {
+        let job = ChargeRequest {
+            job_id: charge.job_id.clone(),
+            mechanisms: charge.mechanisms.clone(),
+            accountant: charge.accountant,
+            delta: charge.delta,
+        };
+        let receipt = ledger.charge(&job).await.unwrap_or_else(|e| panic!("{}: {e}", charge.job_id));
+        let spent = ledger.spent().unwrap();
+        assert_eq!(spent, receipt.admission.after);
+        let (reference, tol) = (&charge.after, &fixture.tolerances);
+        let rdp = spent.rdp_epsilon.unwrap();
+        assert!(
+            (rdp - reference.rdp_epsilon).abs() <= tol.eps_rel * reference.rdp_epsilon,
+            "{}: RDP ε {rdp} vs {}",
+            charge.job_id,
+            reference.rdp_epsilon
+        );
+        assert_eq!(spent.rdp_order, Some(reference.rdp_order), "{}", charge.job_id);
+        let pld = spent.pld_epsilon.unwrap();
+        assert!(
+            (pld - reference.pld_epsilon).abs() <= tol.pld_eps_abs,
+            "{}: PLD ε {pld} vs {}",
+            charge.job_id,
+            reference.pld_epsilon
+        );
+        assert_eq!(spent.epsilon, rdp.min(pld));
+        assert_eq!(spent.accountant, if pld < rdp { Accountant::Pld } else { Accountant::Rdp });
+        assert_eq!(spent.delta, fixture.budget.delta);
+    }
+    assert_eq!(ledger.charges().len(), fixture.charges.len());
+}
+
+#[tokio::test]
+async fn an_accountant_that_cannot_analyse_a_charge_drops_out_of_the_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = Budget { epsilon: 10.0, delta: 1e-5 };
+    let mut ledger = init_with(dir.path(), budget, Adjacency::Substitution).await;
+    // Sampling without replacement has no PLD analysis: only the RDP total remains.
+    let wor = Mechanism::SubsampledGaussian {
+        sampling: Sampling::WithoutReplacement { batch_size: 100, population: 10_000 },
+        noise_multiplier: 2.0,
+        steps: 100,
+        max_examples_per_unit: 1,
+    };
+    ledger.charge(&request("wor", wor.clone(), Accountant::Rdp, 1e-5)).await.unwrap();
+    let gaussian = Mechanism::Gaussian {
+        l2_sensitivity: 1.0,
+        noise_multiplier: 10.0,
+        releases: 1,
+        adjacency: Adjacency::Substitution,
+    };
+    // A PLD-priced job is still admitted, its own cost stated by PLD.
+    let receipt = ledger.charge(&request("gauss", gaussian.clone(), Accountant::Pld, 1e-5)).await.unwrap();
+    assert_eq!(receipt.admission.cost.accountant, Accountant::Pld);
+    let spent = ledger.spent().unwrap();
+    let rdp = account(&[wor, gaussian], Accountant::Rdp, 1e-5, &AccountingOptions::default()).unwrap();
+    assert_eq!((spent.pld_epsilon, spent.accountant), (None, Accountant::Rdp));
+    assert_eq!((spent.epsilon, spent.rdp_epsilon), (rdp.epsilon, Some(rdp.epsilon)));
 }
 
 #[tokio::test]
@@ -139,15 +253,98 @@ async fn mechanisms_of_another_adjacency_are_refused() {
 }
 
 #[tokio::test]
-async fn release_markers_set_the_status() {
+async fn a_charge_is_released_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut ledger = init(dir.path(), 1.0, 0.0).await;
     let receipt = ledger.charge(&request("j", laplace(0.1), Accountant::Pld, 0.0)).await.unwrap();
     assert_eq!(ledger.charges()[0].1, ChargeStatus::Charged);
-    ledger.record_release(receipt.seq, "file:///out/j").await.unwrap();
-    let reopened = open(dir.path()).await.unwrap();
+    assert_eq!(ledger.charge_status(receipt.seq), Some(ChargeStatus::Charged));
+    assert_eq!(ledger.charge_status(0), None, "the init entry is not a charge");
+    assert_eq!(ledger.charge_status(99), None);
+    assert_eq!(ledger.record_release(receipt.seq, "file:///out/j").await.unwrap(), 2);
+    let mut reopened = open(dir.path()).await.unwrap();
     assert_eq!(reopened.charges()[0].1, ChargeStatus::Released);
+    assert_eq!(reopened.charge_status(receipt.seq), Some(ChargeStatus::Released));
     assert!(matches!(reopened.entries()[2].body, EntryBody::Release { charge_seq: 1, .. }));
+
+    // A second release, from this handle or another, is refused and writes nothing.
+    let before = snapshot(dir.path());
+    for handle in [&mut ledger, &mut reopened] {
+        let err = handle.record_release(receipt.seq, "file:///out/again").await.unwrap_err();
+        assert!(
+            matches!(&err, LedgerError::AlreadyReleased { charge_seq: 1, location_of_first, .. }
+                if location_of_first == "file:///out/j"),
+            "{err}"
+        );
+        assert!(err.to_string().contains(DATASET), "{err}");
+    }
+    assert_eq!(before, snapshot(dir.path()));
+    assert_eq!(ledger.entries().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn of_two_racing_releases_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = init(dir.path(), 1.0, 0.0).await;
+    let seq = ledger.charge(&request("j", laplace(0.1), Accountant::Pld, 0.0)).await.unwrap().seq;
+    for round in 0..20 {
+        // Each round a fresh charge, claimed by two coordinators with their own handles.
+        let seq = if round == 0 {
+            seq
+        } else {
+            ledger.charge(&request(&format!("j{round}"), laplace(1e-3), Accountant::Pld, 0.0)).await.unwrap().seq
+        };
+        let claims: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|who| {
+                let dir = dir.path().to_path_buf();
+                tokio::spawn(async move {
+                    let mut handle = open(&dir).await.unwrap();
+                    handle.record_release(seq, &format!("file:///out/{who}")).await.map(|_| who)
+                })
+            })
+            .collect();
+        let mut results = Vec::new();
+        for claim in claims {
+            results.push(claim.await.unwrap());
+        }
+        let winners: Vec<&str> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        let loser = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+        assert!(
+            matches!(loser, LedgerError::AlreadyReleased { location_of_first, .. }
+                if *location_of_first == format!("file:///out/{}", winners[0])),
+            "{loser}"
+        );
+    }
+    let reopened = open(dir.path()).await.unwrap();
+    let markers = reopened.entries().iter().filter(|e| matches!(e.body, EntryBody::Release { .. })).count();
+    assert_eq!(markers, 20);
+    assert!(reopened.charges().iter().all(|(_, status)| *status == ChargeStatus::Released));
+}
+
+#[tokio::test]
+async fn a_second_release_marker_on_the_store_makes_the_ledger_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = init(dir.path(), 1.0, 0.0).await;
+    ledger.charge(&request("j", laplace(0.1), Accountant::Pld, 0.0)).await.unwrap();
+    ledger.record_release(1, "file:///out/j").await.unwrap();
+    // Hand-write entry 3: another release of charge 1, correctly hashed and chained.
+    let entries = entries_dir(dir.path());
+    let stored: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(entries.join(format!("{:020}.json", 2))).unwrap()).unwrap();
+    let mut entry = stored["entry"].clone();
+    entry["seq"] = 3.into();
+    entry["prev_sha256"] = stored["sha256"].clone();
+    entry["body"]["location"] = "file:///out/again".into();
+    let sha256 = format!("{:x}", Sha256::digest(serde_json::to_vec(&entry).unwrap()));
+    let second = serde_json::json!({ "entry": entry, "sha256": sha256 });
+    let name = format!("{:020}.json", 3);
+    std::fs::write(entries.join(&name), serde_json::to_vec_pretty(&second).unwrap()).unwrap();
+    let err = open(dir.path()).await.err().expect("a second release marker must fail the load");
+    let message = err.to_string();
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{message}");
+    assert!(message.contains(&name) && message.contains("second release"), "{message}");
 }
 
 #[tokio::test]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::data::input::InputReader;
+use dpsynth_shared::privacy::accountant::Accountant;
 use dpsynth_shared::privacy::ledger::Ledger;
 use dpsynth_shared::spec::{Format, JobSpec};
 use dpsynth_shared::storage;
@@ -123,6 +124,19 @@ pub async fn ledger_state(store: &Path, dataset: &str) -> (usize, f64) {
     }
 }
 
+/// The accountant a manifest's cost is stated under.
+pub fn manifest_accountant(manifest: &serde_json::Value) -> Accountant {
+    serde_json::from_value(manifest["privacy"]["accountant"].clone()).unwrap()
+}
+
+/// A dataset's ledger total under one accountant: the ledger keeps the smaller of its
+/// RDP and PLD totals, so a job's own cost is compared with the total under its accountant.
+pub async fn ledger_total_under(store: &Path, dataset: &str, accountant: Accountant) -> f64 {
+    let location = storage::open(store.to_str().unwrap()).unwrap();
+    let ledger = Ledger::open(&location, dataset).await.unwrap();
+    ledger.spent().unwrap().under(accountant).expect("every charge has an analysis under this accountant")
+}
+
 /// Normalised 1-way histograms over the spec's public bins of the given files.
 pub async fn histograms(spec: &JobSpec, urls: Vec<String>, format: Format) -> Vec<Vec<f64>> {
     let mut spec = spec.clone();
@@ -203,4 +217,31 @@ pub fn pate_answered(manifest: &serde_json::Value) -> u64 {
         .find(|s| s.starts_with("PATE:"))
         .expect("the PATE release is described");
     pate.split(" answered queries").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Sets field `index` of a comma-separated line.
+pub fn set_field(line: &mut String, index: usize, value: &str) {
+    let mut fields: Vec<&str> = line.split(',').collect();
+    fields[index] = value;
+    *line = fields.join(",");
+}
+
+/// What a submitter is told when a job's input does not match its schema (whatever the
+/// input: no file, column or row).
+pub fn input_mismatch_message() -> String {
+    format!("{} (details are in the coordinator's operator log)", dpsynth_coordinator::job::INPUT_MISMATCH)
+}
+
+/// `dpsynth validate SPEC [args]`: (exit status, the JSON report, stderr).
+pub fn validate(spec: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, serde_json::Value, String) {
+    let out = Command::new(bin("dpsynth"))
+        .arg("validate")
+        .arg(spec)
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run dpsynth validate");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    eprintln!("{stderr}");
+    (out.status.code(), last_json(&out.stdout), stderr)
 }

@@ -22,7 +22,9 @@ pub struct EvalArgs {
     /// Synthetic data: a dpsynth output prefix (with its manifest) or a file.
     #[arg(long)]
     synthetic: String,
-    /// Where to write report.json and report.html (path or URL).
+    /// Where to write report.json and report.html (path or URL): an operator-only location,
+    /// never the synthetic output or any prefix under a release (refused). The report is not
+    /// differentially private.
     #[arg(long)]
     out: String,
 }
@@ -31,7 +33,8 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let spec = JobSpec::load(&args.spec)?;
     let train = if args.train.is_empty() { spec.input.urls.clone() } else { args.train };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let report = runtime.block_on(eval::run(&spec, &train, &args.test, &args.synthetic, &args.out))?;
+    // Every stage is logged (start, end, seconds): no listener needed.
+    let report = runtime.block_on(eval::run(&spec, &train, &args.test, &args.synthetic, &args.out, &|_| {}))?;
     eprintln!(
         "HIST {:.4}, Pair {:.4}, CorAcc {:.4}; DCR median synthetic {:.4} vs held-out {:.4}; MIA AUC {:.3}. Report: {}/report.html",
         report.fidelity.hist,
@@ -42,6 +45,15 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         report.privacy.membership_auc,
         args.out
     );
+    let sampled: Vec<String> = report
+        .sampling
+        .iter()
+        .filter(|u| u.sampled)
+        .map(|u| format!("{} ({}): {} of {}", u.metric, u.table, u.used, u.available))
+        .collect();
+    if !sampled.is_empty() {
+        eprintln!("Sampled under the evaluation's caps: {}.", sampled.join("; "));
+    }
     eprintln!("{}", eval::NOTICE);
     print_json(&serde_json::json!({
         "out": args.out,
@@ -53,6 +65,8 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         "exact_copy_rate": report.privacy.exact_copy_rate,
         "membership_auc": report.privacy.membership_auc,
         "longitudinal": report.longitudinal.is_some(),
+        "differentially_private": false,
+        "sampled": report.sampling.iter().any(|u| u.sampled),
     }));
     Ok(ExitCode::SUCCESS)
 }

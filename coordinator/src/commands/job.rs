@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use dpsynth_coordinator::job::JobRequest;
+use dpsynth_coordinator::scratch;
 use dpsynth_coordinator::server::serve;
 use dpsynth_coordinator::service::{CoordinatorConfig, CoordinatorService, new_job_id};
 use dpsynth_coordinator::standalone::Standalone;
@@ -38,9 +39,15 @@ pub struct RunArgs {
     /// Ledger store; overrides the spec.
     #[arg(long)]
     ledger: Option<String>,
-    /// Scratch store for the job's partitions (deleted when the job ends).
+    /// Scratch store for the job's partitions (deleted when the job ends). Stale
+    /// partitions left there by a crashed run are swept at start: one `run` at a time per
+    /// scratch store.
     #[arg(long, default_value = "./dpsynth-out/scratch")]
     scratch: String,
+    /// Where an `[evaluation]` report goes (`<diagnostics>/<job id>/`): it is computed on
+    /// private data, for the data owner only, never beside the output.
+    #[arg(long, default_value = "./dpsynth-out/diagnostics")]
+    diagnostics: String,
 }
 
 #[derive(Args)]
@@ -54,9 +61,13 @@ pub struct ServeArgs {
     /// Ledger store used when a job spec names none.
     #[arg(long, env = "DPSYNTH_LEDGER", default_value = "./dpsynth-out/ledger")]
     ledger: String,
-    /// Seconds without heartbeat before a worker is declared dead.
-    #[arg(long, default_value_t = 3.0)]
+    /// Seconds without heartbeat before a worker is declared dead (0.1 to 86400).
+    #[arg(long, default_value_t = 3.0, value_parser = parse_worker_timeout)]
     worker_timeout: f64,
+    /// The operator's store for evaluation reports (diagnostics computed on private data,
+    /// for the data owner only). Without it, jobs asking for an evaluation are refused.
+    #[arg(long, env = "DPSYNTH_DIAGNOSTICS")]
+    diagnostics: Option<String>,
     /// Serve Prometheus `/metrics` and `/healthz` on this address.
     #[arg(long, env = "DPSYNTH_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
@@ -73,6 +84,25 @@ pub struct SubmitArgs {
     output: Option<String>,
     #[arg(long)]
     ledger: Option<String>,
+}
+
+fn parse_worker_timeout(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.1..=86_400.0).contains(&s) => Ok(s),
+        Ok(s) => Err(format!("{s} is outside 0.1 to 86400 seconds")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Deletes partitions that crashed coordinators left in the scratch store (encoded
+/// private rows); a live coordinator sharing the store keeps its own.
+async fn sweep_stale_partitions(scratch: &str) -> anyhow::Result<()> {
+    let location = storage::open(scratch)?;
+    let swept = scratch::sweep_stale(&location).await.context("sweeping the scratch store")?;
+    if !swept.is_empty() {
+        tracing::info!(coordinators = swept.len(), "deleted partitions left by crashed coordinators");
+    }
+    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -129,29 +159,46 @@ fn report(status: &JobStatus) -> ExitCode {
     }
 }
 
-/// Runs a job on an in-process cluster (coordinator + local workers over loopback gRPC).
-async fn run_standalone(
-    spec: JobSpec,
-    workers: usize,
+/// Where a standalone job reads, writes and keeps its scratch and diagnostics.
+struct Locations {
     output: Option<String>,
     ledger: Option<String>,
     scratch: String,
-) -> anyhow::Result<JobStatus> {
+    diagnostics: String,
+}
+
+/// Runs a job on an in-process cluster (coordinator + local workers over loopback gRPC).
+async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow::Result<JobStatus> {
+    sweep_stale_partitions(&at.scratch).await?;
     let mut config = CoordinatorConfig::default();
-    config.env.scratch_url = scratch;
+    config.env.scratch_url = at.scratch;
+    config.env.diagnostics_url = Some(at.diagnostics.clone());
     let cluster = Standalone::start(config, workers).await.context("starting the local cluster")?;
     tracing::info!(coordinator = cluster.url, workers, "standalone cluster started");
     let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
-    cluster.service.start_job(JobRequest { job_id: job_id.clone(), spec, output_url: output, ledger_url: ledger });
+    let request = JobRequest { job_id: job_id.clone(), spec, output_url: at.output, ledger_url: at.ledger };
+    if let Err(status) = cluster.service.start_job(request) {
+        cluster.shutdown().await;
+        bail!("{}", status.message());
+    }
     let service = cluster.service.clone();
     let status = follow(async || service.job_status(&job_id).context("job vanished")).await;
+    if service.diagnostics_pending(&job_id) {
+        let report = format!("{}/{job_id}", at.diagnostics.trim_end_matches('/'));
+        eprintln!("writing the evaluation report (for the data owner, not differentially private) to {report}");
+        while service.diagnostics_pending(&job_id) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     cluster.shutdown().await;
     status
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let spec = JobSpec::load(&args.spec)?;
-    let status = runtime()?.block_on(run_standalone(spec, args.workers, args.output, args.ledger, args.scratch))?;
+    let at =
+        Locations { output: args.output, ledger: args.ledger, scratch: args.scratch, diagnostics: args.diagnostics };
+    let status = runtime()?.block_on(run_standalone(spec, args.workers, at))?;
     Ok(report(&status))
 }
 
@@ -170,7 +217,13 @@ pub fn demo() -> anyhow::Result<ExitCode> {
     let dataset = spec.job.dataset_id.clone();
     let spec = JobSpec { job: dpsynth_shared::spec::JobSection { id: Some(job_id), ..spec.job.clone() }, ..spec };
     let rt = runtime()?;
-    let status = rt.block_on(run_standalone(spec, 2, Some(output), None, "./dpsynth-out/scratch".into()))?;
+    let at = Locations {
+        output: Some(output),
+        ledger: None,
+        scratch: "./dpsynth-out/scratch".into(),
+        diagnostics: "./dpsynth-out/diagnostics".into(),
+    };
+    let status = rt.block_on(run_standalone(spec, 2, at))?;
     let code = report(&status);
     rt.block_on(async {
         let ledger = Ledger::open(&storage::open(&ledger_url)?, &dataset).await?;
@@ -190,8 +243,10 @@ pub fn demo() -> anyhow::Result<ExitCode> {
 pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let mut config = CoordinatorConfig::default();
+        sweep_stale_partitions(&args.scratch).await?;
         config.env.scratch_url = args.scratch;
         config.env.default_ledger_url = args.ledger;
+        config.env.diagnostics_url = args.diagnostics;
         config.worker_timeout = Duration::from_secs_f64(args.worker_timeout);
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;

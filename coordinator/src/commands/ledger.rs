@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions};
-use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError};
+use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError, Spent};
 use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::storage;
 use serde_json::json;
@@ -98,6 +98,19 @@ async fn open(at: &LedgerAt) -> anyhow::Result<Ledger> {
     Ok(Ledger::open(&location, &at.dataset).await?)
 }
 
+/// A ledger total and what each accountant gives for it.
+fn describe(spent: &Spent) -> String {
+    let by = |name, epsilon: Option<f64>| epsilon.map_or(format!("{name} n/a"), |e| format!("{name} ε = {e:.6}"));
+    format!(
+        "ε = {:.6} at δ = {:e} by {} ({}, {})",
+        spent.epsilon,
+        spent.delta,
+        spent.accountant,
+        by("RDP", spent.rdp_epsilon),
+        by("PLD", spent.pld_epsilon)
+    )
+}
+
 async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         LedgerCommand::Init { at, epsilon, delta, adjacency } => {
@@ -140,12 +153,7 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
-            eprintln!(
-                "spent ε = {:.6} at δ = {:e}; remaining ε = {:.6}",
-                spent.epsilon,
-                spent.delta,
-                (budget.epsilon - spent.epsilon).max(0.0)
-            );
+            eprintln!("spent {}; remaining ε = {:.6}", describe(&spent), (budget.epsilon - spent.epsilon).max(0.0));
             let charges: Vec<_> = charges
                 .iter()
                 .filter_map(|(e, status)| match &e.body {
@@ -177,8 +185,12 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
             match ledger.check(&request).await {
                 Ok(admission) => {
                     eprintln!(
-                        "admitted: costs ε = {:.6}; total after ε = {:.6} of {}",
-                        admission.cost.epsilon, admission.after.epsilon, admission.budget.epsilon
+                        "admitted: costs ε = {:.6} at δ = {:e} ({}); total after {} of ε = {}",
+                        admission.cost.epsilon,
+                        admission.cost.delta,
+                        admission.cost.accountant,
+                        describe(&admission.after),
+                        admission.budget.epsilon
                     );
                     print_json(&json!({"admitted": true, "cost": admission.cost, "spent_before": admission.before,
                         "spent_after": admission.after, "remaining_epsilon": admission.remaining_epsilon(),

@@ -1,7 +1,10 @@
 //! Streaming the private input (CSV or Parquet, from any object store) in record batches
 //! and encoding each value against the public schema. Memory is bounded by the batch
 //! size; a bad value stops the job with an error naming file, column and row. Values are
-//! never echoed into errors or logs: they are private.
+//! never echoed into errors or logs: they are private. Such an error is itself row-level
+//! and private (it says where a row breaks the schema): the coordinator logs it for its
+//! operator only. [`validate`] reads the same way for the data owner, collecting problems
+//! instead of stopping at the first.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +24,35 @@ use crate::storage;
 
 /// Rows per record batch.
 pub const BATCH_ROWS: usize = 8192;
+
+/// Problems collected while validating (see [`validate`]); at most `limit` are kept.
+struct Problems {
+    found: Vec<DataError>,
+    limit: usize,
+    truncated: bool,
+}
+
+impl Problems {
+    fn record(&mut self, problem: DataError) {
+        if self.found.len() < self.limit {
+            self.found.push(problem);
+        } else {
+            self.truncated = true;
+        }
+    }
+}
+
+/// A bad value: an error when reading for a job (`problems` is `None`), else recorded so
+/// the validation goes on.
+fn fail(problems: &mut Option<&mut Problems>, problem: DataError) -> Result<(), DataError> {
+    match problems {
+        Some(p) => {
+            p.record(problem);
+            Ok(())
+        }
+        None => Err(problem),
+    }
+}
 
 /// Where each schema column is found in the file, and how to encode it.
 struct ColumnPlan {
@@ -101,7 +133,9 @@ impl<'a> Encoder<'a> {
         if self.options.null_values.iter().any(|n| n == v) { None } else { Some(v) }
     }
 
-    fn encode(&mut self, batch: &RecordBatch) -> Result<EncodedBatch, DataError> {
+    /// Encodes a batch. With `problems` (validation), a bad value is recorded and encoded
+    /// as missing (a missing unit id as ""), and the batch goes on.
+    fn encode(&mut self, batch: &RecordBatch, mut problems: Option<&mut Problems>) -> Result<EncodedBatch, DataError> {
         let n = batch.num_rows();
         let first_row = self.rows_seen + 1;
         let mut out =
@@ -122,14 +156,18 @@ impl<'a> Encoder<'a> {
                 };
                 let value = match cell {
                     None if plan.missing == MissingPolicy::Reject => {
-                        return Err(self.error(
-                            &plan.name,
-                            row,
-                            "missing value, and the spec sets missing = \"reject\"",
-                        ));
+                        let e = self.error(&plan.name, row, "missing value, and the spec sets missing = \"reject\"");
+                        fail(&mut problems, e)?;
+                        None
                     }
                     None => None,
-                    Some(text) => Some(self.encode_value(plan, text, row)?),
+                    Some(text) => match self.encode_value(plan, text, row) {
+                        Ok(v) => Some(v),
+                        Err(e) => {
+                            fail(&mut problems, e)?;
+                            None
+                        }
+                    },
                 };
                 out.values[d].push(value);
             }
@@ -137,12 +175,13 @@ impl<'a> Encoder<'a> {
         for i in 0..n {
             let row = first_row + i as u64;
             let unit = match self.unit {
-                Some(u) => {
-                    let strings = columns[u].as_string::<i32>();
-                    self.cell(strings, i)
-                        .ok_or_else(|| self.error(&self.plans[u].name, row, "the privacy-unit id is missing"))?
-                        .to_string()
-                }
+                Some(u) => match self.cell(columns[u].as_string::<i32>(), i) {
+                    Some(id) => id.to_string(),
+                    None => {
+                        fail(&mut problems, self.error(&self.plans[u].name, row, "the privacy-unit id is missing"))?;
+                        String::new()
+                    }
+                },
                 // Each row is its own unit: name it by file and row.
                 None => format!("{}#{row}", self.file),
             };
@@ -199,11 +238,13 @@ pub struct InputReader<'a> {
     domain: &'a Domain,
     next_file: usize,
     current: Option<(Encoder<'a>, Source)>,
+    /// `Some` when validating: bad values are collected here instead of failing.
+    problems: Option<Problems>,
 }
 
 impl<'a> InputReader<'a> {
     pub fn new(spec: &'a JobSpec, domain: &'a Domain) -> Self {
-        Self { spec, domain, next_file: 0, current: None }
+        Self { spec, domain, next_file: 0, current: None, problems: None }
     }
 
     async fn open(spec: &'a JobSpec, domain: &'a Domain, url: &str) -> Result<(Encoder<'a>, Source), DataError> {
@@ -251,8 +292,9 @@ impl<'a> InputReader<'a> {
                 let Some(url) = self.spec.input.urls.get(self.next_file) else {
                     return Ok(None);
                 };
-                self.current = Some(Self::open(self.spec, self.domain, url).await?);
+                // Counted before opening: validation goes on with the next file.
                 self.next_file += 1;
+                self.current = Some(Self::open(self.spec, self.domain, url).await?);
             }
             let (encoder, source) = self.current.as_mut().expect("opened above");
             let file = encoder.file.clone();
@@ -281,11 +323,53 @@ impl<'a> InputReader<'a> {
                 },
             };
             match batch {
-                Some(batch) => return encoder.encode(&batch).map(Some),
+                Some(batch) => return encoder.encode(&batch, self.problems.as_mut()).map(Some),
                 None => self.current = None,
             }
         }
     }
+}
+
+/// What [`validate`] found. Row-level and private: for the data owner's eyes only.
+#[derive(Debug)]
+pub struct Validation {
+    /// Input files of the spec.
+    pub files: usize,
+    /// Data rows read (of a file whose reading stopped at an error, only the record
+    /// batches before it count).
+    pub rows: u64,
+    /// The first problems, in reading order (within a batch of rows, column by column).
+    pub problems: Vec<DataError>,
+    /// More problems were found than kept.
+    pub truncated: bool,
+}
+
+impl Validation {
+    pub fn is_valid(&self) -> bool {
+        self.problems.is_empty() && !self.truncated
+    }
+}
+
+/// Reads every input file of `spec` as a job would, but collects up to `max_problems`
+/// problems instead of stopping at the first: bad values (the row goes on), and errors
+/// that stop reading a file (unreadable, malformed, a declared column absent; the next
+/// file goes on). For the data owner: the result says where rows break the schema.
+pub async fn validate(spec: &JobSpec, domain: &Domain, max_problems: usize) -> Validation {
+    let mut reader = InputReader::new(spec, domain);
+    reader.problems = Some(Problems { found: Vec::new(), limit: max_problems, truncated: false });
+    let mut rows = 0;
+    loop {
+        match reader.next_batch().await {
+            Ok(Some(batch)) => rows += batch.len() as u64,
+            Ok(None) => break,
+            Err(e) => {
+                reader.problems.as_mut().expect("validating").record(e);
+                reader.current = None;
+            }
+        }
+    }
+    let problems = reader.problems.expect("validating");
+    Validation { files: spec.input.urls.len(), rows, problems: problems.found, truncated: problems.truncated }
 }
 
 fn csv_err(file: &str, e: &arrow_schema::ArrowError) -> DataError {

@@ -7,7 +7,8 @@
 //! Frobenius norm is Σ_{r,s∈u} (a_r·a_s + 1)(δ_r·δ_s) (the +1 is the bias). Summing over
 //! layers gives each unit's whole-gradient norm ‖g_u‖; with c_u = min(1, C/‖g_u‖) the
 //! clipped sum of a layer is Aᵀ·(c ⊙ Δ) and Σ_r c_r δ_r — one matmul per layer.
-//! When every unit is one row the Gram matrices reduce to ‖a_r‖²·‖δ_r‖².
+//! When every unit is one row the Gram matrices reduce to ‖a_r‖²·‖δ_r‖²; for multi-row
+//! units the pairs are summed in f64 (their terms cancel).
 
 use std::collections::HashMap;
 
@@ -75,6 +76,30 @@ pub struct ClippedSum {
     pub norms: Vec<f64>,
 }
 
+/// One layer's squared gradient norm per unit, Σ_{r,s∈u} (a_r·a_s + bias)(δ_r·δ_s), in f64.
+/// The terms of a multi-row unit have both signs: summed in f32 their cancellation can
+/// understate a norm by far more than its size and leave the unit unclipped.
+fn unit_norms2(a: &[f32], delta: &[f32], inputs: usize, outputs: usize, members: &[Vec<usize>], bias: f64) -> Vec<f64> {
+    fn row(m: &[f32], width: usize, r: usize) -> &[f32] {
+        &m[r * width..(r + 1) * width]
+    }
+    let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| f64::from(*p) * f64::from(*q)).sum::<f64>();
+    members
+        .iter()
+        .map(|rows| {
+            let mut total = 0.0;
+            for (i, &r) in rows.iter().enumerate() {
+                for &s in &rows[i..] {
+                    let ka = dot(row(a, inputs, r), row(a, inputs, s)) + bias;
+                    let kd = dot(row(delta, outputs, r), row(delta, outputs, s));
+                    total += if r == s { ka * kd } else { 2.0 * ka * kd };
+                }
+            }
+            total
+        })
+        .collect()
+}
+
 /// Per-row unit indices `0..units` as the one-hot matrix S (rows × units).
 fn membership(units: &[usize], count: usize, device: &Device) -> Tensor<2> {
     let mut s = vec![0f32; units.len() * count];
@@ -109,7 +134,13 @@ pub fn clipped_sum<M: LinearStack>(
     let grads = losses.sum().backward();
     let singletons = unit_count == rows;
     let s = (!singletons).then(|| membership(units, unit_count, &device));
-    let mut norms2 = Tensor::<2>::zeros([1, unit_count], &device);
+    // Rows of each unit, for the multi-row norms.
+    let members = (!singletons).then(|| {
+        let mut members = vec![Vec::new(); unit_count];
+        units.iter().enumerate().for_each(|(r, &u)| members[u].push(r));
+        members
+    });
+    let mut norms2 = vec![0f64; unit_count];
     let mut deltas = Vec::new();
     for layer in model.linears() {
         let record = tape.records.get(&layer.weight.id).ok_or_else(|| {
@@ -123,24 +154,24 @@ pub fn clipped_sum<M: LinearStack>(
             .without_autodiff();
         let a = record.input.clone();
         let bias = if layer.bias.is_some() { 1.0 } else { 0.0 };
-        let contribution = match &s {
+        match &members {
+            // Non-negative terms: f32 is accurate; layers add up in f64.
             None => {
                 let a2 = a.clone().square().sum_dim(1);
                 let d2 = delta.clone().square().sum_dim(1);
-                ((a2 + bias) * d2).transpose()
+                let contribution = values(((a2 + bias as f32) * d2).into_data());
+                norms2.iter_mut().zip(contribution).for_each(|(n, c)| *n += f64::from(c));
             }
-            Some(s) => {
-                let ka = a.clone().matmul(a.clone().transpose()) + bias;
-                let kd = delta.clone().matmul(delta.clone().transpose());
-                // Σ_{r,s ∈ u} K_rs = (Sᵀ (K ⊙ S Sᵀ) S)_uu, computed as column sums of (K S) ⊙ S.
-                let same_unit = s.clone().matmul(s.clone().transpose());
-                ((ka * kd * same_unit).matmul(s.clone()) * s.clone()).sum_dim(0)
+            Some(members) => {
+                let [_, inputs] = a.dims();
+                let (a, d) = (values(a.clone().into_data()), values(delta.clone().into_data()));
+                let contribution = unit_norms2(&a, &d, inputs, outputs, members, bias);
+                norms2.iter_mut().zip(contribution).for_each(|(n, c)| *n += c);
             }
-        };
-        norms2 = norms2 + contribution;
+        }
         deltas.push((a, delta));
     }
-    let norms: Vec<f64> = values(norms2.into_data()).into_iter().map(|n| f64::from(n.max(0.0)).sqrt()).collect();
+    let norms: Vec<f64> = norms2.into_iter().map(|n| n.max(0.0).sqrt()).collect();
     let factors: Vec<f32> = norms.iter().map(|&n| if n > clip { (clip / n) as f32 } else { 1.0 }).collect();
     let per_unit = Tensor::<2>::from_data(TensorData::new(factors, [unit_count, 1]), &device);
     let per_row = match &s {
@@ -156,4 +187,38 @@ pub fn clipped_sum<M: LinearStack>(
         }
     }
     Ok(ClippedSum { sum, norms })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unit_norms2;
+
+    /// Two rows of one unit whose gradients almost cancel: a_rᵀδ_r + a_sᵀδ_s is small while
+    /// each term is large. The f64 Gram sum matches the norm of the summed gradient.
+    #[test]
+    fn cancelling_rows_keep_their_true_norm() {
+        let (inputs, outputs) = (64, 32);
+        let a_row: Vec<f32> = (0..inputs).map(|i| 300.0 + (i as f32) * 0.37).collect();
+        let d_row: Vec<f32> = (0..outputs).map(|j| 50.0 - (j as f32) * 1.1).collect();
+        // Row 2 = row 1 with δ negated and nudged: the unit's gradient is a ⊗ (nudge).
+        let nudge: Vec<f32> = (0..outputs).map(|j| if j % 3 == 0 { 1e-3 } else { 0.0 }).collect();
+        let d_neg: Vec<f32> = d_row.iter().zip(&nudge).map(|(d, n)| -d + n).collect();
+        let a = [a_row.clone(), a_row.clone()].concat();
+        let d = [d_row.clone(), d_neg.clone()].concat();
+        let got = unit_norms2(&a, &d, inputs, outputs, &[vec![0, 1]], 1.0)[0];
+        // Exact: weight part ‖a‖²‖Σδ‖² plus bias part ‖Σδ‖², with Σδ computed in f64.
+        let sum_d: Vec<f64> = d_row.iter().zip(&d_neg).map(|(p, q)| f64::from(*p) + f64::from(*q)).collect();
+        let a2: f64 = a_row.iter().map(|v| f64::from(*v).powi(2)).sum();
+        let d2: f64 = sum_d.iter().map(|v| v * v).sum();
+        let exact = (a2 + 1.0) * d2;
+        assert!((got - exact).abs() <= 1e-4 * exact, "{got} vs {exact}");
+        // The same sum accumulated in f32 (as before) is off by orders of magnitude.
+        let f32_sum: f32 = {
+            let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+            let (a0, d0, d1) = (&a_row[..], &d_row[..], &d_neg[..]);
+            let kaa = dot(a0, a0) + 1.0;
+            kaa * dot(d0, d0) + kaa * dot(d1, d1) + 2.0 * kaa * dot(d0, d1)
+        };
+        assert!((f64::from(f32_sum) - exact).abs() > 10.0 * exact, "f32 {f32_sum} vs {exact}");
+    }
 }

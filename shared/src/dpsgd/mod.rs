@@ -199,6 +199,10 @@ pub fn clipped_gradient_sum<M: DpModel>(
         let clipped = clipped_sum(model, tape, losses, &unit_of_row, chunk.len(), settings.clip)?;
         sum.iter_mut().zip(&clipped.sum).for_each(|(s, c)| *s += f64::from(*c));
     }
+    // The worker refuses to return what the coordinator would refuse: a sum beyond the
+    // clipping bound means a norm was understated, and no such aggregate may leave.
+    validate(&sum, units.len() as u64, model.parameter_count(), settings.clip)
+        .map_err(|e| DpSgdError::Model(format!("clipping check failed: {e}")))?;
     Ok(Contribution { sum, units: units.len() as u64 })
 }
 

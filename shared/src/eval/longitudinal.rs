@@ -17,20 +17,24 @@
 //! then an envelope bound (each value is matched at least once, to something inside the
 //! other's range, on a path of at most n + m − 1 steps), then DTW with early abandoning
 //! (the cheapest cell of a row over the longest path). Candidates are visited after the
-//! 32 with the smallest range gap, so the best distance tightens early. Up to `QUERIES`
-//! query tables (evenly spaced beyond that) are searched against every training table,
-//! in parallel; `cargo bench -p dpsynth-shared --bench tdcr` times 10⁴ × 10⁵.
+//! 32 with the smallest range gap, so the best distance tightens early. Up to
+//! `EvalLimits::tdcr_queries` synthetic and held-out query tables are searched against up
+//! to `tdcr_reference` training tables (uniform samples of the units beyond that; the same
+//! reference sample for both query sets), in parallel; `cargo bench -p dpsynth-shared
+//! --bench tdcr` times 10⁴ × 10⁵. A comparison costs O(n·m) DTW cells per feature, so both
+//! samples shrink by one factor when a brute-force search would fill more than
+//! `tdcr_cells` cells (see [`tdcr_caps`]). State transitions, pooled W1 and sequence
+//! lengths read every row.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::fidelity::js_distance;
-use super::{Table, is_numeric, par_map};
+use super::{EvalLimits, Sampling, Table, is_numeric, par_map};
 use crate::data::domain::Domain;
 
 pub const STATES: usize = 5;
-pub const QUERIES: usize = 20_000;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Longitudinal {
@@ -48,24 +52,37 @@ pub struct Longitudinal {
 /// DTW with absolute cost: (total cost, warping-path length). `abandon`: give up (return
 /// `None`) once every path's cost divided by the longest possible path exceeds it.
 pub fn dtw(a: &[f64], b: &[f64], abandon: f64) -> Option<(f64, usize)> {
+    dtw_in(a, b, abandon, &mut Vec::new())
+}
+
+/// [`dtw`] with its two rows in `scratch` (reused across calls: no allocation per pair).
+fn dtw_in(a: &[f64], b: &[f64], abandon: f64, scratch: &mut Vec<(f64, usize)>) -> Option<(f64, usize)> {
     let (n, m) = (a.len(), b.len());
     if n == 0 || m == 0 {
         return Some((0.0, 1));
     }
     let longest = (n + m - 1) as f64;
     // cost and path length of the best path to each cell (ties: shorter path).
-    let mut prev: Vec<(f64, usize)> = vec![(f64::INFINITY, 0); m + 1];
-    let mut cur = prev.clone();
+    scratch.clear();
+    scratch.resize(2 * (m + 1), (f64::INFINITY, 0));
+    let (mut prev, mut cur) = scratch.split_at_mut(m + 1);
     prev[0] = (0.0, 0);
     for i in 1..=n {
         cur[0] = (f64::INFINITY, 0);
         let mut row_min = f64::INFINITY;
+        let x = a[i - 1];
         for j in 1..=m {
-            let best = [prev[j - 1], prev[j], cur[j - 1]]
-                .into_iter()
-                .min_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)))
-                .expect("three candidates");
-            cur[j] = (best.0 + (a[i - 1] - b[j - 1]).abs(), best.1 + 1);
+            // The first of (diagonal, up, left) with the least (cost, length); costs are ≥ 0
+            // or +∞, never NaN, so `<` orders them as `total_cmp` does.
+            let better = |c: (f64, usize), best: (f64, usize)| c.0 < best.0 || (c.0 == best.0 && c.1 < best.1);
+            let mut best = prev[j - 1];
+            if better(prev[j], best) {
+                best = prev[j];
+            }
+            if better(cur[j - 1], best) {
+                best = cur[j - 1];
+            }
+            cur[j] = (best.0 + (x - b[j - 1]).abs(), best.1 + 1);
             row_min = row_min.min(cur[j].0);
         }
         if row_min / longest > abandon {
@@ -144,30 +161,34 @@ fn envelope(a: &[f64], alo: f64, ahi: f64, b: &[f64], blo: f64, bhi: f64) -> f64
     from_a.max(from_b) / (a.len() + b.len() - 1) as f64
 }
 
+/// Buffers one search reuses for every candidate.
+#[derive(Default)]
+struct Scratch {
+    bounds: Vec<f64>,
+    dtw: Vec<(f64, usize)>,
+}
+
 /// Exact distance of `q` to `r` if it is below `best`, else `None`.
-fn distance_below(q: &SeqTable, r: &SeqTable, best: f64) -> Option<f64> {
+fn distance_below(q: &SeqTable, r: &SeqTable, best: f64, scratch: &mut Scratch) -> Option<f64> {
     let gap = range_gap(q, r);
     if gap >= best {
         return None;
     }
     // Tighter per-feature bounds first, then exact DTW with early abandoning.
-    let bounds: Vec<f64> = q
-        .features
-        .iter()
-        .zip(&r.features)
-        .map(|((a, alo, ahi), (b, blo, bhi))| {
-            let g = (blo - ahi).max(alo - bhi).max(0.0);
-            envelope(a, *alo, *ahi, b, *blo, *bhi).max(if a.is_empty() || b.is_empty() { 0.0 } else { g })
-        })
-        .collect();
+    let Scratch { bounds, dtw: rows } = scratch;
+    bounds.clear();
+    bounds.extend(q.features.iter().zip(&r.features).map(|((a, alo, ahi), (b, blo, bhi))| {
+        let g = (blo - ahi).max(alo - bhi).max(0.0);
+        envelope(a, *alo, *ahi, b, *blo, *bhi).max(if a.is_empty() || b.is_empty() { 0.0 } else { g })
+    }));
     let mut remaining: f64 = bounds.iter().sum();
     if remaining >= best {
         return None;
     }
     let mut total = 0.0;
-    for (((a, _, _), (b, _, _)), bound) in q.features.iter().zip(&r.features).zip(&bounds) {
+    for (((a, _, _), (b, _, _)), bound) in q.features.iter().zip(&r.features).zip(bounds.iter()) {
         remaining -= bound;
-        let (cost, len) = dtw(a, b, best - total - remaining)?;
+        let (cost, len) = dtw_in(a, b, best - total - remaining, rows)?;
         total += cost / len as f64;
         if total + remaining >= best {
             return None;
@@ -190,22 +211,18 @@ pub fn nearest(queries: &[SeqTable], references: &[SeqTable]) -> Vec<f64> {
         order.select_nth_unstable_by(k - 1, |a, b| a.0.total_cmp(&b.0));
         order[..k].sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut best = f64::INFINITY;
+        let mut scratch = Scratch::default();
         for &(gap, i) in &order {
             if gap >= best {
                 continue;
             }
-            if let Some(d) = distance_below(q, &references[i], best) {
+            if let Some(d) = distance_below(q, &references[i], best, &mut scratch) {
                 best = d;
             }
         }
         best
     };
     par_map(queries, search)
-}
-
-fn spaced<T: Clone>(items: &[T], k: usize) -> Vec<T> {
-    let step = items.len().div_ceil(k.max(1)).max(1);
-    items.iter().step_by(step).cloned().collect()
 }
 
 fn transition_matrix(tables: &[Vec<Vec<f64>>], feature: usize, cuts: &[f64]) -> Vec<f64> {
@@ -225,6 +242,47 @@ fn transition_matrix(tables: &[Vec<Vec<f64>>], feature: usize, cuts: &[f64]) -> 
     counts
 }
 
+/// Mean length of each feature's sequences.
+fn mean_lengths(tables: &[Vec<Vec<f64>>], features: usize) -> Vec<f64> {
+    let n = tables.len().max(1) as f64;
+    (0..features).map(|f| tables.iter().map(|t| t[f].len() as f64).sum::<f64>() / n).collect()
+}
+
+/// The TDCR sample sizes: the query and reference caps, both shrunk by one factor when a
+/// brute-force search over the samples would fill more than `limits.tdcr_cells` DTW cells
+/// (estimated from the mean lengths: Σ over query sets of queries × references ×
+/// Σ_features n̄·m̄), since a comparison costs O(n·m) per feature however many tables
+/// there are.
+fn tdcr_caps(references: &[Vec<Vec<f64>>], queries: [&[Vec<Vec<f64>>]; 2], limits: &EvalLimits) -> (usize, usize) {
+    let features = references.first().map_or(0, Vec::len);
+    let reference_lengths = mean_lengths(references, features);
+    let per_pair: Vec<f64> = queries
+        .iter()
+        .map(|q| mean_lengths(q, features).iter().zip(&reference_lengths).map(|(a, b)| a * b).sum())
+        .collect();
+    let cells = |query_cap: usize, reference_cap: usize| -> f64 {
+        let r = references.len().min(reference_cap) as f64;
+        queries.iter().zip(&per_pair).map(|(q, c)| q.len().min(query_cap) as f64 * r * c).sum()
+    };
+    let budget = limits.tdcr_cells as f64;
+    let (mut query_cap, mut reference_cap) = (limits.tdcr_queries, limits.tdcr_reference);
+    let total = cells(query_cap, reference_cap);
+    if total <= budget {
+        return (query_cap, reference_cap);
+    }
+    let largest = queries.iter().map(|q| q.len().min(query_cap)).max().unwrap_or(0) as f64;
+    let r = references.len().min(reference_cap) as f64;
+    let mut factor = (budget / total).sqrt();
+    loop {
+        query_cap = ((largest * factor) as usize).max(1);
+        reference_cap = ((r * factor) as usize).max(1);
+        if cells(query_cap, reference_cap) <= budget || (query_cap, reference_cap) == (1, 1) {
+            return (query_cap, reference_cap);
+        }
+        factor *= 0.95;
+    }
+}
+
 /// Rows per unit.
 fn unit_lengths(table: &Table) -> Vec<usize> {
     let mut by_unit: BTreeMap<&str, usize> = BTreeMap::new();
@@ -239,7 +297,16 @@ fn length_histogram(lengths: &[usize], max_len: usize) -> Vec<f64> {
     h
 }
 
-pub fn evaluate(domain: &Domain, order: usize, train: &Table, test: &Table, synthetic: &Table) -> Longitudinal {
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate(
+    domain: &Domain,
+    order: usize,
+    train: &Table,
+    test: &Table,
+    synthetic: &Table,
+    limits: &EvalLimits,
+    sampling: &mut Sampling,
+) -> Longitudinal {
     let features: Vec<usize> =
         (0..domain.columns.len()).filter(|&d| d != order && is_numeric(&domain.columns[d])).collect();
     let (tr, te, sy) =
@@ -256,10 +323,18 @@ pub fn evaluate(domain: &Domain, order: usize, train: &Table, test: &Table, synt
     }
     let state_transition_divergence = if features.is_empty() { 0.0 } else { divergence / features.len() as f64 };
 
-    let index = |tables: &[Vec<Vec<f64>>]| tables.iter().cloned().map(SeqTable::new).collect::<Vec<_>>();
-    let references = index(&tr);
-    let from_synthetic = nearest(&index(&spaced(&sy, QUERIES)), &references);
-    let from_holdout = nearest(&index(&spaced(&te, QUERIES)), &references);
+    sampling.record("state transitions, sequence lengths", "train", train.rows(), train.rows());
+    sampling.record("state transitions, sequence lengths", "synthetic", synthetic.rows(), synthetic.rows());
+    let mut index = |metric: &str, name: &str, tables: &[Vec<Vec<f64>>], cap: usize| {
+        let picked = sampling.sample(metric, name, tables.len(), cap);
+        picked.into_iter().map(|k| SeqTable::new(tables[k].clone())).collect::<Vec<_>>()
+    };
+    let (query_cap, reference_cap) = tdcr_caps(&tr, [&sy, &te], limits);
+    let references = index("TDCR reference (tables)", "train", &tr, reference_cap);
+    let synthetic_queries = index("TDCR queries (tables)", "synthetic", &sy, query_cap);
+    let holdout_queries = index("TDCR queries (tables)", "test", &te, query_cap);
+    let from_synthetic = nearest(&synthetic_queries, &references);
+    let from_holdout = nearest(&holdout_queries, &references);
     let top = from_synthetic.iter().chain(&from_holdout).copied().filter(|x| x.is_finite()).fold(0.0, f64::max);
     let histogram = |v: &[f64]| {
         let mut h = vec![0.0; 20];
@@ -301,6 +376,19 @@ mod tests {
         let (cost, len) = dtw(&x, &y, f64::INFINITY).unwrap();
         assert_eq!(cost, 25.0);
         assert!((12..=21).contains(&len));
+    }
+
+    #[test]
+    fn tdcr_samples_shrink_with_the_tables_lengths() {
+        let tables = |n: usize, len: usize| vec![vec![vec![0.0; len]; 2]; n];
+        let limits =
+            EvalLimits { tdcr_queries: 100, tdcr_reference: 1000, tdcr_cells: 1_000_000, ..Default::default() };
+        // 2 × 100 queries × 1000 references × 2 features × 1 cell: within the budget.
+        assert_eq!(tdcr_caps(&tables(5000, 1), [&tables(500, 1), &tables(50, 1)], &limits), (100, 1000));
+        // 10 × 10 cells per feature: 100 × (100 + 50) × 1000 × 2 = 3·10⁷ cells, 30× over.
+        let (q, r) = tdcr_caps(&tables(5000, 10), [&tables(500, 10), &tables(50, 10)], &limits);
+        assert!((q.min(500) + q.min(50)) * r * 200 <= 1_000_000, "{q} x {r}");
+        assert!((15..=18).contains(&q) && (150..=182).contains(&r), "{q} x {r}");
     }
 
     #[test]

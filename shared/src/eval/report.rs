@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::EvalReport;
+use super::{EvalReport, NOT_DP};
 
 const REAL: &str = "#1f77b4";
 const SYNTHETIC: &str = "#ff7f0e";
@@ -100,7 +100,24 @@ fn metric_table(rows: &[(&str, String, &str)]) -> String {
 /// The self-contained HTML page.
 pub fn html(report: &EvalReport) -> String {
     let mut body = String::new();
-    let _ = write!(body, "<h1>dpsynth evaluation report</h1><p class=\"notice\">{}</p>", escape(&report.notice));
+    let explanation = report.notice.strip_prefix(NOT_DP).unwrap_or(&report.notice).trim();
+    let _ = write!(
+        body,
+        "<div class=\"banner\" role=\"alert\"><strong>{}</strong><br>This report is computed on private data and is \
+         not differentially private. Do not publish it, and do not store it beside the released synthetic data.</div>\
+         <h1>dpsynth evaluation report</h1><p class=\"notice\">{}</p>",
+        escape(NOT_DP),
+        escape(explanation)
+    );
+    let sampled: Vec<_> = report.sampling.iter().filter(|u| u.sampled).collect();
+    if !sampled.is_empty() {
+        let _ = write!(
+            body,
+            "<p class=\"notice\">Bounded cost: {} metric inputs were sampled under the evaluation's caps \
+             (uniformly, seeded; not a privacy mechanism). See <a href=\"#sampling\">Sampling</a>.</p>",
+            sampled.len()
+        );
+    }
     body.push_str("<h2>Formal guarantee</h2>");
     match &report.guarantee {
         Some(g) => {
@@ -225,10 +242,39 @@ pub fn html(report: &EvalReport) -> String {
         "<h2>Sizes</h2><p>train {} rows, held-out {} rows, synthetic {} rows (private figures).</p>",
         report.rows.train, report.rows.test, report.rows.synthetic
     );
+    body.push_str(
+        "<h2 id=\"sampling\">Sampling</h2><p>What each metric read. A table over a metric's cap is sampled \
+         uniformly without replacement with a seeded, non-cryptographic RNG: this bounds the evaluation's cost and is \
+         not a privacy mechanism. Below the caps every metric is exact.</p>\
+         <table><tr><th>metric</th><th>table</th><th>used</th><th>available</th><th></th></tr>",
+    );
+    for u in &report.sampling {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&u.metric),
+            escape(&u.table),
+            u.used,
+            u.available,
+            if u.sampled { "<b>sampled</b>" } else { "all" }
+        );
+    }
+    body.push_str("</table>");
+    let _ = write!(
+        body,
+        "<p>Caps: <code>{}</code></p>",
+        escape(&serde_json::to_string(&report.limits).unwrap_or_default())
+    );
+    if !report.timings.is_empty() {
+        let stages: Vec<String> =
+            report.timings.iter().map(|t| format!("{} {:.1} s", escape(&t.stage), t.seconds)).collect();
+        let _ = write!(body, "<p>Time per stage: {}.</p>", stages.join(", "));
+    }
     format!(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dpsynth evaluation report</title>\
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dpsynth evaluation report (not differentially private: do not publish)</title>\
          <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}}table{{border-collapse:collapse;margin:1em 0}}\
-         td,th{{border:1px solid #ccc;padding:4px 8px}}.notice{{background:#fff3cd;padding:8px}}svg.plot{{display:block;margin:8px 0}}code{{word-break:break-all}}</style>\
+         td,th{{border:1px solid #ccc;padding:4px 8px}}\
+         .banner{{background:#b00020;color:#fff;padding:12px 16px;font-size:1.15em;border-radius:4px}}.notice{{background:#fff3cd;padding:8px}}svg.plot{{display:block;margin:8px 0}}code{{word-break:break-all}}</style>\
          </head><body>{body}</body></html>"
     )
 }

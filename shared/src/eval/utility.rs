@@ -6,6 +6,9 @@
 //!
 //! Encoding: numeric columns scaled to [0, 1] by their declared bounds (missing → 0 plus
 //! a missing indicator), categorical columns one-hot with a slot for missing.
+//!
+//! Cost: each model is fitted on at most `EvalLimits::utility_fit_rows` rows of its table
+//! and scored on at most `utility_test_rows` held-out rows (uniform samples beyond that).
 
 use forust_ml::objective::ObjectiveType;
 use forust_ml::{GradientBooster, Matrix};
@@ -14,8 +17,8 @@ use linfa_logistic::LogisticRegression;
 use ndarray::{Array1, Array2};
 use serde::{Deserialize, Serialize};
 
-use super::Table;
 use super::privacy::auc;
+use super::{EvalLimits, Sampling, Table};
 use crate::data::domain::{Domain, Encoding};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -162,6 +165,7 @@ pub fn boosted_trees(train: &Design, test: &Design) -> Option<Vec<f64>> {
 }
 
 /// TSTR scores for a categorical target, with the real-train reference.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     domain: &Domain,
     target: usize,
@@ -169,13 +173,17 @@ pub fn evaluate(
     train: &Table,
     test: &Table,
     synthetic: &Table,
+    limits: &EvalLimits,
+    sampling: &mut Sampling,
 ) -> Option<Utility> {
     let Encoding::Categorical { categories, .. } = &domain.columns[target].encoding else { return None };
     let code = categories.iter().position(|c| c == positive)? as f64;
-    let held_out = design(domain, test, target, code);
+    let rows = sampling.sample("utility: scored", "test", test.rows(), limits.utility_test_rows);
+    let held_out = design(domain, &test.subset(&rows), target, code);
     let mut out = Vec::new();
-    for (trained_on, table) in [("synthetic", synthetic), ("real (train)", train)] {
-        let d = design(domain, table, target, code);
+    for (trained_on, name, table) in [("synthetic", "synthetic", synthetic), ("real (train)", "train", train)] {
+        let rows = sampling.sample("utility: fitted", name, table.rows(), limits.utility_fit_rows);
+        let d = design(domain, &table.subset(&rows), target, code);
         let single_class = d.y.iter().all(|l| *l) || d.y.iter().all(|l| !*l);
         for (name, fit) in [
             ("logistic regression", logistic_regression as fn(&Design, &Design) -> Option<Vec<f64>>),

@@ -3,7 +3,11 @@
 //!
 //! Layout: `<store>/<dataset_id>/entries/<seq, 20 digits>.json`, one object per entry.
 //! Entry 0 declares the dataset's total budget; later entries are charges (written
-//! *before* a noisy output leaves the coordinator) and release markers. Entries are
+//! *before* a noisy output leaves the coordinator) and release markers. A release marker
+//! claims the one release of a charge: the coordinator writes it *before* the first part
+//! of the output, and the ledger refuses a second one for the same charge (a second
+//! marker found on load makes the ledger corrupt), so neither a racing coordinator nor a
+//! resumed copy of a job can release a charged run twice. Entries are
 //! append-only and hash-chained: each object carries the SHA-256 of its own canonical
 //! body and of its predecessor's, so a torn, edited or missing entry is detected on load
 //! and the ledger refuses to operate until an operator repairs it (fail closed).
@@ -14,11 +18,16 @@
 //! against the new total and retries. A charge is either a whole object or absent, so a
 //! writer killed mid-charge leaves a loadable ledger.
 //!
-//! Composition across jobs: RDP charges add their curves (on the ledger's orders); PLD
-//! charges are (ε_i, δ_i) pairs composed basically (Σε, Σδ). The RDP total is converted at
-//! δ_B − Σδ_i, so the dataset's guarantee is (Σε_i + ε_rdp, δ_B).
+//! Composition across jobs: the ledger composes the *mechanisms* of every charge under
+//! both accountants — RDP (curves added on the ledger's orders, converted at the budget's
+//! δ_B with the ledger's conversion) and PLD (one composition on the ledger's grid, ε at
+//! δ_B) — and the dataset's guarantee is (ε, δ_B) with the smaller of the two ε. An
+//! accountant that cannot analyse some charged mechanism (PLD and sampling without
+//! replacement) drops out of the total; if neither can, the ledger refuses to charge. A
+//! job's `accountant` only decides how its own cost (its receipt and manifest) is stated.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
@@ -28,8 +37,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::PrivacyError;
-use super::accountant::{Accountant, AccountingOptions, PrivacyCost, RdpCurve, account};
-use super::mechanism::{Adjacency, Mechanism};
+use super::accountant::{Accountant, AccountingOptions, Conversion, PrivacyCost, RdpCurve, account, rdp_curve};
+use super::mechanism::{Adjacency, Mechanism, PldComposition};
 use crate::storage::StoreLocation;
 
 /// Version of the on-store format; loading refuses newer ones.
@@ -54,8 +63,9 @@ pub struct Budget {
 pub struct ChargeRequest {
     pub job_id: String,
     pub mechanisms: Vec<Mechanism>,
+    /// How the job's own cost is computed (the ledger's total uses both accountants).
     pub accountant: Accountant,
-    /// δ at which the job states its own ε (the PLD accountant charges this pair).
+    /// δ at which the job states its own ε; the ledger's total is at the budget's δ.
     pub delta: f64,
 }
 
@@ -72,9 +82,11 @@ pub enum EntryBody {
         format_version: u32,
         dpsynth_version: String,
     },
-    /// A charge, durable before the charged output is released.
+    /// A charge, durable before the charged output is released. `cost` is the job's own,
+    /// for the record; the ledger's total composes `request.mechanisms`.
     Charge { request: ChargeRequest, cost: PrivacyCost },
-    /// The output of charge `charge_seq` has left the coordinator (audit trail; free).
+    /// Claims the one release of charge `charge_seq`, to `location`; written before the
+    /// first part of its output (free; at most one per charge).
     Release { charge_seq: u64, job_id: String, location: String },
 }
 
@@ -99,23 +111,36 @@ struct StoredEntry {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ChargeStatus {
-    /// Durably charged; its output may not have left the coordinator yet.
+    /// Durably charged; its release has not been claimed.
     Charged,
-    /// Charged and released.
+    /// Its one release has been claimed (the output may still be being written).
     Released,
 }
 
-/// Total spending of a dataset.
+/// Total spending of a dataset: every charged mechanism composed, at the budget's δ.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spent {
+    /// The smaller of the two accountants' totals.
     pub epsilon: f64,
+    /// The budget's δ_B.
     pub delta: f64,
-    /// RDP part converted to ε (at δ_B − Σδ of PLD charges), and its optimal order.
-    pub rdp_epsilon: f64,
+    /// The accountant that gave `epsilon`.
+    pub accountant: Accountant,
+    /// RDP total and its optimal order; `None` when some charged mechanism has no RDP analysis.
+    pub rdp_epsilon: Option<f64>,
     pub rdp_order: Option<f64>,
-    /// Basic-composition part from PLD charges.
-    pub approx_epsilon: f64,
-    pub approx_delta: f64,
+    /// PLD total; `None` when some charged mechanism has no PLD analysis.
+    pub pld_epsilon: Option<f64>,
+}
+
+impl Spent {
+    /// The total under one accountant (`None` when a charge has no analysis under it).
+    pub fn under(&self, accountant: Accountant) -> Option<f64> {
+        match accountant {
+            Accountant::Rdp => self.rdp_epsilon,
+            Accountant::Pld => self.pld_epsilon,
+        }
+    }
 }
 
 /// The answer to "may this job run?".
@@ -128,8 +153,9 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// Totals are stated at δ_B, so only ε can exceed the budget.
     pub fn fits(&self) -> bool {
-        self.after.epsilon <= self.budget.epsilon + BUDGET_SLACK && self.after.delta <= self.budget.delta + BUDGET_SLACK
+        self.after.epsilon <= self.budget.epsilon + BUDGET_SLACK
     }
 
     pub fn remaining_epsilon(&self) -> f64 {
@@ -149,7 +175,7 @@ pub struct ChargeReceipt {
 pub enum LedgerError {
     #[error(
         "privacy budget exceeded for dataset '{dataset_id}': job '{job_id}' costs ε = {cost:.6} ({accountant}); \
-         spent so far ε = {spent:.6}, after this job ε = {after:.6}, δ = {after_delta:e}, \
+         spent so far ε = {spent:.6}, after this job ε = {after:.6} ({after_accountant}), \
          but the dataset budget is ε = {budget_epsilon}, δ = {budget_delta:e}. Nothing was charged."
     )]
     BudgetExceeded {
@@ -159,10 +185,16 @@ pub enum LedgerError {
         cost: f64,
         spent: f64,
         after: f64,
-        after_delta: f64,
+        /// The accountant that gave the total after this job.
+        after_accountant: Accountant,
         budget_epsilon: f64,
         budget_delta: f64,
     },
+    #[error(
+        "charge {charge_seq} of dataset '{dataset_id}' was already released (to {location_of_first}); \
+         a charge is released at most once"
+    )]
+    AlreadyReleased { dataset_id: String, charge_seq: u64, location_of_first: String },
     #[error("no privacy ledger for dataset '{dataset_id}' at {url}: create it with `dpsynth ledger init`")]
     NotInitialised { dataset_id: String, url: String },
     #[error("a privacy ledger for dataset '{dataset_id}' already exists at {url}")]
@@ -188,6 +220,87 @@ pub struct Ledger {
     url: String,
     entries: Vec<Entry>,
     hashes: Vec<String>,
+    /// Charge seq → seq of its release marker.
+    releases: HashMap<u64, u64>,
+    /// Totals of the loaded charges; behind a lock so that `spent(&self)` can extend it.
+    cache: Mutex<Option<Cache>>,
+}
+
+/// Every charged mechanism composed under both accountants. An accountant that cannot
+/// analyse one of them is out for good (`Err` says why); the other still bounds the total.
+struct Totals {
+    rdp: Result<RdpCurve, String>,
+    pld: Result<PldComposition, String>,
+}
+
+/// A copy of `c` (`PldComposition` is not `Clone`, its parts are; its `epsilon` consumes it).
+fn copy_pld(c: &PldComposition) -> PldComposition {
+    PldComposition { interval: c.interval, gaussian_mu_squared: c.gaussian_mu_squared, discrete: c.discrete.clone() }
+}
+
+impl Clone for Totals {
+    fn clone(&self) -> Self {
+        Self { rdp: self.rdp.clone(), pld: self.pld.as_ref().map(copy_pld).map_err(Clone::clone) }
+    }
+}
+
+impl Totals {
+    fn new(options: &AccountingOptions) -> Self {
+        Self { rdp: Ok(RdpCurve::zero(&options.orders)), pld: Ok(PldComposition::new(options.pld_interval)) }
+    }
+
+    fn add(&mut self, mechanisms: &[Mechanism], orders: &[f64]) {
+        if let Ok(curve) = &self.rdp {
+            self.rdp = rdp_curve(mechanisms, orders).and_then(|c| curve.compose(&c)).map_err(|e| e.to_string());
+        }
+        if let Ok(pld) = &mut self.pld
+            && let Err(e) = mechanisms.iter().try_for_each(|m| m.compose_into(pld))
+        {
+            self.pld = Err(e.to_string());
+        }
+    }
+
+    /// The total at δ_B: the smaller ε of the accountants that can analyse every charge.
+    fn spent(&self, budget: Budget, conversion: Conversion) -> Result<Spent, LedgerError> {
+        let rdp = self.rdp.as_ref().ok().map(|c| c.epsilon(budget.delta, conversion)).transpose()?;
+        let pld = self.pld.as_ref().ok().map(|c| copy_pld(c).epsilon(budget.delta)).transpose()?;
+        let candidates = [rdp.map(|r| (r.epsilon, Accountant::Rdp)), pld.map(|p| (p, Accountant::Pld))];
+        let Some((epsilon, accountant)) = candidates.into_iter().flatten().min_by(|a, b| a.0.total_cmp(&b.0)) else {
+            return Err(PrivacyError::Unsupported(format!(
+                "no accountant can compose this dataset's charges (RDP: {}; PLD: {})",
+                self.rdp.as_ref().err().map_or("", String::as_str),
+                self.pld.as_ref().err().map_or("", String::as_str)
+            ))
+            .into());
+        };
+        Ok(Spent {
+            epsilon,
+            delta: budget.delta,
+            accountant,
+            rdp_epsilon: rdp.map(|r| r.epsilon),
+            rdp_order: rdp.and_then(|r| r.order.is_finite().then_some(r.order)),
+            pld_epsilon: pld,
+        })
+    }
+}
+
+/// [`Totals`] of the first `entries` entries, and their [`Spent`] once computed. The ledger
+/// is append-only, so later checks compose only what was appended since.
+struct Cache {
+    entries: usize,
+    totals: Totals,
+    spent: Option<Spent>,
+}
+
+impl Cache {
+    fn spent(&mut self, budget: Budget, conversion: Conversion) -> Result<Spent, LedgerError> {
+        let spent = match self.spent {
+            Some(spent) => spent,
+            None => self.totals.spent(budget, conversion)?,
+        };
+        self.spent = Some(spent);
+        Ok(spent)
+    }
 }
 
 fn valid_dataset_id(id: &str) -> bool {
@@ -255,6 +368,8 @@ impl Ledger {
             url: location.url.clone(),
             entries: Vec::new(),
             hashes: Vec::new(),
+            releases: HashMap::new(),
+            cache: Mutex::new(None),
         })
     }
 
@@ -324,8 +439,16 @@ impl Ledger {
                 if charged != Some(true) {
                     return Err(corrupt(format!("release refers to {charge_seq}, which is not a charge")));
                 }
+                if let Some(first) = self.releases.get(charge_seq) {
+                    return Err(corrupt(format!(
+                        "a second release of charge {charge_seq} (the first is entry {first})"
+                    )));
+                }
             }
             (EntryBody::Charge { .. }, _) => {}
+        }
+        if let EntryBody::Release { charge_seq, .. } = entry.body {
+            self.releases.insert(charge_seq, seq);
         }
         self.entries.push(entry);
         self.hashes.push(hash);
@@ -386,58 +509,43 @@ impl Ledger {
 
     /// Every charge with its status.
     pub fn charges(&self) -> Vec<(&Entry, ChargeStatus)> {
-        let released: std::collections::HashSet<u64> = self
-            .entries
-            .iter()
-            .filter_map(|e| match e.body {
-                EntryBody::Release { charge_seq, .. } => Some(charge_seq),
-                _ => None,
-            })
-            .collect();
-        self.entries
-            .iter()
-            .filter(|e| matches!(e.body, EntryBody::Charge { .. }))
-            .map(|e| (e, if released.contains(&e.seq) { ChargeStatus::Released } else { ChargeStatus::Charged }))
-            .collect()
+        self.entries.iter().filter_map(|e| Some((e, self.charge_status(e.seq)?))).collect()
     }
 
-    /// Total spent by all charges, plus `extra` if given.
-    fn spent_with(&self, extra: Option<&PrivacyCost>) -> Result<Spent, LedgerError> {
-        let (_, budget, _, options) = self.init_entry();
-        let recorded = self.entries.iter().filter_map(|e| match &e.body {
-            EntryBody::Charge { cost, .. } => Some(cost),
-            _ => None,
+    /// The status of charge `seq` as loaded (`refresh` first for news); `None` if entry
+    /// `seq` is not a charge.
+    pub fn charge_status(&self, seq: u64) -> Option<ChargeStatus> {
+        let entry = self.entries.get(usize::try_from(seq).ok()?)?;
+        matches!(entry.body, EntryBody::Charge { .. })
+            .then(|| if self.releases.contains_key(&seq) { ChargeStatus::Released } else { ChargeStatus::Charged })
+    }
+
+    /// Runs `f` on the totals of every loaded charge, first composing those loaded since
+    /// the last call.
+    fn with_cache<T>(&self, f: impl FnOnce(&mut Cache) -> T) -> T {
+        let options = self.options();
+        let mut guard = self.cache.lock().unwrap_or_else(|poisoned| {
+            // A panic mid-composition may have left partial totals: start again.
+            self.cache.clear_poison();
+            let mut guard = poisoned.into_inner();
+            *guard = None;
+            guard
         });
-        let mut curve: Option<RdpCurve> = None;
-        let (mut approx_epsilon, mut approx_delta) = (0.0, 0.0);
-        for cost in recorded.chain(extra) {
-            match &cost.rdp {
-                Some(c) => {
-                    curve = Some(match curve {
-                        None => c.clone(),
-                        Some(acc) => acc.compose(c)?,
-                    })
-                }
-                None => {
-                    approx_epsilon += cost.epsilon;
-                    approx_delta += cost.delta;
-                }
+        let cache = guard.get_or_insert_with(|| Cache { entries: 0, totals: Totals::new(options), spent: None });
+        for entry in &self.entries[cache.entries..] {
+            if let EntryBody::Charge { request, .. } = &entry.body {
+                cache.totals.add(&request.mechanisms, &options.orders);
+                cache.spent = None;
             }
         }
-        let (rdp_epsilon, rdp_order, delta) = match curve {
-            None => (0.0, None, approx_delta),
-            Some(_) if approx_delta >= budget.delta => (f64::INFINITY, None, budget.delta),
-            Some(c) => {
-                let e = c.epsilon(budget.delta - approx_delta, options.conversion)?;
-                (e.epsilon, e.order.is_finite().then_some(e.order), budget.delta)
-            }
-        };
-        Ok(Spent { epsilon: approx_epsilon + rdp_epsilon, delta, rdp_epsilon, rdp_order, approx_epsilon, approx_delta })
+        cache.entries = self.entries.len();
+        f(cache)
     }
 
     /// Total spent so far.
     pub fn spent(&self) -> Result<Spent, LedgerError> {
-        self.spent_with(None)
+        let (budget, conversion) = (self.budget(), self.options().conversion);
+        self.with_cache(|cache| cache.spent(budget, conversion))
     }
 
     /// Prices `request` with the ledger's own accounting options (never the caller's).
@@ -452,8 +560,16 @@ impl Ledger {
         Ok(account(&request.mechanisms, request.accountant, request.delta, self.options())?)
     }
 
-    fn admission(&self, cost: PrivacyCost) -> Result<Admission, LedgerError> {
-        Ok(Admission { before: self.spent()?, after: self.spent_with(Some(&cost))?, budget: self.budget(), cost })
+    /// The totals before and after `request`, and the cache to keep once it is charged.
+    fn admission(&self, request: &ChargeRequest, cost: PrivacyCost) -> Result<(Admission, Cache), LedgerError> {
+        let (budget, options) = (self.budget(), self.options());
+        self.with_cache(|cache| {
+            let before = cache.spent(budget, options.conversion)?;
+            let mut next = Cache { entries: cache.entries + 1, totals: cache.totals.clone(), spent: None };
+            next.totals.add(&request.mechanisms, &options.orders);
+            let after = next.spent(budget, options.conversion)?;
+            Ok((Admission { cost, before, after, budget }, next))
+        })
     }
 
     fn refusal(&self, request: &ChargeRequest, admission: &Admission) -> LedgerError {
@@ -464,7 +580,7 @@ impl Ledger {
             cost: admission.cost.epsilon,
             spent: admission.before.epsilon,
             after: admission.after.epsilon,
-            after_delta: admission.after.delta,
+            after_accountant: admission.after.accountant,
             budget_epsilon: admission.budget.epsilon,
             budget_delta: admission.budget.delta,
         }
@@ -473,7 +589,7 @@ impl Ledger {
     /// Whether `request` fits in the remaining budget now, without writing anything.
     pub async fn check(&mut self, request: &ChargeRequest) -> Result<Admission, LedgerError> {
         self.refresh().await?;
-        let admission = self.admission(self.price(request)?)?;
+        let (admission, _) = self.admission(request, self.price(request)?)?;
         if admission.fits() { Ok(admission) } else { Err(self.refusal(request, &admission)) }
     }
 
@@ -483,13 +599,14 @@ impl Ledger {
         let cost = self.price(request)?;
         for _ in 0..MAX_ATTEMPTS {
             self.refresh().await?;
-            let admission = self.admission(cost.clone())?;
+            let (admission, totals) = self.admission(request, cost.clone())?;
             if !admission.fits() {
                 return Err(self.refusal(request, &admission));
             }
             let seq = self.entries.len() as u64;
             let body = EntryBody::Charge { request: request.clone(), cost: cost.clone() };
             if self.try_append(body).await? {
+                *self.cache.get_mut().unwrap_or_else(PoisonError::into_inner) = Some(totals);
                 tracing::info!(
                     dataset = self.dataset_id(),
                     job = request.job_id,
@@ -505,7 +622,9 @@ impl Ledger {
         Err(LedgerError::Contention(MAX_ATTEMPTS))
     }
 
-    /// Records that the output of charge `charge_seq` was released to `location`.
+    /// Claims the one release of charge `charge_seq`'s output, to `location`: call before
+    /// the first part of it is written. Refused if the charge was already released; the
+    /// check is redone after every reload, so of two racing claims exactly one wins.
     pub async fn record_release(&mut self, charge_seq: u64, location: &str) -> Result<u64, LedgerError> {
         for _ in 0..MAX_ATTEMPTS {
             self.refresh().await?;
@@ -515,6 +634,17 @@ impl Ledger {
                     return Err(LedgerError::Mechanism(format!("entry {charge_seq} is not a charge")));
                 }
             };
+            if let Some(&first) = self.releases.get(&charge_seq) {
+                let location_of_first = match &self.entries[first as usize].body {
+                    EntryBody::Release { location, .. } => location.clone(),
+                    _ => unreachable!("releases maps charges to verified release markers"),
+                };
+                return Err(LedgerError::AlreadyReleased {
+                    dataset_id: self.dataset_id().to_string(),
+                    charge_seq,
+                    location_of_first,
+                });
+            }
             let seq = self.entries.len() as u64;
             let body = EntryBody::Release { charge_seq, job_id, location: location.to_string() };
             if self.try_append(body).await? {

@@ -225,15 +225,23 @@ impl FinDiffPlan {
     /// The unit count (sensitivity 1 under add/remove of a unit), then DP-SGD: each unit
     /// is one example (its rows are summed before clipping).
     pub fn mechanisms(&self, rate: f64, sigma: f64) -> Vec<Mechanism> {
-        vec![
-            Mechanism::Gaussian {
-                l2_sensitivity: 1.0,
-                noise_multiplier: self.params.count_noise_multiplier,
-                releases: 1,
-                adjacency: Adjacency::AddRemove,
-            },
-            Mechanism::dp_sgd(rate, sigma, self.steps(rate)),
-        ]
+        vec![self.count_mechanism(), self.run_mechanism(rate, sigma)]
+    }
+
+    /// The unit-count release that fixes q (charged as its own ledger entry as soon as it
+    /// is drawn: everything derived from it, refusals included, is then paid for).
+    pub fn count_mechanism(&self) -> Mechanism {
+        Mechanism::Gaussian {
+            l2_sensitivity: 1.0,
+            noise_multiplier: self.params.count_noise_multiplier,
+            releases: 1,
+            adjacency: Adjacency::AddRemove,
+        }
+    }
+
+    /// The DP-SGD run at rate q and noise multiplier σ.
+    pub fn run_mechanism(&self, rate: f64, sigma: f64) -> Mechanism {
+        Mechanism::dp_sgd(rate, sigma, self.steps(rate))
     }
 
     /// The smallest σ for which the whole job meets its (ε, δ).

@@ -1,7 +1,8 @@
 //! Privacy accountants: from a list of mechanisms to one (ε, δ) guarantee.
 //!
-//! A job picks `rdp` (Rényi DP, composes across jobs by adding curves) or `pld` (privacy
-//! loss distributions, tighter for long DP-SGD runs); the ledger records which.
+//! A job picks `rdp` (Rényi DP) or `pld` (privacy loss distributions, tighter for long
+//! DP-SGD runs) to state its own cost; the ledger records which, and composes the
+//! mechanisms of all jobs under both, keeping the tighter total.
 
 pub mod pld;
 pub mod rdp;
@@ -67,7 +68,7 @@ pub struct PrivacyCost {
     /// Optimal RDP order (RDP only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<f64>,
-    /// The full RDP curve (RDP only): the ledger composes jobs by adding these.
+    /// The full RDP curve (RDP only), for the record; the ledger composes mechanisms, not costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdp: Option<RdpCurve>,
 }

@@ -1,0 +1,150 @@
+//! The scratch store: private working state of coordinators, never readable by submitters.
+//!
+//! Namespaces: `partitions/<instance>/<job>` (encoded private rows, per coordinator
+//! process), `checkpoints/<job>` (charged DP-SGD runs), `leases/<job>` (resume leases) and
+//! `instances/<instance>` (each live coordinator's heartbeat).
+//!
+//! Partitions are keyed by the coordinator process that wrote them, so several
+//! coordinators (or `run`s) may share one scratch store: a process removes its own job's
+//! partitions when the job ends, and at start sweeps those of processes whose heartbeat
+//! is missing or stale (crashed), never those of a live one.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use dpsynth_shared::storage::StoreLocation;
+
+pub const PARTITIONS: &str = "partitions";
+pub const CHECKPOINTS: &str = "checkpoints";
+pub const LEASES: &str = "leases";
+const INSTANCES: &str = "instances";
+
+/// How often a coordinator process renews its heartbeat.
+const HEARTBEAT: Duration = Duration::from_secs(30);
+/// A heartbeat older than this marks a crashed process (ten missed renewals).
+const STALE_AFTER: chrono::Duration = chrono::Duration::seconds(300);
+
+/// This process's name in the scratch store: random, so two processes never collide.
+pub fn instance() -> &'static str {
+    static INSTANCE: OnceLock<String> = OnceLock::new();
+    INSTANCE.get_or_init(|| format!("{:016x}", rand::random::<u64>()))
+}
+
+/// Where this process partitions a job.
+pub fn partition_prefix(job_id: &str) -> String {
+    format!("{PARTITIONS}/{}/{job_id}", instance())
+}
+
+/// Renews this process's heartbeat until the runtime stops; a failed write is logged and
+/// retried (a sweep then treats the process as crashed only after `STALE_AFTER`).
+pub fn keep_alive(scratch: StoreLocation) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        loop {
+            tick.tick().await;
+            if let Err(e) = beat(&scratch, Utc::now()).await {
+                tracing::warn!(error = %e, "could not renew the scratch heartbeat");
+            }
+        }
+    });
+}
+
+async fn beat(scratch: &StoreLocation, at: DateTime<Utc>) -> object_store::Result<()> {
+    let path = scratch.child(&format!("{INSTANCES}/{}", instance()));
+    scratch.store.put(&path, PutPayload::from(at.to_rfc3339().into_bytes())).await.map(|_| ())
+}
+
+/// Deletes the partitions of coordinator processes that are gone: no heartbeat, or one
+/// older than `STALE_AFTER`. Returns the instances swept.
+pub async fn sweep_stale(scratch: &StoreLocation) -> object_store::Result<Vec<String>> {
+    let listed = scratch.store.list_with_delimiter(Some(&scratch.child(PARTITIONS))).await?;
+    let mut swept = Vec::new();
+    for prefix in listed.common_prefixes {
+        let Some(owner) = prefix.filename().map(str::to_string) else { continue };
+        if owner == instance() || alive(scratch, &owner).await? {
+            continue;
+        }
+        tracing::info!(instance = owner, "deleting partitions left by a coordinator that is gone");
+        delete_prefix(scratch, &format!("{PARTITIONS}/{owner}")).await;
+        match scratch.store.delete(&scratch.child(&format!("{INSTANCES}/{owner}"))).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => tracing::warn!(instance = owner, error = %e, "could not delete a stale heartbeat"),
+        }
+        swept.push(owner);
+    }
+    Ok(swept)
+}
+
+async fn alive(scratch: &StoreLocation, owner: &str) -> object_store::Result<bool> {
+    let path = scratch.child(&format!("{INSTANCES}/{owner}"));
+    let bytes = match scratch.store.get(&path).await {
+        Ok(found) => found.bytes().await?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let beat = std::str::from_utf8(&bytes).ok().and_then(|t| DateTime::parse_from_rfc3339(t.trim()).ok());
+    Ok(beat.is_some_and(|t| Utc::now() - t.with_timezone(&Utc) < STALE_AFTER))
+}
+
+/// Deletes every object under `prefix` of the scratch store (a job's partitions: they
+/// hold encoded private rows; its resume leases). Failures are logged: the next sweep
+/// retries partitions.
+pub async fn delete_prefix(scratch: &StoreLocation, prefix: &str) {
+    let prefix = scratch.child(prefix);
+    let listed: Result<Vec<_>, _> = scratch.store.list(Some(&prefix)).map_ok(|m| m.location).try_collect().await;
+    match listed {
+        Ok(paths) => {
+            for path in paths {
+                if let Err(e) = scratch.store.delete(&path).await {
+                    tracing::warn!(%path, error = %e, "could not delete a scratch object");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(%prefix, error = %e, "could not list scratch objects for cleanup"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpsynth_shared::storage;
+
+    async fn put(scratch: &StoreLocation, name: &str, body: &str) {
+        scratch.store.put(&scratch.child(name), PutPayload::from(body.to_string().into_bytes())).await.unwrap();
+    }
+
+    async fn exists(scratch: &StoreLocation, name: &str) -> bool {
+        scratch.store.head(&scratch.child(name)).await.is_ok()
+    }
+
+    /// A shared scratch store: the sweep removes the partitions of a crashed process (stale
+    /// or missing heartbeat) and keeps those of a live one and its own.
+    #[tokio::test]
+    async fn the_sweep_spares_live_coordinators_partitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = storage::open(dir.path().to_str().unwrap()).unwrap();
+        let part = "j/partition-00000/part-00000.parquet";
+        for owner in ["live", "crashed", "silent", instance()] {
+            put(&scratch, &format!("{PARTITIONS}/{owner}/{part}"), "rows").await;
+        }
+        put(&scratch, &format!("{INSTANCES}/live"), &Utc::now().to_rfc3339()).await;
+        put(&scratch, &format!("{INSTANCES}/crashed"), &(Utc::now() - STALE_AFTER * 2).to_rfc3339()).await;
+
+        let mut swept = sweep_stale(&scratch).await.unwrap();
+        swept.sort();
+        assert_eq!(swept, ["crashed", "silent"]);
+        assert!(exists(&scratch, &format!("{PARTITIONS}/live/{part}")).await);
+        assert!(exists(&scratch, &format!("{PARTITIONS}/{}/{part}", instance())).await);
+        assert!(!exists(&scratch, &format!("{PARTITIONS}/crashed/{part}")).await);
+        assert!(!exists(&scratch, &format!("{INSTANCES}/crashed")).await);
+        assert!(!exists(&scratch, &format!("{PARTITIONS}/silent/{part}")).await);
+
+        // Our own heartbeat keeps us alive for another process's sweep.
+        beat(&scratch, Utc::now()).await.unwrap();
+        assert!(alive(&scratch, instance()).await.unwrap());
+    }
+}
