@@ -1,8 +1,9 @@
 //! The Kubernetes manifests, run for real on one machine: renders `k8s/overlays/cpu` with
 //! `kubectl kustomize`, starts the coordinator and both StatefulSet workers with *the same
 //! command, args and environment* as their containers (addresses rewritten to 127.0.0.1,
-//! the Secret's S3 credentials pointed at the test's S3 server), then runs the CronJob's
-//! container twice against a dataset whose budget affords one run: the first writes a
+//! the Secret's S3 credentials pointed at the test's S3 server, the TLS Secrets made with
+//! `openssl`), then runs the CronJob's container twice against a dataset whose budget
+//! affords one run: the first writes a
 //! complete output, the second is refused (exit 3) and writes nothing. Also scrapes the
 //! `/metrics` endpoints the manifests expose. Needs the S3 server `.ci/run` starts.
 
@@ -142,38 +143,52 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
 
     let (grpc, metrics) = (free_port(), free_port());
     let worker_metrics = [free_port(), free_port()];
+    let local = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     let mut map: HashMap<String, String> = HashMap::from([
         ("0.0.0.0:50051".into(), format!("127.0.0.1:{grpc}")),
-        ("http://dpsynth-coordinator:50051".into(), format!("http://127.0.0.1:{grpc}")),
+        ("https://dpsynth-coordinator:50051".into(), format!("https://127.0.0.1:{grpc}")),
         ("0.0.0.0:9090".into(), format!("127.0.0.1:{metrics}")),
-        ("/etc/dpsynth/job.toml".into(), dir.path().join("job.toml").to_str().unwrap().to_string()),
+        ("/etc/dpsynth/job/job.toml".into(), local("job.toml")),
+        ("/etc/dpsynth/datasets/".into(), local("datasets/")),
+        ("/etc/dpsynth/submitters/".into(), local("submitters/")),
+        ("/etc/dpsynth/token/".into(), local("token/")),
+        ("/etc/dpsynth/tls/".into(), local("coordinator-tls/")),
+        ("/etc/dpsynth/worker-tls/".into(), local("worker-tls/")),
+        ("/etc/dpsynth/coordinator-ca/".into(), local("coordinator-tls/")),
     ]);
 
-    // The platform engineer's one-time step: the dataset's total budget (ε 0.6) affords one ε = 0.5 run,
-    // not two (RDP composes two such runs to ≈ 0.7 at δ = 1e-5).
+    // What cert-manager issues (tls.yaml): a CA, the coordinator's server certificate and
+    // the workers' client certificate, as the Secrets' files.
+    let d = dir.path();
+    ca(d, "ca");
+    issue(d, "ca", "server", "subjectAltName=IP:127.0.0.1,DNS:dpsynth-coordinator\nextendedKeyUsage=serverAuth");
+    issue(d, "ca", "worker", "extendedKeyUsage=clientAuth");
+    for (secret_dir, leaf) in [("coordinator-tls", "server"), ("worker-tls", "worker")] {
+        std::fs::create_dir_all(d.join(secret_dir)).unwrap();
+        std::fs::copy(d.join("ca.pem"), d.join(secret_dir).join("ca.crt")).unwrap();
+        std::fs::copy(d.join(format!("{leaf}.pem")), d.join(secret_dir).join("tls.crt")).unwrap();
+        std::fs::copy(d.join(format!("{leaf}.key")), d.join(secret_dir).join("tls.key")).unwrap();
+    }
+    // The operator's Secrets: the CronJob's token, and its hash granting the dataset.
+    let token = format!("nightly-{}", rand_suffix());
+    std::fs::create_dir_all(d.join("token")).unwrap();
+    std::fs::write(d.join("token/token"), &token).unwrap();
+    std::fs::create_dir_all(d.join("submitters")).unwrap();
+    let hash = dpsynth_coordinator::auth::token_sha256(&token);
+    let grant = format!("[[submitter]]\nname = \"nightly\"\ntoken_sha256 = \"{hash}\"\ndatasets = [\"{dataset}\"]\n");
+    std::fs::write(d.join("submitters/submitters.toml"), grant).unwrap();
+    // The declared dataset (its ConfigMap), with a budget (ε 0.5 at δ = 1e-5) that affords
+    // one run calibrated to ε = 0.5 at δ = 1e-6 (cheaper at the larger δ), not two. The
+    // coordinator creates its ledger at start.
+    let declared = find(&docs, "ConfigMap", "dpsynth-datasets")["data"]["datasets.toml"].as_str().unwrap();
+    assert!(declared.contains("id = \"icu-vitals\"") && declared.contains("epsilon = 10.0, delta = 1e-6"));
+    let declared = declared
+        .replace("id = \"icu-vitals\"", &format!("id = \"{dataset}\""))
+        .replace("epsilon = 10.0, delta = 1e-6", "epsilon = 0.5, delta = 1e-5");
+    std::fs::create_dir_all(d.join("datasets")).unwrap();
+    std::fs::write(d.join("datasets/datasets.toml"), declared).unwrap();
     let config =
         container(&docs, &find(&docs, "Deployment", "dpsynth-coordinator")["spec"]["template"]["spec"], "c", &secret);
-    let ledger_url = config.env.iter().find(|(k, _)| k == "DPSYNTH_LEDGER").unwrap().1.clone();
-    let init = command(
-        &[
-            "dpsynth",
-            "ledger",
-            "init",
-            "--dataset",
-            &dataset,
-            "--store",
-            &ledger_url,
-            "--epsilon",
-            "0.6",
-            "--delta",
-            "1e-5",
-        ]
-        .map(String::from),
-        &secret,
-    )
-    .output()
-    .unwrap();
-    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
 
     // Coordinator and workers, exactly as the Deployment and StatefulSet run them.
     let coordinator = Proc::spawn(command(&rewrite(&config.argv, &map), &config.env));

@@ -17,7 +17,7 @@ fn coordinator(dir: &Path) -> (Proc, String) {
 
 fn coordinator_on(dir: &Path, port: u16) -> (Proc, String) {
     let mut cmd = Command::new(bin("dpsynth"));
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--worker-timeout", "1"])
+    cmd.args(["serve", "--dev", "--listen", &format!("127.0.0.1:{port}"), "--worker-timeout", "1"])
         .args(["--scratch", dir.join("scratch").to_str().unwrap()])
         .args(["--ledger", dir.join("ledger").to_str().unwrap()]);
     let proc = Proc::spawn(cmd);

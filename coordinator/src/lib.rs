@@ -1,7 +1,9 @@
 //! The dpsynth coordinator: owns jobs, splits private data into partitions by privacy
 //! unit, hands tasks to workers, adds all noise, writes the privacy ledger and the output.
 
+pub mod auth;
 pub mod checkpoint;
+pub mod datasets;
 pub mod job;
 pub mod pate;
 pub mod scheduler;

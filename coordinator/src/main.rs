@@ -31,6 +31,9 @@ enum Command {
     Validate(commands::validate::ValidateArgs),
     /// Evaluate synthetic data against real training and held-out data (HTML + JSON report).
     Eval(commands::eval::EvalArgs),
+    /// Create a submitter bearer token: the token for the submitter, its hash for `serve
+    /// --submitters`.
+    Token,
     /// Privacy calculators: ε for a noise level, noise for a target ε, PATE's GNMax.
     #[command(subcommand)]
     Privacy(commands::privacy::PrivacyCommand),
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::Submit(args) => commands::job::submit(args),
         Command::Validate(args) => commands::validate::run(args),
         Command::Eval(args) => commands::eval::run(args),
+        Command::Token => commands::token::run(),
         Command::Privacy(cmd) => commands::privacy::run(cmd),
         Command::Ledger(cmd) => commands::ledger::run(cmd),
     };

@@ -108,7 +108,8 @@ impl Scheduler {
     pub fn register(&self, name: &str, capabilities: Capabilities) -> String {
         let mut inner = self.lock();
         inner.next_worker += 1;
-        let id = format!("w{}-{name}", inner.next_worker);
+        // Not guessable: another worker cannot report results or failures under this id.
+        let id = format!("w{}-{name}-{:016x}", inner.next_worker, rand::random::<u64>());
         tracing::info!(worker = id, cores = capabilities.cpu_cores, gpus = capabilities.gpus, "worker registered");
         inner.workers.insert(id.clone(), Worker { name: name.to_string(), capabilities, last_seen: Instant::now() });
         id

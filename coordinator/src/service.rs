@@ -18,6 +18,8 @@ use dpsynth_shared::spec::JobSpec;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Access, Submitter};
+use crate::datasets::{Datasets, DatasetsError};
 use crate::job::{JobEnv, JobRequest, Progress, ProgressHandle, evaluate_for_owner, run_job};
 use crate::scheduler::{Scheduler, TaskResult};
 use crate::telemetry::Telemetry;
@@ -30,6 +32,12 @@ pub struct CoordinatorConfig {
     /// Silence after which a worker is declared dead and its tasks requeued.
     pub worker_timeout: Duration,
     pub env: JobEnv,
+    /// Operator-declared datasets (`serve --datasets`): jobs may name only these, and get
+    /// their input and ledger from the declaration. `None`: the submitter's spec says
+    /// (standalone `run`, `serve --dev`).
+    pub datasets: Option<Datasets>,
+    /// Who may call which RPC.
+    pub access: Access,
 }
 
 impl Default for CoordinatorConfig {
@@ -42,6 +50,8 @@ impl Default for CoordinatorConfig {
                 default_ledger_url: "./dpsynth-out/ledger".into(),
                 diagnostics_url: None,
             },
+            datasets: None,
+            access: Access::Open,
         }
     }
 }
@@ -52,6 +62,8 @@ struct JobEntry {
     outcome: Option<Result<String, (JobState, String)>>,
     /// The job has ended and its evaluation report (for the data owner) is being written.
     diagnostics_pending: bool,
+    /// The authenticated submitter that owns the job (`None` under open access).
+    submitter: Option<String>,
 }
 
 /// The coordinator: scheduler, jobs and configuration behind the gRPC service.
@@ -102,8 +114,28 @@ impl CoordinatorService {
     /// once: the check and the insertion are one step, so two submissions of one id cannot
     /// both start.
     pub fn start_job(&self, request: JobRequest) -> Result<ProgressHandle, Status> {
+        self.start_job_for(request, None)
+    }
+
+    /// [`Self::start_job`] on behalf of an authenticated submitter, who alone may see it.
+    fn start_job_for(&self, mut request: JobRequest, submitter: Option<&Submitter>) -> Result<ProgressHandle, Status> {
+        if let Some(s) = submitter
+            && !s.datasets.contains(&request.spec.job.dataset_id)
+        {
+            return Err(Status::permission_denied(format!(
+                "submitter '{}' may not run jobs on dataset '{}'",
+                s.name, request.spec.job.dataset_id
+            )));
+        }
         dpsynth_shared::spec::validate_id("job id", &request.job_id)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Some(datasets) = &self.config.datasets {
+            datasets.bind(&mut request).map_err(|e| match e {
+                DatasetsError::Unknown(_) => Status::not_found(e.to_string()),
+                _ => Status::permission_denied(e.to_string()),
+            })?;
+        }
+        request.spec.require_input().map_err(|e| Status::invalid_argument(e.to_string()))?;
         if request.spec.evaluation.is_some() && self.config.env.diagnostics_url.is_none() {
             return Err(Status::failed_precondition(
                 "the spec asks for an evaluation, but this coordinator has no diagnostics store (serve --diagnostics): \
@@ -114,9 +146,12 @@ impl CoordinatorService {
         let job_id = request.job_id.clone();
         match self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry(job_id.clone()) {
             Entry::Occupied(_) => return Err(Status::already_exists(format!("job {job_id} was already submitted"))),
-            Entry::Vacant(slot) => {
-                slot.insert(JobEntry { progress: progress.clone(), outcome: None, diagnostics_pending: false })
-            }
+            Entry::Vacant(slot) => slot.insert(JobEntry {
+                progress: progress.clone(),
+                outcome: None,
+                diagnostics_pending: false,
+                submitter: submitter.map(|s| s.name.clone()),
+            }),
         };
         let this = self.clone();
         let handle = progress.clone();
@@ -231,6 +266,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<RegisterWorkerRequest>,
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        self.config.access.worker(&request)?;
         let r = request.into_inner();
         if r.protocol_version != PROTOCOL_VERSION {
             return Err(Status::failed_precondition(format!(
@@ -250,11 +286,13 @@ impl Coordinator for CoordinatorService {
     }
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        self.config.access.worker(&request)?;
         let known = self.scheduler.heartbeat(&request.into_inner().worker_id);
         Ok(Response::new(HeartbeatResponse { known }))
     }
 
     async fn poll_task(&self, request: Request<PollTaskRequest>) -> Result<Response<PollTaskResponse>, Status> {
+        self.config.access.worker(&request)?;
         let PollTaskRequest { worker_id: worker, wait_ms } = request.into_inner();
         if !self.scheduler.heartbeat(&worker) {
             return Err(Status::not_found(format!("unknown worker {worker}: register again")));
@@ -276,6 +314,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<Streaming<ResultChunk>>,
     ) -> Result<Response<SubmitResultResponse>, Status> {
+        self.config.access.worker(&request)?;
         let mut stream = request.into_inner();
         let header = match stream.next().await {
             Some(Ok(ResultChunk { part: Some(Part::Header(h)) })) => h,
@@ -324,6 +363,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<ReportFailureRequest>,
     ) -> Result<Response<ReportFailureResponse>, Status> {
+        self.config.access.worker(&request)?;
         let r = request.into_inner();
         self.scheduler
             .fail(&r.worker_id, &r.job_id, r.task_id, r.attempt, r.error)
@@ -332,20 +372,27 @@ impl Coordinator for CoordinatorService {
     }
 
     async fn submit_job(&self, request: Request<SubmitJobRequest>) -> Result<Response<SubmitJobResponse>, Status> {
+        let submitter = self.config.access.submitter(&request)?.cloned();
         let r = request.into_inner();
         let spec = JobSpec::parse(&r.spec_toml, &r.spec_path).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
-        self.start_job(JobRequest {
-            job_id: job_id.clone(),
-            spec,
-            output_url: r.output_url,
-            ledger_url: r.ledger_url,
-        })?;
+        let mut job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
+        // A submitter's job ids live in its own namespace, so no one can resubmit (and so
+        // resume and receive) another submitter's charged run.
+        if let Some(s) = &submitter {
+            job_id = format!("{}.{job_id}", s.name);
+        }
+        let request = JobRequest { job_id: job_id.clone(), spec, output_url: r.output_url, ledger_url: r.ledger_url };
+        self.start_job_for(request, submitter.as_ref())?;
         Ok(Response::new(SubmitJobResponse { job_id }))
     }
 
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<JobStatus>, Status> {
+        let submitter = self.config.access.submitter(&request)?.map(|s| s.name.clone());
         let id = request.into_inner().job_id;
-        self.job_status(&id).map(Response::new).ok_or_else(|| Status::not_found(format!("no job {id}")))
+        // Another submitter's job is reported as absent, not as forbidden.
+        let owned =
+            self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(&id).is_some_and(|e| e.submitter == submitter);
+        let status = if owned { self.job_status(&id) } else { None };
+        status.map(Response::new).ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 }

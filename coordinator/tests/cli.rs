@@ -133,10 +133,25 @@ fn ledger_init_show_and_dry_run() {
 #[test]
 fn serve_refuses_a_worker_timeout_outside_its_range() {
     for bad in ["0", "-1", "NaN", "1e9"] {
-        let out = dpsynth(&["serve", "--listen", "127.0.0.1:0", &format!("--worker-timeout={bad}")]);
+        let out = dpsynth(&["serve", "--dev", "--listen", "127.0.0.1:0", &format!("--worker-timeout={bad}")]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
         assert!(stderr.contains("--worker-timeout"), "{bad}: {stderr}");
         assert!(!stderr.contains("panicked"), "{bad}: {stderr}");
     }
+}
+
+/// A production coordinator needs its datasets, submitters and TLS files; `--dev` (none of
+/// them) only listens on loopback.
+#[test]
+fn serve_without_authentication_is_loopback_only() {
+    let out = dpsynth(&["serve", "--listen", "127.0.0.1:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for flag in ["--datasets", "--submitters", "--tls-cert", "--tls-key", "--worker-ca"] {
+        assert!(stderr.contains(flag), "{flag}: {stderr}");
+    }
+    let out = dpsynth(&["serve", "--dev", "--listen", "0.0.0.0:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("loopback only"), "{stderr}");
 }

@@ -2,6 +2,8 @@
 
 tonic::include_proto!("dpsynth.v1");
 
+pub mod tls;
+
 /// Version of the protocol in `dpsynth.proto`; peers of another version are refused.
 /// 2: DP-SGD round tasks (`dpsgd`) and long polling.
 pub const PROTOCOL_VERSION: u32 = 2;

@@ -35,6 +35,9 @@ pub fn validate_id(what: &'static str, id: &str) -> Result<(), SpecError> {
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     pub job: JobSection,
+    /// Absent when the coordinator's operator declares the dataset's input (`serve
+    /// --datasets`); required otherwise (see [`JobSpec::require_input`]).
+    #[serde(default)]
     pub input: InputSpec,
     pub schema: SchemaSpec,
     pub privacy: PrivacySpec,
@@ -48,7 +51,9 @@ pub struct JobSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvaluationSpec {
-    /// Held-out real data, never used by the job.
+    /// Held-out real data, never used by the job (declared by the operator with the
+    /// dataset under `serve --datasets`).
+    #[serde(default)]
     pub test_urls: Vec<String>,
 }
 
@@ -84,7 +89,7 @@ impl Format {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputSpec {
     /// Files to read: paths, `file://` or `s3://` URLs.
@@ -613,10 +618,20 @@ impl JobSpec {
         Self::parse(&text, path)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// Refuses a spec with no input files (and an evaluation with no held-out files):
+    /// checked when a job starts, after an operator-declared dataset has filled them in.
+    pub fn require_input(&self) -> Result<(), SpecError> {
+        let missing = |message: &str| Err(SpecError::Invalid { path: "job spec".into(), message: message.into() });
         if self.input.urls.is_empty() {
-            return Err("[input] urls is empty".into());
+            return missing("[input] urls is empty");
         }
+        if self.evaluation.as_ref().is_some_and(|e| e.test_urls.is_empty()) {
+            return missing("[evaluation] test_urls is empty");
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), String> {
         if self.job.partitions == 0 {
             return Err("[job] partitions must be at least 1".into());
         }

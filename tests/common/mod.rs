@@ -245,3 +245,54 @@ pub fn validate(spec: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Option<i3
     eprintln!("{stderr}");
     (out.status.code(), last_json(&out.stdout), stderr)
 }
+
+// --- Certificates for the TLS tests, made with the `openssl` command line.
+
+const EC: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl is installed");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A self-signed CA: `name.pem`, `name.key`.
+pub fn ca(dir: &Path, name: &str) {
+    let (key, pem, subject) = (format!("{name}.key"), format!("{name}.pem"), format!("/CN={name}"));
+    let mut args = vec!["req", "-x509", "-nodes", "-days", "2", "-subj", &subject];
+    args.extend(EC);
+    args.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+    args.extend(["-keyout", &key, "-out", &pem]);
+    openssl(dir, &args);
+}
+
+/// A leaf certificate `name.pem`/`name.key` signed by CA `ca`, with `extensions`.
+pub fn issue(dir: &Path, ca: &str, name: &str, extensions: &str) {
+    let (key, csr, pem, ext) =
+        (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"), format!("{name}.ext"));
+    std::fs::write(dir.join(&ext), format!("basicConstraints=CA:FALSE\n{extensions}\n")).unwrap();
+    let subject = format!("/CN={name}");
+    let mut args = vec!["req", "-new", "-nodes", "-subj", &subject, "-keyout", &key, "-out", &csr];
+    args.extend(EC);
+    openssl(dir, &args);
+    let (ca_pem, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_pem,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &pem,
+        ],
+    );
+}

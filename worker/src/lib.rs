@@ -16,7 +16,7 @@ use dpsynth_proto::{
     ReportFailureRequest, ResultChunk, ResultHeader, Task, TensorChunk, TensorMeta,
 };
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// Counters this worker exposes on `/metrics`.
 #[derive(Default)]
@@ -58,6 +58,8 @@ pub struct WorkerConfig {
     /// How long one poll may wait at the coordinator for work (long polling).
     pub poll_interval: Duration,
     pub metrics: Arc<WorkerMetrics>,
+    /// Mutual TLS to the coordinator: its CA and this worker's certificate and key.
+    pub tls: Option<ClientTlsConfig>,
 }
 
 impl WorkerConfig {
@@ -67,6 +69,7 @@ impl WorkerConfig {
             name: name.into(),
             poll_interval: Duration::from_secs(1),
             metrics: Arc::default(),
+            tls: None,
         }
     }
 }
@@ -87,10 +90,14 @@ pub fn capabilities() -> Capabilities {
     }
 }
 
-async fn connect(url: &str) -> Channel {
+async fn connect(url: &str, tls: Option<&ClientTlsConfig>) -> Channel {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match Endpoint::from_shared(url.to_string()) {
+        let endpoint = Endpoint::from_shared(url.to_string()).and_then(|e| match tls {
+            Some(tls) => e.tls_config(tls.clone()),
+            None => Ok(e),
+        });
+        match endpoint {
             Ok(endpoint) => match endpoint.connect_timeout(Duration::from_secs(5)).connect().await {
                 Ok(channel) => return channel,
                 Err(e) => tracing::warn!(url, error = %e, "coordinator not reachable; retrying"),
@@ -106,7 +113,7 @@ async fn connect(url: &str) -> Channel {
 /// Connection losses are retried forever.
 pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     loop {
-        let channel = connect(&config.coordinator_url).await;
+        let channel = connect(&config.coordinator_url, config.tls.as_ref()).await;
         // Round tasks carry the model's weights; results carry gradient sums.
         let mut client = CoordinatorClient::new(channel)
             .max_decoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES)
@@ -121,8 +128,9 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
             .await;
         let registration = match registered {
             Ok(r) => r.into_inner(),
-            Err(status) if status.code() == Code::FailedPrecondition => {
-                bail!("{}", status.message())
+            // Another protocol, or not admitted: retrying cannot help.
+            Err(status) if matches!(status.code(), Code::FailedPrecondition | Code::Unauthenticated) => {
+                bail!("the coordinator refused this worker: {}", status.message())
             }
             Err(status) => {
                 tracing::warn!(error = %status, "registration failed; retrying");

@@ -1,7 +1,9 @@
 //! `dpsynth-worker`: one per CPU/GPU pod.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::Parser;
 use dpsynth_worker::{WorkerConfig, run};
 
@@ -17,6 +19,15 @@ struct Args {
     /// Serve Prometheus `/metrics` and `/healthz` on this address.
     #[arg(long, env = "DPSYNTH_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// The CA that signed the coordinator's certificate (PEM); enables TLS.
+    #[arg(long, env = "DPSYNTH_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// This worker's client certificate, signed by the workers' CA (PEM).
+    #[arg(long, env = "DPSYNTH_TLS_CERT", requires = "tls_ca")]
+    tls_cert: Option<PathBuf>,
+    /// This worker's key (PEM).
+    #[arg(long, env = "DPSYNTH_TLS_KEY", requires = "tls_ca")]
+    tls_key: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -27,7 +38,10 @@ async fn main() -> anyhow::Result<()> {
         .name
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("worker-{}", std::process::id()));
-    let config = WorkerConfig::new(args.coordinator, name);
+    let mut config = WorkerConfig::new(args.coordinator, name);
+    if let (Some(ca), Some(cert), Some(key)) = (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+        config.tls = Some(dpsynth_proto::tls::client_config(ca, Some((cert, key))).context("reading the TLS files")?);
+    }
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let metrics = config.metrics.clone();

@@ -32,6 +32,7 @@ pub struct EvalArgs {
 pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let spec = JobSpec::load(&args.spec)?;
     let train = if args.train.is_empty() { spec.input.urls.clone() } else { args.train };
+    anyhow::ensure!(!train.is_empty(), "no training files: the spec has no [input] urls and --train is not given");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // Every stage is logged (start, end, seconds): no listener needed.
     let report = runtime.block_on(eval::run(&spec, &train, &args.test, &args.synthetic, &args.out, &|_| {}))?;

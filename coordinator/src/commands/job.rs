@@ -1,11 +1,14 @@
 //! `dpsynth run | demo | serve | submit`: running synthesis jobs.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use dpsynth_coordinator::auth::Access;
+use dpsynth_coordinator::datasets::Datasets;
 use dpsynth_coordinator::job::JobRequest;
 use dpsynth_coordinator::scratch;
 use dpsynth_coordinator::server::serve;
@@ -71,15 +74,49 @@ pub struct ServeArgs {
     /// Serve Prometheus `/metrics` and `/healthz` on this address.
     #[arg(long, env = "DPSYNTH_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Operator-declared datasets (TOML): jobs name one of these and get its input,
+    /// privacy unit, ledger and budget from it.
+    #[arg(long, env = "DPSYNTH_DATASETS", required_unless_present = "dev")]
+    datasets: Option<String>,
+    /// Declared submitters (TOML): bearer-token hashes and the datasets each may use.
+    #[arg(long, env = "DPSYNTH_SUBMITTERS", required_unless_present = "dev")]
+    submitters: Option<String>,
+    /// The coordinator's TLS certificate (PEM).
+    #[arg(long, env = "DPSYNTH_TLS_CERT", required_unless_present = "dev")]
+    tls_cert: Option<PathBuf>,
+    /// The coordinator's TLS key (PEM).
+    #[arg(long, env = "DPSYNTH_TLS_KEY", required_unless_present = "dev")]
+    tls_key: Option<PathBuf>,
+    /// The CA whose client certificates identify workers (PEM).
+    #[arg(long, env = "DPSYNTH_WORKER_CA", required_unless_present = "dev")]
+    worker_ca: Option<PathBuf>,
+    /// Development mode: no TLS and no authentication, submitters choose inputs and
+    /// ledgers (so declared datasets are refused with it). Loopback only.
+    #[arg(long, conflicts_with_all = ["datasets", "submitters", "tls_cert", "tls_key", "worker_ca"])]
+    dev: bool,
+}
+
+/// How a client reaches the coordinator: its URL and, over TLS, the CA that signed the
+/// coordinator's certificate.
+#[derive(Args)]
+pub struct CoordinatorAddress {
+    /// Coordinator gRPC URL (`https://` with --tls-ca).
+    #[arg(long, env = "DPSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
+    coordinator: String,
+    /// The CA that signed the coordinator's certificate (PEM).
+    #[arg(long, env = "DPSYNTH_TLS_CA")]
+    tls_ca: Option<PathBuf>,
 }
 
 #[derive(Args)]
 pub struct SubmitArgs {
     /// The job spec (TOML).
     spec: String,
-    /// Coordinator gRPC URL.
-    #[arg(long, env = "DPSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
-    coordinator: String,
+    #[command(flatten)]
+    address: CoordinatorAddress,
+    /// A file holding the submitter's bearer token (`DPSYNTH_TOKEN` also works).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
     #[arg(long)]
     output: Option<String>,
     #[arg(long)]
@@ -242,15 +279,34 @@ pub fn demo() -> anyhow::Result<ExitCode> {
 
 pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
+        if args.dev && !args.listen.ip().is_loopback() {
+            bail!("--dev serves without TLS or authentication, so it listens on loopback only (not {})", args.listen);
+        }
         let mut config = CoordinatorConfig::default();
         sweep_stale_partitions(&args.scratch).await?;
+        if let Some(path) = &args.datasets {
+            let datasets = Datasets::load(path, &args.ledger)?;
+            datasets.init_ledgers().await?;
+            tracing::info!(datasets = ?datasets.ids().collect::<Vec<_>>(), "serving the declared datasets");
+            config.datasets = Some(datasets);
+        }
+        let tls = match (&args.tls_cert, &args.tls_key, &args.worker_ca, &args.submitters) {
+            (Some(cert), Some(key), Some(ca), Some(submitters)) => {
+                config.access = Access::load_submitters(submitters).map_err(anyhow::Error::msg)?;
+                Some(dpsynth_proto::tls::server_config(cert, key, ca).context("reading the TLS files")?)
+            }
+            _ => {
+                tracing::warn!("development mode: no TLS, no authentication (loopback only)");
+                None
+            }
+        };
         config.env.scratch_url = args.scratch;
         config.env.default_ledger_url = args.ledger;
         config.env.diagnostics_url = args.diagnostics;
         config.worker_timeout = Duration::from_secs_f64(args.worker_timeout);
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-        tracing::info!(address = %listener.local_addr()?, "coordinator listening");
+        tracing::info!(address = %listener.local_addr()?, tls = tls.is_some(), "coordinator listening");
         let service = CoordinatorService::new(config);
         if let Some(addr) = args.metrics_listen {
             let metrics = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
@@ -258,7 +314,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tokio::spawn(dpsynth_shared::metrics::serve(metrics, std::sync::Arc::new(move || scraped.metrics())));
             tracing::info!(%addr, "metrics listening");
         }
-        serve(listener, service, async {
+        serve(listener, service, tls, async {
             // Kubernetes stops pods with SIGTERM; a terminal with Ctrl-C.
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .expect("installing a SIGTERM handler");
@@ -277,12 +333,38 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.spec).with_context(|| format!("reading {}", args.spec))?;
     // Validate locally first: a bad spec should fail here, with its path.
     JobSpec::parse(&text, &args.spec)?;
+    let token = match (&args.token_file, std::env::var("DPSYNTH_TOKEN")) {
+        (Some(path), _) => Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?),
+        (None, Ok(token)) => Some(token),
+        (None, Err(_)) => None,
+    };
+    let address = &args.address;
+    let loopback = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"];
+    if token.is_some() && address.tls_ca.is_none() && !loopback.iter().any(|l| address.coordinator.starts_with(l)) {
+        bail!(
+            "refusing to send a bearer token without TLS to {}: give --tls-ca and an https:// URL",
+            address.coordinator
+        );
+    }
+    let authorization: Option<tonic::metadata::MetadataValue<_>> = token
+        .map(|t| format!("Bearer {}", t.trim()).parse())
+        .transpose()
+        .context("the token is not a valid header value")?;
     runtime()?.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(args.coordinator.clone())?
+        let mut endpoint = tonic::transport::Endpoint::from_shared(address.coordinator.clone())?;
+        if let Some(ca) = &address.tls_ca {
+            endpoint = endpoint.tls_config(dpsynth_proto::tls::client_config(ca, None)?)?;
+        }
+        let channel = endpoint
             .connect()
             .await
-            .with_context(|| format!("connecting to the coordinator at {}", args.coordinator))?;
-        let mut client = CoordinatorClient::new(channel);
+            .with_context(|| format!("connecting to the coordinator at {}", address.coordinator))?;
+        let mut client = CoordinatorClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+            if let Some(value) = &authorization {
+                request.metadata_mut().insert("authorization", value.clone());
+            }
+            Ok(request)
+        });
         let submitted = client
             .submit_job(SubmitJobRequest {
                 spec_toml: text,
@@ -295,7 +377,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             Ok(r) => r.into_inner().job_id,
             Err(status) => bail!("the coordinator rejected the job: {}", status.message()),
         };
-        eprintln!("submitted job {job_id} to {}", args.coordinator);
+        eprintln!("submitted job {job_id} to {}", args.address.coordinator);
         let status = follow(async || {
             Ok(client.get_job(GetJobRequest { job_id: job_id.clone() }).await.context("polling the job")?.into_inner())
         })

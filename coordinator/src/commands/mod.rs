@@ -4,6 +4,7 @@ pub mod eval;
 pub mod job;
 pub mod ledger;
 pub mod privacy;
+pub mod token;
 pub mod validate;
 
 /// Exit status when the privacy ledger refuses a job (its budget would be exceeded).

@@ -48,6 +48,7 @@ fn problem_json(problem: &DataError) -> serde_json::Value {
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     let spec = JobSpec::load(&args.spec)?;
+    spec.require_input()?;
     let domain = Domain::from_spec(&spec);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let validation = runtime.block_on(input::validate(&spec, &domain, args.max_problems));

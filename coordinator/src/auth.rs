@@ -1,0 +1,126 @@
+//! Who may talk to the coordinator. Workers prove themselves with a client certificate
+//! signed by the workers' CA (mutual TLS, checked by the TLS layer; the worker RPCs require
+//! that one was presented). Submitters send a bearer token; the coordinator keeps only
+//! tokens' SHA-256 (`submitters.toml`), each mapped to the datasets it may charge, and a
+//! submitter sees only its own jobs, whose ids it namespaces (`<name>.<job id>`).
+//!
+//! ```toml
+//! [[submitter]]
+//! name = "analytics"
+//! token_sha256 = "…"   # `dpsynth token` prints a token and its hash
+//! datasets = ["mimic-iv-ed-2026"]
+//! ```
+//!
+//! [`Access::Open`] admits everyone: standalone `run` (loopback, one process) and
+//! `serve --dev`, which refuses to listen beyond loopback.
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tonic::{Request, Status};
+
+/// One declared submitter.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submitter {
+    pub name: String,
+    /// Hex SHA-256 of the bearer token.
+    token_sha256: String,
+    /// Dataset ids this submitter may run jobs on.
+    pub datasets: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmittersFile {
+    submitter: Vec<Submitter>,
+}
+
+/// How the coordinator admits its peers.
+#[derive(Clone, Debug, Default)]
+pub enum Access {
+    /// No authentication (loopback only).
+    #[default]
+    Open,
+    /// Workers by mutual TLS, submitters by token.
+    Authenticated { submitters: Vec<Submitter> },
+}
+
+/// Hex SHA-256 of a token, as `submitters.toml` stores it.
+pub fn token_sha256(token: &str) -> String {
+    format!("{:x}", Sha256::digest(token.as_bytes()))
+}
+
+/// Whether two equal-length strings are equal, in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Access {
+    /// Reads `submitters.toml`.
+    pub fn load_submitters(path: &str) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"))?;
+        let file: SubmittersFile = toml::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+        for s in &file.submitter {
+            // A name prefixes its jobs' ids (`<name>.<job id>`), so it may not hold a dot.
+            if dpsynth_shared::spec::validate_id("submitter name", &s.name).is_err() || s.name.contains('.') {
+                return Err(format!("{path}: submitter '{}': names use letters, digits, '_' and '-'", s.name));
+            }
+            if s.token_sha256.len() != 64 || !s.token_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!("{path}: submitter '{}': token_sha256 must be 64 hex digits", s.name));
+            }
+        }
+        Ok(Access::Authenticated { submitters: file.submitter })
+    }
+
+    /// Admits a worker RPC: the connection presented a certificate the TLS layer verified
+    /// against the workers' CA.
+    pub fn worker<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        match self {
+            Access::Open => Ok(()),
+            Access::Authenticated { .. } if request.peer_certs().is_some_and(|c| !c.is_empty()) => Ok(()),
+            Access::Authenticated { .. } => {
+                Err(Status::unauthenticated("worker RPCs need a client certificate signed by the workers' CA"))
+            }
+        }
+    }
+
+    /// Admits a submitter RPC; `None` under [`Access::Open`].
+    pub fn submitter<T>(&self, request: &Request<T>) -> Result<Option<&Submitter>, Status> {
+        let Access::Authenticated { submitters } = self else { return Ok(None) };
+        let token = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| Status::unauthenticated("a bearer token is required (dpsynth submit --token-file)"))?;
+        let hash = token_sha256(token.trim());
+        submitters
+            .iter()
+            .find(|s| constant_time_eq(s.token_sha256.to_ascii_lowercase().as_bytes(), hash.as_bytes()))
+            .map(Some)
+            .ok_or_else(|| Status::unauthenticated("unknown bearer token"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_matched_by_their_hash_only() {
+        let alice = Submitter { name: "alice".into(), token_sha256: token_sha256("s3cret"), datasets: vec![] };
+        let access = Access::Authenticated { submitters: vec![alice] };
+        let with = |value: &str| {
+            let mut request = Request::new(());
+            request.metadata_mut().insert("authorization", value.parse().unwrap());
+            request
+        };
+        assert_eq!(access.submitter(&with("Bearer s3cret")).unwrap().unwrap().name, "alice");
+        assert_eq!(access.submitter(&with("Bearer wrong")).unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert_eq!(access.submitter(&with("s3cret")).unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert_eq!(access.submitter(&Request::new(())).unwrap_err().code(), tonic::Code::Unauthenticated);
+        // Without TLS there is no verified client certificate.
+        assert_eq!(access.worker(&Request::new(())).unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert!(Access::Open.worker(&Request::new(())).is_ok());
+    }
+}

@@ -1,0 +1,278 @@
+//! Operator-declared datasets (`serve --datasets datasets.toml`): what binds a ledger to
+//! its data. Each dataset has an id, its input, its privacy unit, its total budget and its
+//! ledger store, all chosen by the operator. A job names a dataset id and may not set input
+//! files, held-out files, the unit column, a ledger or a budget: the coordinator fills
+//! them in from the declaration, so one input is always charged to one ledger.
+//!
+//! ```toml
+//! [[dataset]]
+//! id = "mimic-iv-ed-2026"
+//! unit_column = "subject_id"        # absent: each row is its own privacy unit
+//! ledger = "s3://dpsynth/ledger"     # absent: the coordinator's --ledger
+//! budget = { epsilon = 10.0, delta = 1e-6 }
+//! holdout_urls = ["s3://private/ed/holdout.parquet"]   # evaluation only
+//! [dataset.input]
+//! urls = ["s3://private/ed/vitals.parquet"]
+//! ```
+
+use std::collections::HashMap;
+
+use dpsynth_shared::privacy::accountant::AccountingOptions;
+use dpsynth_shared::privacy::ledger::{Budget, Ledger, LedgerError};
+use dpsynth_shared::privacy::mechanism::Adjacency;
+use dpsynth_shared::spec::{InputSpec, validate_id};
+use dpsynth_shared::storage;
+use serde::Deserialize;
+
+use crate::job::JobRequest;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetsError {
+    #[error("{path}: {message}")]
+    File { path: String, message: String },
+    #[error("dataset '{0}' is not declared on this coordinator")]
+    Unknown(String),
+    #[error("dataset '{dataset}' is declared by the operator: a job may not set {field}")]
+    SetBySubmitter { dataset: String, field: &'static str },
+    #[error("dataset '{dataset}': {message}")]
+    Ledger { dataset: String, message: String },
+    #[error("the output location {output} overlaps a declared dataset's input or ledger; choose another prefix")]
+    OutputOverlaps { output: String },
+}
+
+/// One declared dataset.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredDataset {
+    pub id: String,
+    pub input: InputSpec,
+    #[serde(default)]
+    pub unit_column: Option<String>,
+    #[serde(default)]
+    pub ledger: Option<String>,
+    pub budget: Budget,
+    /// Held-out files for evaluation reports (diagnostics for the data owner).
+    #[serde(default)]
+    pub holdout_urls: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DatasetsFile {
+    dataset: Vec<DeclaredDataset>,
+}
+
+/// The datasets a coordinator serves, by id.
+#[derive(Clone, Debug)]
+pub struct Datasets {
+    by_id: HashMap<String, DeclaredDataset>,
+    /// Ledger store of datasets that name none.
+    default_ledger: String,
+}
+
+impl Datasets {
+    /// Parses a datasets file; `default_ledger` serves datasets that name no ledger.
+    pub fn parse(text: &str, path: &str, default_ledger: &str) -> Result<Self, DatasetsError> {
+        let invalid = |message: String| DatasetsError::File { path: path.to_string(), message };
+        let file: DatasetsFile = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let mut by_id = HashMap::new();
+        for dataset in file.dataset {
+            validate_id("dataset id", &dataset.id).map_err(|e| invalid(e.to_string()))?;
+            if dataset.input.urls.is_empty() {
+                return Err(invalid(format!("dataset '{}' has no input urls", dataset.id)));
+            }
+            let Budget { epsilon, delta } = dataset.budget;
+            if !(epsilon > 0.0 && epsilon.is_finite() && (0.0..1.0).contains(&delta)) {
+                return Err(invalid(format!("dataset '{}' needs a budget with ε > 0 and δ in [0, 1)", dataset.id)));
+            }
+            let id = dataset.id.clone();
+            if by_id.insert(id.clone(), dataset).is_some() {
+                return Err(invalid(format!("dataset '{id}' is declared twice")));
+            }
+        }
+        Ok(Self { by_id, default_ledger: default_ledger.to_string() })
+    }
+
+    pub fn load(path: &str, default_ledger: &str) -> Result<Self, DatasetsError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| DatasetsError::File { path: path.to_string(), message: format!("cannot read: {e}") })?;
+        Self::parse(&text, path, default_ledger)
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.by_id.keys().map(String::as_str)
+    }
+
+    fn ledger_url(&self, dataset: &DeclaredDataset) -> String {
+        dataset.ledger.clone().unwrap_or_else(|| self.default_ledger.clone())
+    }
+
+    /// Creates the ledgers that do not exist yet with their declared budgets, and refuses
+    /// a declaration whose budget differs from its existing ledger's: a ledger's budget is
+    /// fixed when it is created, and a declaration may not pretend otherwise.
+    pub async fn init_ledgers(&self) -> Result<(), DatasetsError> {
+        for dataset in self.by_id.values() {
+            let fail = |message: String| DatasetsError::Ledger { dataset: dataset.id.clone(), message };
+            let location = storage::open(&self.ledger_url(dataset)).map_err(|e| fail(e.to_string()))?;
+            let options = AccountingOptions::default();
+            let ledger = match Ledger::open(&location, &dataset.id).await {
+                Err(LedgerError::NotInitialised { .. }) => {
+                    tracing::info!(dataset = dataset.id, "creating the declared dataset's ledger");
+                    match Ledger::init(&location, &dataset.id, dataset.budget, Adjacency::AddRemove, options).await {
+                        Err(LedgerError::AlreadyExists { .. }) => Ledger::open(&location, &dataset.id).await,
+                        other => other,
+                    }
+                }
+                other => other,
+            }
+            .map_err(|e| fail(e.to_string()))?;
+            if ledger.budget() != dataset.budget {
+                return Err(fail(format!(
+                    "the declared budget (ε = {}, δ = {}) differs from the ledger's (ε = {}, δ = {}); the ledger's is \
+                     fixed at creation: correct the declaration",
+                    dataset.budget.epsilon,
+                    dataset.budget.delta,
+                    ledger.budget().epsilon,
+                    ledger.budget().delta
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds a submitted job to its declared dataset: refuses what only the operator may
+    /// set, then fills in the input, unit column, held-out files and ledger.
+    pub fn bind(&self, request: &mut JobRequest) -> Result<(), DatasetsError> {
+        let id = request.spec.job.dataset_id.clone();
+        let dataset = self.by_id.get(&id).ok_or_else(|| DatasetsError::Unknown(id.clone()))?;
+        let refuse = |field| Err(DatasetsError::SetBySubmitter { dataset: id.clone(), field });
+        let spec = &mut request.spec;
+        if spec.input != InputSpec::default() {
+            return refuse("[input]");
+        }
+        if request.ledger_url.is_some() || spec.privacy.ledger.is_some() {
+            return refuse("a ledger store");
+        }
+        if spec.privacy.dataset_budget.is_some() {
+            return refuse("[privacy] dataset_budget");
+        }
+        if spec.evaluation.as_ref().is_some_and(|e| !e.test_urls.is_empty()) {
+            return refuse("[evaluation] test_urls");
+        }
+        if spec.schema.unit_column.as_ref().is_some_and(|unit| Some(unit) != dataset.unit_column.as_ref()) {
+            return refuse("a unit column other than the declared one");
+        }
+        // A submitter reads everything under its output prefix: it may not hold (or sit
+        // inside) any declared input, held-out file or ledger store.
+        let output = request.resolved_output_url();
+        let declared = self.by_id.values().flat_map(|d| {
+            d.input.urls.iter().chain(&d.holdout_urls).cloned().chain(std::iter::once(self.ledger_url(d)))
+        });
+        if declared.into_iter().any(|url| storage::nested(&output, &url)) {
+            return Err(DatasetsError::OutputOverlaps { output });
+        }
+        let spec = &mut request.spec;
+        spec.input = dataset.input.clone();
+        spec.schema.unit_column = dataset.unit_column.clone();
+        if let Some(evaluation) = &mut spec.evaluation {
+            evaluation.test_urls = dataset.holdout_urls.clone();
+        }
+        request.ledger_url = Some(self.ledger_url(dataset));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpsynth_shared::spec::JobSpec;
+
+    const DATASETS: &str = r#"
+[[dataset]]
+id = "icu"
+unit_column = "patient_id"
+ledger = "/srv/ledger"
+budget = { epsilon = 10.0, delta = 1e-6 }
+holdout_urls = ["/srv/icu/holdout.csv"]
+[dataset.input]
+urls = ["/srv/icu/vitals.csv"]
+"#;
+
+    const SPEC: &str = r#"
+[job]
+dataset_id = "icu"
+[schema]
+unit_column = "patient_id"
+[[schema.columns]]
+name = "patient_id"
+kind = "identifier"
+[[schema.columns]]
+name = "pain"
+kind = "integer"
+min = 0
+max = 10
+[privacy]
+epsilon = 1.0
+delta = 1e-7
+[generator]
+name = "marginals"
+[output]
+url = "/srv/out"
+"#;
+
+    fn request(extra: &str) -> JobRequest {
+        let spec = JobSpec::parse(&format!("{SPEC}{extra}"), "job.toml").unwrap();
+        JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None }
+    }
+
+    #[test]
+    fn a_job_gets_the_declared_input_and_ledger() {
+        let datasets = Datasets::parse(DATASETS, "datasets.toml", "/default").unwrap();
+        let mut job = request("[evaluation]\n");
+        datasets.bind(&mut job).unwrap();
+        assert_eq!(job.spec.input.urls, ["/srv/icu/vitals.csv"]);
+        assert_eq!(job.spec.evaluation.unwrap().test_urls, ["/srv/icu/holdout.csv"]);
+        assert_eq!(job.ledger_url.as_deref(), Some("/srv/ledger"));
+    }
+
+    #[test]
+    fn a_job_may_not_choose_what_the_operator_declares() {
+        let datasets = Datasets::parse(DATASETS, "datasets.toml", "/default").unwrap();
+        let refused = |mut job: JobRequest| datasets.bind(&mut job).unwrap_err().to_string();
+        assert!(refused(request("[input]\nurls = [\"/etc/passwd\"]\n")).contains("[input]"));
+        assert!(refused(request("[evaluation]\ntest_urls = [\"/x.csv\"]\n")).contains("test_urls"));
+        let mut job = request("");
+        job.ledger_url = Some("/tmp/fresh-ledger".into());
+        assert!(refused(job).contains("ledger"));
+        let mut job = request("");
+        job.spec.privacy.dataset_budget = Some(Budget { epsilon: 1e6, delta: 0.5 });
+        assert!(refused(job).contains("dataset_budget"));
+        let mut job = request("");
+        job.spec.schema.unit_column = Some("pain".into());
+        assert!(refused(job).contains("unit column"));
+        let mut job = request("");
+        job.spec.job.dataset_id = "other".into();
+        assert!(matches!(datasets.bind(&mut job), Err(DatasetsError::Unknown(_))));
+        // An output prefix holding the declared input (or its ledger) would hand it over.
+        for inside in ["/srv/icu", "/srv/ledger/out", "/srv"] {
+            let mut job = request("");
+            job.output_url = Some(inside.into());
+            assert!(matches!(datasets.bind(&mut job), Err(DatasetsError::OutputOverlaps { .. })), "{inside}");
+        }
+    }
+
+    #[tokio::test]
+    async fn ledgers_are_created_with_the_declared_budget_and_a_changed_budget_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = dir.path().to_str().unwrap();
+        let text = DATASETS.replace("/srv/ledger", ledger);
+        Datasets::parse(&text, "datasets.toml", "/default").unwrap().init_ledgers().await.unwrap();
+        let opened = Ledger::open(&storage::open(ledger).unwrap(), "icu").await.unwrap();
+        assert_eq!(opened.budget(), Budget { epsilon: 10.0, delta: 1e-6 });
+        // Restarting with the same declaration is fine; raising the budget is not.
+        Datasets::parse(&text, "datasets.toml", "/default").unwrap().init_ledgers().await.unwrap();
+        let raised = text.replace("epsilon = 10.0", "epsilon = 100.0");
+        let err = Datasets::parse(&raised, "datasets.toml", "/default").unwrap().init_ledgers().await.unwrap_err();
+        assert!(err.to_string().contains("differs from the ledger's"), "{err}");
+    }
+}
