@@ -173,6 +173,8 @@ pub struct JobEnv {
     /// The operator's store for evaluation reports (diagnostics computed on private data,
     /// for the data owner only); `None`: this coordinator refuses jobs that ask for one.
     pub diagnostics_url: Option<String>,
+    /// This coordinator's liveness in the scratch store, shared by its jobs.
+    pub heartbeat: scratch::Heartbeat,
 }
 
 /// Runs a job to completion.
@@ -198,6 +200,8 @@ pub async fn run_job(
     let ledger_location = storage::open(&ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
     let scratch_store = storage::open(&env.scratch_url)?;
+    // Before any partition exists, so a coordinator sharing the store never sweeps ours.
+    env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Other(format!("scratch heartbeat: {e}")))?;
     let ctx = JobContext { request: &request, domain: &domain, scheduler, telemetry, progress: &progress };
     let released = match spec.generator.name {
         GeneratorName::Marginals => run_marginals(&ctx, &mut ledger, &scratch_store, &output_url).await,
@@ -248,21 +252,27 @@ pub async fn run_job(
 /// private tables' sizes). Computed on private data (training and held-out rows): a
 /// diagnostic for the data owner, written to the operator's store and never beside the
 /// release; its figures stay out of the log and the job status.
+/// Its stage lines (timings follow the tables' sizes) go to the operator log only.
+#[tracing::instrument(name = "evaluation", skip_all, fields(job = %request.job_id))]
 pub async fn evaluate_for_owner(request: &JobRequest, env: &JobEnv) {
     // `start_job` refuses an evaluation on a coordinator without a diagnostics store.
-    let (spec, job_id) = (&request.spec, &request.job_id);
+    let spec = &request.spec;
     let (Some(evaluation), Some(diagnostics)) = (&spec.evaluation, &env.diagnostics_url) else { return };
-    let diagnostics = format!("{}/{job_id}", diagnostics.trim_end_matches('/'));
-    // Its progress lines (stage timings follow table sizes) go to the operator log only.
-    let operator_log = |stage: &str| tracing::info!(job = job_id, stage, "evaluation progress");
+    let diagnostics = format!("{}/{}", diagnostics.trim_end_matches('/'), request.job_id);
     let (train, test) = (&spec.input.urls, &evaluation.test_urls);
     let synthetic = request.resolved_output_url();
-    match dpsynth_shared::eval::run(spec, train, test, &synthetic, &diagnostics, &operator_log).await {
-        Ok(_) => tracing::info!(job = job_id, diagnostics, "evaluation report written to the diagnostics store"),
-        Err(e) => {
-            tracing::warn!(job = job_id, error = %e, "evaluation failed; the synthetic output is complete regardless")
-        }
+    match dpsynth_shared::eval::run(spec, train, test, &synthetic, &diagnostics).await {
+        Ok(_) => tracing::info!(diagnostics, "evaluation report written to the diagnostics store"),
+        Err(e) => tracing::warn!(error = %e, "evaluation failed; the synthetic output is complete regardless"),
     }
+}
+
+/// Claims the one release of `receipt`'s charge in the ledger: after this, and only after
+/// this, may parts be written. A charge already released (by another coordinator, or a
+/// resumed copy of this job) is refused here.
+async fn claim_release(ledger: &mut Ledger, receipt: &ChargeReceipt, output: &OutputWriter) -> Result<(), JobError> {
+    ledger.record_release(receipt.seq, output.url()).await?;
+    Ok(())
 }
 
 /// Refuses an output prefix that is, contains or lies under the ledger, scratch or
@@ -360,19 +370,6 @@ impl JobContext<'_> {
         Ok(receipt)
     }
 
-    /// Claims the one release of `receipt`'s charge in the ledger and opens the output:
-    /// after this, and only after this, may parts be written. A charge that was already
-    /// released (another coordinator, a resumed copy of this job) is refused here.
-    async fn claim_release(
-        &self,
-        ledger: &mut Ledger,
-        receipt: &ChargeReceipt,
-        output: OutputWriter,
-    ) -> Result<OutputWriter, JobError> {
-        ledger.record_release(receipt.seq, output.url()).await?;
-        Ok(output)
-    }
-
     /// Splits the private input by privacy unit into the scratch store.
     async fn partition(&self, scratch: &StoreLocation) -> Result<Partitioned, JobError> {
         set_stage(self.progress, "partitioning");
@@ -427,7 +424,7 @@ async fn run_marginals(
 
     let receipt = ctx.charge(ledger, &charge).await?;
     set_stage(ctx.progress, "writing output");
-    let output = ctx.claim_release(ledger, &receipt, output).await?;
+    claim_release(ledger, &receipt, &output).await?;
     let rows = spec.output.rows.unwrap_or_else(|| synthesizer.noisy_total.round().max(1.0) as u64);
     let output = write_marginal_parts(spec, output, &synthesizer, rows).await?;
     let cost = receipt.admission.cost.clone();
@@ -647,7 +644,7 @@ async fn run_findiff(
     deleted?;
 
     set_stage(ctx.progress, "sampling");
-    let output = ctx.claim_release(ledger, &run.receipt, output).await?;
+    claim_release(ledger, &run.receipt, &output).await?;
     let mut model = FinDiffModel::new(&run.model, &device);
     let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
     model.load_parameters(&weights).map_err(|e| JobError::Other(e.to_string()))?;
@@ -723,7 +720,7 @@ async fn run_pate(
     );
 
     set_stage(ctx.progress, "sampling");
-    let output = ctx.claim_release(ledger, &receipt, output).await?;
+    claim_release(ledger, &receipt, &output).await?;
     let gan = Arc::new(Mutex::new(gan));
     let labels = Arc::new(labels);
     let encoding = Arc::new(plan.encoding.clone());

@@ -9,12 +9,13 @@
 //! partitions when the job ends, and at start sweeps those of processes whose heartbeat
 //! is missing or stale (crashed), never those of a live one.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
+use tokio::sync::OnceCell;
 
 use dpsynth_shared::storage::StoreLocation;
 
@@ -39,18 +40,37 @@ pub fn partition_prefix(job_id: &str) -> String {
     format!("{PARTITIONS}/{}/{job_id}", instance())
 }
 
-/// Renews this process's heartbeat until the runtime stops; a failed write is logged and
-/// retried (a sweep then treats the process as crashed only after `STALE_AFTER`).
-pub fn keep_alive(scratch: StoreLocation) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(HEARTBEAT);
-        loop {
-            tick.tick().await;
-            if let Err(e) = beat(&scratch, Utc::now()).await {
-                tracing::warn!(error = %e, "could not renew the scratch heartbeat");
-            }
-        }
-    });
+/// This process's heartbeat in one scratch store: written, and awaited, before a job's
+/// first partition, then renewed every `HEARTBEAT` while the coordinator that owns it
+/// lives (a failed renewal is logged; a sweep treats the process as gone only after
+/// `STALE_AFTER`). A coordinator that never partitions writes nothing.
+#[derive(Clone, Debug, Default)]
+pub struct Heartbeat(Arc<OnceCell<()>>);
+
+impl Heartbeat {
+    pub async fn ensure(&self, scratch: &StoreLocation) -> object_store::Result<()> {
+        self.0
+            .get_or_try_init(|| async {
+                beat(scratch, Utc::now()).await?;
+                let (owner, scratch) = (Arc::downgrade(&self.0), scratch.clone());
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(HEARTBEAT);
+                    tick.tick().await; // immediate: the beat above
+                    loop {
+                        tick.tick().await;
+                        if owner.strong_count() == 0 {
+                            break;
+                        }
+                        if let Err(e) = beat(&scratch, Utc::now()).await {
+                            tracing::warn!(error = %e, "could not renew the scratch heartbeat");
+                        }
+                    }
+                });
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
 }
 
 async fn beat(scratch: &StoreLocation, at: DateTime<Utc>) -> object_store::Result<()> {
@@ -143,8 +163,10 @@ mod tests {
         assert!(!exists(&scratch, &format!("{INSTANCES}/crashed")).await);
         assert!(!exists(&scratch, &format!("{PARTITIONS}/silent/{part}")).await);
 
-        // Our own heartbeat keeps us alive for another process's sweep.
-        beat(&scratch, Utc::now()).await.unwrap();
+        // Our own heartbeat, written before our first partition, keeps us alive for
+        // another process's sweep.
+        assert!(!alive(&scratch, instance()).await.unwrap());
+        Heartbeat::default().ensure(&scratch).await.unwrap();
         assert!(alive(&scratch, instance()).await.unwrap());
     }
 }

@@ -49,6 +49,7 @@ impl Default for CoordinatorConfig {
                 scratch_url: "./dpsynth-out/scratch".into(),
                 default_ledger_url: "./dpsynth-out/ledger".into(),
                 diagnostics_url: None,
+                heartbeat: Default::default(),
             },
             datasets: None,
             access: Access::Open,
@@ -82,7 +83,7 @@ pub fn new_job_id() -> String {
 }
 
 impl CoordinatorService {
-    /// Starts the reaper that declares silent workers dead and the scratch heartbeat.
+    /// Starts the reaper that declares silent workers dead.
     pub fn new(config: CoordinatorConfig) -> Self {
         let scheduler = Arc::new(Scheduler::new(config.worker_timeout));
         let reaper = Arc::downgrade(&scheduler);
@@ -97,12 +98,6 @@ impl CoordinatorService {
                 }
             }
         });
-        // This process's heartbeat in the scratch store, so a coordinator sharing the store
-        // never sweeps the partitions this one's jobs are using.
-        match dpsynth_shared::storage::open(&config.env.scratch_url) {
-            Ok(scratch) => crate::scratch::keep_alive(scratch),
-            Err(e) => tracing::warn!(error = %e, "no scratch heartbeat: the scratch URL does not open"),
-        }
         Self { scheduler, telemetry: Arc::default(), config: Arc::new(config), jobs: Arc::default() }
     }
 

@@ -34,8 +34,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let train = if args.train.is_empty() { spec.input.urls.clone() } else { args.train };
     anyhow::ensure!(!train.is_empty(), "no training files: the spec has no [input] urls and --train is not given");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    // Every stage is logged (start, end, seconds): no listener needed.
-    let report = runtime.block_on(eval::run(&spec, &train, &args.test, &args.synthetic, &args.out, &|_| {}))?;
+    let report = runtime.block_on(eval::run(&spec, &train, &args.test, &args.synthetic, &args.out))?;
     eprintln!(
         "HIST {:.4}, Pair {:.4}, CorAcc {:.4}; DCR median synthetic {:.4} vs held-out {:.4}; MIA AUC {:.3}. Report: {}/report.html",
         report.fidelity.hist,

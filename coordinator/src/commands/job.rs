@@ -42,9 +42,8 @@ pub struct RunArgs {
     /// Ledger store; overrides the spec.
     #[arg(long)]
     ledger: Option<String>,
-    /// Scratch store for the job's partitions (deleted when the job ends). Stale
-    /// partitions left there by a crashed run are swept at start: one `run` at a time per
-    /// scratch store.
+    /// Scratch store for the job's partitions (deleted when the job ends). Partitions a
+    /// crashed coordinator or `run` left there are swept at start; live ones are kept.
     #[arg(long, default_value = "./dpsynth-out/scratch")]
     scratch: String,
     /// Where an `[evaluation]` report goes (`<diagnostics>/<job id>/`): it is computed on
@@ -291,14 +290,15 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             config.datasets = Some(datasets);
         }
         let tls = match (&args.tls_cert, &args.tls_key, &args.worker_ca, &args.submitters) {
+            _ if args.dev => {
+                tracing::warn!("development mode: no TLS, no authentication (loopback only)");
+                None
+            }
             (Some(cert), Some(key), Some(ca), Some(submitters)) => {
                 config.access = Access::load_submitters(submitters).map_err(anyhow::Error::msg)?;
                 Some(dpsynth_proto::tls::server_config(cert, key, ca).context("reading the TLS files")?)
             }
-            _ => {
-                tracing::warn!("development mode: no TLS, no authentication (loopback only)");
-                None
-            }
+            _ => bail!("serve needs --tls-cert, --tls-key, --worker-ca and --submitters (or --dev on loopback)"),
         };
         config.env.scratch_url = args.scratch;
         config.env.default_ledger_url = args.ledger;

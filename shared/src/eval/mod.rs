@@ -20,7 +20,6 @@ pub mod utility;
 use std::borrow::Cow;
 use std::time::Instant;
 
-use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rand::SeedableRng;
 use rand::rngs::ChaCha8Rng;
@@ -249,12 +248,19 @@ pub struct RowCounts {
 }
 
 /// The first words of every report (JSON `notice`, the HTML page's banner).
-pub const NOT_DP: &str = "NOT DIFFERENTIALLY PRIVATE — DO NOT PUBLISH.";
+macro_rules! not_dp {
+    () => {
+        "NOT DIFFERENTIALLY PRIVATE — DO NOT PUBLISH."
+    };
+}
+pub const NOT_DP: &str = not_dp!();
 
 /// The notice every report carries.
-pub const NOTICE: &str = "NOT DIFFERENTIALLY PRIVATE — DO NOT PUBLISH. Computed on private data (the training and \
-     the held-out real tables): a diagnostic for the data owner, not a privacy guarantee. The formal guarantee is \
-     the (ε, δ) below, from the privacy ledger.";
+pub const NOTICE: &str = concat!(
+    not_dp!(),
+    " Computed on private data (the training and the held-out real tables): a diagnostic for the data owner, not a \
+     privacy guarantee. The formal guarantee is the (ε, δ) below, from the privacy ledger."
+);
 
 /// Runs every evaluation the spec allows, under the default [`EvalLimits`].
 pub fn evaluate(
@@ -416,20 +422,19 @@ pub async fn check_report_location(out: &str, synthetic_url: &str) -> Result<(),
 /// Loads the three tables, evaluates under the default [`EvalLimits`], and writes
 /// `report.json` and `report.html` to `out`. Refuses (before reading anything) an `out` that
 /// is the synthetic prefix or lies in or under a release ([`check_report_location`]).
-/// `progress` is told each stage as it starts ("evaluation: loading the tables",
-/// "evaluation 2/4: utility", …, "evaluation: writing the report"); the metrics run on a
-/// blocking thread, so the async runtime stays responsive meanwhile.
+/// Every stage is logged as it starts and ends (to the operator's log: stage times follow
+/// the private tables' sizes); the metrics run on a blocking thread, so the async runtime
+/// stays responsive meanwhile.
 pub async fn run(
     spec: &JobSpec,
     train_urls: &[String],
     test_urls: &[String],
     synthetic_url: &str,
     out: &str,
-    progress: &(dyn Fn(&str) + Sync),
 ) -> Result<EvalReport, EvalError> {
     check_report_location(out, synthetic_url).await?;
     let domain = Domain::from_spec(spec);
-    progress("evaluation: loading the tables");
+    tracing::info!("evaluation: loading the tables");
     let started = Instant::now();
     let (parts, guarantee) = synthetic_source(synthetic_url).await?;
     let train = load(spec, &domain, train_urls).await?;
@@ -438,23 +443,15 @@ pub async fn run(
     // No row counts in the log: the tables' sizes are private figures too.
     tracing::info!("evaluation: tables loaded ({:.1} s)", started.elapsed().as_secs_f64());
 
-    let (sender, mut messages) = futures::channel::mpsc::unbounded::<String>();
     let spec_owned = spec.clone();
     let span = tracing::Span::current();
-    let worker = tokio::task::spawn_blocking(move || {
+    let report = tokio::task::spawn_blocking(move || {
         let _entered = span.enter();
-        let tell = |m: &str| {
-            let _ = sender.unbounded_send(m.to_string());
-        };
-        let limits = EvalLimits::default();
-        evaluate_with(&spec_owned, &domain, &train, &test, &synthetic, guarantee, &limits, &tell)
-    });
-    while let Some(message) = messages.next().await {
-        progress(&message);
-    }
-    let report = worker.await.map_err(|e| EvalError::Io(format!("evaluation worker: {e}")))?;
+        evaluate_with(&spec_owned, &domain, &train, &test, &synthetic, guarantee, &EvalLimits::default(), &|_| {})
+    })
+    .await
+    .map_err(|e| EvalError::Io(format!("evaluation worker: {e}")))?;
 
-    progress("evaluation: writing the report");
     let location = storage::open(out)?;
     let json = serde_json::to_vec_pretty(&report).map_err(|e| EvalError::Io(e.to_string()))?;
     for (name, bytes) in [("report.json", json), ("report.html", report::html(&report).into_bytes())] {

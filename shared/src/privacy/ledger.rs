@@ -228,20 +228,10 @@ pub struct Ledger {
 
 /// Every charged mechanism composed under both accountants. An accountant that cannot
 /// analyse one of them is out for good (`Err` says why); the other still bounds the total.
+#[derive(Clone)]
 struct Totals {
     rdp: Result<RdpCurve, String>,
     pld: Result<PldComposition, String>,
-}
-
-/// A copy of `c` (`PldComposition` is not `Clone`, its parts are; its `epsilon` consumes it).
-fn copy_pld(c: &PldComposition) -> PldComposition {
-    PldComposition { interval: c.interval, gaussian_mu_squared: c.gaussian_mu_squared, discrete: c.discrete.clone() }
-}
-
-impl Clone for Totals {
-    fn clone(&self) -> Self {
-        Self { rdp: self.rdp.clone(), pld: self.pld.as_ref().map(copy_pld).map_err(Clone::clone) }
-    }
 }
 
 impl Totals {
@@ -263,7 +253,7 @@ impl Totals {
     /// The total at δ_B: the smaller ε of the accountants that can analyse every charge.
     fn spent(&self, budget: Budget, conversion: Conversion) -> Result<Spent, LedgerError> {
         let rdp = self.rdp.as_ref().ok().map(|c| c.epsilon(budget.delta, conversion)).transpose()?;
-        let pld = self.pld.as_ref().ok().map(|c| copy_pld(c).epsilon(budget.delta)).transpose()?;
+        let pld = self.pld.as_ref().ok().map(|c| c.clone().epsilon(budget.delta)).transpose()?;
         let candidates = [rdp.map(|r| (r.epsilon, Accountant::Rdp)), pld.map(|p| (p, Accountant::Pld))];
         let Some((epsilon, accountant)) = candidates.into_iter().flatten().min_by(|a, b| a.0.total_cmp(&b.0)) else {
             return Err(PrivacyError::Unsupported(format!(

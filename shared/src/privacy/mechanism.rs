@@ -240,6 +240,7 @@ impl Mechanism {
 
 /// A PLD composition under construction: Gaussian parts are kept exact (they compose by
 /// adding μ²), everything else as a discretised PLD.
+#[derive(Clone)]
 pub struct PldComposition {
     pub interval: f64,
     pub gaussian_mu_squared: f64,
