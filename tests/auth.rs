@@ -2,7 +2,9 @@
 //! submitters): real processes over TLS sockets, certificates made with `openssl`.
 //! Workers without a certificate from the workers' CA, submitters without a known token,
 //! a token used on a dataset it was not granted, and a job that tries to choose its own
-//! input or ledger are all refused; an authorised job runs and charges the declared ledger.
+//! input, ledger or an output outside its submitter's root are all refused; an authorised
+//! job runs and charges the declared ledger, even when a row breaks the submitter's schema
+//! (the row is left out, never reported).
 
 mod common;
 
@@ -43,6 +45,11 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
     // The operator declares the dataset (input, unit, ledger, budget) and two submitters.
     let submitted = demo_spec(d, 60);
     let input = d.join("icu_vitals.csv");
+    // One row holds a rhythm the submitter's schema does not declare. On a declared dataset
+    // it is left out: a failure would tell the submitter, for free, that such a row exists.
+    let mut lines: Vec<String> = std::fs::read_to_string(&input).unwrap().lines().map(String::from).collect();
+    set_field(&mut lines[5], 8, "bradycardia");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let ledger = d.join("declared-ledger");
     std::fs::write(
         d.join("datasets.toml"),
@@ -58,10 +65,12 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
     std::fs::write(
         d.join("submitters.toml"),
         format!(
-            "[[submitter]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\ndatasets = [\"icu\"]\n\n[[submitter]]\nname = \
-             \"bob\"\ntoken_sha256 = \"{}\"\ndatasets = [\"claims\"]\n",
+            "[[submitter]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\ndatasets = [\"icu\"]\noutput_root = \"{}\"\n\n\
+             [[submitter]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\ndatasets = [\"claims\"]\noutput_root = \"{}\"\n",
             dpsynth_coordinator::auth::token_sha256(alice),
-            dpsynth_coordinator::auth::token_sha256(bob)
+            d.join("out").display(),
+            dpsynth_coordinator::auth::token_sha256(bob),
+            d.join("bob").display()
         ),
     )
     .unwrap();
@@ -144,6 +153,12 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
     std::fs::write(&own_ledger, fresh).unwrap();
     let out = submit(d, &own_ledger, &url, Some(alice));
     assert!(stderr(&out).contains("a job may not set [privacy] dataset_budget"), "{}", stderr(&out));
+    // Nor write anywhere but under her own output root (here: into Bob's).
+    let elsewhere = d.join("elsewhere.toml");
+    let bobs = declared_only.replace(d.join("out").to_str().unwrap(), d.join("bob/../out/../bob/x").to_str().unwrap());
+    std::fs::write(&elsewhere, bobs).unwrap();
+    let out = submit(d, &elsewhere, &url, Some(alice));
+    assert!(stderr(&out).contains("outside submitter 'alice''s output root"), "{}", stderr(&out));
     assert_eq!(rt.block_on(ledger_state(&ledger, "icu")).0, 0, "nothing charged by refused jobs");
 
     // A token is never sent in the clear (only loopback may skip TLS).

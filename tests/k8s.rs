@@ -115,6 +115,29 @@ fn http_get(port: u16, path: &str) -> String {
 }
 
 #[test]
+fn only_the_operators_monitoring_reaches_the_metrics_ports() {
+    let docs = render();
+    let policies: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "NetworkPolicy").collect();
+    let mut scraped = 0;
+    for policy in policies {
+        for rule in policy["spec"]["ingress"].as_sequence().into_iter().flatten() {
+            // A rule without `from` admits every pod in the cluster.
+            let from = rule["from"].as_sequence().expect("every ingress rule names its peers");
+            let ports: Vec<u64> =
+                rule["ports"].as_sequence().unwrap().iter().map(|p| p["port"].as_u64().unwrap()).collect();
+            if ports.iter().any(|p| [9090, 9091].contains(p)) {
+                assert_eq!(ports.len(), 1, "{rule:?}");
+                assert_eq!(from.len(), 1, "{rule:?}");
+                assert_eq!(from[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], "monitoring");
+                assert!(from[0]["podSelector"].is_null(), "{rule:?}");
+                scraped += 1;
+            }
+        }
+    }
+    assert_eq!(scraped, 2, "the coordinator's and the workers' metrics ports");
+}
+
+#[test]
 fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
     let Some(secret) = s3_env() else { return };
     let docs = render();
@@ -175,7 +198,10 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
     std::fs::write(d.join("token/token"), &token).unwrap();
     std::fs::create_dir_all(d.join("submitters")).unwrap();
     let hash = dpsynth_coordinator::auth::token_sha256(&token);
-    let grant = format!("[[submitter]]\nname = \"nightly\"\ntoken_sha256 = \"{hash}\"\ndatasets = [\"{dataset}\"]\n");
+    let grant = format!(
+        "[[submitter]]\nname = \"nightly\"\ntoken_sha256 = \"{hash}\"\ndatasets = [\"{dataset}\"]\noutput_root = \
+         \"s3://dpsynth/synthetic/icu-vitals/\"\n"
+    );
     std::fs::write(d.join("submitters/submitters.toml"), grant).unwrap();
     // The declared dataset (its ConfigMap), with a budget (ε 0.5 at δ = 1e-5) that affords
     // one run calibrated to ε = 0.5 at δ = 1e-6 (cheaper at the larger δ), not two. The

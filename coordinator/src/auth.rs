@@ -1,14 +1,17 @@
 //! Who may talk to the coordinator. Workers prove themselves with a client certificate
 //! signed by the workers' CA (mutual TLS, checked by the TLS layer; the worker RPCs require
 //! that one was presented). Submitters send a bearer token; the coordinator keeps only
-//! tokens' SHA-256 (`submitters.toml`), each mapped to the datasets it may charge, and a
-//! submitter sees only its own jobs, whose ids it namespaces (`<name>.<job id>`).
+//! tokens' SHA-256 (`submitters.toml`), each mapped to the datasets it may charge and the
+//! prefix its releases go to. A submitter sees only its own jobs, whose ids it namespaces
+//! (`<name>.<job id>`), and writes only under its own output root: the coordinator's
+//! credentials reach far more than any one submitter should.
 //!
 //! ```toml
 //! [[submitter]]
 //! name = "analytics"
 //! token_sha256 = "…"   # `dpsynth token` prints a token and its hash
 //! datasets = ["mimic-iv-ed-2026"]
+//! output_root = "s3://releases/analytics/"
 //! ```
 //!
 //! [`Access::Open`] admits everyone: standalone `run` (loopback, one process) and
@@ -27,6 +30,8 @@ pub struct Submitter {
     token_sha256: String,
     /// Dataset ids this submitter may run jobs on.
     pub datasets: Vec<String>,
+    /// Every job's output prefix must lie under this one (a path or `s3://` URL).
+    pub output_root: String,
 }
 
 #[derive(Deserialize)]
@@ -64,6 +69,16 @@ impl Access {
             // A name prefixes its jobs' ids (`<name>.<job id>`), so it may not hold a dot.
             if dpsynth_shared::spec::validate_id("submitter name", &s.name).is_err() || s.name.contains('.') {
                 return Err(format!("{path}: submitter '{}': names use letters, digits, '_' and '-'", s.name));
+            }
+            if !(s.output_root.starts_with('/')
+                || s.output_root.starts_with("s3://")
+                || s.output_root.starts_with("file:///"))
+                || s.output_root.split('/').any(|p| p == "..")
+            {
+                return Err(format!(
+                    "{path}: submitter '{}': output_root must be an absolute path or s3:// URL without '..'",
+                    s.name
+                ));
             }
             if s.token_sha256.len() != 64 || !s.token_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(format!("{path}: submitter '{}': token_sha256 must be 64 hex digits", s.name));
@@ -108,7 +123,12 @@ mod tests {
 
     #[test]
     fn tokens_are_matched_by_their_hash_only() {
-        let alice = Submitter { name: "alice".into(), token_sha256: token_sha256("s3cret"), datasets: vec![] };
+        let alice = Submitter {
+            name: "alice".into(),
+            token_sha256: token_sha256("s3cret"),
+            datasets: vec![],
+            output_root: "s3://releases/alice".into(),
+        };
         let access = Access::Authenticated { submitters: vec![alice] };
         let with = |value: &str| {
             let mut request = Request::new(());

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use dpsynth_shared::privacy::accountant::AccountingOptions;
 use dpsynth_shared::privacy::ledger::{Budget, Ledger, LedgerError};
 use dpsynth_shared::privacy::mechanism::Adjacency;
-use dpsynth_shared::spec::{InputSpec, validate_id};
+use dpsynth_shared::spec::{BadRows, InputSpec, validate_id};
 use dpsynth_shared::storage;
 use serde::Deserialize;
 
@@ -80,6 +80,13 @@ impl Datasets {
             validate_id("dataset id", &dataset.id).map_err(|e| invalid(e.to_string()))?;
             if dataset.input.urls.is_empty() {
                 return Err(invalid(format!("dataset '{}' has no input urls", dataset.id)));
+            }
+            if dataset.input.bad_rows == Some(BadRows::Fail) {
+                return Err(invalid(format!(
+                    "dataset '{}': bad_rows = \"fail\" would tell submitters, for free, whether a row breaks the \
+                     schema they declare; a declared dataset always skips such rows (check files with `dpsynth validate`)",
+                    dataset.id
+                )));
             }
             let Budget { epsilon, delta } = dataset.budget;
             if !(epsilon > 0.0 && epsilon.is_finite() && (0.0..1.0).contains(&delta)) {
@@ -173,6 +180,7 @@ impl Datasets {
         }
         let spec = &mut request.spec;
         spec.input = dataset.input.clone();
+        spec.input.bad_rows = Some(BadRows::Skip);
         spec.schema.unit_column = dataset.unit_column.clone();
         if let Some(evaluation) = &mut spec.evaluation {
             evaluation.test_urls = dataset.holdout_urls.clone();
@@ -233,6 +241,10 @@ url = "/srv/out"
         assert_eq!(job.spec.input.urls, ["/srv/icu/vitals.csv"]);
         assert_eq!(job.spec.evaluation.unwrap().test_urls, ["/srv/icu/holdout.csv"]);
         assert_eq!(job.ledger_url.as_deref(), Some("/srv/ledger"));
+        assert_eq!(job.spec.input.bad_rows, Some(BadRows::Skip), "a row that breaks the schema is never reported");
+        let failing = DATASETS.replace("[dataset.input]\n", "[dataset.input]\nbad_rows = \"fail\"\n");
+        let err = Datasets::parse(&failing, "datasets.toml", "/default").unwrap_err();
+        assert!(err.to_string().contains("bad_rows = \"fail\""), "{err}");
     }
 
     #[test]

@@ -383,6 +383,12 @@ impl JobContext<'_> {
         while let Some(batch) = input.next_batch().await? {
             writer.write(batch).await?;
         }
+        if let Some(skipped) = input.skipped().filter(|s| s.rows > 0) {
+            // Row-level and private: the operator's log only.
+            let by_column: Vec<String> =
+                skipped.by_column.iter().map(|((column, reason), n)| format!("{column}: {reason} ×{n}")).collect();
+            tracing::warn!(rows = skipped.rows, ?by_column, "rows left out: they break the job's schema");
+        }
         Ok(writer.finish().await?)
     }
 

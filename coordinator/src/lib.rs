@@ -13,3 +13,4 @@ pub mod service;
 pub mod standalone;
 pub mod telemetry;
 pub mod training;
+pub mod worker_result;

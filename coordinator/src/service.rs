@@ -9,7 +9,7 @@ use std::time::Duration;
 use dpsynth_proto::coordinator_server::Coordinator;
 use dpsynth_proto::result_chunk::Part;
 use dpsynth_proto::{
-    Dtype, GetJobRequest, HeartbeatRequest, HeartbeatResponse, JobState, JobStatus, PROTOCOL_VERSION, PollTaskRequest,
+    GetJobRequest, HeartbeatRequest, HeartbeatResponse, JobState, JobStatus, PROTOCOL_VERSION, PollTaskRequest,
     PollTaskResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportFailureRequest, ReportFailureResponse,
     ResultChunk, SubmitJobRequest, SubmitJobResponse, SubmitResultResponse, Task,
 };
@@ -21,8 +21,9 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{Access, Submitter};
 use crate::datasets::{Datasets, DatasetsError};
 use crate::job::{JobEnv, JobRequest, Progress, ProgressHandle, evaluate_for_owner, run_job};
-use crate::scheduler::{Scheduler, TaskResult};
+use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
+use crate::worker_result::{ResultError, ResultStream};
 
 /// Tunables of a coordinator, with defaults for a single machine.
 #[derive(Clone, Debug)]
@@ -129,6 +130,15 @@ impl CoordinatorService {
                 DatasetsError::Unknown(_) => Status::not_found(e.to_string()),
                 _ => Status::permission_denied(e.to_string()),
             })?;
+        }
+        if let Some(s) = submitter {
+            let output = request.resolved_output_url();
+            if !dpsynth_shared::storage::within(&output, &s.output_root) {
+                return Err(Status::permission_denied(format!(
+                    "the output location {output} is outside submitter '{}''s output root {}",
+                    s.name, s.output_root
+                )));
+            }
         }
         request.spec.require_input().map_err(|e| Status::invalid_argument(e.to_string()))?;
         if request.spec.evaluation.is_some() && self.config.env.diagnostics_url.is_none() {
@@ -248,11 +258,8 @@ impl CoordinatorService {
     }
 }
 
-fn decode_f64(bytes: &[u8]) -> Result<Vec<f64>, Status> {
-    if !bytes.len().is_multiple_of(8) {
-        return Err(Status::invalid_argument("f64 tensor bytes are not a multiple of 8"));
-    }
-    Ok(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+fn invalid(e: ResultError) -> Status {
+    Status::invalid_argument(e.to_string())
 }
 
 #[tonic::async_trait]
@@ -318,39 +325,18 @@ impl Coordinator for CoordinatorService {
                 return Err(Status::invalid_argument("a result stream must start with its header"));
             }
         };
-        let mut buffers: Vec<Vec<u8>> = vec![Vec::new(); header.tensors.len()];
+        let mut result = ResultStream::new(header).map_err(invalid)?;
         while let Some(chunk) = stream.next().await {
             match chunk?.part {
-                Some(Part::Data(d)) => buffers
-                    .get_mut(d.tensor_index as usize)
-                    .ok_or_else(|| Status::invalid_argument("chunk for an undeclared tensor"))?
-                    .extend_from_slice(&d.data),
+                Some(Part::Data(d)) => result.push(d).map_err(invalid)?,
                 _ => {
                     return Err(Status::invalid_argument("a second header in one result stream"));
                 }
             }
         }
-        let mut tensors = Vec::new();
-        for (meta, bytes) in header.tensors.iter().zip(&buffers) {
-            if meta.dtype != Dtype::F64 as i32 {
-                return Err(Status::invalid_argument(format!("tensor '{}': only f64 is supported", meta.name)));
-            }
-            let values = decode_f64(bytes)?;
-            // A hostile worker's shape may overflow: checked, and compared with what came.
-            let expected = meta.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
-            if expected != Some(values.len() as u64) {
-                return Err(Status::invalid_argument(format!("tensor '{}' has the wrong number of values", meta.name)));
-            }
-            tensors.push((meta.name.clone(), values));
-        }
-        let result = TaskResult {
-            task_id: header.task_id,
-            worker: header.worker_id,
-            units: header.units,
-            tensors,
-            seconds: 0.0,
-        };
-        self.scheduler.complete(&header.job_id, header.attempt, result).map_err(Status::failed_precondition)?;
+        let (job_id, attempt) = (result.header().job_id.clone(), result.header().attempt);
+        let result = result.finish().map_err(invalid)?;
+        self.scheduler.complete(&job_id, attempt, result).map_err(Status::failed_precondition)?;
         Ok(Response::new(SubmitResultResponse {}))
     }
 

@@ -99,6 +99,25 @@ pub struct InputSpec {
     pub format: Option<Format>,
     #[serde(default)]
     pub csv: CsvOptions,
+    /// What a row that breaks the schema does (absent: `fail`).
+    #[serde(default)]
+    pub bad_rows: Option<BadRows>,
+}
+
+/// What reading does with a row whose values break the schema (an undeclared category
+/// under `unknown = "reject"`, a missing value under `missing = "reject"`, a value that does
+/// not parse, a missing unit id).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadRows {
+    /// The job stops with an error naming file, column and row (the data owner's `run`).
+    #[default]
+    Fail,
+    /// The row is left out and counted in the operator's log. Leaving out a row depends on
+    /// that row alone, so the job's guarantee covers it. A coordinator serving declared
+    /// datasets always skips: a failure would tell a submitter, for free, whether some row
+    /// breaks the schema the submitter chose.
+    Skip,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -565,8 +584,16 @@ impl ColumnSpec {
                     let example = if self.kind == ColumnKind::Datetime { "\"2020-01-01\"" } else { "numbers" };
                     format!("column '{name}' needs public bounds `min` and `max` ({example})")
                 })?;
-                if !(lo < hi) {
-                    return Err(format!("column '{name}': min must be below max"));
+                // Beyond 2⁵³ integers and epoch seconds are not exact in f64.
+                const EXACT: f64 = 9_007_199_254_740_992.0;
+                if !(lo < hi && lo.abs() <= EXACT && hi.abs() <= EXACT) {
+                    return Err(format!("column '{name}': min must be below max, both finite and within ±2⁵³"));
+                }
+                if self.kind == ColumnKind::Integer && lo.ceil() > hi.floor() {
+                    return Err(format!("column '{name}': no integer lies between min and max"));
+                }
+                if self.bins == Some(Bins::Count(0)) {
+                    return Err(format!("column '{name}': bins must be at least 1"));
                 }
                 if let Some(Bins::Edges(edges)) = &self.bins {
                     let increasing = edges.windows(2).all(|w| w[0] < w[1]);
@@ -603,10 +630,11 @@ impl JobSpec {
     pub fn parse(text: &str, path: &str) -> Result<Self, SpecError> {
         let spec: JobSpec =
             toml::from_str(text).map_err(|e| SpecError::Parse { path: path.to_string(), message: e.to_string() })?;
-        spec.validate().map_err(|message| SpecError::Invalid { path: path.to_string(), message })?;
-        validate_id("dataset id", &spec.job.dataset_id)?;
+        let invalid = |message: String| SpecError::Invalid { path: path.to_string(), message };
+        spec.validate().map_err(invalid)?;
+        validate_id("dataset id", &spec.job.dataset_id).map_err(|e| invalid(e.to_string()))?;
         if let Some(id) = &spec.job.id {
-            validate_id("job id", id)?;
+            validate_id("job id", id).map_err(|e| invalid(e.to_string()))?;
         }
         Ok(spec)
     }
@@ -691,19 +719,35 @@ mod tests {
         JobSpec::parse(&DEMO.replace("[job]\n", &format!("[job]\nid = {id:?}\n")), "demo")
     }
 
+    /// Found by `tests/fuzz.rs`: infinite bounds, an integer column holding no integer, and
+    /// zero bins were accepted and then overflowed or divided by zero in the domain.
+    #[test]
+    fn numeric_domains_are_finite_and_non_empty() {
+        let heart_rate = "name = \"heart_rate\"\nkind = \"integer\"\nmin = 30\nmax = 220\nbins = 19\n";
+        for (replacement, expected) in [
+            ("min = -inf\nmax = 220\nbins = 19\n", "both finite"),
+            ("min = 30\nmax = 1e300\nbins = 19\n", "both finite"),
+            ("min = 30.2\nmax = 30.8\nbins = 19\n", "no integer lies between"),
+            ("min = 30\nmax = 220\nbins = 0\n", "bins must be at least 1"),
+        ] {
+            let text = DEMO.replace(heart_rate, &format!("name = \"heart_rate\"\nkind = \"integer\"\n{replacement}"));
+            assert_ne!(text, DEMO);
+            let err = JobSpec::parse(&text, "demo").unwrap_err().to_string();
+            assert!(err.contains(expected), "{replacement}: {err}");
+        }
+    }
+
     /// An empty id once named every job's scratch prefix (cleanup deleted them all), and a
     /// path escaped the scratch store.
     #[test]
     fn job_and_dataset_ids_cannot_name_other_prefixes() {
         for bad in ["", "../../x", "a/b", ".hidden", "x y", &"a".repeat(129)] {
             let err = with_job_id(bad).unwrap_err();
-            assert!(matches!(err, SpecError::InvalidId { what: "job id", .. }), "{bad:?}: {err}");
+            assert!(err.to_string().starts_with("job spec demo: invalid job id"), "{bad:?}: {err}");
         }
         assert_eq!(with_job_id("nightly-2026.11_23").unwrap().job.id.as_deref(), Some("nightly-2026.11_23"));
         let bad_dataset = DEMO.replace("dataset_id = \"demo-icu-vitals\"", "dataset_id = \"../ledger\"");
-        assert!(matches!(
-            JobSpec::parse(&bad_dataset, "demo").unwrap_err(),
-            SpecError::InvalidId { what: "dataset id", .. }
-        ));
+        let err = JobSpec::parse(&bad_dataset, "demo").unwrap_err();
+        assert!(err.to_string().starts_with("job spec demo: invalid dataset id"), "{err}");
     }
 }

@@ -77,6 +77,17 @@ pub fn nested(a: &str, b: &str) -> bool {
     sa == sb && (under(&pa, &pb) || under(&pb, &pa))
 }
 
+/// Whether `url` is `root` or lies under it (after [`canonical_url`]). An object-store URL
+/// with a `..` segment is never inside anything: stores do not resolve it.
+pub fn within(url: &str, root: &str) -> bool {
+    if url.contains("://") && !url.starts_with("file://") && url.split('/').any(|p| p == "..") {
+        return false;
+    }
+    let ((su, pu), (sr, pr)) = (canonical_url(url), canonical_url(root));
+    let root = pr.trim_end_matches('/');
+    su == sr && su != "other" && (pu.trim_end_matches('/') == root || pu.starts_with(&format!("{root}/")))
+}
+
 /// Opens the store holding one object (an input file): the URL's parent is the store, the
 /// last segment the object. Nothing is created.
 pub fn open_file(url: &str) -> Result<(StoreLocation, Path), StorageError> {
@@ -145,7 +156,7 @@ pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
 
 #[cfg(test)]
 mod tests {
-    use super::nested;
+    use super::{nested, within};
 
     #[test]
     fn nested_locations_are_found_however_they_are_spelled() {
@@ -156,5 +167,18 @@ mod tests {
         assert!(!nested("/data/out", "/data/outside"));
         assert!(!nested("s3://b/out", "/b/out"));
         assert!(!nested("s3://b/out", "s3://c/out"));
+    }
+
+    #[test]
+    fn within_is_one_way_and_resolves_parents() {
+        assert!(within("s3://b/alice/job-1", "s3://b/alice/"));
+        assert!(within("s3a://b/alice", "s3://b/alice"));
+        assert!(within("/srv/out/alice/x/../y", "/srv/out/alice"));
+        assert!(!within("s3://b/alice", "s3://b/alice/job-1"));
+        assert!(!within("s3://b/alice/../bob", "s3://b/alice"));
+        assert!(!within("s3://b/alice-and-bob", "s3://b/alice"));
+        assert!(!within("/srv/out/alice/../bob", "/srv/out/alice"));
+        assert!(!within("/tmp/x", "s3://b/"));
+        assert!(!within("gs://b/alice/x", "gs://b/alice"));
     }
 }

@@ -32,8 +32,8 @@ pub struct ValidateArgs {
 /// A problem as JSON: file, column and row where known, and what is wrong.
 fn problem_json(problem: &DataError) -> serde_json::Value {
     match problem {
-        DataError::Value { file, column, row, message } => {
-            json!({"file": file, "column": column, "row": row, "message": message})
+        DataError::Value { file, column, row, reason } => {
+            json!({"file": file, "column": column, "row": row, "message": reason})
         }
         DataError::MissingColumn { file, column } => json!({
             "file": file,

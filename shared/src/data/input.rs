@@ -1,12 +1,12 @@
 //! Streaming the private input (CSV or Parquet, from any object store) in record batches
 //! and encoding each value against the public schema. Memory is bounded by the batch
-//! size; a bad value stops the job with an error naming file, column and row. Values are
-//! never echoed into errors or logs: they are private. Such an error is itself row-level
-//! and private (it says where a row breaks the schema): the coordinator logs it for its
-//! operator only. [`validate`] reads the same way for the data owner, collecting problems
-//! instead of stopping at the first.
+//! size. A row that breaks the schema either stops the job with an error naming file,
+//! column and row, or is left out ([`BadRows`]). Values are never echoed into errors or
+//! logs: they are private. Such an error is itself row-level and private (it says where a
+//! row breaks the schema): the coordinator logs it for its operator only. [`validate`]
+//! reads the same way for the data owner, collecting problems instead of stopping.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -19,7 +19,7 @@ use object_store::ObjectStoreExt;
 use super::{DataError, EncodedBatch};
 use crate::data::domain::Domain;
 use crate::data::parquet_io;
-use crate::spec::{ColumnKind, CsvOptions, Format, JobSpec, MissingPolicy, UnknownPolicy, parse_datetime};
+use crate::spec::{BadRows, ColumnKind, CsvOptions, Format, JobSpec, MissingPolicy, UnknownPolicy, parse_datetime};
 use crate::storage;
 
 /// Rows per record batch.
@@ -42,15 +42,41 @@ impl Problems {
     }
 }
 
-/// A bad value: an error when reading for a job (`problems` is `None`), else recorded so
-/// the validation goes on.
-fn fail(problems: &mut Option<&mut Problems>, problem: DataError) -> Result<(), DataError> {
-    match problems {
-        Some(p) => {
-            p.record(problem);
-            Ok(())
+/// Rows left out because they break the schema ([`BadRows::Skip`]), by column and reason.
+/// Row-level and private: for the operator's log only.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SkippedRows {
+    pub rows: u64,
+    /// (column, reason) → values that broke the schema.
+    pub by_column: BTreeMap<(String, &'static str), u64>,
+}
+
+/// What reading does with a value that breaks the schema.
+enum OnBadValue {
+    /// The read fails with the problem (a job under [`BadRows::Fail`]).
+    Stop,
+    /// The problem is recorded and the value read as missing (validation).
+    Collect(Problems),
+    /// The row is left out and counted (a job under [`BadRows::Skip`]).
+    Skip(SkippedRows),
+}
+
+impl OnBadValue {
+    /// Handles one bad value; `Ok(true)` when its row is to be left out.
+    fn handle(&mut self, problem: DataError) -> Result<bool, DataError> {
+        match self {
+            OnBadValue::Stop => Err(problem),
+            OnBadValue::Collect(p) => {
+                p.record(problem);
+                Ok(false)
+            }
+            OnBadValue::Skip(skipped) => {
+                if let DataError::Value { column, reason, .. } = problem {
+                    *skipped.by_column.entry((column, reason)).or_default() += 1;
+                }
+                Ok(true)
+            }
         }
-        None => Err(problem),
     }
 }
 
@@ -114,8 +140,8 @@ impl<'a> Encoder<'a> {
         })
     }
 
-    fn error(&self, column: &str, row: u64, message: impl Into<String>) -> DataError {
-        DataError::Value { file: self.file.clone(), column: column.to_string(), row, message: message.into() }
+    fn error(&self, column: &str, row: u64, reason: &'static str) -> DataError {
+        DataError::Value { file: self.file.clone(), column: column.to_string(), row, reason }
     }
 
     /// Normalised text of a cell, `None` when missing.
@@ -133,13 +159,13 @@ impl<'a> Encoder<'a> {
         if self.options.null_values.iter().any(|n| n == v) { None } else { Some(v) }
     }
 
-    /// Encodes a batch. With `problems` (validation), a bad value is recorded and encoded
-    /// as missing (a missing unit id as ""), and the batch goes on.
-    fn encode(&mut self, batch: &RecordBatch, mut problems: Option<&mut Problems>) -> Result<EncodedBatch, DataError> {
+    /// Encodes a batch, handing each bad value to `on_bad` (see [`OnBadValue`]).
+    fn encode(&mut self, batch: &RecordBatch, on_bad: &mut OnBadValue) -> Result<EncodedBatch, DataError> {
         let n = batch.num_rows();
         let first_row = self.rows_seen + 1;
         let mut out =
             EncodedBatch { units: Vec::with_capacity(n), values: vec![Vec::with_capacity(n); self.domain_len] };
+        let mut left_out = vec![false; n];
         let columns: Vec<Arc<dyn Array>> = self
             .plans
             .iter()
@@ -148,7 +174,7 @@ impl<'a> Encoder<'a> {
             .map_err(|e| DataError::Read { file: self.file.clone(), message: e.to_string() })?;
         for (plan, column) in self.plans.iter().zip(&columns) {
             let strings = column.as_string::<i32>();
-            for i in 0..n {
+            for (i, left_out) in left_out.iter_mut().enumerate() {
                 let row = first_row + i as u64;
                 let cell = self.cell(strings, i);
                 let Some(d) = plan.domain else {
@@ -157,14 +183,14 @@ impl<'a> Encoder<'a> {
                 let value = match cell {
                     None if plan.missing == MissingPolicy::Reject => {
                         let e = self.error(&plan.name, row, "missing value, and the spec sets missing = \"reject\"");
-                        fail(&mut problems, e)?;
+                        *left_out |= on_bad.handle(e)?;
                         None
                     }
                     None => None,
                     Some(text) => match self.encode_value(plan, text, row) {
                         Ok(v) => Some(v),
                         Err(e) => {
-                            fail(&mut problems, e)?;
+                            *left_out |= on_bad.handle(e)?;
                             None
                         }
                     },
@@ -172,13 +198,14 @@ impl<'a> Encoder<'a> {
                 out.values[d].push(value);
             }
         }
-        for i in 0..n {
+        for (i, left_out) in left_out.iter_mut().enumerate() {
             let row = first_row + i as u64;
             let unit = match self.unit {
                 Some(u) => match self.cell(columns[u].as_string::<i32>(), i) {
                     Some(id) => id.to_string(),
                     None => {
-                        fail(&mut problems, self.error(&self.plans[u].name, row, "the privacy-unit id is missing"))?;
+                        *left_out |=
+                            on_bad.handle(self.error(&self.plans[u].name, row, "the privacy-unit id is missing"))?;
                         String::new()
                     }
                 },
@@ -188,6 +215,12 @@ impl<'a> Encoder<'a> {
             out.units.push(unit);
         }
         self.rows_seen += n as u64;
+        if let OnBadValue::Skip(skipped) = on_bad
+            && left_out.contains(&true)
+        {
+            skipped.rows += left_out.iter().filter(|l| **l).count() as u64;
+            out = out.without(&left_out);
+        }
         Ok(out)
     }
 
@@ -238,13 +271,26 @@ pub struct InputReader<'a> {
     domain: &'a Domain,
     next_file: usize,
     current: Option<(Encoder<'a>, Source)>,
-    /// `Some` when validating: bad values are collected here instead of failing.
-    problems: Option<Problems>,
+    on_bad: OnBadValue,
 }
 
 impl<'a> InputReader<'a> {
+    /// A reader for a job: a bad value stops it or leaves its row out, as the spec's
+    /// `[input] bad_rows` says.
     pub fn new(spec: &'a JobSpec, domain: &'a Domain) -> Self {
-        Self { spec, domain, next_file: 0, current: None, problems: None }
+        let on_bad = match spec.input.bad_rows.unwrap_or_default() {
+            BadRows::Fail => OnBadValue::Stop,
+            BadRows::Skip => OnBadValue::Skip(SkippedRows::default()),
+        };
+        Self { spec, domain, next_file: 0, current: None, on_bad }
+    }
+
+    /// The rows left out so far (none unless the spec skips bad rows).
+    pub fn skipped(&self) -> Option<&SkippedRows> {
+        match &self.on_bad {
+            OnBadValue::Skip(skipped) => Some(skipped),
+            _ => None,
+        }
     }
 
     async fn open(spec: &'a JobSpec, domain: &'a Domain, url: &str) -> Result<(Encoder<'a>, Source), DataError> {
@@ -323,7 +369,7 @@ impl<'a> InputReader<'a> {
                 },
             };
             match batch {
-                Some(batch) => return encoder.encode(&batch, self.problems.as_mut()).map(Some),
+                Some(batch) => return encoder.encode(&batch, &mut self.on_bad).map(Some),
                 None => self.current = None,
             }
         }
@@ -356,19 +402,20 @@ impl Validation {
 /// file goes on). For the data owner: the result says where rows break the schema.
 pub async fn validate(spec: &JobSpec, domain: &Domain, max_problems: usize) -> Validation {
     let mut reader = InputReader::new(spec, domain);
-    reader.problems = Some(Problems { found: Vec::new(), limit: max_problems, truncated: false });
+    reader.on_bad = OnBadValue::Collect(Problems { found: Vec::new(), limit: max_problems, truncated: false });
     let mut rows = 0;
     loop {
         match reader.next_batch().await {
             Ok(Some(batch)) => rows += batch.len() as u64,
             Ok(None) => break,
             Err(e) => {
-                reader.problems.as_mut().expect("validating").record(e);
+                // Stops this file only; the next one goes on.
+                let _ = reader.on_bad.handle(e);
                 reader.current = None;
             }
         }
     }
-    let problems = reader.problems.expect("validating");
+    let OnBadValue::Collect(problems) = reader.on_bad else { unreachable!("set above") };
     Validation { files: spec.input.urls.len(), rows, problems: problems.found, truncated: problems.truncated }
 }
 

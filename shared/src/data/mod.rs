@@ -9,8 +9,8 @@ pub mod partition;
 /// Input and partition errors. They name the file, column and row, never a value.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{file}: column '{column}', row {row}: {message}")]
-    Value { file: String, column: String, row: u64, message: String },
+    #[error("{file}: column '{column}', row {row}: {reason}")]
+    Value { file: String, column: String, row: u64, reason: &'static str },
     #[error("{file}: column '{column}' is declared in the job spec but not present in the file")]
     MissingColumn { file: String, column: String },
     #[error("{file}: {message}")]
@@ -38,5 +38,17 @@ impl EncodedBatch {
 
     pub fn is_empty(&self) -> bool {
         self.units.is_empty()
+    }
+
+    /// This batch without the rows marked in `left_out`.
+    pub fn without(self, left_out: &[bool]) -> Self {
+        let keep = |i: &usize| !left_out[*i];
+        let units = self.units.into_iter().enumerate().filter(|(i, _)| keep(i)).map(|(_, u)| u).collect();
+        let values = self
+            .values
+            .into_iter()
+            .map(|column| column.into_iter().enumerate().filter(|(i, _)| keep(i)).map(|(_, v)| v).collect())
+            .collect();
+        Self { units, values }
     }
 }
