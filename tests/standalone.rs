@@ -486,8 +486,8 @@ async fn one_two_and_three_workers_return_the_same_clipped_gradient_sum() {
     }
 }
 
-/// A hostile worker answering DP-SGD rounds with a gradient sum beyond units × C: the
-/// coordinator rejects it and the job fails without releasing anything (its run was
+/// A hostile worker answering DP-SGD rounds with a gradient sum beyond units × C (claiming
+/// more units than its partition holds): the coordinator rejects it and the job fails without releasing anything (its run was
 /// charged before the first round).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
@@ -549,15 +549,16 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 
-    // One claimed unit, C = 1, but a sum of norm 10.
+    // C = 1 and a sum of norm 1000, with a claim of 2⁶⁴ − 1 sampled units: the partition
+    // holds at most 40, and its own count, not the worker's claim, bounds the sum.
     let mut sum = vec![0f64; weights.len()];
-    sum[0] = 10.0;
+    sum[0] = 1000.0;
     let header = ResultHeader {
         worker_id: worker_id.clone(),
         job_id: task.job_id.clone(),
         task_id: task.task_id,
         attempt: task.attempt,
-        units: 1,
+        units: u64::MAX,
         tensors: vec![TensorMeta {
             name: "gradient_sum".into(),
             shape: vec![sum.len() as u64],

@@ -17,6 +17,7 @@
 //! [`Access::Open`] admits everyone: standalone `run` (loopback, one process) and
 //! `serve --dev`, which refuses to listen beyond loopback.
 
+use dpsynth_shared::storage;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
@@ -70,18 +71,25 @@ impl Access {
             if dpsynth_shared::spec::validate_id("submitter name", &s.name).is_err() || s.name.contains('.') {
                 return Err(format!("{path}: submitter '{}': names use letters, digits, '_' and '-'", s.name));
             }
-            if !(s.output_root.starts_with('/')
-                || s.output_root.starts_with("s3://")
-                || s.output_root.starts_with("file:///"))
-                || s.output_root.split('/').any(|p| p == "..")
-            {
+            let (scheme, root) = storage::canonical_url(&s.output_root);
+            let depth = root.split('/').filter(|p| !p.is_empty()).count();
+            let absolute = s.output_root.starts_with('/') || s.output_root.contains("://");
+            // A bucket or a filesystem root would hold every other location.
+            if scheme == "other" || !absolute || depth < 2 || s.output_root.split('/').any(|p| p == "..") {
                 return Err(format!(
-                    "{path}: submitter '{}': output_root must be an absolute path or s3:// URL without '..'",
+                    "{path}: submitter '{}': output_root must be an absolute path or s3:// URL at least two levels \
+                     deep, without '..'",
                     s.name
                 ));
             }
             if s.token_sha256.len() != 64 || !s.token_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(format!("{path}: submitter '{}': token_sha256 must be 64 hex digits", s.name));
+            }
+        }
+        // One submitter's releases are never another's to write.
+        for (i, a) in file.submitter.iter().enumerate() {
+            if let Some(b) = file.submitter[i + 1..].iter().find(|b| storage::nested(&a.output_root, &b.output_root)) {
+                return Err(format!("{path}: the output roots of '{}' and '{}' overlap", a.name, b.name));
             }
         }
         Ok(Access::Authenticated { submitters: file.submitter })
@@ -142,5 +150,36 @@ mod tests {
         // Without TLS there is no verified client certificate.
         assert_eq!(access.worker(&Request::new(())).unwrap_err().code(), tonic::Code::Unauthenticated);
         assert!(Access::Open.worker(&Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn output_roots_are_deep_and_disjoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("submitters.toml");
+        let load = |roots: &[&str]| {
+            let text: String = roots
+                .iter()
+                .enumerate()
+                .map(|(i, root)| {
+                    format!(
+                        "[[submitter]]\nname = \"s{i}\"\ntoken_sha256 = \"{}\"\ndatasets = []\noutput_root = \"{root}\"\n",
+                        token_sha256(&i.to_string())
+                    )
+                })
+                .collect();
+            std::fs::write(&path, text).unwrap();
+            Access::load_submitters(path.to_str().unwrap()).map(|_| ())
+        };
+        assert!(load(&["s3://releases/alice", "s3://releases/bob", "/srv/out/carol"]).is_ok());
+        for (roots, expected) in [
+            (&["s3://releases/alice", "s3a://releases/alice/nightly"][..], "overlap"),
+            (&["s3://releases/"][..], "two levels"),
+            (&["/"][..], "two levels"),
+            (&["relative/out"][..], "two levels"),
+            (&["/srv/out/../x"][..], "two levels"),
+        ] {
+            let err = load(roots).unwrap_err();
+            assert!(err.contains(expected), "{roots:?}: {err}");
+        }
     }
 }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use dpsynth_shared::privacy::accountant::AccountingOptions;
 use dpsynth_shared::privacy::ledger::{Budget, Ledger, LedgerError};
 use dpsynth_shared::privacy::mechanism::Adjacency;
-use dpsynth_shared::spec::{BadRows, InputSpec, validate_id};
+use dpsynth_shared::spec::{BadRows, ColumnKind, Format, InputSpec, validate_id};
 use dpsynth_shared::storage;
 use serde::Deserialize;
 
@@ -36,6 +36,8 @@ pub enum DatasetsError {
     SetBySubmitter { dataset: String, field: &'static str },
     #[error("dataset '{dataset}': {message}")]
     Ledger { dataset: String, message: String },
+    #[error("dataset '{dataset}' has privacy unit '{unit}': the spec must declare it as an identifier column")]
+    UnitColumnMissing { dataset: String, unit: String },
     #[error("the output location {output} overlaps a declared dataset's input or ledger; choose another prefix")]
     OutputOverlaps { output: String },
 }
@@ -80,6 +82,16 @@ impl Datasets {
             validate_id("dataset id", &dataset.id).map_err(|e| invalid(e.to_string()))?;
             if dataset.input.urls.is_empty() {
                 return Err(invalid(format!("dataset '{}' has no input urls", dataset.id)));
+            }
+            let csv = dataset
+                .input
+                .urls
+                .iter()
+                .any(|u| dataset.input.format.unwrap_or_else(|| Format::detect(u)) == Format::Csv);
+            if csv && !dataset.input.csv.has_header {
+                // Else a submitter's column count would set how many fields a row must have,
+                // and a failure would say, for free, whether some row has another count.
+                return Err(invalid(format!("dataset '{}': declared CSV inputs need a header line", dataset.id)));
             }
             if dataset.input.bad_rows == Some(BadRows::Fail) {
                 return Err(invalid(format!(
@@ -169,6 +181,13 @@ impl Datasets {
         if spec.schema.unit_column.as_ref().is_some_and(|unit| Some(unit) != dataset.unit_column.as_ref()) {
             return refuse("a unit column other than the declared one");
         }
+        // Without the unit column among its columns a spec would read every row as a unit
+        // of its own: a patient with k rows would count k times.
+        if let Some(unit) = &dataset.unit_column
+            && !spec.schema.columns.iter().any(|c| &c.name == unit && c.kind == ColumnKind::Identifier)
+        {
+            return Err(DatasetsError::UnitColumnMissing { dataset: id.clone(), unit: unit.clone() });
+        }
         // A submitter reads everything under its output prefix: it may not hold (or sit
         // inside) any declared input, held-out file or ledger store.
         let output = request.resolved_output_url();
@@ -245,6 +264,9 @@ url = "/srv/out"
         let failing = DATASETS.replace("[dataset.input]\n", "[dataset.input]\nbad_rows = \"fail\"\n");
         let err = Datasets::parse(&failing, "datasets.toml", "/default").unwrap_err();
         assert!(err.to_string().contains("bad_rows = \"fail\""), "{err}");
+        let headless = format!("{DATASETS}[dataset.input.csv]\nhas_header = false\n");
+        let err = Datasets::parse(&headless, "datasets.toml", "/default").unwrap_err();
+        assert!(err.to_string().contains("need a header line"), "{err}");
     }
 
     #[test]
@@ -262,6 +284,11 @@ url = "/srv/out"
         let mut job = request("");
         job.spec.schema.unit_column = Some("pain".into());
         assert!(refused(job).contains("unit column"));
+        // Leaving the unit column out would make every row a unit of its own.
+        let mut job = request("");
+        job.spec.schema.unit_column = None;
+        job.spec.schema.columns.retain(|c| c.name != "patient_id");
+        assert!(matches!(datasets.bind(&mut job), Err(DatasetsError::UnitColumnMissing { .. })));
         let mut job = request("");
         job.spec.job.dataset_id = "other".into();
         assert!(matches!(datasets.bind(&mut job), Err(DatasetsError::Unknown(_))));

@@ -420,7 +420,7 @@ async fn run_marginals(
     ctx.admit(ledger, &charge).await?;
     let output = OutputWriter::create(storage::open(output_url)?).await?;
     let partitioned = ctx.partition(scratch).await?;
-    let mut counts = aggregate_marginals(ctx, &partitioned.urls, &plan).await?;
+    let mut counts = aggregate_marginals(ctx, &partitioned, &plan).await?;
 
     // Noise, once per cell, here and only here.
     set_stage(ctx.progress, "adding noise");
@@ -439,9 +439,10 @@ async fn run_marginals(
 
 async fn aggregate_marginals(
     ctx: &JobContext<'_>,
-    urls: &[String],
+    partitioned: &Partitioned,
     plan: &MarginalsPlan,
 ) -> Result<Vec<f64>, JobError> {
+    let urls = &partitioned.urls;
     set_stage(ctx.progress, "aggregating on workers");
     let job_id = &ctx.request.job_id;
     let params = Arc::new(serde_json::to_vec(&plan.task).map_err(|e| JobError::Other(e.to_string()))?);
@@ -468,7 +469,12 @@ async fn aggregate_marginals(
                 let counts = result.tensors.iter().find(|(n, _)| n == "counts").map(|(_, c)| c.as_slice());
                 let counts = counts
                     .ok_or_else(|| "no 'counts' tensor".to_string())
-                    .and_then(|c| plan.task.validate(c, result.units).map(|()| c))
+                    .and_then(|c| {
+                        // The partition's own unit count bounds the worker's claim.
+                        let units = partitioned.units_per_partition.get(result.task_id as usize).copied();
+                        let units = units.ok_or_else(|| "a result for no task of this job".to_string())?;
+                        plan.task.validate(c, result.units.min(units)).map(|()| c)
+                    })
                     .map_err(|reason| JobError::BadResult {
                         worker: result.worker.clone(),
                         task_id: result.task_id,
@@ -612,6 +618,7 @@ async fn run_findiff(
     let training = TrainingRun {
         job_id,
         partitions: &partitioned.urls,
+        partition_units: &partitioned.units_per_partition,
         rate: run.rate,
         clip: params.clip,
         noise_multiplier: run.sigma,

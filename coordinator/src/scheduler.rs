@@ -204,6 +204,12 @@ impl Scheduler {
         Some((def, attempt))
     }
 
+    /// Whether `worker` runs this attempt: checked before a result's bytes are buffered.
+    pub fn is_running(&self, worker: &str, job_id: &str, task_id: u64, attempt: u32) -> bool {
+        let inner = self.lock();
+        inner.running.get(&(job_id.to_string(), task_id)).is_some_and(|r| r.worker == worker && r.attempt == attempt)
+    }
+
     /// Removes a running attempt; returns how long it ran.
     fn take_running(&self, worker: &str, job_id: &str, task_id: u64, attempt: u32) -> Result<f64, String> {
         let mut inner = self.lock();

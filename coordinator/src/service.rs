@@ -128,6 +128,7 @@ impl CoordinatorService {
         if let Some(datasets) = &self.config.datasets {
             datasets.bind(&mut request).map_err(|e| match e {
                 DatasetsError::Unknown(_) => Status::not_found(e.to_string()),
+                DatasetsError::UnitColumnMissing { .. } => Status::invalid_argument(e.to_string()),
                 _ => Status::permission_denied(e.to_string()),
             })?;
         }
@@ -325,6 +326,13 @@ impl Coordinator for CoordinatorService {
                 return Err(Status::invalid_argument("a result stream must start with its header"));
             }
         };
+        // Nothing is buffered for a result no running attempt waits for.
+        if !self.scheduler.is_running(&header.worker_id, &header.job_id, header.task_id, header.attempt) {
+            return Err(Status::failed_precondition(format!(
+                "task {} attempt {} of job {} is not running on {}",
+                header.task_id, header.attempt, header.job_id, header.worker_id
+            )));
+        }
         let mut result = ResultStream::new(header).map_err(invalid)?;
         while let Some(chunk) = stream.next().await {
             match chunk?.part {

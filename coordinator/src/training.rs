@@ -23,6 +23,8 @@ use crate::telemetry::Telemetry;
 pub struct TrainingRun<'a> {
     pub job_id: &'a str,
     pub partitions: &'a [String],
+    /// Units in each partition: they bound a worker's claim of how many it sampled.
+    pub partition_units: &'a [u64],
     pub rate: f64,
     pub clip: f64,
     pub noise_multiplier: f64,
@@ -81,7 +83,11 @@ pub async fn train(
                         return Err(bad(&result.worker, result.task_id, "no 'gradient_sum' tensor".into()));
                     };
                     let sum = result.tensors.swap_remove(index).1;
-                    dpsgd::validate(&sum, result.units, parameters.len(), run.clip)
+                    if result.task_id / p as u64 != round {
+                        return Err(bad(&result.worker, result.task_id, "a result for another round".into()));
+                    }
+                    let units = result.units.min(run.partition_units[(result.task_id % p as u64) as usize]);
+                    dpsgd::validate(&sum, units, parameters.len(), run.clip)
                         .map_err(|reason| bad(&result.worker, result.task_id, reason))?;
                     telemetry.task_done(result.seconds);
                     sums.insert(result.task_id, sum);

@@ -129,7 +129,13 @@ impl<'a> Encoder<'a> {
                 bounds: c.bounds().unwrap_or((f64::NEG_INFINITY, f64::INFINITY)),
             });
         }
-        let unit = spec.schema.unit_column.as_ref().and_then(|u| plans.iter().position(|p| &p.name == u));
+        let unit = match &spec.schema.unit_column {
+            // Never read as "each row is a unit": a unit's rows would count several times.
+            Some(u) => Some(plans.iter().position(|p| &p.name == u).ok_or_else(|| {
+                DataError::Internal(format!("the unit column '{u}' is not among the spec's columns"))
+            })?),
+            None => None,
+        };
         Ok(Self {
             file: file.to_string(),
             options: &spec.input.csv,

@@ -84,13 +84,16 @@ pub struct PartitionWriter {
     writers: Vec<AsyncArrowWriter<BufWriter>>,
     urls: Vec<String>,
     units: HashSet<String>,
+    units_per_partition: Vec<u64>,
 }
 
-/// What partitioning produced. The unit count is private: it may leave the coordinator
-/// only through a DP release.
+/// What partitioning produced. The unit counts are private: they may leave the
+/// coordinator only through a DP release. They bound what a worker's aggregate of a
+/// partition may hold (a worker's own claim is not trusted).
 pub struct Partitioned {
     pub urls: Vec<String>,
     pub units: u64,
+    pub units_per_partition: Vec<u64>,
 }
 
 impl PartitionWriter {
@@ -113,7 +116,8 @@ impl PartitionWriter {
             writers.push(writer);
             urls.push(format!("{}/{relative}", scratch.url.trim_end_matches('/')));
         }
-        Ok(Self { key, schema, domain: domain.clone(), writers, urls, units: HashSet::new() })
+        let units_per_partition = vec![0; count as usize];
+        Ok(Self { key, schema, domain: domain.clone(), writers, urls, units: HashSet::new(), units_per_partition })
     }
 
     /// Routes each row to its unit's partition.
@@ -121,9 +125,11 @@ impl PartitionWriter {
         let count = self.writers.len() as u32;
         let mut split: Vec<EncodedBatch> = (0..count).map(|_| EncodedBatch::empty(self.domain.columns.len())).collect();
         for (i, unit) in batch.units.into_iter().enumerate() {
-            let target = &mut split[self.key.partition_of(&unit, count) as usize];
+            let partition = self.key.partition_of(&unit, count) as usize;
+            let target = &mut split[partition];
             if !self.units.contains(&unit) {
                 self.units.insert(unit.clone());
+                self.units_per_partition[partition] += 1;
             }
             for (d, values) in batch.values.iter().enumerate() {
                 target.values[d].push(values[i]);
@@ -144,7 +150,11 @@ impl PartitionWriter {
         for writer in self.writers {
             writer.close().await.map_err(|e| DataError::Internal(format!("closing a partition: {e}")))?;
         }
-        Ok(Partitioned { urls: self.urls, units: self.units.len() as u64 })
+        Ok(Partitioned {
+            urls: self.urls,
+            units: self.units.len() as u64,
+            units_per_partition: self.units_per_partition,
+        })
     }
 }
 
