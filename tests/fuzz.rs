@@ -12,6 +12,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use dpsynth_coordinator::worker_result::{MAX_RESULT_VALUES, ResultStream};
 use dpsynth_proto::{Dtype, ResultHeader, TensorChunk, TensorMeta};
+use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::data::domain::{Binning, Domain, Encoding};
 use dpsynth_shared::data::input::{InputReader, validate};
 use dpsynth_shared::data::{DataError, EncodedBatch};
@@ -19,7 +20,6 @@ use dpsynth_shared::dpsgd;
 use dpsynth_shared::generators::findiff::FinDiffPlan;
 use dpsynth_shared::generators::marginals::MarginalsPlan;
 use dpsynth_shared::generators::pate::{PatePlan, validate_votes};
-use dpsynth_shared::privacy::accountant::AccountingOptions;
 use dpsynth_shared::spec::JobSpec;
 use proptest::prelude::*;
 

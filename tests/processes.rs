@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
-use dpsynth_shared::privacy::accountant::Accountant;
+use dpsynth_shared::accounting::accountant::Accountant;
 
 /// A coordinator process on a free port; returns it and its URL.
 fn coordinator(dir: &Path) -> (Proc, String) {

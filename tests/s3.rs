@@ -13,9 +13,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::*;
-use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions, account};
-use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, Ledger, LedgerError};
-use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
+use dpsynth_privacy::ledger::{Budget, ChargeRequest, Ledger, LedgerError};
+use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::storage::StoreLocation;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;

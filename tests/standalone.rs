@@ -10,9 +10,9 @@ use common::*;
 use dpsynth_coordinator::job::JobRequest;
 use dpsynth_coordinator::service::CoordinatorConfig;
 use dpsynth_coordinator::standalone::Standalone;
+use dpsynth_privacy::ledger::{EntryBody, Ledger};
 use dpsynth_proto::JobState;
-use dpsynth_shared::privacy::ledger::{EntryBody, Ledger};
-use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
+use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::spec::{Format, JobSpec};
 use dpsynth_shared::storage;
 use sha2::{Digest, Sha256};
@@ -284,7 +284,7 @@ async fn partition(spec: &JobSpec, dir: &std::path::Path, partitions: u32) -> Ve
 /// label or the noisy vote share costs the same, and so does a target-label answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pate_job_charges_exactly_its_answered_queries() {
-    use dpsynth_shared::privacy::accountant::{AccountingOptions, account};
+    use dpsynth_shared::accounting::accountant::{AccountingOptions, account};
 
     let mut charged = Vec::new();
     // (release, target, label queries): with the target "rhythm" (4 values and missing)
@@ -366,9 +366,9 @@ async fn a_pate_job_charges_exactly_its_answered_queries() {
 /// teachers each).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_cast_the_same_pate_votes() {
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
     use dpsynth_shared::dpsgd::encode_task;
     use dpsynth_shared::generators::pate::{PatePlan, Question, TASK_KIND, VoteTask};
-    use dpsynth_shared::privacy::accountant::AccountingOptions;
 
     let dir = tempfile::tempdir().unwrap();
     let text = pate_spec(dir.path(), 120, 8).replace("[schema]\n", "[schema]\ntarget = \"rhythm\"\n");

@@ -15,11 +15,11 @@
 //! Format: a u32 length, the JSON header, then the parameters and the optimizer's moments
 //! as little-endian f64.
 
+use dpsynth_privacy::ledger::{ChargeReceipt, ChargeRequest, ChargeStatus, EntryBody, Ledger};
+use dpsynth_shared::accounting::accountant::PrivacyCost;
+use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::generators::findiff::FinDiffModelSpec;
-use dpsynth_shared::privacy::accountant::PrivacyCost;
-use dpsynth_shared::privacy::ledger::{ChargeReceipt, ChargeRequest, ChargeStatus, EntryBody, Ledger};
-use dpsynth_shared::privacy::mechanism::Mechanism;
 use dpsynth_shared::storage::StoreLocation;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
@@ -181,9 +181,9 @@ pub async fn take_resume_lease(scratch: &StoreLocation, job_id: &str, seq: u64, 
 
 #[cfg(test)]
 mod tests {
-    use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions};
-    use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, Ledger};
-    use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
+    use dpsynth_privacy::ledger::{Budget, ChargeRequest, Ledger};
+    use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions};
+    use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
     use dpsynth_shared::storage;
 
     use super::{take_resume_lease, verify_charged};

@@ -17,9 +17,9 @@
 
 use std::collections::HashMap;
 
-use dpsynth_shared::privacy::accountant::AccountingOptions;
-use dpsynth_shared::privacy::ledger::{Budget, Ledger, LedgerError};
-use dpsynth_shared::privacy::mechanism::Adjacency;
+use dpsynth_privacy::ledger::{Budget, Ledger, LedgerError};
+use dpsynth_shared::accounting::accountant::AccountingOptions;
+use dpsynth_shared::accounting::mechanism::Adjacency;
 use dpsynth_shared::spec::{BadRows, ColumnKind, Format, InputSpec, validate_id};
 use dpsynth_shared::storage;
 use serde::Deserialize;

@@ -16,6 +16,10 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use dpsynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, LedgerError};
+use dpsynth_privacy::release::{Private, Releases, Unpaid};
+use dpsynth_shared::accounting::accountant::{AccountingOptions, PrivacyCost, calibrate_sigma};
+use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::data::DataError;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::data::input::InputReader;
@@ -23,6 +27,7 @@ use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::dpsgd::params::LinearStack;
 use dpsynth_shared::dpsgd::{RoundSettings, compute_device, encode_task};
+use dpsynth_shared::entropy::{os_rng, os_seed};
 use dpsynth_shared::generators::findiff::diffusion::{self, timestep_exponent};
 use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
 use dpsynth_shared::generators::findiff::{self, FinDiffModel, FinDiffPlan, FinDiffRound};
@@ -32,10 +37,6 @@ use dpsynth_shared::generators::pate::{self, PatePlan, Threshold};
 use dpsynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
-use dpsynth_shared::privacy::accountant::{AccountingOptions, PrivacyCost, calibrate_sigma};
-use dpsynth_shared::privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, LedgerError};
-use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
-use dpsynth_shared::privacy::noise::{Noise, os_rng, os_seed};
 use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 
@@ -63,7 +64,9 @@ pub enum JobError {
     #[error(transparent)]
     PatePlan(#[from] pate::PlanError),
     #[error(transparent)]
-    Privacy(#[from] dpsynth_shared::privacy::PrivacyError),
+    Privacy(#[from] dpsynth_shared::accounting::PrivacyError),
+    #[error(transparent)]
+    Unpaid(#[from] Unpaid),
     #[error("worker {worker}: task {task_id} failed: {error}")]
     Task { worker: String, task_id: u64, error: String },
     #[error("worker {worker} returned an invalid aggregate for task {task_id}: {reason}")]
@@ -118,6 +121,7 @@ impl JobError {
             | JobError::FinDiffPlan(_)
             | JobError::PatePlan(_)
             | JobError::Privacy(_)
+            | JobError::Unpaid(_)
             | JobError::OutputOverlaps { .. }
             | JobError::Storage(_) => self.to_string(),
             JobError::Data(_) => format!("{INPUT_MISMATCH} (details are in the coordinator's operator log)"),
@@ -316,6 +320,14 @@ async fn open_ledger(location: &StoreLocation, spec: &JobSpec) -> Result<Ledger,
     }
 }
 
+/// A job's partitions in the scratch store. Their unit counts are private: a release
+/// alone makes one public, and they bound what a worker may return for a partition.
+pub struct Partitions {
+    pub urls: Vec<String>,
+    pub units: Private<u64>,
+    pub units_per_partition: Private<Vec<u64>>,
+}
+
 /// What every generator needs from its job.
 struct JobContext<'a> {
     request: &'a JobRequest,
@@ -371,7 +383,7 @@ impl JobContext<'_> {
     }
 
     /// Splits the private input by privacy unit into the scratch store.
-    async fn partition(&self, scratch: &StoreLocation) -> Result<Partitioned, JobError> {
+    async fn partition(&self, scratch: &StoreLocation) -> Result<Partitions, JobError> {
         set_stage(self.progress, "partitioning");
         let spec = self.spec();
         let key = PartitionKey::generate()?;
@@ -389,7 +401,8 @@ impl JobContext<'_> {
                 skipped.by_column.iter().map(|((column, reason), n)| format!("{column}: {reason} ×{n}")).collect();
             tracing::warn!(rows = skipped.rows, ?by_column, "rows left out: they break the job's schema");
         }
-        Ok(writer.finish().await?)
+        let Partitioned { urls, units, units_per_partition } = writer.finish().await?;
+        Ok(Partitions { urls, units: Private::new(units), units_per_partition: Private::new(units_per_partition) })
     }
 
     fn charge_request(&self, mechanisms: Vec<Mechanism>) -> ChargeRequest {
@@ -401,6 +414,13 @@ impl JobContext<'_> {
             delta: spec.privacy.delta,
         }
     }
+}
+
+/// The unit count (sensitivity 1), released with N(0, σ²) and rounded at once: the noisy double's low bits are never used.
+fn release_count(releases: &mut Releases, partitions: &Partitions, sigma: f64) -> Result<f64, JobError> {
+    let units = partitions.units.map(|&n| vec![n as f64]);
+    let noisy = releases.gaussian_each(units, 1.0, sigma)?;
+    Ok(noisy[0].round().max(1.0))
 }
 
 /// DP marginals: one Gaussian release of all tables, then sampling.
@@ -420,15 +440,13 @@ async fn run_marginals(
     ctx.admit(ledger, &charge).await?;
     let output = OutputWriter::create(storage::open(output_url)?).await?;
     let partitioned = ctx.partition(scratch).await?;
-    let mut counts = aggregate_marginals(ctx, &partitioned, &plan).await?;
-
-    // Noise, once per cell, here and only here.
-    set_stage(ctx.progress, "adding noise");
-    Noise::from_os()?.add_gaussian(&mut counts, sigma * plan.task.sensitivity());
-    let synthesizer = Synthesizer::new(plan.clone(), &counts);
-    drop(counts);
-
+    let counts = aggregate_marginals(ctx, &partitioned, &plan).await?;
     let receipt = ctx.charge(ledger, &charge).await?;
+    set_stage(ctx.progress, "adding noise");
+    let noisy = Releases::paid_by(&receipt)?.gaussian(counts, plan.task.sensitivity(), sigma)?;
+    let synthesizer = Synthesizer::new(plan.clone(), &noisy);
+    drop(noisy);
+
     set_stage(ctx.progress, "writing output");
     claim_release(ledger, &receipt, &output).await?;
     let rows = spec.output.rows.unwrap_or_else(|| synthesizer.noisy_total.round().max(1.0) as u64);
@@ -439,9 +457,9 @@ async fn run_marginals(
 
 async fn aggregate_marginals(
     ctx: &JobContext<'_>,
-    partitioned: &Partitioned,
+    partitioned: &Partitions,
     plan: &MarginalsPlan,
-) -> Result<Vec<f64>, JobError> {
+) -> Result<Private<Vec<f64>>, JobError> {
     let urls = &partitioned.urls;
     set_stage(ctx.progress, "aggregating on workers");
     let job_id = &ctx.request.job_id;
@@ -471,9 +489,12 @@ async fn aggregate_marginals(
                     .ok_or_else(|| "no 'counts' tensor".to_string())
                     .and_then(|c| {
                         // The partition's own unit count bounds the worker's claim.
-                        let units = partitioned.units_per_partition.get(result.task_id as usize).copied();
-                        let units = units.ok_or_else(|| "a result for no task of this job".to_string())?;
-                        plan.task.validate(c, result.units.min(units)).map(|()| c)
+                        partitioned.units_per_partition.check(|units| {
+                            let units = units.get(result.task_id as usize).copied();
+                            let units = units.ok_or_else(|| "a result for no task of this job".to_string())?;
+                            plan.task.validate(c, result.units.min(units))
+                        })?;
+                        Ok(c)
                     })
                     .map_err(|reason| JobError::BadResult {
                         worker: result.worker.clone(),
@@ -505,7 +526,7 @@ async fn aggregate_marginals(
             None => return Err(JobError::Other("scheduler stopped".into())),
         }
     }
-    Ok(sum)
+    Ok(Private::new(sum))
 }
 
 /// DP-FinDiff: a DP unit count fixes the sampling rate; the whole DP-SGD run is charged
@@ -571,7 +592,7 @@ async fn run_findiff(
             let count_charge = ctx.charge_request(vec![plan.count_mechanism()]);
             let count_receipt = ctx.charge(ledger, &count_charge).await?;
             let noisy_units =
-                (partitioned.units as f64 + Noise::from_os()?.gaussian(params.count_noise_multiplier)).round().max(1.0);
+                release_count(&mut Releases::paid_by(&count_receipt)?, &partitioned, params.count_noise_multiplier)?;
             let rate = plan.rate(noisy_units);
             let sigma = match params.noise_multiplier {
                 Some(sigma) => sigma,
@@ -619,6 +640,7 @@ async fn run_findiff(
         job_id,
         partitions: &partitioned.urls,
         partition_units: &partitioned.units_per_partition,
+        receipt: &run.receipt,
         rate: run.rate,
         clip: params.clip,
         noise_multiplier: run.sigma,
@@ -699,13 +721,14 @@ async fn run_pate(
     let output = OutputWriter::create(storage::open(output_url)?).await?;
     let partitioned = ctx.partition(scratch).await?;
     let receipt = ctx.charge(ledger, &charge).await?;
+    let mut releases = Releases::paid_by(&receipt)?;
     let mut public_inputs = Vec::new();
     let rows = match spec.output.rows {
         Some(rows) => rows,
         None => {
             let noise = plan.params.count_noise_multiplier;
             // Rounded at once: the noisy double's low bits are never used.
-            let noisy_units = (partitioned.units as f64 + Noise::from_os()?.gaussian(noise)).round().max(1.0);
+            let noisy_units = release_count(&mut releases, &partitioned, noise)?;
             public_inputs
                 .push(format!("privacy units: {noisy_units} (Gaussian release, noise multiplier {noise}; charged)"));
             noisy_units as u64
@@ -724,7 +747,8 @@ async fn run_pate(
         plan: &plan,
         epsilon: receipt.admission.cost.epsilon,
     };
-    let (gan, labels, summary) = crate::pate::train(&run, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
+    let (gan, labels, summary) =
+        crate::pate::train(&run, &mut releases, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
     tracing::info!(
         asked = plan.queries(),
         released = summary.released,

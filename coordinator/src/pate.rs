@@ -1,6 +1,6 @@
 //! The coordinator's side of PATE: per iteration, generate the teachers' fake rows and
-//! the queries, collect every task's vote counts, check them, add the GNMax noise (here
-//! and only here), release the labels to the student, then train the student and the
+//! the queries, collect every task's vote counts, check them, release them with the
+//! charged noise (GNMax), read the labels off the noisy counts for the student, then train the student and the
 //! generator on the recent answers. After the last iteration, the label queries: the
 //! teachers' target classifiers vote on rows drawn as the output is, and a label model is
 //! fit to the noisy histograms.
@@ -14,13 +14,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use dpsynth_privacy::release::{Private, Releases};
 use dpsynth_shared::dpsgd::encode_task;
+use dpsynth_shared::entropy::os_seed;
 use dpsynth_shared::generators::pate::gan::PateGan;
 use dpsynth_shared::generators::pate::teacher::TargetModel;
 use dpsynth_shared::generators::pate::{
-    self, PatePlan, Question, VoteTask, release, release_histogram, validate_votes,
+    self, PatePlan, Question, VoteTask, label_shares, largest_votes, realness_answers, realness_votes, validate_votes,
 };
-use dpsynth_shared::privacy::noise::{Noise, os_seed};
+use dpsynth_shared::spec::PateRelease;
 use tokio::sync::mpsc;
 
 use crate::job::{JobError, ProgressHandle};
@@ -49,6 +51,7 @@ pub struct VoteSummary {
 /// label model when the plan has label queries).
 pub async fn train(
     run: &VoteRun<'_>,
+    releases: &mut Releases,
     mut gan: PateGan,
     scheduler: &Scheduler,
     telemetry: &Telemetry,
@@ -66,7 +69,6 @@ pub async fn train(
         events: None,
         next_task: 0,
     };
-    let mut noise = Noise::from_os()?;
     let mut released_x: Vec<f32> = Vec::with_capacity(plan.queries() as usize * width);
     let mut released_y: Vec<f32> = Vec::with_capacity(plan.queries() as usize);
     let started = Instant::now();
@@ -80,11 +82,15 @@ pub async fn train(
         .await?;
         gan = back;
         let real = rounds.ask(Question::Realness, fake_rows, &generated, iteration).await?;
-        let k = f64::from(plan.teachers);
-        let largest: Vec<f64> = real.iter().map(|&r| r.max(k - r)).collect();
-        let keep = confidence(plan, &largest, &mut noise);
+        let keep = confidence(plan, releases, real.map(|r| largest_votes(r, 1, plan.teachers)), queries)?;
         // The release (charged before the first iteration).
-        let answers = release(&real, plan.teachers, plan.sigma, plan.params.release, &mut noise);
+        let how = plan.params.release;
+        let votes = real.map(|r| realness_votes(r, plan.teachers, how));
+        let noisy = match how {
+            PateRelease::Label => releases.gnmax(votes, 2, plan.sigma)?,
+            PateRelease::VoteShare => releases.gaussian_each(votes, 1.0, plan.share_noise())?,
+        };
+        let answers = realness_answers(&noisy, plan.teachers, how);
         for (i, answer) in answers.into_iter().enumerate().filter(|(i, _)| keep[*i]) {
             released_y.push(answer);
             released_x.extend_from_slice(&generated[(fake_rows + i) * width..(fake_rows + i + 1) * width]);
@@ -132,9 +138,8 @@ pub async fn train(
             .await?;
             gan = back;
             let counts = rounds.ask(Question::Target, 0, &queries, plan.iterations).await?;
-            let largest: Vec<f64> = counts.chunks(classes).map(|c| c.iter().copied().fold(0.0, f64::max)).collect();
-            let keep = confidence(plan, &largest, &mut noise);
-            let shares = release_histogram(&counts, classes, plan.sigma, &mut noise);
+            let keep = confidence(plan, releases, counts.map(|c| largest_votes(c, classes, plan.teachers)), n)?;
+            let shares = label_shares(&releases.gnmax(counts, classes as u32, plan.sigma)?, classes);
             let w = plan.encoding.width;
             let (queries, shares): (Vec<f32>, Vec<f64>) = {
                 let kept = (0..n).filter(|&i| keep[i]);
@@ -158,12 +163,18 @@ pub async fn train(
     Ok((gan, labels, summary))
 }
 
-/// Which queries clear the confidence threshold (all without one).
-fn confidence(plan: &PatePlan, largest: &[f64], noise: &mut Noise) -> Vec<bool> {
-    match plan.threshold {
-        Some(threshold) => threshold.check(largest, noise),
-        None => vec![true; largest.len()],
-    }
+/// Which queries clear the confidence threshold, from each one's largest vote count
+/// released with the check's noise (all, without a threshold).
+fn confidence(
+    plan: &PatePlan,
+    releases: &mut Releases,
+    largest: Private<Vec<f64>>,
+    queries: usize,
+) -> Result<Vec<bool>, JobError> {
+    Ok(match plan.threshold {
+        Some(threshold) => threshold.clears(&releases.gaussian_each(largest, 1.0, threshold.sigma)?),
+        None => vec![true; queries],
+    })
 }
 
 /// Sends vote rounds to the teachers and collects their counts.
@@ -187,7 +198,7 @@ impl VoteRounds<'_> {
         fake_rows: usize,
         generated: &[f32],
         iteration: u32,
-    ) -> Result<Vec<f64>, JobError> {
+    ) -> Result<Private<Vec<f64>>, JobError> {
         let plan = self.run.plan;
         let header = VoteTask {
             encoding: plan.encoding.clone(),
@@ -255,7 +266,7 @@ impl VoteRounds<'_> {
         for votes in counts.values() {
             total.iter_mut().zip(votes).for_each(|(t, v)| *t += v);
         }
-        Ok(total)
+        Ok(Private::new(total))
     }
 }
 

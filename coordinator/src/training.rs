@@ -1,18 +1,20 @@
 //! The coordinator's side of distributed DP-SGD: per round, broadcast the weights, collect
-//! every partition's clipped gradient sum, check it, add the noise (here and only here),
+//! every partition's clipped gradient sum, check it, release it with the charged noise,
 //! divide by the expected batch and step the optimizer on the f64 master copy.
 //!
 //! A worker lost mid-round only delays the round: its task goes back to the queue with a
 //! new attempt and another worker takes the partition over; the round's noise is drawn
 //! once all sums are in, so nothing about an incomplete round is ever released.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use dpsynth_privacy::ledger::ChargeReceipt;
+use dpsynth_privacy::release::{Private, Releases};
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::dpsgd::{self, RoundSettings};
-use dpsynth_shared::privacy::noise::{Noise, os_seed};
+use dpsynth_shared::entropy::os_seed;
 
 use crate::checkpoint::Checkpointer;
 use crate::job::{JobError, ProgressHandle};
@@ -24,7 +26,9 @@ pub struct TrainingRun<'a> {
     pub job_id: &'a str,
     pub partitions: &'a [String],
     /// Units in each partition: they bound a worker's claim of how many it sampled.
-    pub partition_units: &'a [u64],
+    pub partition_units: &'a Private<Vec<u64>>,
+    /// The run's charge: it pays for every round's noise.
+    pub receipt: &'a ChargeReceipt,
     pub rate: f64,
     pub clip: f64,
     pub noise_multiplier: f64,
@@ -50,7 +54,8 @@ pub async fn train(
     telemetry: &Telemetry,
     progress: &ProgressHandle,
 ) -> Result<(), JobError> {
-    let mut noise = Noise::from_os()?;
+    let mut releases = Releases::paid_by(run.receipt)?;
+    releases.resume_after(optimizer.step)?;
     let started = Instant::now();
     let first_step = optimizer.step;
     let mut last_report = Instant::now();
@@ -75,7 +80,7 @@ pub async fn train(
             })
             .collect();
         let rx = scheduler.submit_round(run.job_id, tasks, &mut events);
-        let mut sums: HashMap<u64, Vec<f64>> = HashMap::new();
+        let mut sums: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
         while sums.len() < p {
             match rx.recv().await {
                 Some(TaskEvent::Done(mut result)) => {
@@ -86,8 +91,11 @@ pub async fn train(
                     if result.task_id / p as u64 != round {
                         return Err(bad(&result.worker, result.task_id, "a result for another round".into()));
                     }
-                    let units = result.units.min(run.partition_units[(result.task_id % p as u64) as usize]);
-                    dpsgd::validate(&sum, units, parameters.len(), run.clip)
+                    run.partition_units
+                        .check(|units| {
+                            let units = result.units.min(units[(result.task_id % p as u64) as usize]);
+                            dpsgd::validate(&sum, units, parameters.len(), run.clip)
+                        })
                         .map_err(|reason| bad(&result.worker, result.task_id, reason))?;
                     telemetry.task_done(result.seconds);
                     sums.insert(result.task_id, sum);
@@ -101,11 +109,12 @@ pub async fn train(
                 None => return Err(JobError::Other("scheduler stopped".into())),
             }
         }
+        // In task order: the same sum on any cluster.
         let mut gradient = vec![0.0; parameters.len()];
         for sum in sums.values() {
             gradient.iter_mut().zip(sum).for_each(|(g, s)| *g += s);
         }
-        noise.add_gaussian(&mut gradient, run.noise_multiplier * run.clip);
+        let mut gradient = releases.dp_sgd_step(Private::new(gradient), run.clip, run.noise_multiplier)?;
         gradient.iter_mut().for_each(|g| *g /= run.expected_batch);
         optimizer.step(parameters, &gradient);
         checkpointer.after_round(optimizer, parameters).await?;

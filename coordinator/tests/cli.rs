@@ -3,8 +3,8 @@
 
 use std::process::{Command, Output};
 
-use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions, account};
-use dpsynth_shared::privacy::mechanism::Mechanism;
+use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+use dpsynth_shared::accounting::mechanism::Mechanism;
 use serde_json::Value;
 
 fn dpsynth(args: &[&str]) -> Output {

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions, account};
-use dpsynth_shared::privacy::mechanism::Mechanism;
+use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+use dpsynth_shared::accounting::mechanism::Mechanism;
 
 /// Median wall time of `reps` runs of `f`.
 fn median(reps: usize, mut f: impl FnMut() -> f64) -> (Duration, f64) {

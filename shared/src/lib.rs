@@ -3,14 +3,15 @@
 // Parameter checks are written `!(x > 0.0)` on purpose: NaN must fail them.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
+pub mod accounting;
 pub mod data;
 pub mod dpsgd;
+pub mod entropy;
 pub mod eval;
 pub mod generators;
 pub mod logging;
 pub mod metrics;
 pub mod output;
-pub mod privacy;
 pub mod sampling;
 pub mod simulate;
 pub mod spec;

@@ -13,9 +13,9 @@ use parquet::arrow::ArrowWriter;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::accounting::accountant::Accountant;
+use crate::accounting::mechanism::Mechanism;
 use crate::generators::marginals::SyntheticValue;
-use crate::privacy::accountant::Accountant;
-use crate::privacy::mechanism::Mechanism;
 use crate::spec::{ColumnKind, JobSpec};
 use crate::storage::StoreLocation;
 

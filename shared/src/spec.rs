@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use chrono::{DateTime, NaiveDate, NaiveDateTime};
 use serde::{Deserialize, Serialize};
 
-use crate::privacy::accountant::Accountant;
-use crate::privacy::ledger::Budget;
+use crate::accounting::Budget;
+use crate::accounting::accountant::Accountant;
 
 /// Errors in a job spec.
 #[derive(Debug, thiserror::Error)]

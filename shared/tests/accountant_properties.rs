@@ -3,8 +3,8 @@
 //! ε is monotone in T and q and antitone in σ, two halves compose to the whole,
 //! calibration round-trips, and the RDP computation stays finite across its range.
 
-use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions, account, calibrate_sigma, rdp_curve};
-use dpsynth_shared::privacy::mechanism::Mechanism;
+use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, calibrate_sigma, rdp_curve};
+use dpsynth_shared::accounting::mechanism::Mechanism;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 

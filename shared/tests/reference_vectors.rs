@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
-use dpsynth_shared::privacy::accountant::{
+use dpsynth_shared::accounting::accountant::{
     Accountant, AccountingOptions, Conversion, RdpCurve, account, calibrate_sigma, rdp_curve,
 };
-use dpsynth_shared::privacy::gnmax;
-use dpsynth_shared::privacy::mechanism::Mechanism;
+use dpsynth_shared::accounting::gnmax;
+use dpsynth_shared::accounting::mechanism::Mechanism;
 use serde_json::Value;
 
 fn reference() -> Option<Value> {

@@ -7,10 +7,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use dpsynth_privacy::ledger::Ledger;
+use dpsynth_shared::accounting::accountant::Accountant;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::data::input::InputReader;
-use dpsynth_shared::privacy::accountant::Accountant;
-use dpsynth_shared::privacy::ledger::Ledger;
 use dpsynth_shared::spec::{Format, JobSpec};
 use dpsynth_shared::storage;
 

@@ -10,10 +10,10 @@ use dpsynth_proto::Task;
 use dpsynth_shared::data::partition::read_partition;
 use dpsynth_shared::dpsgd::params::LinearStack;
 use dpsynth_shared::dpsgd::{self, Examples, compute_device, decode_task};
+use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
 use dpsynth_shared::generators::marginals::{self, MarginalsTask};
 use dpsynth_shared::generators::pate::{self, VoteTask};
-use dpsynth_shared::privacy::noise::os_rng;
 
 /// Named f64 tensors plus the number of privacy units that contributed (for a vote
 /// round: the number of teachers).

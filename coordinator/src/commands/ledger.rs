@@ -4,9 +4,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions};
-use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError, Spent};
-use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism};
+use dpsynth_privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError, Spent};
+use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions};
+use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::storage;
 use serde_json::json;
 

@@ -22,7 +22,7 @@ use super::domain::{Domain, Encoding};
 use super::input::BATCH_ROWS;
 use super::parquet_io;
 use super::{DataError, EncodedBatch};
-use crate::privacy::noise::os_seed;
+use crate::entropy::os_seed;
 use crate::storage::{self, StoreLocation};
 
 /// Name of the privacy-unit column in partition files.

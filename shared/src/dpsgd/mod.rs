@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::EncodedBatch;
 use crate::data::domain::Domain;
 use crate::data::partition::read_partition;
-use crate::privacy::noise::os_rng;
+use crate::entropy::os_rng;
 use ghost::{GhostTape, LinearHook, clipped_sum};
 use params::LinearStack;
 
@@ -42,7 +42,7 @@ pub enum DpSgdError {
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
     #[error(transparent)]
-    Privacy(#[from] crate::privacy::PrivacyError),
+    Privacy(#[from] crate::accounting::PrivacyError),
 }
 
 /// The device models run on: the first CUDA GPU with the `cuda` feature, else the CPU

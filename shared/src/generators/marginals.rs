@@ -25,10 +25,10 @@ use rand::rngs::ChaCha20Rng;
 use rand::{CryptoRng, Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
+use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::data::{DataError, EncodedBatch};
-use crate::privacy::mechanism::{Adjacency, Mechanism};
-use crate::privacy::noise::os_rng;
+use crate::entropy::os_rng;
 use crate::sampling::pick;
 use crate::spec::{ColumnKind, JobSpec};
 

@@ -21,13 +21,13 @@ use rand::rngs::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
+use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
 use crate::dpsgd::ghost::LinearHook;
 use crate::dpsgd::params::LinearStack;
 use crate::dpsgd::{DpModel, Examples, RoundSettings, RowRef};
-use crate::privacy::accountant::{AccountingOptions, calibrate_sigma};
-use crate::privacy::mechanism::{Adjacency, Mechanism};
-use crate::privacy::noise::os_seed;
+use crate::entropy::os_seed;
 use diffusion::{Draw, Schedule, draw, timestep_cdf};
 use encoding::TabularEncoding;
 use model::{Denoiser, DenoiserConfig};
@@ -250,7 +250,7 @@ impl FinDiffPlan {
         spec: &crate::spec::JobSpec,
         options: &AccountingOptions,
         rate: f64,
-    ) -> Result<f64, crate::privacy::PrivacyError> {
+    ) -> Result<f64, crate::accounting::PrivacyError> {
         calibrate_sigma(spec.privacy.epsilon, spec.privacy.delta, spec.privacy.accountant, options, |s| {
             self.mechanisms(rate, s)
         })

@@ -41,11 +41,10 @@ use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::accounting::accountant::{AccountingOptions, account};
+use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
 use crate::dpsgd::Examples;
-use crate::privacy::accountant::{AccountingOptions, account};
-use crate::privacy::mechanism::{Adjacency, Mechanism};
-use crate::privacy::noise::Noise;
 use crate::spec::{JobSpec, PateParams, PateRelease, TeacherVote};
 use encoding::PateEncoding;
 use teacher::{Features, TargetModel, Teacher, TeacherConfig};
@@ -230,12 +229,17 @@ impl PatePlan {
             // The real count (sensitivity 1) with N(0, σ²/2): the same cost as GNMax.
             PateRelease::VoteShare => Mechanism::Gaussian {
                 l2_sensitivity: 1.0,
-                noise_multiplier: self.sigma / std::f64::consts::SQRT_2,
+                noise_multiplier: self.share_noise(),
                 releases: queries,
                 adjacency: Adjacency::AddRemove,
             },
         });
         out
+    }
+
+    /// Noise multiplier of a vote-share release (σ/√2 on the real count: GNMax's cost).
+    pub fn share_noise(&self) -> f64 {
+        self.sigma / std::f64::consts::SQRT_2
     }
 
     /// What the whole run is charged: [unit count,] [confidence checks,] [target labels,]
@@ -378,21 +382,33 @@ pub fn validate_votes(votes: &[f64], expected: usize, teachers: usize, whole: bo
     }
 }
 
-/// The release for each query's real-vote count (here and only here is the vote noise
-/// drawn): the GNMax label (N(0, σ²) on each of the real and fake counts, 1 when the noisy
-/// real count is larger) or the noisy real share (N(0, σ²/2) on the real count, ÷ k,
-/// clamped to [0, 1]).
-pub fn release(real_votes: &[f64], teachers: u32, sigma: f64, how: PateRelease, noise: &mut Noise) -> Vec<f32> {
+/// What a realness release is drawn on: under `Label`, each query's [real, generated]
+/// vote histogram (GNMax over two classes); under `VoteShare`, each real count.
+pub fn realness_votes(real_votes: &[f64], teachers: u32, how: PateRelease) -> Vec<f64> {
     let k = f64::from(teachers);
-    real_votes
-        .iter()
-        .map(|&real| match how {
-            PateRelease::Label => f32::from(u8::from(real + noise.gaussian(sigma) > k - real + noise.gaussian(sigma))),
-            PateRelease::VoteShare => {
-                ((real + noise.gaussian(sigma / std::f64::consts::SQRT_2)) / k).clamp(0.0, 1.0) as f32
-            }
-        })
-        .collect()
+    match how {
+        PateRelease::Label => real_votes.iter().flat_map(|&real| [real, k - real]).collect(),
+        PateRelease::VoteShare => real_votes.to_vec(),
+    }
+}
+
+/// The answers, from the released [`realness_votes`] (post-processing): the GNMax label (1
+/// when the noisy real count is the larger) or the noisy real share (÷ k, clamped to [0, 1]).
+pub fn realness_answers(noisy: &[f64], teachers: u32, how: PateRelease) -> Vec<f32> {
+    match how {
+        PateRelease::Label => noisy.chunks(2).map(|h| f32::from(u8::from(h[0] > h[1]))).collect(),
+        PateRelease::VoteShare => noisy.iter().map(|&v| (v / f64::from(teachers)).clamp(0.0, 1.0) as f32).collect(),
+    }
+}
+
+/// Each query's largest vote count: what confident GNMax's check is drawn on.
+pub fn largest_votes(votes: &[f64], per_query: usize, teachers: u32) -> Vec<f64> {
+    let k = f64::from(teachers);
+    match per_query {
+        // One realness count r stands for the histogram [r, k − r].
+        1 => votes.iter().map(|&r| r.max(k - r)).collect(),
+        n => votes.chunks(n).map(|c| c.iter().copied().fold(0.0, f64::max)).collect(),
+    }
 }
 
 /// Confident GNMax's check: a query is answered when its largest vote count plus
@@ -404,34 +420,28 @@ pub struct Threshold {
 }
 
 impl Threshold {
-    /// Which queries clear the threshold, given their largest vote counts (here and only
-    /// here is the check's noise drawn, on the coordinator).
-    pub fn check(&self, largest: &[f64], noise: &mut Noise) -> Vec<bool> {
-        largest.iter().map(|&c| c + noise.gaussian(self.sigma) >= self.count).collect()
+    /// Which queries clear the threshold, given their released noisy largest counts.
+    pub fn clears(&self, noisy_largest: &[f64]) -> Vec<bool> {
+        noisy_largest.iter().map(|&c| c >= self.count).collect()
     }
 }
 
-/// The release for each label query's class-vote histogram (here and only here is its noise
-/// drawn): N(0, σ²) on every class count — GNMax's noisy histogram, of which the label is
-/// the argmax — then the shares (negative counts as 0, normalised; uniform if all are 0).
-pub fn release_histogram(counts: &[f64], classes: usize, sigma: f64, noise: &mut Noise) -> Vec<f64> {
-    counts
+/// Label shares from released class histograms (post-processing): negative counts as 0,
+/// normalised; uniform if all are 0.
+pub fn label_shares(noisy: &[f64], classes: usize) -> Vec<f64> {
+    noisy
         .chunks(classes)
         .flat_map(|query| {
-            let noisy: Vec<f64> = query.iter().map(|c| (c + noise.gaussian(sigma)).max(0.0)).collect();
-            let total: f64 = noisy.iter().sum();
-            noisy.into_iter().map(move |c| if total > 0.0 { c / total } else { 1.0 / classes as f64 })
+            let clipped: Vec<f64> = query.iter().map(|c| c.max(0.0)).collect();
+            let total: f64 = clipped.iter().sum();
+            clipped.into_iter().map(move |c| if total > 0.0 { c / total } else { 1.0 / classes as f64 })
         })
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
-    use rand::rngs::ChaCha20Rng;
-
     use super::*;
-    use crate::privacy::math::normal_cdf;
 
     fn job(extra: &str, epsilon: f64) -> JobSpec {
         JobSpec::parse(&job_text(extra, epsilon), "test.toml").unwrap()
@@ -546,46 +556,24 @@ mod tests {
             let spec = job(&format!("{base}\n{bad}"), 2.0);
             assert!(PatePlan::new(&spec, &Domain::from_spec(&spec), &options).is_err(), "{bad}");
         }
-        // A query clears the threshold T with probability Φ((largest − T) / σ₁).
-        let mut noise = Noise::with_rng(ChaCha20Rng::from_seed([13; 32]));
-        let n = 20_000;
-        let kept = Threshold { count: 60.0, sigma: 30.0 }.check(&vec![70.0; n], &mut noise);
-        let p = normal_cdf(10.0 / 30.0);
-        let observed = kept.iter().filter(|&&k| k).count() as f64 / n as f64;
-        assert!((observed - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt(), "{observed} vs {p}");
+        // The check keeps a query whose noisy largest count reaches the threshold.
+        let threshold = Threshold { count: 60.0, sigma: 30.0 };
+        assert_eq!(threshold.clears(&[59.9, 60.0, 75.0]), [false, true, true]);
     }
 
+    /// What each release is drawn on, and the answers read from its noisy values (the
+    /// noise's law is `dpsynth-privacy`'s to test).
     #[test]
-    fn released_label_histograms_follow_gnmax() {
-        let mut noise = Noise::with_rng(ChaCha20Rng::from_seed([12; 32]));
-        let n = 20_000;
-        // Class 1 has 30 of 40 votes, σ = 10: the noisy argmax is class 1 with probability
-        // Φ((30 − 10) / (√2·10)), as for GNMax; the shares are a distribution.
-        let shares = release_histogram(&[10.0, 30.0].repeat(n), 2, 10.0, &mut noise);
-        assert!(shares.chunks(2).all(|s| (s[0] + s[1] - 1.0).abs() < 1e-12 && s.iter().all(|v| *v >= 0.0)));
-        let p = normal_cdf(20.0 / (std::f64::consts::SQRT_2 * 10.0));
-        let observed = shares.chunks(2).filter(|s| s[1] > s[0]).count() as f64 / n as f64;
-        let sd = (p * (1.0 - p) / n as f64).sqrt();
-        assert!((observed - p).abs() < 5.0 * sd, "{observed} vs {p}");
-    }
-
-    #[test]
-    fn released_labels_and_shares_follow_their_noise_distributions() {
-        let mut noise = Noise::with_rng(ChaCha20Rng::from_seed([11; 32]));
-        let n = 20_000;
-        // 30 of 40 teachers say real, σ = 10: P(label 1) = Φ((30 − 10) / (√2·10)).
-        let labels = release(&vec![30.0; n], 40, 10.0, PateRelease::Label, &mut noise);
-        let p = normal_cdf(20.0 / (std::f64::consts::SQRT_2 * 10.0));
-        let observed = labels.iter().map(|&l| f64::from(l)).sum::<f64>() / n as f64;
-        let sd = (p * (1.0 - p) / n as f64).sqrt();
-        assert!((observed - p).abs() < 5.0 * sd, "{observed} vs {p}");
-        // 20 of 40: share 0.5 + N(0, (σ/√2/40)²), symmetric clamping keeps the mean.
-        let shares = release(&vec![20.0; n], 40, 10.0, PateRelease::VoteShare, &mut noise);
-        let mean = shares.iter().map(|&s| f64::from(s)).sum::<f64>() / n as f64;
-        let sd = 10.0 / std::f64::consts::SQRT_2 / 40.0;
-        assert!((mean - 0.5).abs() < 5.0 * sd / (n as f64).sqrt(), "{mean}");
-        let var = shares.iter().map(|&s| (f64::from(s) - mean).powi(2)).sum::<f64>() / n as f64;
-        assert!((var.sqrt() - sd).abs() < 0.03 * sd, "{} vs {sd}", var.sqrt());
+    fn realness_and_label_answers_are_post_processing_of_their_releases() {
+        let votes = [30.0, 10.0];
+        assert_eq!(realness_votes(&votes, 40, PateRelease::Label), [30.0, 10.0, 10.0, 30.0]);
+        assert_eq!(realness_votes(&votes, 40, PateRelease::VoteShare), votes);
+        assert_eq!(realness_answers(&[31.0, 9.0, 12.0, 28.0], 40, PateRelease::Label), [1.0, 0.0]);
+        assert_eq!(realness_answers(&[20.0, -3.0, 44.0], 40, PateRelease::VoteShare), [0.5, 0.0, 1.0]);
+        assert_eq!(largest_votes(&votes, 1, 40), [30.0, 30.0]);
+        assert_eq!(largest_votes(&[1.0, 5.0, 2.0, 3.0, 0.0, 0.0], 3, 8), [5.0, 3.0]);
+        let shares = label_shares(&[-1.0, 3.0, 1.0, 0.0, -2.0, 0.0], 3);
+        assert_eq!(shares, [0.0, 0.75, 0.25, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::super::math::{log_add, log_binom, log_erfc};
-use crate::privacy::PrivacyError;
+use crate::accounting::PrivacyError;
 
 /// Default RDP orders: 1.1, 1.2, …, 11.0, then 12 … 63, then 128, 256, 512, 1024.
 ///

@@ -36,10 +36,13 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::PrivacyError;
-use super::accountant::{Accountant, AccountingOptions, Conversion, PrivacyCost, RdpCurve, account, rdp_curve};
-use super::mechanism::{Adjacency, Mechanism, PldComposition};
-use crate::storage::StoreLocation;
+pub use dpsynth_shared::accounting::Budget;
+use dpsynth_shared::accounting::PrivacyError;
+use dpsynth_shared::accounting::accountant::{
+    Accountant, AccountingOptions, Conversion, PrivacyCost, RdpCurve, account, rdp_curve,
+};
+use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism, PldComposition};
+use dpsynth_shared::storage::StoreLocation;
 
 /// Version of the on-store format; loading refuses newer ones.
 pub const FORMAT_VERSION: u32 = 1;
@@ -49,14 +52,6 @@ const MAX_ATTEMPTS: usize = 1000;
 
 /// Slack for floating-point noise when comparing a total against the budget.
 const BUDGET_SLACK: f64 = 1e-12;
-
-/// A dataset's total privacy budget.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Budget {
-    pub epsilon: f64,
-    pub delta: f64,
-}
 
 /// What a job asks the ledger to charge: the mechanisms it will run and how to account them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -163,11 +158,36 @@ impl Admission {
     }
 }
 
-/// A durable charge.
+/// A durable charge. Only the ledger makes one (after the entry is written), and only a
+/// receipt opens the releases it paid for (`release::Releases::paid_by`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChargeReceipt {
     pub seq: u64,
     pub admission: Admission,
+    mechanisms: Vec<Mechanism>,
+}
+
+impl ChargeReceipt {
+    /// The mechanisms charged.
+    pub fn mechanisms(&self) -> &[Mechanism] {
+        &self.mechanisms
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(mechanisms: Vec<Mechanism>) -> Self {
+        let cost = PrivacyCost { accountant: Accountant::Rdp, epsilon: 1.0, delta: 1e-6, order: None, rdp: None };
+        let budget = Budget { epsilon: 10.0, delta: 1e-6 };
+        let spent = Spent {
+            epsilon: 0.0,
+            delta: 1e-6,
+            accountant: Accountant::Rdp,
+            rdp_epsilon: None,
+            rdp_order: None,
+            pld_epsilon: None,
+        };
+        let admission = Admission { cost, before: spent, after: spent, budget };
+        Self { seq: 1, admission, mechanisms }
+    }
 }
 
 /// Ledger failures. Every refusal leaves the ledger unchanged.
@@ -605,7 +625,7 @@ impl Ledger {
                     total_epsilon = admission.after.epsilon,
                     "privacy ledger charged"
                 );
-                return Ok(ChargeReceipt { seq, admission });
+                return Ok(ChargeReceipt { seq, admission, mechanisms: request.mechanisms.clone() });
             }
             tracing::debug!(seq, "ledger write lost a race; reloading");
         }

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dpsynth_shared::privacy::accountant::{Accountant, AccountingOptions, account};
-use dpsynth_shared::privacy::ledger::{Budget, ChargeRequest, ChargeStatus, EntryBody, Ledger, LedgerError};
-use dpsynth_shared::privacy::mechanism::{Adjacency, Mechanism, Sampling};
+use dpsynth_privacy::ledger::{Budget, ChargeRequest, ChargeStatus, EntryBody, Ledger, LedgerError};
+use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism, Sampling};
 use dpsynth_shared::storage;
 use sha2::{Digest, Sha256};
 

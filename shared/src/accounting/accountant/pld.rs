@@ -15,7 +15,7 @@ use rustfft::FftPlanner;
 use rustfft::num_complex::Complex64;
 
 use super::super::math::{log_add, normal_cdf, normal_sf};
-use crate::privacy::PrivacyError;
+use crate::accounting::PrivacyError;
 
 /// Default grid spacing of privacy-loss values.
 pub const DEFAULT_INTERVAL: f64 = 1e-4;

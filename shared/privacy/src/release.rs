@@ -1,0 +1,334 @@
+//! Releasing private aggregates: the one place dpsynth draws privacy noise.
+//!
+//! A [`Releases`] is made from the ledger's receipt for a charge and holds what that charge
+//! paid for. Each release names its sensitivity and noise multiplier; it draws noise only
+//! if a charged mechanism has exactly those parameters and releases left, and uses them up.
+//! So what is charged and what is drawn cannot disagree (OpenDP's measurement: the function
+//! and its privacy map built together), and nothing is drawn before a charge. Exact
+//! aggregates travel as [`Private`], which has no way out but a release.
+//!
+//! The noise source is private to this module:
+//!
+//! ```compile_fail
+//! // Nothing outside `release` can draw privacy noise.
+//! let _ = dpsynth_privacy::release::Noise::from_os();
+//! ```
+//!
+//! Noise comes from ChaCha20 keyed from the operating system's entropy source. Floating-point
+//! caveat: samples are IEEE-754 doubles (Ziggurat for the normal). Textbook floating-point
+//! noise is known to leak through the low-order bits of `value + noise` (Mironov 2012), an
+//! attack that needs the exact noisy output at full precision. dpsynth does not publish raw
+//! noisy sums: DP-SGD sums feed an optimizer whose parameters are released only after many
+//! steps, noisy counts are rounded at once, and PATE publishes only comparisons and
+//! normalised shares.
+
+use dpsynth_shared::accounting::mechanism::Mechanism;
+use dpsynth_shared::entropy::os_rng;
+use rand::rngs::ChaCha20Rng;
+use rand::{CryptoRng, RngExt, SeedableRng};
+use rand_distr::StandardNormal;
+
+use crate::ledger::ChargeReceipt;
+
+/// Slices longer than this are filled by several threads, each with its own ChaCha20
+/// stream keyed from the parent generator.
+const PARALLEL_THRESHOLD: usize = 1 << 20;
+const CHUNK: usize = 1 << 18;
+
+/// A value computed from private rows: an exact aggregate or a unit count. It has no
+/// `Debug`, `Display`, `Clone` or `Serialize`; only a release makes it public.
+pub struct Private<T>(T);
+
+impl<T> Private<T> {
+    pub fn new(value: T) -> Self {
+        Self(value)
+    }
+
+    /// A value derived from this one, private as well.
+    pub fn map<U>(&self, derive: impl FnOnce(&T) -> U) -> Private<U> {
+        Private(derive(&self.0))
+    }
+
+    /// Runs a check on the value (a worker's aggregate against its bounds). Its outcome
+    /// depends on private data: it may stop a job, and its detail goes to the operator log.
+    pub fn check<E>(&self, check: impl FnOnce(&T) -> Result<(), E>) -> Result<(), E> {
+        check(&self.0)
+    }
+}
+
+/// A release that no charged mechanism pays for: a bug, never a data-dependent event (its
+/// fields are public parameters).
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("no charge pays for this release: {what}")]
+pub struct Unpaid {
+    what: String,
+}
+
+/// What one charge paid for, and how much of it is left.
+#[derive(Clone, Debug, PartialEq)]
+enum Paid {
+    Gaussian { l2_sensitivity: f64, noise_multiplier: f64, left: u64 },
+    GnMax { sigma: f64, classes: u32, left: u64 },
+    DpSgd { noise_multiplier: f64, examples_per_unit: u32, left: u64 },
+}
+
+/// The releases one charge pays for, with the noise to draw them.
+pub struct Releases {
+    paid: Vec<Paid>,
+    noise: Noise,
+}
+
+impl Releases {
+    /// Everything `receipt`'s charge paid for.
+    pub fn paid_by(receipt: &ChargeReceipt) -> Result<Self, dpsynth_shared::accounting::PrivacyError> {
+        let paid = receipt
+            .mechanisms()
+            .iter()
+            .filter_map(|m| match *m {
+                Mechanism::Gaussian { l2_sensitivity, noise_multiplier, releases, .. } => {
+                    Some(Paid::Gaussian { l2_sensitivity, noise_multiplier, left: releases })
+                }
+                Mechanism::GnMax { sigma, classes, queries } => Some(Paid::GnMax { sigma, classes, left: queries }),
+                Mechanism::SubsampledGaussian { noise_multiplier, steps, max_examples_per_unit, .. } => {
+                    Some(Paid::DpSgd { noise_multiplier, examples_per_unit: max_examples_per_unit, left: steps })
+                }
+                Mechanism::Laplace { .. } => None,
+            })
+            .collect();
+        Ok(Self { paid, noise: Noise::from_os()? })
+    }
+
+    /// Uses up `n` releases of the paid mechanism `matches` selects; returns it.
+    fn spend(&mut self, n: u64, what: impl Fn() -> String, matches: impl Fn(&Paid) -> bool) -> Result<Paid, Unpaid> {
+        let left = |p: &Paid| match *p {
+            Paid::Gaussian { left, .. } | Paid::GnMax { left, .. } | Paid::DpSgd { left, .. } => left,
+        };
+        let paid = self.paid.iter_mut().find(|p| matches(p) && left(p) >= n).ok_or_else(|| Unpaid { what: what() })?;
+        let (Paid::Gaussian { left, .. } | Paid::GnMax { left, .. } | Paid::DpSgd { left, .. }) = paid;
+        *left -= n;
+        Ok(paid.clone())
+    }
+
+    /// One release of a vector query with L2 sensitivity Δ: N(0, (σΔ)²) on every coordinate.
+    pub fn gaussian(
+        &mut self,
+        exact: Private<Vec<f64>>,
+        l2_sensitivity: f64,
+        noise_multiplier: f64,
+    ) -> Result<Vec<f64>, Unpaid> {
+        self.gaussian_releases(exact, 1, l2_sensitivity, noise_multiplier)
+    }
+
+    /// Each value its own release of sensitivity Δ (one per query): N(0, (σΔ)²) on each.
+    pub fn gaussian_each(
+        &mut self,
+        exact: Private<Vec<f64>>,
+        l2_sensitivity: f64,
+        noise_multiplier: f64,
+    ) -> Result<Vec<f64>, Unpaid> {
+        let n = exact.0.len() as u64;
+        self.gaussian_releases(exact, n, l2_sensitivity, noise_multiplier)
+    }
+
+    fn gaussian_releases(
+        &mut self,
+        exact: Private<Vec<f64>>,
+        n: u64,
+        l2_sensitivity: f64,
+        noise_multiplier: f64,
+    ) -> Result<Vec<f64>, Unpaid> {
+        let what = || format!("{n} Gaussian release(s) with Δ = {l2_sensitivity}, σ = {noise_multiplier}");
+        self.spend(n, what, |p| {
+            matches!(*p, Paid::Gaussian { l2_sensitivity: d, noise_multiplier: s, .. }
+                if d == l2_sensitivity && s == noise_multiplier)
+        })?;
+        let mut values = exact.0;
+        self.noise.add_gaussian(&mut values, noise_multiplier * l2_sensitivity);
+        Ok(values)
+    }
+
+    /// GNMax's noisy histograms: `histograms` holds one query's `classes` vote counts after
+    /// another; N(0, σ²) on every count (one unit moves one teacher's vote).
+    pub fn gnmax(&mut self, histograms: Private<Vec<f64>>, classes: u32, sigma: f64) -> Result<Vec<f64>, Unpaid> {
+        let queries = (histograms.0.len() / classes.max(1) as usize) as u64;
+        let what = || format!("{queries} GNMax answer(s) over {classes} classes with σ = {sigma}");
+        if histograms.0.len() as u64 != queries * u64::from(classes) {
+            return Err(Unpaid { what: what() });
+        }
+        self.spend(
+            queries,
+            what,
+            |p| matches!(*p, Paid::GnMax { sigma: s, classes: k, .. } if s == sigma && k == classes),
+        )?;
+        let mut values = histograms.0;
+        self.noise.add_gaussian(&mut values, sigma);
+        Ok(values)
+    }
+
+    /// One DP-SGD step: the sum of clipped per-unit gradients (norm ≤ `clip` each) with
+    /// N(0, (σ·m·C)²) on every coordinate, m the examples a unit may contribute.
+    pub fn dp_sgd_step(
+        &mut self,
+        sum: Private<Vec<f64>>,
+        clip: f64,
+        noise_multiplier: f64,
+    ) -> Result<Vec<f64>, Unpaid> {
+        let what = || format!("a DP-SGD step with σ = {noise_multiplier}");
+        let paid =
+            self.spend(1, what, |p| matches!(*p, Paid::DpSgd { noise_multiplier: s, .. } if s == noise_multiplier))?;
+        let Paid::DpSgd { examples_per_unit, .. } = paid else { unreachable!("matched above") };
+        let mut values = sum.0;
+        self.noise.add_gaussian(&mut values, noise_multiplier * f64::from(examples_per_unit) * clip);
+        Ok(values)
+    }
+
+    /// Marks `steps` DP-SGD steps as already released (a run resumed from its checkpoint).
+    pub fn resume_after(&mut self, steps: u64) -> Result<(), Unpaid> {
+        self.spend(steps, || format!("{steps} DP-SGD steps"), |p| matches!(p, Paid::DpSgd { .. })).map(|_| ())
+    }
+}
+
+/// The source of privacy noise: a CSPRNG, reachable only through [`Releases`].
+struct Noise<R: CryptoRng = ChaCha20Rng> {
+    rng: R,
+}
+
+impl Noise<ChaCha20Rng> {
+    fn from_os() -> Result<Self, dpsynth_shared::accounting::PrivacyError> {
+        Ok(Self { rng: os_rng()? })
+    }
+}
+
+impl<R: CryptoRng> Noise<R> {
+    /// Adds independent N(0, std²) noise to every value (a DP-SGD step noises every
+    /// parameter). Long slices are split across threads.
+    fn add_gaussian(&mut self, values: &mut [f64], std: f64) {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let add = move |rng: &mut ChaCha20Rng, v: &mut f64| *v += std * rng.sample::<f64, _>(StandardNormal);
+        if values.len() < PARALLEL_THRESHOLD || threads == 1 {
+            let mut rng = ChaCha20Rng::from_rng(&mut self.rng);
+            values.iter_mut().for_each(|v| add(&mut rng, v));
+            return;
+        }
+        let mut chunks: Vec<(ChaCha20Rng, &mut [f64])> =
+            values.chunks_mut(CHUNK).map(|c| (ChaCha20Rng::from_rng(&mut self.rng), c)).collect();
+        let per_thread = chunks.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            for group in chunks.chunks_mut(per_thread) {
+                scope.spawn(move || {
+                    for (rng, chunk) in group.iter_mut() {
+                        chunk.iter_mut().for_each(|v| add(rng, v));
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Statistical checks of the noise against its exact distribution, with seeded
+    //! ChaCha20 for reproducibility (production noise is keyed from the OS). For n samples
+    //! the sample mean has std σ/√n and the sample variance σ²·√(2/n); we allow 5 standard
+    //! errors. The Kolmogorov–Smirnov statistic's 0.1% critical value is 1.949/√n.
+
+    use dpsynth_shared::accounting::math::normal_cdf;
+    use dpsynth_shared::accounting::mechanism::{Adjacency, Sampling};
+    use rand::SeedableRng;
+
+    use super::*;
+
+    fn seeded(paid: Vec<Paid>, seed: u64) -> Releases {
+        Releases { paid, noise: Noise { rng: ChaCha20Rng::seed_from_u64(seed) } }
+    }
+
+    fn mean_var(x: &[f64]) -> (f64, f64) {
+        let n = x.len() as f64;
+        let mean = x.iter().sum::<f64>() / n;
+        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / (n - 1.0);
+        (mean, var)
+    }
+
+    fn ks_statistic(x: &mut [f64], cdf: impl Fn(f64) -> f64) -> f64 {
+        x.sort_by(f64::total_cmp);
+        let n = x.len() as f64;
+        x.iter().enumerate().fold(0.0_f64, |d, (i, v)| {
+            let f = cdf(*v);
+            d.max((f - i as f64 / n).abs()).max(((i + 1) as f64 / n - f).abs())
+        })
+    }
+
+    fn assert_standard_normal(x: &mut [f64], std: f64) {
+        let (mean, var) = mean_var(x);
+        let n = x.len() as f64;
+        assert!(mean.abs() < 5.0 * std / n.sqrt(), "mean {mean}");
+        assert!((var - std * std).abs() < 5.0 * std * std * (2.0 / n).sqrt(), "var {var}");
+        let d = ks_statistic(x, |v| normal_cdf(v / std));
+        assert!(d < 1.949 / n.sqrt(), "KS {d}");
+    }
+
+    #[test]
+    fn a_gaussian_release_draws_sigma_times_delta() {
+        let (n, delta, sigma) = (200_000, 1.5, 2.0);
+        let paid = vec![Paid::Gaussian { l2_sensitivity: delta, noise_multiplier: sigma, left: 1 }];
+        let mut releases = seeded(paid, 1);
+        let mut x = releases.gaussian(Private::new(vec![0.0; n]), delta, sigma).unwrap();
+        assert_standard_normal(&mut x, sigma * delta);
+    }
+
+    #[test]
+    fn long_vectors_use_independent_streams_with_the_right_law() {
+        // Above the parallel threshold: several threads, one ChaCha20 stream each.
+        let n = 3 << 20;
+        let paid = vec![Paid::DpSgd { noise_multiplier: 0.5, examples_per_unit: 2, left: 1 }];
+        let mut x = seeded(paid, 3).dp_sgd_step(Private::new(vec![0.0; n]), 1.0, 0.5).unwrap();
+        // Chunks must not repeat each other (a shared or reused stream would).
+        let chunk = 1 << 18;
+        assert_ne!(x[..16], x[chunk..chunk + 16]);
+        assert_standard_normal(&mut x, 0.5 * 2.0);
+    }
+
+    #[test]
+    fn only_what_was_charged_is_drawn() {
+        let receipt = ChargeReceipt::for_test(vec![
+            Mechanism::Gaussian {
+                l2_sensitivity: 1.0,
+                noise_multiplier: 20.0,
+                releases: 3,
+                adjacency: Adjacency::AddRemove,
+            },
+            Mechanism::GnMax { sigma: 10.0, classes: 2, queries: 2 },
+            Mechanism::SubsampledGaussian {
+                sampling: Sampling::Poisson { rate: 0.1 },
+                noise_multiplier: 1.1,
+                steps: 5,
+                max_examples_per_unit: 1,
+            },
+        ]);
+        let mut releases = Releases::paid_by(&receipt).unwrap();
+        // A σ or Δ other than the charged one is refused, whatever is left.
+        assert!(releases.gaussian(Private::new(vec![1.0]), 1.0, 2.0).is_err());
+        assert!(releases.gaussian(Private::new(vec![1.0]), 2.0, 20.0).is_err());
+        assert!(releases.gnmax(Private::new(vec![1.0, 2.0]), 2, 1.0).is_err());
+        assert!(releases.gnmax(Private::new(vec![1.0, 2.0, 3.0]), 2, 10.0).is_err(), "not whole histograms");
+        assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 0.9).is_err());
+        // What was charged is drawn, then no more.
+        releases.gaussian(Private::new(vec![1.0; 4]), 1.0, 20.0).unwrap();
+        releases.gaussian_each(Private::new(vec![1.0; 2]), 1.0, 20.0).unwrap();
+        assert!(releases.gaussian(Private::new(vec![1.0]), 1.0, 20.0).is_err());
+        releases.gnmax(Private::new(vec![1.0; 4]), 2, 10.0).unwrap();
+        assert!(releases.gnmax(Private::new(vec![1.0; 2]), 2, 10.0).is_err());
+        releases.resume_after(4).unwrap();
+        releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1).unwrap();
+        assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1).is_err());
+    }
+
+    #[test]
+    fn os_keyed_sources_differ() {
+        let (mut a, mut b) = (Noise::from_os().unwrap(), Noise::from_os().unwrap());
+        let (mut xa, mut xb) = (vec![0.0; 8], vec![0.0; 8]);
+        a.add_gaussian(&mut xa, 1.0);
+        b.add_gaussian(&mut xb, 1.0);
+        assert_ne!(xa, xb);
+    }
+}
