@@ -199,42 +199,43 @@ fn the_demo_command_works_on_a_fresh_directory() {
 }
 
 /// One round of `kind` tasks (one per partition group, all with `params`) on a fresh
-/// cluster of `workers`: each task's first tensor, by task. Every worker must take part.
-async fn one_round(workers: usize, kind: &str, params: Vec<u8>, groups: &[Vec<String>]) -> Vec<Vec<f64>> {
-    use dpsynth_coordinator::scheduler::{TaskDef, TaskEvent};
+/// cluster of `workers`, through the coordinator's gather: the sum of every task's
+/// `tensor` (`len` values), in task order. Every worker must take part.
+async fn one_round(
+    workers: usize,
+    kind: &'static str,
+    params: Vec<u8>,
+    groups: &[Vec<String>],
+    tensor: &'static str,
+    len: usize,
+) -> Vec<f64> {
+    use dpsynth_coordinator::gather::{Answer, Gather, Round};
 
     let cluster = Standalone::start(CoordinatorConfig::default(), workers).await.unwrap();
     while cluster.service.scheduler().live_workers().len() < workers {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let params = std::sync::Arc::new(params);
+    let telemetry = dpsynth_coordinator::telemetry::Telemetry::default();
     let job = format!("round-{kind}-{workers}");
-    let tasks = groups
-        .iter()
-        .enumerate()
-        .map(|(i, urls)| TaskDef {
-            job_id: job.clone(),
-            task_id: i as u64,
-            kind: kind.to_string(),
-            params: params.clone(),
-            partition_urls: urls.clone(),
-        })
-        .collect();
-    let mut events = cluster.service.scheduler().submit(&job, tasks);
-    let mut results = vec![None; groups.len()];
-    let mut holders = std::collections::HashSet::new();
-    while results.iter().any(Option::is_none) {
-        match events.recv().await.unwrap() {
-            TaskEvent::Done(mut r) => {
-                holders.insert(r.worker.clone());
-                results[r.task_id as usize] = Some(r.tensors.remove(0).1);
-            }
-            other => panic!("unexpected event {other:?}"),
-        }
-    }
-    assert_eq!(holders.len(), workers, "every worker held some partitions");
+    let mut gather = Gather::new(cluster.service.scheduler(), &telemetry, &job);
+    let holders = std::sync::Mutex::new(std::collections::HashSet::new());
+    let round = Round { kind, params: std::sync::Arc::new(params), groups, tensor, len };
+    let check = |a: Answer<'_>| {
+        holders.lock().unwrap().insert(a.worker.to_string());
+        Ok(())
+    };
+    let sum = gather.round(round, check, |_, _| {}).await.unwrap();
+    drop(gather);
+    assert_eq!(holders.lock().unwrap().len(), workers, "every worker held some partitions");
     cluster.shutdown().await;
-    results.into_iter().flatten().collect()
+    // The test reads the exact sum; a job only ever releases it.
+    let mut out = Vec::new();
+    sum.check(|v| {
+        out = v.clone();
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    out
 }
 
 /// One DP-SGD round with q = 1 (every unit sampled) on a cluster of `workers`: the sum of
@@ -254,12 +255,7 @@ async fn one_round_sum(
         timestep_exponent: 1.0,
     };
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
-    let sums = one_round(workers, TASK_KIND, encode_task(&round, weights), &groups).await;
-    let mut total = vec![0.0; weights.len()];
-    for s in sums {
-        total.iter_mut().zip(&s).for_each(|(t, v)| *t += v);
-    }
-    total
+    one_round(workers, TASK_KIND, encode_task(&round, weights), &groups, "gradient_sum", weights.len()).await
 }
 
 /// Partitions a spec's input into `partitions` under `dir`; returns the partition URLs.
@@ -411,11 +407,7 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     let groups: Vec<Vec<String>> = urls.chunks(2).map(<[String]>::to_vec).collect();
     let mut reference = None;
     for workers in [1, 2, 4] {
-        let counts = one_round(workers, TASK_KIND, encode_task(&task, &generated), &groups).await;
-        let mut total = vec![0.0; task.queries];
-        for c in &counts {
-            total.iter_mut().zip(c).for_each(|(t, v)| *t += v);
-        }
+        let total = one_round(workers, TASK_KIND, encode_task(&task, &generated), &groups, "votes", task.queries).await;
         assert!(total.iter().all(|v| (0.0..=8.0).contains(v)));
         match &reference {
             None => reference = Some(total),
@@ -433,11 +425,8 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     let queries = &generated[64 * plan.encoding.width..];
     let mut reference = None;
     for workers in [1, 2, 4] {
-        let counts = one_round(workers, TASK_KIND, encode_task(&labels, queries), &groups).await;
-        let mut total = vec![0.0; labels.queries * classes];
-        for c in &counts {
-            total.iter_mut().zip(c).for_each(|(t, v)| *t += v);
-        }
+        let len = labels.queries * classes;
+        let total = one_round(workers, TASK_KIND, encode_task(&labels, queries), &groups, "votes", len).await;
         match &reference {
             None => reference = Some(total),
             Some(r) => assert_eq!(&total, r, "{workers} workers labelled differently"),
@@ -450,7 +439,7 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_two_and_three_workers_return_the_same_clipped_gradient_sum() {
+async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
     use dpsynth_shared::data::domain::Domain;
     use dpsynth_shared::dpsgd::params::LinearStack;
     use dpsynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
@@ -478,11 +467,51 @@ async fn one_two_and_three_workers_return_the_same_clipped_gradient_sum() {
     let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
     assert!(norm(&reference) > 0.0 && norm(&reference) <= 60.0 * 0.5 * (1.0 + 1e-5));
 
-    for workers in [1, 2, 3] {
+    // Gathered in task order: bit-identical on any cluster, and within f32 rounding of
+    // the single-process sum (per-partition sums are added in another order there).
+    let mut gathered: Option<Vec<f64>> = None;
+    for workers in [1, 2, 4] {
         let sum = one_round_sum(workers, &urls, &plan, &weights).await;
         let diff: Vec<f64> = sum.iter().zip(&reference).map(|(a, b)| a - b).collect();
         let err = norm(&diff) / norm(&reference);
         assert!(err < 1e-5, "{workers} workers: relative error {err:e} against the single-process sum");
+        match &gathered {
+            None => gathered = Some(sum),
+            Some(first) => {
+                assert!(first.iter().zip(&sum).all(|(a, b)| a.to_bits() == b.to_bits()), "{workers} workers")
+            }
+        }
+    }
+}
+
+/// Contingency tables gathered from 1, 2 and 4 workers: the same counts, bit for bit, and
+/// every row counted once in every table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_two_and_four_workers_count_the_same_marginals() {
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::generators::marginals::{MarginalsPlan, TASK_KIND};
+
+    let dir = tempfile::tempdir().unwrap();
+    // Every row of a patient kept: no random subsampling, so all runs count the same rows.
+    let text = demo_spec(dir.path(), 50).replace("max_rows_per_unit = 8", "max_rows_per_unit = 100000");
+    let spec = JobSpec::parse(&text, "marginals").unwrap();
+    let plan = MarginalsPlan::new(&spec, &Domain::from_spec(&spec)).unwrap();
+    let rows = std::fs::read_to_string(dir.path().join("icu_vitals.csv")).unwrap().lines().count() - 1;
+    let urls = partition(&spec, dir.path(), 4).await;
+    let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
+    let params = serde_json::to_vec(&plan.task).unwrap();
+    let mut reference: Option<Vec<f64>> = None;
+    for workers in [1, 2, 4] {
+        let counts = one_round(workers, TASK_KIND, params.clone(), &groups, "counts", plan.task.cells()).await;
+        let mut offset = 0;
+        for size in plan.task.table_sizes() {
+            assert_eq!(counts[offset..offset + size].iter().sum::<f64>(), rows as f64);
+            offset += size;
+        }
+        match &reference {
+            None => reference = Some(counts),
+            Some(r) => assert!(r.iter().zip(&counts).all(|(a, b)| a.to_bits() == b.to_bits()), "{workers} workers"),
+        }
     }
 }
 

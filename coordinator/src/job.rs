@@ -13,7 +13,6 @@
 //! What a submitter sees of a failure ([`JobError::submitter_message`]) never depends on
 //! private data; the operator's log has the detail.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use dpsynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, LedgerError};
@@ -41,7 +40,8 @@ use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 
 use crate::checkpoint::{self, ChargedRun, Checkpointer};
-use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
+use crate::gather::{Answer, Gather, Round};
+use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
 use crate::training::{self, TrainingRun};
@@ -212,7 +212,6 @@ pub async fn run_job(
         GeneratorName::Findiff => run_findiff(&ctx, &mut ledger, &scratch_store, &output_url).await,
         GeneratorName::Pate => run_pate(&ctx, &mut ledger, &scratch_store, &output_url).await,
     };
-    scheduler.cancel(job_id);
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.
     scratch::delete_prefix(&scratch_store, &scratch::partition_prefix(job_id)).await;
@@ -460,73 +459,22 @@ async fn aggregate_marginals(
     partitioned: &Partitions,
     plan: &MarginalsPlan,
 ) -> Result<Private<Vec<f64>>, JobError> {
-    let urls = &partitioned.urls;
     set_stage(ctx.progress, "aggregating on workers");
-    let job_id = &ctx.request.job_id;
+    let groups: Vec<Vec<String>> = partitioned.urls.iter().map(|url| vec![url.clone()]).collect();
     let params = Arc::new(serde_json::to_vec(&plan.task).map_err(|e| JobError::Other(e.to_string()))?);
-    let tasks: Vec<TaskDef> = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| TaskDef {
-            job_id: job_id.clone(),
-            task_id: i as u64,
-            kind: marginals::TASK_KIND.to_string(),
-            params: params.clone(),
-            partition_urls: vec![url.clone()],
-        })
-        .collect();
-    let total = tasks.len();
-    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = total as u32;
+    let round = Round { kind: marginals::TASK_KIND, params, groups: &groups, tensor: "counts", len: plan.task.cells() };
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total = groups.len() as u32;
     let started = std::time::Instant::now();
-    let mut events = ctx.scheduler.submit(job_id, tasks);
-    let mut done = HashSet::new();
-    let mut sum = vec![0.0; plan.task.cells()];
-    while done.len() < total {
-        match events.recv().await {
-            Some(TaskEvent::Done(result)) => {
-                let counts = result.tensors.iter().find(|(n, _)| n == "counts").map(|(_, c)| c.as_slice());
-                let counts = counts
-                    .ok_or_else(|| "no 'counts' tensor".to_string())
-                    .and_then(|c| {
-                        // The partition's own unit count bounds the worker's claim.
-                        partitioned.units_per_partition.check(|units| {
-                            let units = units.get(result.task_id as usize).copied();
-                            let units = units.ok_or_else(|| "a result for no task of this job".to_string())?;
-                            plan.task.validate(c, result.units.min(units))
-                        })?;
-                        Ok(c)
-                    })
-                    .map_err(|reason| JobError::BadResult {
-                        worker: result.worker.clone(),
-                        task_id: result.task_id,
-                        reason,
-                    })?;
-                if done.insert(result.task_id) {
-                    sum.iter_mut().zip(counts).for_each(|(s, c)| *s += c);
-                    ctx.telemetry.task_done(result.seconds);
-                    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done.len() as u32;
-                    let per_task = started.elapsed().as_secs_f64() / done.len() as f64;
-                    let eta_s = (per_task * (total - done.len()) as f64).round();
-                    tracing::info!(
-                        task = result.task_id,
-                        worker = result.worker,
-                        done = done.len(),
-                        total,
-                        eta_s,
-                        "task done"
-                    );
-                }
-            }
-            Some(TaskEvent::Requeued { task_id, worker }) => {
-                tracing::warn!(task = task_id, worker, "worker lost mid-task; task requeued");
-            }
-            Some(TaskEvent::Failed { task_id, worker, error }) => {
-                return Err(JobError::Task { worker, task_id, error });
-            }
-            None => return Err(JobError::Other("scheduler stopped".into())),
-        }
-    }
-    Ok(Private::new(sum))
+    // The partition's own unit count caps the worker's claim.
+    let check = |a: Answer<'_>| {
+        partitioned.units_per_partition.check(|units| plan.task.validate(a.values, a.claimed_units.min(units[a.group])))
+    };
+    let progress = |done: usize, total: usize| {
+        ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done as u32;
+        let eta_s = (started.elapsed().as_secs_f64() / done as f64 * (total - done) as f64).round();
+        tracing::info!(done, total, eta_s, "task done");
+    };
+    Gather::new(ctx.scheduler, ctx.telemetry, &ctx.request.job_id).round(round, check, progress).await
 }
 
 /// DP-FinDiff: a DP unit count fixes the sampling rate; the whole DP-SGD run is charged

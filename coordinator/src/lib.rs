@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod checkpoint;
 pub mod datasets;
+pub mod gather;
 pub mod job;
 pub mod pate;
 pub mod scheduler;

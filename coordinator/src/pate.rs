@@ -10,7 +10,6 @@
 //! lost mid-iteration only delays it: its task is requeued, and the noise is drawn once
 //! all counts are in, so nothing is answered twice.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,10 +22,10 @@ use dpsynth_shared::generators::pate::{
     self, PatePlan, Question, VoteTask, label_shares, largest_votes, realness_answers, realness_votes, validate_votes,
 };
 use dpsynth_shared::spec::PateRelease;
-use tokio::sync::mpsc;
 
+use crate::gather::{Answer, Gather, Round};
 use crate::job::{JobError, ProgressHandle};
-use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
+use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
 
 /// A planned PATE run (its privacy cost is already charged).
@@ -62,12 +61,9 @@ pub async fn train(
     let (fake_rows, queries) = (params.fake_rows as usize, params.queries_per_iteration as usize);
     let width = plan.encoding.width;
     let mut rounds = VoteRounds {
-        run,
-        scheduler,
-        telemetry,
-        groups: run.partitions.chunks(params.teachers_per_task as usize).collect(),
-        events: None,
-        next_task: 0,
+        plan,
+        gather: Gather::new(scheduler, telemetry, run.job_id),
+        groups: run.partitions.chunks(params.teachers_per_task as usize).map(<[String]>::to_vec).collect(),
     };
     let mut released_x: Vec<f32> = Vec::with_capacity(plan.queries() as usize * width);
     let mut released_y: Vec<f32> = Vec::with_capacity(plan.queries() as usize);
@@ -81,7 +77,7 @@ pub async fn train(
         })
         .await?;
         gan = back;
-        let real = rounds.ask(Question::Realness, fake_rows, &generated, iteration).await?;
+        let real = rounds.ask(Question::Realness, fake_rows, &generated).await?;
         let keep = confidence(plan, releases, real.map(|r| largest_votes(r, 1, plan.teachers)), queries)?;
         // The release (charged before the first iteration).
         let how = plan.params.release;
@@ -137,7 +133,7 @@ pub async fn train(
             })
             .await?;
             gan = back;
-            let counts = rounds.ask(Question::Target, 0, &queries, plan.iterations).await?;
+            let counts = rounds.ask(Question::Target, 0, &queries).await?;
             let keep = confidence(plan, releases, counts.map(|c| largest_votes(c, classes, plan.teachers)), n)?;
             let shares = label_shares(&releases.gnmax(counts, classes as u32, plan.sigma)?, classes);
             let w = plan.encoding.width;
@@ -156,7 +152,6 @@ pub async fn train(
             model
         }
     };
-    scheduler.cancel(run.job_id);
     let realness = released_y.len() as u64;
     let real_share = released_y.iter().map(|&y| f64::from(y)).sum::<f64>() / realness.max(1) as f64;
     let summary = VoteSummary { released: realness + labelled, real_share };
@@ -179,27 +174,22 @@ fn confidence(
 
 /// Sends vote rounds to the teachers and collects their counts.
 struct VoteRounds<'a> {
-    run: &'a VoteRun<'a>,
-    scheduler: &'a Scheduler,
-    telemetry: &'a Telemetry,
-    groups: Vec<&'a [String]>,
-    events: Option<mpsc::UnboundedReceiver<TaskEvent>>,
-    next_task: u64,
+    plan: &'a PatePlan,
+    gather: Gather<'a>,
+    groups: Vec<Vec<String>>,
 }
 
 impl VoteRounds<'_> {
     /// One round: every group of teachers answers `question` on `generated` (`fake_rows`
     /// rows to train against, then the queries); returns the vote counts summed over all
-    /// teachers, checked and in task order (the same on any cluster). A lost worker's task
-    /// is requeued; nothing is released until every count is in.
+    /// teachers, each task's counts checked.
     async fn ask(
         &mut self,
         question: Question,
         fake_rows: usize,
         generated: &[f32],
-        iteration: u32,
     ) -> Result<Private<Vec<f64>>, JobError> {
-        let plan = self.run.plan;
+        let plan = self.plan;
         let header = VoteTask {
             encoding: plan.encoding.clone(),
             teacher: plan.teacher_config(),
@@ -208,65 +198,17 @@ impl VoteRounds<'_> {
             fake_rows,
             queries: generated.len() / plan.encoding.width - fake_rows,
         };
-        let expected = header.queries * header.votes_per_query();
-        let task_params = Arc::new(encode_task(&header, generated));
-        let first_task = self.next_task;
-        self.next_task += self.groups.len() as u64;
-        let tasks: Vec<TaskDef> = self
-            .groups
-            .iter()
-            .enumerate()
-            .map(|(i, urls)| TaskDef {
-                job_id: self.run.job_id.to_string(),
-                task_id: first_task + i as u64,
-                kind: pate::TASK_KIND.to_string(),
-                params: task_params.clone(),
-                partition_urls: urls.to_vec(),
-            })
-            .collect();
-        let rx = self.scheduler.submit_round(self.run.job_id, tasks, &mut self.events);
-        let mut counts: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-        while counts.len() < self.groups.len() {
-            match rx.recv().await {
-                Some(TaskEvent::Done(mut result)) => {
-                    let bad = |reason: String| JobError::BadResult {
-                        worker: result.worker.clone(),
-                        task_id: result.task_id,
-                        reason,
-                    };
-                    let Some(index) = result.tensors.iter().position(|(n, _)| n == "votes") else {
-                        return Err(bad("no 'votes' tensor".into()));
-                    };
-                    let teachers = result
-                        .task_id
-                        .checked_sub(first_task)
-                        .and_then(|i| self.groups.get(i as usize))
-                        .ok_or_else(|| bad("a result for a task of another round".into()))?
-                        .len();
-                    let votes = result.tensors.swap_remove(index).1;
-                    validate_votes(&votes, expected, teachers, header.whole_votes()).map_err(bad)?;
-                    self.telemetry.task_done(result.seconds);
-                    counts.insert(result.task_id, votes);
-                }
-                Some(TaskEvent::Requeued { task_id, worker }) => {
-                    tracing::warn!(
-                        task = task_id,
-                        worker,
-                        iteration,
-                        "worker lost mid-iteration; its teachers vote again"
-                    );
-                }
-                Some(TaskEvent::Failed { task_id, worker, error }) => {
-                    return Err(JobError::Task { worker, task_id, error });
-                }
-                None => return Err(JobError::Other("scheduler stopped".into())),
-            }
-        }
-        let mut total = vec![0.0; expected];
-        for votes in counts.values() {
-            total.iter_mut().zip(votes).for_each(|(t, v)| *t += v);
-        }
-        Ok(Private::new(total))
+        let len = header.queries * header.votes_per_query();
+        let round = Round {
+            kind: pate::TASK_KIND,
+            params: Arc::new(encode_task(&header, generated)),
+            groups: &self.groups,
+            tensor: "votes",
+            len,
+        };
+        let groups = &self.groups;
+        let check = |a: Answer<'_>| validate_votes(a.values, len, groups[a.group].len(), header.whole_votes());
+        self.gather.round(round, check, |_, _| {}).await
     }
 }
 

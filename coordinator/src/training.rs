@@ -6,7 +6,6 @@
 //! new attempt and another worker takes the partition over; the round's noise is drawn
 //! once all sums are in, so nothing about an incomplete round is ever released.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,8 +16,9 @@ use dpsynth_shared::dpsgd::{self, RoundSettings};
 use dpsynth_shared::entropy::os_seed;
 
 use crate::checkpoint::Checkpointer;
+use crate::gather::{Answer, Gather, Round};
 use crate::job::{JobError, ProgressHandle};
-use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
+use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
 
 /// A planned DP-SGD run (its privacy cost is already charged).
@@ -59,62 +59,27 @@ pub async fn train(
     let started = Instant::now();
     let first_step = optimizer.step;
     let mut last_report = Instant::now();
-    let mut events = None;
-    let p = run.partitions.len();
+    let mut gather = Gather::new(scheduler, telemetry, run.job_id);
+    let groups: Vec<Vec<String>> = run.partitions.iter().map(|url| vec![url.clone()]).collect();
     while optimizer.step < run.steps {
         let round = optimizer.step;
         let seed = os_seed()?;
         let settings = RoundSettings { round, rate: run.rate, clip: run.clip, seed, micro_batch: run.micro_batch };
         let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
-        let params = Arc::new(task_params(&settings, &weights));
-        let tasks: Vec<TaskDef> = run
-            .partitions
-            .iter()
-            .enumerate()
-            .map(|(i, url)| TaskDef {
-                job_id: run.job_id.to_string(),
-                task_id: round * p as u64 + i as u64,
-                kind: dpsgd::TASK_KIND.to_string(),
-                params: params.clone(),
-                partition_urls: vec![url.clone()],
-            })
-            .collect();
-        let rx = scheduler.submit_round(run.job_id, tasks, &mut events);
-        let mut sums: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-        while sums.len() < p {
-            match rx.recv().await {
-                Some(TaskEvent::Done(mut result)) => {
-                    let Some(index) = result.tensors.iter().position(|(n, _)| n == "gradient_sum") else {
-                        return Err(bad(&result.worker, result.task_id, "no 'gradient_sum' tensor".into()));
-                    };
-                    let sum = result.tensors.swap_remove(index).1;
-                    if result.task_id / p as u64 != round {
-                        return Err(bad(&result.worker, result.task_id, "a result for another round".into()));
-                    }
-                    run.partition_units
-                        .check(|units| {
-                            let units = result.units.min(units[(result.task_id % p as u64) as usize]);
-                            dpsgd::validate(&sum, units, parameters.len(), run.clip)
-                        })
-                        .map_err(|reason| bad(&result.worker, result.task_id, reason))?;
-                    telemetry.task_done(result.seconds);
-                    sums.insert(result.task_id, sum);
-                }
-                Some(TaskEvent::Requeued { task_id, worker }) => {
-                    tracing::warn!(task = task_id, worker, round, "worker lost mid-round; its partition is redone");
-                }
-                Some(TaskEvent::Failed { task_id, worker, error }) => {
-                    return Err(JobError::Task { worker, task_id, error });
-                }
-                None => return Err(JobError::Other("scheduler stopped".into())),
-            }
-        }
-        // In task order: the same sum on any cluster.
-        let mut gradient = vec![0.0; parameters.len()];
-        for sum in sums.values() {
-            gradient.iter_mut().zip(sum).for_each(|(g, s)| *g += s);
-        }
-        let mut gradient = releases.dp_sgd_step(Private::new(gradient), run.clip, run.noise_multiplier)?;
+        let round_tasks = Round {
+            kind: dpsgd::TASK_KIND,
+            params: Arc::new(task_params(&settings, &weights)),
+            groups: &groups,
+            tensor: "gradient_sum",
+            len: parameters.len(),
+        };
+        // A partition's own unit count caps the worker's claim of how many it sampled.
+        let check = |a: Answer<'_>| {
+            run.partition_units
+                .check(|units| dpsgd::validate(a.values, a.claimed_units.min(units[a.group]), a.values.len(), run.clip))
+        };
+        let gradient = gather.round(round_tasks, check, |_, _| {}).await?;
+        let mut gradient = releases.dp_sgd_step(gradient, run.clip, run.noise_multiplier)?;
         gradient.iter_mut().for_each(|g| *g /= run.expected_batch);
         optimizer.step(parameters, &gradient);
         checkpointer.after_round(optimizer, parameters).await?;
@@ -131,10 +96,5 @@ pub async fn train(
             tracing::info!(round = done, rounds = run.steps, eta_s, epsilon_charged = run.epsilon, "DP-SGD progress");
         }
     }
-    scheduler.cancel(run.job_id);
     Ok(())
-}
-
-fn bad(worker: &str, task_id: u64, reason: String) -> JobError {
-    JobError::BadResult { worker: worker.to_string(), task_id, reason }
 }

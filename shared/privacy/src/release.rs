@@ -51,6 +51,8 @@ impl<T> Private<T> {
 
     /// Runs a check on the value (a worker's aggregate against its bounds). Its outcome
     /// depends on private data: it may stop a job, and its detail goes to the operator log.
+    /// (The coordinator is trusted: `Private` keeps private values from being released by
+    /// accident, it does not hide them from the code that holds them.)
     pub fn check<E>(&self, check: impl FnOnce(&T) -> Result<(), E>) -> Result<(), E> {
         check(&self.0)
     }
