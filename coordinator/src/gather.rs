@@ -156,7 +156,12 @@ mod tests {
 
     fn sum(values: Private<Vec<f64>>) -> Vec<f64> {
         let mut out = Vec::new();
-        values.check(|v| Ok::<(), ()>(out = v.clone())).unwrap();
+        values
+            .check(|v| {
+                out = v.clone();
+                Ok::<(), ()>(())
+            })
+            .unwrap();
         out
     }
 
