@@ -246,8 +246,9 @@ async fn one_round_sum(
     plan: &dpsynth_shared::generators::findiff::FinDiffPlan,
     weights: &[f32],
 ) -> Vec<f64> {
-    use dpsynth_shared::dpsgd::{RoundSettings, TASK_KIND, encode_task};
+    use dpsynth_shared::dpsgd::{RoundSettings, TASK_KIND};
     use dpsynth_shared::generators::findiff::FinDiffRound;
+    use dpsynth_shared::wire::encode_task;
 
     let round = FinDiffRound {
         settings: RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 },
@@ -363,8 +364,8 @@ async fn a_pate_job_charges_exactly_its_answered_queries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::dpsgd::encode_task;
     use dpsynth_shared::generators::pate::{PatePlan, Question, TASK_KIND, VoteTask};
+    use dpsynth_shared::wire::encode_task;
 
     let dir = tempfile::tempdir().unwrap();
     let text = pate_spec(dir.path(), 120, 8).replace("[schema]\n", "[schema]\ntarget = \"rhythm\"\n");
@@ -557,7 +558,7 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
         }
     };
     assert_eq!(task.kind, "dpsgd");
-    let (_, weights): (serde_json::Value, Vec<f32>) = dpsynth_shared::dpsgd::decode_task(&task.params).unwrap();
+    let (_, weights): (serde_json::Value, Vec<f32>) = dpsynth_shared::wire::decode_task(&task.params).unwrap();
     // A declared shape whose product overflows u64 (it once panicked the handler): refused
     // as an invalid argument, and the task stays the worker's to answer.
     let overflowing = ResultHeader {

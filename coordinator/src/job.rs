@@ -25,19 +25,21 @@ use dpsynth_shared::data::input::InputReader;
 use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::dpsgd::params::LinearStack;
-use dpsynth_shared::dpsgd::{RoundSettings, compute_device, encode_task};
+use dpsynth_shared::dpsgd::{RoundSettings, compute_device};
 use dpsynth_shared::entropy::{os_rng, os_seed};
 use dpsynth_shared::generators::findiff::diffusion::{self, timestep_exponent};
 use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
-use dpsynth_shared::generators::findiff::{self, FinDiffModel, FinDiffPlan, FinDiffRound};
-use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, SyntheticValue, decode_bin};
+use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan, FinDiffRound};
+use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, decode_bin};
 use dpsynth_shared::generators::pate::gan::PateGan;
-use dpsynth_shared::generators::pate::{self, PatePlan, Threshold};
+use dpsynth_shared::generators::pate::{PatePlan, Threshold};
 use dpsynth_shared::output::{
-    MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
+    MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, SyntheticValue, output_schema,
+    rows_to_batch,
 };
 use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
+use dpsynth_shared::wire::encode_task;
 
 use crate::checkpoint::{self, ChargedRun, Checkpointer};
 use crate::gather::{Answer, Gather, Round};
@@ -58,11 +60,7 @@ pub enum JobError {
     #[error(transparent)]
     Storage(#[from] dpsynth_shared::storage::StorageError),
     #[error(transparent)]
-    Plan(#[from] marginals::PlanError),
-    #[error(transparent)]
-    FinDiffPlan(#[from] findiff::PlanError),
-    #[error(transparent)]
-    PatePlan(#[from] pate::PlanError),
+    Plan(#[from] dpsynth_shared::generators::PlanError),
     #[error(transparent)]
     Privacy(#[from] dpsynth_shared::accounting::PrivacyError),
     #[error(transparent)]
@@ -118,8 +116,6 @@ impl JobError {
             | JobError::OverRemainingBudget { .. }
             | JobError::Spec(_)
             | JobError::Plan(_)
-            | JobError::FinDiffPlan(_)
-            | JobError::PatePlan(_)
             | JobError::Privacy(_)
             | JobError::Unpaid(_)
             | JobError::OutputOverlaps { .. }

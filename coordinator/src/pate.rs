@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dpsynth_privacy::release::{Private, Releases};
-use dpsynth_shared::dpsgd::encode_task;
 use dpsynth_shared::entropy::os_seed;
 use dpsynth_shared::generators::pate::gan::PateGan;
 use dpsynth_shared::generators::pate::teacher::TargetModel;
@@ -22,6 +21,7 @@ use dpsynth_shared::generators::pate::{
     self, PatePlan, Question, VoteTask, label_shares, largest_votes, realness_answers, realness_votes, validate_votes,
 };
 use dpsynth_shared::spec::PateRelease;
+use dpsynth_shared::wire::encode_task;
 
 use crate::gather::{Answer, Gather, Round};
 use crate::job::{JobError, ProgressHandle};

@@ -7,9 +7,10 @@
 use std::time::{Duration, Instant};
 
 use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::data::examples::Examples;
 use dpsynth_shared::dpsgd::ghost::Plain;
 use dpsynth_shared::dpsgd::params::LinearStack;
-use dpsynth_shared::dpsgd::{DpModel, Examples, RoundSettings, RowRef, clipped_gradient_sum, compute_device};
+use dpsynth_shared::dpsgd::{DpModel, RoundSettings, RowRef, clipped_gradient_sum, compute_device};
 use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
 use dpsynth_shared::generators::findiff::model::DenoiserConfig;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec};

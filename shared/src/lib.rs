@@ -16,3 +16,4 @@ pub mod sampling;
 pub mod simulate;
 pub mod spec;
 pub mod storage;
+pub mod wire;

@@ -15,9 +15,19 @@ use sha2::{Digest, Sha256};
 
 use crate::accounting::accountant::Accountant;
 use crate::accounting::mechanism::Mechanism;
-use crate::generators::marginals::SyntheticValue;
 use crate::spec::{ColumnKind, JobSpec};
 use crate::storage::StoreLocation;
+
+/// A synthetic value of one column.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SyntheticValue {
+    Missing,
+    Category(String),
+    Integer(i64),
+    Real(f64),
+    /// Seconds since the Unix epoch.
+    Datetime(i64),
+}
 
 pub const MANIFEST: &str = "_manifest.json";
 pub const MANIFEST_FORMAT: &str = "dpsynth.manifest.v1";

@@ -7,13 +7,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use dpsynth_proto::Task;
+use dpsynth_shared::data::DataError;
+use dpsynth_shared::data::examples::Examples;
 use dpsynth_shared::data::partition::read_partition;
 use dpsynth_shared::dpsgd::params::LinearStack;
-use dpsynth_shared::dpsgd::{self, Examples, compute_device, decode_task};
+use dpsynth_shared::dpsgd::{self, compute_device};
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
 use dpsynth_shared::generators::marginals::{self, MarginalsTask};
 use dpsynth_shared::generators::pate::{self, VoteTask};
+use dpsynth_shared::wire::decode_task;
 
 /// Named f64 tensors plus the number of privacy units that contributed (for a vote
 /// round: the number of teachers).
@@ -47,7 +50,7 @@ impl Executor {
     async fn partitions<F, Fut>(&mut self, task: &Task, load: F) -> anyhow::Result<Vec<Arc<Examples>>>
     where
         F: Fn(String) -> Fut,
-        Fut: std::future::Future<Output = Result<Examples, dpsgd::DpSgdError>>,
+        Fut: std::future::Future<Output = Result<Examples, DataError>>,
     {
         if self.job != task.job_id {
             // A new job: forget the previous one's rows and model.

@@ -2,6 +2,7 @@
 //! input, and splitting it into disjoint partitions by privacy unit.
 
 pub mod domain;
+pub mod examples;
 pub mod input;
 pub mod parquet_io;
 pub mod partition;

@@ -15,17 +15,11 @@ pub mod ghost;
 pub mod optimizer;
 pub mod params;
 
-use std::collections::HashMap;
-use std::ops::Range;
-
 use burn::tensor::{Device, Tensor};
 use rand::{CryptoRng, RngExt};
 use serde::{Deserialize, Serialize};
 
-use crate::data::EncodedBatch;
-use crate::data::domain::Domain;
-use crate::data::partition::read_partition;
-use crate::entropy::os_rng;
+use crate::data::examples::Examples;
 use ghost::{GhostTape, LinearHook, clipped_sum};
 use params::LinearStack;
 
@@ -37,8 +31,6 @@ pub const TASK_KIND: &str = "dpsgd";
 pub enum DpSgdError {
     #[error("model: {0}")]
     Model(String),
-    #[error("task parameters: {0}")]
-    Params(String),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
     #[error(transparent)]
@@ -55,65 +47,6 @@ pub fn compute_device() -> Device {
     #[cfg(not(feature = "cuda"))]
     {
         Device::flex()
-    }
-}
-
-/// A worker's private examples, grouped by unit: each unit's rows are contiguous.
-#[derive(Clone, Debug, Default)]
-pub struct Examples {
-    /// Features, row-major (rows × width).
-    pub x: Vec<f32>,
-    pub width: usize,
-    /// Per unit: its id and its rows.
-    pub units: Vec<(String, Range<usize>)>,
-}
-
-impl Examples {
-    /// Reads partitions and encodes rows; a unit keeps at most `max_rows_per_unit` rows (a
-    /// uniform subset drawn with a CSPRNG), so it contributes at most that many rows to the
-    /// one example it forms.
-    pub async fn load(
-        urls: &[String],
-        domain: &Domain,
-        max_rows_per_unit: u32,
-        width: usize,
-        encode: impl Fn(&EncodedBatch, usize, &mut [f32]),
-    ) -> Result<Self, DpSgdError> {
-        let mut rng = os_rng()?;
-        let m = max_rows_per_unit.max(1) as usize;
-        let mut order: Vec<String> = Vec::new();
-        let mut kept: HashMap<String, (u64, Vec<Vec<f32>>)> = HashMap::new();
-        for url in urls {
-            read_partition(url, domain, |batch| {
-                for (r, unit) in batch.units.iter().enumerate() {
-                    let mut row = vec![0f32; width];
-                    encode(&batch, r, &mut row);
-                    let (seen, rows) = kept.entry(unit.clone()).or_insert_with(|| {
-                        order.push(unit.clone());
-                        (0, Vec::new())
-                    });
-                    *seen += 1;
-                    if rows.len() < m {
-                        rows.push(row);
-                    } else {
-                        let j = rng.random_range(0..*seen) as usize;
-                        if j < m {
-                            rows[j] = row;
-                        }
-                    }
-                }
-                Ok(())
-            })
-            .await?;
-        }
-        let mut examples = Examples { x: Vec::new(), width, units: Vec::with_capacity(order.len()) };
-        for unit in order {
-            let (_, rows) = kept.remove(&unit).expect("listed when first seen");
-            let start = examples.x.len() / width;
-            examples.units.push((unit, start..start + rows.len()));
-            examples.x.extend(rows.into_iter().flatten());
-        }
-        Ok(examples)
     }
 }
 
@@ -223,31 +156,6 @@ pub fn validate(sum: &[f64], units: u64, parameters: usize, clip: f64) -> Result
     Ok(())
 }
 
-/// Parameters travel as raw little-endian f32 after a length-prefixed JSON header.
-pub fn encode_task<H: Serialize>(header: &H, parameters: &[f32]) -> Vec<u8> {
-    let json = serde_json::to_vec(header).expect("serialisable header");
-    let mut out = Vec::with_capacity(4 + json.len() + 4 * parameters.len());
-    out.extend((json.len() as u32).to_le_bytes());
-    out.extend(json);
-    for p in parameters {
-        out.extend(p.to_le_bytes());
-    }
-    out
-}
-
-/// Inverse of [`encode_task`].
-pub fn decode_task<H: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<(H, Vec<f32>), DpSgdError> {
-    let bad = |m: &str| DpSgdError::Params(m.to_string());
-    let len = u32::from_le_bytes(bytes.get(..4).ok_or_else(|| bad("truncated"))?.try_into().expect("4 bytes")) as usize;
-    let json = bytes.get(4..4 + len).ok_or_else(|| bad("truncated header"))?;
-    let header = serde_json::from_slice(json).map_err(|e| DpSgdError::Params(e.to_string()))?;
-    let rest = &bytes[4 + len..];
-    if !rest.len().is_multiple_of(4) {
-        return Err(bad("parameter bytes are not a multiple of 4"));
-    }
-    Ok((header, rest.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()))
-}
-
 #[cfg(test)]
 mod tests {
     use rand::SeedableRng;
@@ -255,6 +163,8 @@ mod tests {
     use rand_distr::{Distribution, StandardNormal};
 
     use super::*;
+    use crate::data::domain::Domain;
+    use crate::entropy::os_rng;
     use crate::generators::findiff::encoding::TabularEncoding;
     use crate::generators::findiff::model::DenoiserConfig;
     use crate::generators::findiff::{FinDiffModel, FinDiffModelSpec};
@@ -422,15 +332,6 @@ mod tests {
         assert!((c.units as f64 - 600.0).abs() < 5.0 * 20.5, "sampled {} units", c.units);
         s.rate = 0.0;
         assert_eq!(contribute(&model, &ex, &s, &mut rng, &device).unwrap().units, 0);
-    }
-
-    #[test]
-    fn tasks_round_trip_and_reject_malformed_bytes() {
-        let bytes = encode_task(&settings(1.0), &[1.5, -2.0]);
-        let (s, w): (RoundSettings, Vec<f32>) = decode_task(&bytes).unwrap();
-        assert_eq!((s, w), (settings(1.0), vec![1.5, -2.0]));
-        assert!(decode_task::<RoundSettings>(&bytes[..bytes.len() - 1]).is_err());
-        assert!(decode_task::<RoundSettings>(&[1, 0]).is_err());
     }
 
     #[test]

@@ -25,12 +25,21 @@ use rand::rngs::ChaCha20Rng;
 use rand::{CryptoRng, Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
+use super::{PlanError, require_columns};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::data::{DataError, EncodedBatch};
 use crate::entropy::os_rng;
-use crate::sampling::pick;
+use crate::output::SyntheticValue;
+use crate::sampling::{Reservoir, pick};
 use crate::spec::{ColumnKind, JobSpec};
+
+/// This generator's name in plan errors.
+const GENERATOR: &str = "marginals";
+
+fn invalid(message: impl Into<String>) -> PlanError {
+    PlanError::new(GENERATOR, message)
+}
 
 /// Kind name of marginals tasks in the protocol.
 pub const TASK_KIND: &str = "marginals";
@@ -55,20 +64,13 @@ pub struct MarginalsPlan {
     pub root: usize,
 }
 
-/// Errors building a plan.
-#[derive(Debug, thiserror::Error)]
-#[error("marginals generator: {0}")]
-pub struct PlanError(String);
-
 impl MarginalsPlan {
     pub fn new(spec: &JobSpec, domain: &Domain) -> Result<Self, PlanError> {
+        require_columns(GENERATOR, domain)?;
         let n = domain.columns.len();
-        if n == 0 {
-            return Err(PlanError("the schema has no column to synthesise".into()));
-        }
         let params = &spec.generator.marginals;
         let index = |name: &str| {
-            domain.index_of(name).ok_or_else(|| PlanError(format!("pair names '{name}', not a synthesised column")))
+            domain.index_of(name).ok_or_else(|| invalid(format!("pair names '{name}', not a synthesised column")))
         };
         let target = spec.schema.target.as_deref().and_then(|t| domain.index_of(t));
         let (root, edges) = match &params.pairs {
@@ -88,7 +90,7 @@ impl MarginalsPlan {
         reached[root] = true;
         for &(p, c) in &edges {
             if !reached[p] || reached[c] {
-                return Err(PlanError(format!(
+                return Err(invalid(format!(
                     "pairs must form a tree listed parents first; ({}, {}) does not",
                     domain.columns[p].name, domain.columns[c].name
                 )));
@@ -96,7 +98,7 @@ impl MarginalsPlan {
             reached[c] = true;
         }
         if let Some(c) = reached.iter().position(|r| !r) {
-            return Err(PlanError(format!("column '{}' is in no pair", domain.columns[c].name)));
+            return Err(invalid(format!("column '{}' is in no pair", domain.columns[c].name)));
         }
         let mut tables: Vec<Vec<usize>> = (0..n).map(|c| vec![c]).collect();
         tables.extend(edges.iter().map(|&(p, c)| vec![p, c]));
@@ -168,8 +170,8 @@ impl MarginalsTask {
 pub struct Counter<'a, R: CryptoRng> {
     task: &'a MarginalsTask,
     counts: Vec<f64>,
-    /// Per unit: rows seen and the reservoir of kept rows' bins.
-    units: HashMap<String, (u64, Vec<Vec<usize>>)>,
+    /// Per unit: the kept rows' bins.
+    units: HashMap<String, Reservoir<Vec<usize>>>,
     row_units: u64,
     rng: R,
 }
@@ -193,25 +195,15 @@ impl<R: CryptoRng> Counter<'_, R> {
                 self.row_units += 1;
                 continue;
             }
-            // Reservoir sampling keeps a uniform m-subset of each unit's rows.
             let m = self.task.max_rows_per_unit as usize;
-            let (seen, kept) = self.units.entry(unit.clone()).or_default();
-            *seen += 1;
-            if kept.len() < m {
-                kept.push(bins);
-            } else {
-                let j = self.rng.random_range(0..*seen) as usize;
-                if j < m {
-                    kept[j] = bins;
-                }
-            }
+            self.units.entry(unit.clone()).or_default().offer(bins, m, &mut self.rng);
         }
     }
 
     /// The summed tables and the number of contributing units.
     pub fn finish(mut self) -> (Vec<f64>, u64) {
-        for (_, kept) in self.units.values() {
-            for bins in kept {
+        for kept in self.units.values() {
+            for bins in kept.kept() {
                 Self::add_row(&mut self.counts, self.task, bins);
             }
         }
@@ -278,17 +270,6 @@ impl Synthesizer {
     pub fn domain(&self) -> &Domain {
         &self.plan.task.domain
     }
-}
-
-/// A synthetic value of one column.
-#[derive(Clone, Debug, PartialEq)]
-pub enum SyntheticValue {
-    Missing,
-    Category(String),
-    Integer(i64),
-    Real(f64),
-    /// Seconds since the Unix epoch.
-    Datetime(i64),
 }
 
 /// Draws a value inside `bin` of column `c`.

@@ -1,5 +1,39 @@
-//! Synthetic-data generators. Each states what it measures and how it is charged.
+//! Synthetic-data generators. Each states what it measures and how it is charged, and
+//! plans from public information only (the spec and the declared domain).
 
 pub mod findiff;
 pub mod marginals;
 pub mod pate;
+
+use crate::data::domain::Domain;
+
+/// Why a generator cannot run a spec. Decided from the spec alone, so it may be shown to
+/// the submitter.
+#[derive(Debug, thiserror::Error)]
+#[error("{generator} generator: {message}")]
+pub struct PlanError {
+    generator: &'static str,
+    message: String,
+}
+
+impl PlanError {
+    pub fn new(generator: &'static str, message: impl Into<String>) -> Self {
+        Self { generator, message: message.into() }
+    }
+}
+
+/// Checks that every named parameter is a positive finite number.
+pub fn require_positive(generator: &'static str, params: &[(&str, f64)]) -> Result<(), PlanError> {
+    match params.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
+        Some((name, v)) => Err(PlanError::new(generator, format!("{name} must be a positive number, got {v}"))),
+        None => Ok(()),
+    }
+}
+
+/// Checks that the schema has a column to synthesise.
+pub fn require_columns(generator: &'static str, domain: &Domain) -> Result<(), PlanError> {
+    if domain.columns.is_empty() {
+        return Err(PlanError::new(generator, "the schema has no column to synthesise"));
+    }
+    Ok(())
+}

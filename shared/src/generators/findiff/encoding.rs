@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::EncodedBatch;
 use crate::data::domain::{Domain, Encoding};
-use crate::generators::marginals::SyntheticValue;
+use crate::output::SyntheticValue;
 use crate::spec::{ColumnKind, OTHER_CATEGORY};
 
 /// Frozen random embeddings of a column's `values`, all of norm 1 so that no value sits

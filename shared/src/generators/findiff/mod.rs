@@ -21,16 +21,25 @@ use rand::rngs::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::{PlanError, require_columns, require_positive};
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
+use crate::data::examples::Examples;
 use crate::dpsgd::ghost::LinearHook;
 use crate::dpsgd::params::LinearStack;
-use crate::dpsgd::{DpModel, Examples, RoundSettings, RowRef};
+use crate::dpsgd::{DpModel, RoundSettings, RowRef};
 use crate::entropy::os_seed;
 use diffusion::{Draw, Schedule, draw, timestep_cdf};
 use encoding::TabularEncoding;
 use model::{Denoiser, DenoiserConfig};
+
+/// This generator's name in plan errors.
+const GENERATOR: &str = "findiff";
+
+fn invalid(message: impl Into<String>) -> PlanError {
+    PlanError::new(GENERATOR, message)
+}
 
 /// Everything a worker needs to rebuild the model of a job (no weights).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -50,7 +59,7 @@ impl FinDiffModelSpec {
     }
 
     /// The worker's examples: its partitions encoded into the feature space.
-    pub async fn load_examples(&self, urls: &[String]) -> Result<Examples, crate::dpsgd::DpSgdError> {
+    pub async fn load_examples(&self, urls: &[String]) -> Result<Examples, crate::data::DataError> {
         Examples::load(urls, &self.domain, self.max_rows_per_unit, self.encoding.width, |batch, row, out| {
             self.encoding.encode_row(batch, row, out)
         })
@@ -140,11 +149,6 @@ impl DpModel for FinDiffModel {
     }
 }
 
-/// Errors building a DP-FinDiff plan.
-#[derive(Debug, thiserror::Error)]
-#[error("findiff generator: {0}")]
-pub struct PlanError(String);
-
 /// A DP-FinDiff job's plan: the model and the privacy parameters that do not depend on
 /// the data. The sampling rate depends on the DP unit count and is fixed later.
 #[derive(Clone, Debug)]
@@ -164,31 +168,25 @@ impl FinDiffPlan {
             ("beta_start", params.beta_start),
             ("beta_end", params.beta_end),
         ];
-        if let Some((name, v)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
-            return Err(PlanError(format!("{name} must be a positive number, got {v}")));
-        }
+        require_positive(GENERATOR, &positive)?;
         if params.noise_multiplier.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
-            return Err(PlanError("noise_multiplier must be a positive number".into()));
+            return Err(invalid("noise_multiplier must be a positive number"));
         }
         if params.beta_end >= 1.0 || params.beta_start > params.beta_end {
-            return Err(PlanError("need 0 < beta_start ≤ beta_end < 1".into()));
+            return Err(invalid("need 0 < beta_start ≤ beta_end < 1"));
         }
         if params.diffusion_steps == 0 || params.sampling_steps == 0 || params.sampling_steps > params.diffusion_steps {
-            return Err(PlanError("need 1 ≤ sampling_steps ≤ diffusion_steps".into()));
+            return Err(invalid("need 1 ≤ sampling_steps ≤ diffusion_steps"));
         }
         if params.hidden == 0
             || params.time_embedding < 2
             || params.embedding_width == 0
             || params.max_rows_per_unit == 0
         {
-            return Err(PlanError(
-                "hidden, embedding_width, max_rows_per_unit must be ≥ 1 and time_embedding ≥ 2".into(),
-            ));
+            return Err(invalid("hidden, embedding_width, max_rows_per_unit must be ≥ 1 and time_embedding ≥ 2"));
         }
-        if domain.columns.is_empty() {
-            return Err(PlanError("the schema has no column to synthesise".into()));
-        }
-        let seed = os_seed().map_err(|e| PlanError(e.to_string()))?;
+        require_columns(GENERATOR, domain)?;
+        let seed = os_seed().map_err(|e| invalid(e.to_string()))?;
         let encoding = TabularEncoding::new(domain, params.embedding_width, seed);
         let denoiser = DenoiserConfig::new(encoding.width)
             .with_hidden(params.hidden)

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::EncodedBatch;
 use crate::data::domain::{Domain, Encoding};
-use crate::generators::marginals::SyntheticValue;
+use crate::output::SyntheticValue;
 use crate::spec::ColumnKind;
 
 /// How a column's group is produced by the generator.

@@ -41,13 +41,21 @@ use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::{PlanError, require_columns, require_positive};
 use crate::accounting::accountant::{AccountingOptions, account};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
-use crate::dpsgd::Examples;
+use crate::data::examples::Examples;
 use crate::spec::{JobSpec, PateParams, PateRelease, TeacherVote};
 use encoding::PateEncoding;
 use teacher::{Features, TargetModel, Teacher, TeacherConfig};
+
+/// This generator's name in plan errors.
+const GENERATOR: &str = "pate";
+
+fn invalid(message: impl Into<String>) -> PlanError {
+    PlanError::new(GENERATOR, message)
+}
 
 /// Task kind of a vote round.
 pub const TASK_KIND: &str = "pate_votes";
@@ -60,11 +68,6 @@ pub enum Question {
     /// Which target value goes with the rest of the row (a probability per target value)?
     Target,
 }
-
-/// Errors building a PATE plan.
-#[derive(Debug, thiserror::Error)]
-#[error("pate generator: {0}")]
-pub struct PlanError(String);
 
 /// A PATE job's plan, fixed before any row is read.
 #[derive(Clone, Debug)]
@@ -88,7 +91,7 @@ impl PatePlan {
         let params = spec.generator.pate.clone();
         let teachers = spec.job.partitions;
         if teachers < 2 {
-            return Err(PlanError("PATE needs at least 2 teachers ([job] partitions)".into()));
+            return Err(invalid("PATE needs at least 2 teachers ([job] partitions)"));
         }
         let sigma = params.sigma.unwrap_or(f64::from(teachers) / 5.0);
         let threshold =
@@ -102,17 +105,15 @@ impl PatePlan {
             ("generator_learning_rate", params.generator_learning_rate),
             ("count_noise_multiplier", params.count_noise_multiplier),
         ];
-        if let Some((name, v)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
-            return Err(PlanError(format!("{name} must be a positive number, got {v}")));
-        }
+        require_positive(GENERATOR, &positive)?;
         if !(0.0..=1.0).contains(&params.explore) {
-            return Err(PlanError(format!("explore must be a probability, got {}", params.explore)));
+            return Err(invalid(format!("explore must be a probability, got {}", params.explore)));
         }
         if let Some(t) = params.threshold.filter(|t| !(t.is_finite() && *t > 0.0 && *t <= f64::from(teachers))) {
-            return Err(PlanError(format!("threshold must be a count of teachers in (0, {teachers}], got {t}")));
+            return Err(invalid(format!("threshold must be a count of teachers in (0, {teachers}], got {t}")));
         }
         if !(0.0..1.0).contains(&params.label_share) {
-            return Err(PlanError(format!("label_share must be in [0, 1), got {}", params.label_share)));
+            return Err(invalid(format!("label_share must be in [0, 1), got {}", params.label_share)));
         }
         let counts = [
             ("queries_per_iteration", params.queries_per_iteration as usize),
@@ -129,17 +130,15 @@ impl PatePlan {
             ("heads", params.heads),
         ];
         if let Some((name, _)) = counts.iter().find(|(_, v)| *v == 0) {
-            return Err(PlanError(format!("{name} must be at least 1")));
+            return Err(invalid(format!("{name} must be at least 1")));
         }
         if !params.d_model.is_multiple_of(params.heads) {
-            return Err(PlanError(format!(
+            return Err(invalid(format!(
                 "d_model ({}) must be a multiple of heads ({})",
                 params.d_model, params.heads
             )));
         }
-        if domain.columns.is_empty() {
-            return Err(PlanError("the schema has no column to synthesise".into()));
-        }
+        require_columns(GENERATOR, domain)?;
         let encoding = PateEncoding::new(domain, spec.schema.target.as_deref());
         let mut plan = Self {
             encoding,
@@ -160,12 +159,12 @@ impl PatePlan {
     fn affordable_iterations(&self, spec: &JobSpec, options: &AccountingOptions) -> Result<u32, PlanError> {
         let fits = |t: u32| -> Result<bool, PlanError> {
             let cost = account(&self.mechanisms_for(t), spec.privacy.accountant, spec.privacy.delta, options)
-                .map_err(|e| PlanError(e.to_string()))?;
+                .map_err(|e| invalid(e.to_string()))?;
             Ok(cost.epsilon <= spec.privacy.epsilon)
         };
         let cap = self.params.max_iterations.unwrap_or(1 << 20);
         if cap == 0 || !fits(1)? {
-            return Err(PlanError(format!(
+            return Err(invalid(format!(
                 "ε = {} does not pay for one iteration of {} queries at σ = {} (raise σ or ε, or lower queries_per_iteration)",
                 spec.privacy.epsilon, self.params.queries_per_iteration, self.sigma
             )));
@@ -278,7 +277,7 @@ pub struct VoteTask {
 impl VoteTask {
     /// The teachers' real rows: a partition's rows, all of them (a unit lives in one
     /// teacher, so its row count does not change the sensitivity).
-    pub async fn load_examples(&self, urls: &[String]) -> Result<Examples, crate::dpsgd::DpSgdError> {
+    pub async fn load_examples(&self, urls: &[String]) -> Result<Examples, crate::data::DataError> {
         let encoding = &self.encoding;
         Examples::load(urls, &encoding.domain, u32::MAX, encoding.width, |batch, row, out| {
             encoding.encode_row(batch, row, out)
