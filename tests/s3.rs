@@ -140,19 +140,24 @@ async fn concurrent_charges_on_s3_never_exceed_the_budget() {
     let Some(s3) = S3::from_env() else { return };
     let root = unique("ledger");
     let location = StoreLocation { store: s3.store(), prefix: Path::from(root.as_str()), url: s3.url(&root) };
-    let budget = 0.55;
-    Ledger::init(
-        &location,
-        "s3-race",
-        Budget { epsilon: budget, delta: 0.0 },
-        Adjacency::AddRemove,
-        Default::default(),
-    )
-    .await
-    .unwrap();
-    let release = Mechanism::Laplace { l1_sensitivity: 1.0, scale: 10.0, releases: 1, adjacency: Adjacency::AddRemove };
-    let cost =
-        account(std::slice::from_ref(&release), Accountant::Pld, 0.0, &AccountingOptions::default()).unwrap().epsilon;
+    // Gaussian releases compose: the ledger's total after n of them is one Gaussian's
+    // with σ/√n (the smaller of RDP and PLD at δ_B); the budget pays for exactly five.
+    let delta = 1e-6;
+    let gaussian = |n| Mechanism::Gaussian {
+        l2_sensitivity: 1.0,
+        noise_multiplier: 5.0,
+        releases: n,
+        adjacency: Adjacency::AddRemove,
+    };
+    let total_after = |n| {
+        let cost = |a| account(&[gaussian(n)], a, delta, &AccountingOptions::default()).unwrap().epsilon;
+        cost(Accountant::Rdp).min(cost(Accountant::Pld))
+    };
+    let budget = (total_after(5) + total_after(6)) / 2.0;
+    Ledger::init(&location, "s3-race", Budget { epsilon: budget, delta }, Adjacency::AddRemove, Default::default())
+        .await
+        .unwrap();
+    let release = gaussian(1);
     let tasks: Vec<_> = (0..4)
         .map(|t| {
             let location = StoreLocation { store: s3.store(), ..location.clone() };
@@ -164,7 +169,7 @@ async fn concurrent_charges_on_s3_never_exceed_the_budget() {
                         job_id: format!("t{t}-{won}"),
                         mechanisms: vec![release.clone()],
                         accountant: Accountant::Pld,
-                        delta: 0.0,
+                        delta,
                     };
                     match ledger.charge(&request).await {
                         Ok(_) => {}
@@ -180,7 +185,7 @@ async fn concurrent_charges_on_s3_never_exceed_the_budget() {
     for t in tasks {
         total += t.await.unwrap();
     }
-    assert_eq!(total, (budget / cost).floor() as usize);
+    assert_eq!(total, 5);
     let ledger = Ledger::open(&location, "s3-race").await.unwrap();
     assert_eq!(ledger.charges().len(), total);
     assert!(ledger.spent().unwrap().epsilon <= budget);

@@ -22,8 +22,8 @@
 //! both accountants — RDP (curves added on the ledger's orders, converted at the budget's
 //! δ_B with the ledger's conversion) and PLD (one composition on the ledger's grid, ε at
 //! δ_B) — and the dataset's guarantee is (ε, δ_B) with the smaller of the two ε. An
-//! accountant that cannot analyse some charged mechanism (PLD and sampling without
-//! replacement) drops out of the total; if neither can, the ledger refuses to charge. A
+//! accountant that cannot analyse some charged mechanism (a PLD grid too large for a
+//! nearly noiseless run) drops out of the total; if neither can, the ledger refuses. A
 //! job's `accountant` only decides how its own cost (its receipt and manifest) is stated.
 
 use std::collections::HashMap;

@@ -86,15 +86,14 @@ impl Releases {
         let paid = receipt
             .mechanisms()
             .iter()
-            .filter_map(|m| match *m {
+            .map(|m| match *m {
                 Mechanism::Gaussian { l2_sensitivity, noise_multiplier, releases, .. } => {
-                    Some(Paid::Gaussian { l2_sensitivity, noise_multiplier, left: releases })
+                    Paid::Gaussian { l2_sensitivity, noise_multiplier, left: releases }
                 }
-                Mechanism::GnMax { sigma, classes, queries } => Some(Paid::GnMax { sigma, classes, left: queries }),
+                Mechanism::GnMax { sigma, classes, queries } => Paid::GnMax { sigma, classes, left: queries },
                 Mechanism::SubsampledGaussian { noise_multiplier, steps, max_examples_per_unit, .. } => {
-                    Some(Paid::DpSgd { noise_multiplier, examples_per_unit: max_examples_per_unit, left: steps })
+                    Paid::DpSgd { noise_multiplier, examples_per_unit: max_examples_per_unit, left: steps }
                 }
-                Mechanism::Laplace { .. } => None,
             })
             .collect();
         Ok(Self { paid, noise: Noise::from_os()? })

@@ -16,9 +16,12 @@ use sha2::{Digest, Sha256};
 
 const DATASET: &str = "test-dataset";
 
-/// A pure-DP release whose PLD cost is additive across jobs.
-fn laplace(epsilon0: f64) -> Mechanism {
-    Mechanism::Laplace { l1_sensitivity: 1.0, scale: 1.0 / epsilon0, releases: 1, adjacency: Adjacency::AddRemove }
+/// δ_B of the ledgers these tests make.
+const DELTA: f64 = 1e-6;
+
+/// One Gaussian release of a sensitivity-1 query with noise multiplier σ.
+fn gaussian(sigma: f64) -> Mechanism {
+    Mechanism::Gaussian { l2_sensitivity: 1.0, noise_multiplier: sigma, releases: 1, adjacency: Adjacency::AddRemove }
 }
 
 fn request(job: &str, mechanism: Mechanism, accountant: Accountant, delta: f64) -> ChargeRequest {
@@ -67,32 +70,45 @@ fn published(dir: &Path) -> usize {
         .count()
 }
 
-fn laplace_cost(epsilon0: f64) -> f64 {
-    account(&[laplace(epsilon0)], Accountant::Pld, 0.0, &AccountingOptions::default()).unwrap().epsilon
+/// The ledger's total after `n` such releases: the smaller of the RDP and PLD totals at δ_B.
+fn total(n: u64, sigma: f64) -> f64 {
+    let m = Mechanism::Gaussian {
+        l2_sensitivity: 1.0,
+        noise_multiplier: sigma,
+        releases: n,
+        adjacency: Adjacency::AddRemove,
+    };
+    let cost = |a| account(std::slice::from_ref(&m), a, DELTA, &AccountingOptions::default()).unwrap().epsilon;
+    cost(Accountant::Rdp).min(cost(Accountant::Pld))
+}
+
+/// A budget that pays for exactly `n` such releases, well clear of the boundary.
+fn budget_for(n: u64, sigma: f64) -> f64 {
+    (total(n, sigma) + total(n + 1, sigma)) / 2.0
 }
 
 #[tokio::test]
 async fn charges_until_the_budget_and_refusal_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = init(dir.path(), 1.0, 1e-6).await;
-    let cost = laplace_cost(0.3);
-    assert!((cost - 0.3).abs() < 1e-3, "Laplace ε₀ = 0.3 costs {cost}");
+    let mut ledger = init(dir.path(), budget_for(3, 4.0), DELTA).await;
     for i in 0..3 {
-        let receipt = ledger.charge(&request(&format!("job-{i}"), laplace(0.3), Accountant::Pld, 0.0)).await.unwrap();
+        let receipt =
+            ledger.charge(&request(&format!("job-{i}"), gaussian(4.0), Accountant::Pld, DELTA)).await.unwrap();
         assert_eq!(receipt.seq, i + 1);
-        // Composed at δ_B = 1e-6 rather than summed: at most the sum, and barely less.
-        let (after, sum) = (receipt.admission.after.epsilon, cost * (i + 1) as f64);
-        assert!(after <= sum + 1e-12 && after > sum - 1e-3, "{after} vs {sum}");
+        // The releases composed, not their costs summed.
+        let after = receipt.admission.after.epsilon;
+        assert!((after - total(i + 1, 4.0)).abs() < 1e-9 * after, "{after} vs {}", total(i + 1, 4.0));
+        assert!(after < (i + 1) as f64 * total(1, 4.0) * 0.99 || i == 0);
     }
     let before = snapshot(dir.path());
-    let err = ledger.charge(&request("job-over", laplace(0.3), Accountant::Pld, 0.0)).await.unwrap_err();
+    let err = ledger.charge(&request("job-over", gaussian(4.0), Accountant::Pld, DELTA)).await.unwrap_err();
     let message = err.to_string();
     assert!(matches!(err, LedgerError::BudgetExceeded { .. }), "{message}");
     assert!(message.contains("job-over") && message.contains(DATASET) && message.contains("Nothing was charged"));
     assert_eq!(before, snapshot(dir.path()), "a refused charge must leave the ledger unchanged");
     // The dry run agrees with the real charge and writes nothing either.
-    assert!(ledger.check(&request("job-over", laplace(0.3), Accountant::Pld, 0.0)).await.is_err());
-    assert!(ledger.check(&request("job-small", laplace(0.05), Accountant::Pld, 0.0)).await.unwrap().fits());
+    assert!(ledger.check(&request("job-over", gaussian(4.0), Accountant::Pld, DELTA)).await.is_err());
+    assert!(ledger.check(&request("job-small", gaussian(40.0), Accountant::Pld, DELTA)).await.unwrap().fits());
     assert_eq!(before, snapshot(dir.path()));
     // A fresh handle sees exactly what was charged.
     let reopened = open(dir.path()).await.unwrap();
@@ -212,27 +228,23 @@ async fn mixed_accountants_compose_the_mechanisms_like_dp_accounting() {
 #[tokio::test]
 async fn an_accountant_that_cannot_analyse_a_charge_drops_out_of_the_total() {
     let dir = tempfile::tempdir().unwrap();
-    let budget = Budget { epsilon: 10.0, delta: 1e-5 };
-    let mut ledger = init_with(dir.path(), budget, Adjacency::Substitution).await;
-    // Sampling without replacement has no PLD analysis: only the RDP total remains.
-    let wor = Mechanism::SubsampledGaussian {
-        sampling: Sampling::WithoutReplacement { batch_size: 100, population: 10_000 },
-        noise_multiplier: 2.0,
-        steps: 100,
+    let budget = Budget { epsilon: 1e6, delta: 1e-5 };
+    let mut ledger = init_with(dir.path(), budget, Adjacency::AddRemove).await;
+    // So little noise that the PLD grid would be too large: only the RDP total remains.
+    let loud = Mechanism::SubsampledGaussian {
+        sampling: Sampling::Poisson { rate: 0.5 },
+        noise_multiplier: 0.01,
+        steps: 1,
         max_examples_per_unit: 1,
     };
-    ledger.charge(&request("wor", wor.clone(), Accountant::Rdp, 1e-5)).await.unwrap();
-    let gaussian = Mechanism::Gaussian {
-        l2_sensitivity: 1.0,
-        noise_multiplier: 10.0,
-        releases: 1,
-        adjacency: Adjacency::Substitution,
-    };
+    let options = AccountingOptions::default();
+    assert!(account(std::slice::from_ref(&loud), Accountant::Pld, 1e-5, &options).is_err());
+    ledger.charge(&request("loud", loud.clone(), Accountant::Rdp, 1e-5)).await.unwrap();
     // A PLD-priced job is still admitted, its own cost stated by PLD.
-    let receipt = ledger.charge(&request("gauss", gaussian.clone(), Accountant::Pld, 1e-5)).await.unwrap();
+    let receipt = ledger.charge(&request("gauss", gaussian(10.0), Accountant::Pld, 1e-5)).await.unwrap();
     assert_eq!(receipt.admission.cost.accountant, Accountant::Pld);
     let spent = ledger.spent().unwrap();
-    let rdp = account(&[wor, gaussian], Accountant::Rdp, 1e-5, &AccountingOptions::default()).unwrap();
+    let rdp = account(&[loud, gaussian(10.0)], Accountant::Rdp, 1e-5, &options).unwrap();
     assert_eq!((spent.pld_epsilon, spent.accountant), (None, Accountant::Rdp));
     assert_eq!((spent.epsilon, spent.rdp_epsilon), (rdp.epsilon, Some(rdp.epsilon)));
 }
@@ -241,13 +253,13 @@ async fn an_accountant_that_cannot_analyse_a_charge_drops_out_of_the_total() {
 async fn mechanisms_of_another_adjacency_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut ledger = init(dir.path(), 10.0, 1e-5).await;
-    let wor = Mechanism::SubsampledGaussian {
-        sampling: Sampling::WithoutReplacement { batch_size: 100, population: 10_000 },
-        noise_multiplier: 1.0,
-        steps: 10,
-        max_examples_per_unit: 1,
+    let substitution = Mechanism::Gaussian {
+        l2_sensitivity: 1.0,
+        noise_multiplier: 10.0,
+        releases: 1,
+        adjacency: Adjacency::Substitution,
     };
-    let err = ledger.charge(&request("wor", wor, Accountant::Rdp, 1e-5)).await.unwrap_err();
+    let err = ledger.charge(&request("swap", substitution, Accountant::Rdp, 1e-5)).await.unwrap_err();
     assert!(matches!(err, LedgerError::Mechanism(_)), "{err}");
     assert_eq!(ledger.entries().len(), 1);
 }
@@ -255,8 +267,8 @@ async fn mechanisms_of_another_adjacency_are_refused() {
 #[tokio::test]
 async fn a_charge_is_released_once() {
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = init(dir.path(), 1.0, 0.0).await;
-    let receipt = ledger.charge(&request("j", laplace(0.1), Accountant::Pld, 0.0)).await.unwrap();
+    let mut ledger = init(dir.path(), 1.0, DELTA).await;
+    let receipt = ledger.charge(&request("j", gaussian(10.0), Accountant::Pld, DELTA)).await.unwrap();
     assert_eq!(ledger.charges()[0].1, ChargeStatus::Charged);
     assert_eq!(ledger.charge_status(receipt.seq), Some(ChargeStatus::Charged));
     assert_eq!(ledger.charge_status(0), None, "the init entry is not a charge");
@@ -285,14 +297,14 @@ async fn a_charge_is_released_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn of_two_racing_releases_exactly_one_wins() {
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = init(dir.path(), 1.0, 0.0).await;
-    let seq = ledger.charge(&request("j", laplace(0.1), Accountant::Pld, 0.0)).await.unwrap().seq;
+    let mut ledger = init(dir.path(), 1.0, DELTA).await;
+    let seq = ledger.charge(&request("j", gaussian(10.0), Accountant::Pld, DELTA)).await.unwrap().seq;
     for round in 0..20 {
         // Each round a fresh charge, claimed by two coordinators with their own handles.
         let seq = if round == 0 {
             seq
         } else {
-            ledger.charge(&request(&format!("j{round}"), laplace(1e-3), Accountant::Pld, 0.0)).await.unwrap().seq
+            ledger.charge(&request(&format!("j{round}"), gaussian(1000.0), Accountant::Pld, DELTA)).await.unwrap().seq
         };
         let claims: Vec<_> = ["a", "b"]
             .into_iter()
@@ -326,8 +338,8 @@ async fn of_two_racing_releases_exactly_one_wins() {
 #[tokio::test]
 async fn a_second_release_marker_on_the_store_makes_the_ledger_corrupt() {
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = init(dir.path(), 1.0, 0.0).await;
-    ledger.charge(&request("j", laplace(0.1), Accountant::Pld, 0.0)).await.unwrap();
+    let mut ledger = init(dir.path(), 1.0, DELTA).await;
+    ledger.charge(&request("j", gaussian(10.0), Accountant::Pld, DELTA)).await.unwrap();
     ledger.record_release(1, "file:///out/j").await.unwrap();
     // Hand-write entry 3: another release of charge 1, correctly hashed and chained.
     let entries = entries_dir(dir.path());
@@ -365,11 +377,11 @@ async fn second_init_and_missing_ledger_are_clear_errors() {
     assert!(matches!(Ledger::open(&location, "../escape").await, Err(LedgerError::InvalidDatasetId(_))));
 }
 
-/// Charges Laplace(ε₀) releases until the ledger refuses; returns how many went through.
-async fn charge_until_refused(dir: &Path, job_prefix: &str, epsilon0: f64) -> usize {
+/// Charges Gaussian(σ) releases until the ledger refuses; returns how many went through.
+async fn charge_until_refused(dir: &Path, job_prefix: &str, sigma: f64) -> usize {
     let mut ledger = open(dir).await.unwrap();
     for won in 0.. {
-        let job = request(&format!("{job_prefix}-{won}"), laplace(epsilon0), Accountant::Pld, 0.0);
+        let job = request(&format!("{job_prefix}-{won}"), gaussian(sigma), Accountant::Pld, DELTA);
         match ledger.charge(&job).await {
             Ok(_) => {}
             Err(LedgerError::BudgetExceeded { .. }) => return won,
@@ -382,15 +394,14 @@ async fn charge_until_refused(dir: &Path, job_prefix: &str, epsilon0: f64) -> us
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_tasks_never_exceed_the_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let budget = 1.05;
-    init(dir.path(), budget, 0.0).await;
-    let cost = laplace_cost(0.1);
+    let budget = budget_for(10, 5.0);
+    init(dir.path(), budget, DELTA).await;
     let tasks: Vec<_> = (0..8)
         .map(|t| {
             let dir = dir.path().to_path_buf();
             tokio::spawn(async move {
                 // Each task has its own store handle, as separate coordinators would.
-                charge_until_refused(&dir, &format!("t{t}"), 0.1).await
+                charge_until_refused(&dir, &format!("t{t}"), 5.0).await
             })
         })
         .collect();
@@ -398,7 +409,7 @@ async fn concurrent_tasks_never_exceed_the_budget() {
     for t in tasks {
         total += t.await.unwrap();
     }
-    let expected = (budget / cost).floor() as usize;
+    let expected = 10;
     assert_eq!(total, expected, "exactly as many charges as fit");
     let ledger = open(dir.path()).await.unwrap();
     assert_eq!(ledger.charges().len(), expected);
@@ -411,16 +422,16 @@ async fn child_writer() {
     let Ok(dir) = std::env::var("DPSYNTH_LEDGER_CHILD_DIR") else {
         return;
     };
-    let epsilon0: f64 = std::env::var("DPSYNTH_LEDGER_CHILD_EPS").unwrap().parse().unwrap();
-    let won = charge_until_refused(Path::new(&dir), &format!("p{}", std::process::id()), epsilon0).await;
+    let sigma: f64 = std::env::var("DPSYNTH_LEDGER_CHILD_SIGMA").unwrap().parse().unwrap();
+    let won = charge_until_refused(Path::new(&dir), &format!("p{}", std::process::id()), sigma).await;
     println!("\nCHILD_WON={won}");
 }
 
-fn spawn_child(dir: &Path, epsilon0: f64) -> std::process::Child {
+fn spawn_child(dir: &Path, sigma: f64) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
         .env("DPSYNTH_LEDGER_CHILD_DIR", dir)
-        .env("DPSYNTH_LEDGER_CHILD_EPS", epsilon0.to_string())
+        .env("DPSYNTH_LEDGER_CHILD_SIGMA", sigma.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -430,10 +441,9 @@ fn spawn_child(dir: &Path, epsilon0: f64) -> std::process::Child {
 #[tokio::test]
 async fn concurrent_processes_never_exceed_the_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let budget = 2.05;
-    init(dir.path(), budget, 0.0).await;
-    let cost = laplace_cost(0.1);
-    let children: Vec<_> = (0..4).map(|_| spawn_child(dir.path(), 0.1)).collect();
+    let budget = budget_for(20, 5.0);
+    init(dir.path(), budget, DELTA).await;
+    let children: Vec<_> = (0..4).map(|_| spawn_child(dir.path(), 5.0)).collect();
     let mut total = 0;
     for child in children {
         let out = child.wait_with_output().unwrap();
@@ -442,7 +452,7 @@ async fn concurrent_processes_never_exceed_the_budget() {
         let won: usize = stdout.lines().find_map(|l| l.strip_prefix("CHILD_WON=")).unwrap().trim().parse().unwrap();
         total += won;
     }
-    let expected = (budget / cost).floor() as usize;
+    let expected = 20;
     assert_eq!(total, expected);
     let ledger = open(dir.path()).await.unwrap();
     assert_eq!(ledger.charges().len(), expected);
@@ -452,9 +462,9 @@ async fn concurrent_processes_never_exceed_the_budget() {
 #[tokio::test]
 async fn a_killed_writer_leaves_a_loadable_ledger() {
     let dir = tempfile::tempdir().unwrap();
-    init(dir.path(), 1e6, 0.0).await;
+    init(dir.path(), 1e6, DELTA).await;
     for round in 0..3 {
-        let mut child = spawn_child(dir.path(), 1e-3);
+        let mut child = spawn_child(dir.path(), 1000.0);
         let start = Instant::now();
         let target = 5 * (round + 1) + 2;
         while published(dir.path()) < target {
@@ -470,19 +480,19 @@ async fn a_killed_writer_leaves_a_loadable_ledger() {
         assert!(ledger.entries().len() >= target);
         let n = ledger.charges().len();
         let spent = ledger.spent().unwrap().epsilon;
-        let expected = n as f64 * laplace_cost(1e-3);
-        assert!((spent - expected).abs() < 1e-9, "spent {spent} for {n} charges");
+        let expected = total(n as u64, 1000.0);
+        assert!((spent - expected).abs() < 1e-9 * expected, "spent {spent} for {n} charges");
         // And it keeps working.
-        ledger.charge(&request("after-kill", laplace(1e-3), Accountant::Pld, 0.0)).await.unwrap();
+        ledger.charge(&request("after-kill", gaussian(1000.0), Accountant::Pld, DELTA)).await.unwrap();
     }
 }
 
 #[tokio::test]
 async fn torn_and_altered_entries_are_detected() {
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = init(dir.path(), 1.0, 0.0).await;
-    ledger.charge(&request("a", laplace(0.1), Accountant::Pld, 0.0)).await.unwrap();
-    ledger.charge(&request("b", laplace(0.1), Accountant::Pld, 0.0)).await.unwrap();
+    let mut ledger = init(dir.path(), 1.0, DELTA).await;
+    ledger.charge(&request("a", gaussian(10.0), Accountant::Pld, DELTA)).await.unwrap();
+    ledger.charge(&request("b", gaussian(10.0), Accountant::Pld, DELTA)).await.unwrap();
     let entries = entries_dir(dir.path());
     let last = entries.join(format!("{:020}.json", 2));
     let original = std::fs::read(&last).unwrap();
@@ -493,8 +503,12 @@ async fn torn_and_altered_entries_are_detected() {
     let message = err.to_string();
     assert!(matches!(err, LedgerError::Corrupt { .. }) && message.contains("00000000000000000002.json"), "{message}");
 
-    // An edited charge (ε lowered after the fact) fails its checksum.
-    let edited = String::from_utf8(original.clone()).unwrap().replacen("\"epsilon\": 0.1", "\"epsilon\": 0.01", 1);
+    // An edited charge (noise raised after the fact, so it would price lower) fails its checksum.
+    let edited = String::from_utf8(original.clone()).unwrap().replacen(
+        "\"noise_multiplier\": 10.0",
+        "\"noise_multiplier\": 100.0",
+        1,
+    );
     assert_ne!(edited.as_bytes(), original.as_slice());
     std::fs::write(&last, edited).unwrap();
     assert!(matches!(open(dir.path()).await, Err(LedgerError::Corrupt { .. })));

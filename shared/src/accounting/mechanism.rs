@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::PrivacyError;
-use super::accountant::pld::{HockeyStick, Laplace, Pld, SubsampledGaussian};
+use super::accountant::pld::{HockeyStick, Pld, SubsampledGaussian};
 use super::accountant::rdp::{self, RdpCurve};
 
 /// What "neighbouring datasets" means for a guarantee.
@@ -37,14 +37,6 @@ pub enum Sampling {
     /// Every unit joins the batch independently with probability `rate`. Add/remove
     /// adjacency; amplification by Mironov, Talwar & Zhang (2019).
     Poisson { rate: f64 },
-    /// A uniformly random batch of `batch_size` units out of a public `population`,
-    /// drawn afresh each step. Substitution adjacency; Wang, Balle & Kasiviswanathan (2019).
-    WithoutReplacement { batch_size: u64, population: u64 },
-    /// Each epoch a random permutation is cut into `batches_per_epoch` disjoint batches.
-    /// No amplification is claimed (none is known to be sound for this scheme in general):
-    /// each unit is in one batch per epoch, so a run is ⌈steps / batches_per_epoch⌉
-    /// Gaussian releases under substitution adjacency.
-    Shuffle { batches_per_epoch: u64 },
 }
 
 /// A noise mechanism, as recorded in the ledger.
@@ -55,10 +47,6 @@ pub enum Mechanism {
     /// under `adjacency`), each with N(0, (σΔ)²) noise on every coordinate, σ = `noise_multiplier`.
     /// RDP α/(2σ²) per release; the PLD is exact (μ-GDP, μ = 1/σ).
     Gaussian { l2_sensitivity: f64, noise_multiplier: f64, releases: u64, adjacency: Adjacency },
-    /// `releases` answers of a query with L1 sensitivity Δ₁ = `l1_sensitivity`, each with
-    /// Laplace noise of scale `scale` on every coordinate: pure (Δ₁/scale)-DP per release;
-    /// RDP from Mironov (2017, Prop. 6).
-    Laplace { l1_sensitivity: f64, scale: f64, releases: u64, adjacency: Adjacency },
     /// One DP-SGD run: `steps` noisy sums of per-unit clipped gradients (clip norm C), noise
     /// N(0, (σC)²) per coordinate with σ = `noise_multiplier`. A sampled unit contributes
     /// at most `max_examples_per_unit` clipped examples, so its L2 sensitivity is that
@@ -96,31 +84,16 @@ impl Mechanism {
                 positive("l2_sensitivity", l2_sensitivity)?;
                 positive("noise_multiplier", noise_multiplier)
             }
-            Mechanism::Laplace { l1_sensitivity, scale, .. } => {
-                positive("l1_sensitivity", l1_sensitivity)?;
-                positive("scale", scale)
-            }
             Mechanism::SubsampledGaussian { sampling, noise_multiplier, max_examples_per_unit, .. } => {
                 positive("noise_multiplier", noise_multiplier)?;
                 if max_examples_per_unit == 0 {
                     return Err(PrivacyError::InvalidParameter("max_examples_per_unit must be ≥ 1".into()));
                 }
-                match sampling {
-                    Sampling::Poisson { rate } if !(rate > 0.0 && rate <= 1.0) => {
-                        Err(PrivacyError::InvalidParameter(format!("sampling rate must be in (0, 1], got {rate}")))
-                    }
-                    Sampling::WithoutReplacement { batch_size, population }
-                        if batch_size == 0 || batch_size > population =>
-                    {
-                        Err(PrivacyError::InvalidParameter(format!(
-                            "batch size {batch_size} must be in 1..={population} (the population)"
-                        )))
-                    }
-                    Sampling::Shuffle { batches_per_epoch: 0 } => {
-                        Err(PrivacyError::InvalidParameter("batches_per_epoch must be ≥ 1".into()))
-                    }
-                    _ => Ok(()),
+                let Sampling::Poisson { rate } = sampling;
+                if !(rate > 0.0 && rate <= 1.0) {
+                    return Err(PrivacyError::InvalidParameter(format!("sampling rate must be in (0, 1], got {rate}")));
                 }
+                Ok(())
             }
             Mechanism::GnMax { sigma, classes, .. } => {
                 positive("sigma", sigma)?;
@@ -135,11 +108,10 @@ impl Mechanism {
     /// Whether this mechanism's analysis holds under `adjacency`.
     pub fn supports(&self, adjacency: Adjacency) -> bool {
         match self {
-            Mechanism::Gaussian { adjacency: a, .. } | Mechanism::Laplace { adjacency: a, .. } => *a == adjacency,
+            Mechanism::Gaussian { adjacency: a, .. } => *a == adjacency,
             Mechanism::SubsampledGaussian { sampling: Sampling::Poisson { .. }, .. } => {
                 adjacency == Adjacency::AddRemove
             }
-            Mechanism::SubsampledGaussian { .. } => adjacency == Adjacency::Substitution,
             Mechanism::GnMax { .. } => true,
         }
     }
@@ -149,9 +121,6 @@ impl Mechanism {
         match self {
             Mechanism::Gaussian { noise_multiplier, releases, .. } => {
                 format!("Gaussian ×{releases} (σ/Δ = {noise_multiplier})")
-            }
-            Mechanism::Laplace { l1_sensitivity, scale, releases, .. } => {
-                format!("Laplace ×{releases} (ε₀ = {})", l1_sensitivity / scale)
             }
             Mechanism::SubsampledGaussian { sampling, noise_multiplier, steps, .. } => {
                 format!("DP-SGD {steps} steps, σ = {noise_multiplier}, {sampling:?}")
@@ -172,26 +141,10 @@ impl Mechanism {
             Mechanism::Gaussian { noise_multiplier, releases, .. } => {
                 RdpCurve::from_fn(orders, |a| rdp::gaussian(noise_multiplier, a)).times(releases)
             }
-            Mechanism::Laplace { l1_sensitivity, scale, releases, .. } => {
-                RdpCurve::from_fn(orders, |a| rdp::laplace(scale / l1_sensitivity, a)).times(releases)
-            }
             Mechanism::SubsampledGaussian { sampling, noise_multiplier, steps, max_examples_per_unit } => {
                 let sigma = Self::unit_sigma(noise_multiplier, max_examples_per_unit);
-                match sampling {
-                    Sampling::Poisson { rate } => {
-                        RdpCurve::from_fn(orders, |a| rdp::poisson_subsampled_gaussian(rate, sigma, a)).times(steps)
-                    }
-                    // Substitution moves the sum by up to 2C: the multiplier halves.
-                    Sampling::WithoutReplacement { batch_size, population } => {
-                        let rate = batch_size as f64 / population as f64;
-                        RdpCurve::from_fn(orders, |a| rdp::sampled_without_replacement_gaussian(rate, sigma / 2.0, a))
-                            .times(steps)
-                    }
-                    Sampling::Shuffle { batches_per_epoch } => {
-                        RdpCurve::from_fn(orders, |a| rdp::gaussian(sigma / 2.0, a))
-                            .times(steps.div_ceil(batches_per_epoch))
-                    }
-                }
+                let Sampling::Poisson { rate } = sampling;
+                RdpCurve::from_fn(orders, |a| rdp::poisson_subsampled_gaussian(rate, sigma, a)).times(steps)
             }
             Mechanism::GnMax { sigma, queries, .. } => {
                 RdpCurve::from_fn(orders, |a| super::gnmax::rdp_data_independent(sigma, a)).times(queries)
@@ -209,10 +162,6 @@ impl Mechanism {
             Mechanism::GnMax { sigma, queries, .. } => {
                 pld.gaussian_mu_squared += queries as f64 * 2.0 / (sigma * sigma);
             }
-            Mechanism::Laplace { l1_sensitivity, scale, releases, .. } => {
-                let l = Laplace { b: scale / l1_sensitivity };
-                pld.push(Pld::from_directions(&l, &l, pld.interval)?.self_compose(releases))?;
-            }
             Mechanism::SubsampledGaussian { sampling, noise_multiplier, steps, max_examples_per_unit } => {
                 let sigma = Self::unit_sigma(noise_multiplier, max_examples_per_unit);
                 match sampling {
@@ -221,15 +170,6 @@ impl Mechanism {
                         let remove = SubsampledGaussian { q: rate, sigma, remove: true };
                         let add = SubsampledGaussian { remove: false, ..remove };
                         pld.push(Pld::from_directions(&remove, &add, pld.interval)?.self_compose(steps))?;
-                    }
-                    Sampling::Shuffle { batches_per_epoch } => {
-                        pld.gaussian_mu_squared += steps.div_ceil(batches_per_epoch) as f64 * 4.0 / (sigma * sigma);
-                    }
-                    Sampling::WithoutReplacement { .. } => {
-                        return Err(PrivacyError::Unsupported(
-                            "the PLD accountant has no analysis for sampling without replacement; use the RDP accountant"
-                                .into(),
-                        ));
                     }
                 }
             }

@@ -91,24 +91,6 @@ impl HockeyStick for SubsampledGaussian {
     }
 }
 
-/// The Laplace mechanism with scale `b` in units of its L1 sensitivity; symmetric, losses
-/// in [−1/b, 1/b]: δ(ε) = 1 − e^{(ε − 1/b)/2} for ε < 1/b.
-#[derive(Clone, Copy, Debug)]
-pub struct Laplace {
-    pub b: f64,
-}
-
-impl HockeyStick for Laplace {
-    fn delta(&self, eps: f64) -> f64 {
-        let e0 = 1.0 / self.b;
-        if eps >= e0 { 0.0 } else { (-((eps - e0) / 2.0).exp_m1()).clamp(0.0, 1.0) }
-    }
-
-    fn loss_range(&self) -> (f64, f64) {
-        (-1.0 / self.b, 1.0 / self.b)
-    }
-}
-
 /// A discrete privacy-loss distribution on the grid `interval·(lower + i)`, plus mass at +∞.
 #[derive(Clone, Debug)]
 pub struct Pmf {
@@ -415,12 +397,5 @@ mod tests {
         let eps = pld.self_compose(t).epsilon(1e-5);
         let exact = gaussian_epsilon((t as f64).sqrt() / sigma, 1e-5);
         assert!(eps >= exact - 1e-9 && eps - exact < 2e-3, "{eps} vs {exact}");
-    }
-
-    #[test]
-    fn laplace_is_pure_dp() {
-        let pld = Pld::from_directions(&Laplace { b: 2.0 }, &Laplace { b: 2.0 }, 1e-4).unwrap();
-        let eps = pld.epsilon(0.0);
-        assert!((eps - 0.5).abs() < 2e-4, "{eps}");
     }
 }

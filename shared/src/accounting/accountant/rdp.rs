@@ -191,63 +191,9 @@ fn log_a_fractional(q: f64, sigma: f64, alpha: f64) -> Option<f64> {
     None
 }
 
-/// RDP of one step of the sampled Gaussian with sampling *without replacement*
-/// (a fixed batch of `rate·n` out of a public `n`), under substitution (replace-one)
-/// adjacency. `sigma` is the noise multiplier relative to the substitution sensitivity.
-///
-/// Wang, Balle & Kasiviswanathan (2019), Theorem 9 with ε(∞) = ∞ for the Gaussian:
-/// `(α−1)ε(α) ≤ ln(1 + γ²C(α,2)·min{4(e^{ε(2)}−1), 2e^{ε(2)}} + Σ_{j≥3} 2γ^j C(α,j) e^{(j−1)ε(j)})`
-/// at integer orders, and the chord of the convex `(α−1)ε(α)` between the neighbouring
-/// integers at fractional orders (their Corollary 10). This general bound is slightly
-/// looser than the Gaussian-specific Theorem 27, never tighter.
-pub fn sampled_without_replacement_gaussian(rate: f64, sigma: f64, alpha: f64) -> f64 {
-    if sigma == 0.0 || alpha.is_infinite() {
-        return f64::INFINITY;
-    }
-    if rate == 0.0 {
-        return 0.0;
-    }
-    if rate == 1.0 {
-        return alpha / (2.0 * sigma * sigma);
-    }
-    let cgf = |a: u64| {
-        if a <= 1 { 0.0 } else { wor_log_moment(rate, sigma, a) }
-    };
-    if alpha.fract() == 0.0 {
-        return cgf(alpha as u64) / (alpha - 1.0);
-    }
-    let (lo, hi) = (alpha.floor(), alpha.ceil());
-    let t = alpha - lo;
-    ((1.0 - t) * cgf(lo as u64) + t * cgf(hi as u64)) / (alpha - 1.0)
-}
-
-fn wor_log_moment(rate: f64, sigma: f64, alpha: u64) -> f64 {
-    let base = |j: f64| j / (2.0 * sigma * sigma);
-    let a = alpha as f64;
-    let ln_rate = rate.ln();
-    let eps2 = base(2.0);
-    let second = 2.0 * ln_rate + log_binom(a, 2.0) + (4.0_f64.ln() + eps2.exp_m1().ln()).min(2.0_f64.ln() + eps2);
-    let mut log_sum = log_add(0.0, second);
-    for j in 3..=alpha {
-        let j = j as f64;
-        let term = 2.0_f64.ln() + j * ln_rate + log_binom(a, j) + (j - 1.0) * base(j);
-        log_sum = log_add(log_sum, term);
-    }
-    log_sum
-}
-
 /// RDP of the Gaussian mechanism with noise multiplier `sigma` (std / L2 sensitivity).
 pub fn gaussian(sigma: f64, alpha: f64) -> f64 {
     alpha / (2.0 * sigma * sigma)
-}
-
-/// RDP of the Laplace mechanism with scale `b` in units of the L1 sensitivity
-/// (Mironov 2017, Prop. 6): `1/(α−1)·ln(α/(2α−1)·e^{(α−1)/b} + (α−1)/(2α−1)·e^{−α/b})`,
-/// never more than its pure-DP bound `1/b`.
-pub fn laplace(b: f64, alpha: f64) -> f64 {
-    let lead = (alpha / (2.0 * alpha - 1.0)).ln() + (alpha - 1.0) / b;
-    let tail = ((alpha - 1.0) / (2.0 * alpha - 1.0)).ln() - alpha / b;
-    (log_add(lead, tail) / (alpha - 1.0)).clamp(0.0, 1.0 / b)
 }
 
 /// JSON has no infinity: unbounded orders are stored as `null`.
@@ -284,23 +230,5 @@ mod tests {
         for a in [1.5, 2.0, 32.0] {
             assert_eq!(poisson_subsampled_gaussian(1.0, 2.0, a), gaussian(2.0, a));
         }
-    }
-
-    #[test]
-    fn laplace_rdp_tends_to_pure_dp() {
-        let b = 2.0;
-        assert!((laplace(b, 1e6) - 0.5).abs() < 1e-4);
-        assert!(laplace(b, 2.0) < 0.5);
-    }
-
-    #[test]
-    fn wor_interpolation_is_between_neighbours() {
-        let (r, s) = (0.01, 1.0);
-        let (lo, mid, hi) = (
-            sampled_without_replacement_gaussian(r, s, 3.0),
-            sampled_without_replacement_gaussian(r, s, 3.5),
-            sampled_without_replacement_gaussian(r, s, 4.0),
-        );
-        assert!(lo <= mid && mid <= hi, "{lo} {mid} {hi}");
     }
 }
