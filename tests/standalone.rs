@@ -115,6 +115,31 @@ async fn a_job_over_budget_is_refused_before_it_starts() {
     assert!(walk(&dir.path().join("scratch/partitions")).is_empty());
 }
 
+/// A generator's parameters are checked when the job is submitted: a bad one is refused
+/// as an invalid argument, and no job starts (nothing is opened, read or charged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_generator_parameters_are_refused_at_submission() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = CoordinatorConfig::default();
+    config.env.scratch_url = dir.path().join("scratch").to_str().unwrap().to_string();
+    let cluster = Standalone::start(config, 0).await.unwrap();
+    let cases = [
+        (pate_spec(dir.path(), 20, 1), "PATE needs at least 2 teachers"),
+        (findiff_spec(dir.path(), 20, 1.0).replace("batch_size = 32", "batch_size = 32\nclip = -1.0"), "clip"),
+    ];
+    for (i, (text, expected)) in cases.into_iter().enumerate() {
+        let spec = JobSpec::parse(&text, "bad").unwrap();
+        let job_id = format!("bad-{i}");
+        let request = JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None };
+        let status = cluster.service.start_job(request).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(expected), "{status:?}");
+        assert!(cluster.service.job_status(&job_id).is_none(), "no job was started");
+    }
+    cluster.shutdown().await;
+    assert!(!dir.path().join("ledger").exists() && !dir.path().join("scratch").exists());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dp_sgd_budgets_are_enforced_before_training() {
     let dir = tempfile::tempdir().unwrap();
@@ -152,7 +177,10 @@ async fn dp_sgd_budgets_are_enforced_before_training() {
         .collect();
     let count = Mechanism::Gaussian {
         l2_sensitivity: 1.0,
-        noise_multiplier: spec.generator.findiff.count_noise_multiplier,
+        noise_multiplier: match &spec.generator {
+            dpsynth_shared::spec::GeneratorSpec::Findiff(p) => p.count_noise_multiplier,
+            other => panic!("a DP-FinDiff job, not {other:?}"),
+        },
         releases: 1,
         adjacency: Adjacency::AddRemove,
     };

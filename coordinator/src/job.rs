@@ -37,7 +37,7 @@ use dpsynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, SyntheticValue, output_schema,
     rows_to_batch,
 };
-use dpsynth_shared::spec::{GeneratorName, JobSpec};
+use dpsynth_shared::spec::{FinDiffParams, GeneratorSpec, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 use dpsynth_shared::wire::encode_task;
 
@@ -203,10 +203,10 @@ pub async fn run_job(
     // Before any partition exists, so a coordinator sharing the store never sweeps ours.
     env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Other(format!("scratch heartbeat: {e}")))?;
     let ctx = JobContext { request: &request, domain: &domain, scheduler, telemetry, progress: &progress };
-    let released = match spec.generator.name {
-        GeneratorName::Marginals => run_marginals(&ctx, &mut ledger, &scratch_store, &output_url).await,
-        GeneratorName::Findiff => run_findiff(&ctx, &mut ledger, &scratch_store, &output_url).await,
-        GeneratorName::Pate => run_pate(&ctx, &mut ledger, &scratch_store, &output_url).await,
+    let released = match &spec.generator {
+        GeneratorSpec::Marginals(_) => run_marginals(&ctx, &mut ledger, &scratch_store, &output_url).await,
+        GeneratorSpec::Findiff(params) => run_findiff(&ctx, params, &mut ledger, &scratch_store, &output_url).await,
+        GeneratorSpec::Pate(_) => run_pate(&ctx, &mut ledger, &scratch_store, &output_url).await,
     };
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.
@@ -221,7 +221,7 @@ pub async fn run_job(
             format: MANIFEST_FORMAT.to_string(),
             dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
             job_id: job_id.clone(),
-            generator: spec.generator.name.as_str().to_string(),
+            generator: spec.generator.name().as_str().to_string(),
             created_at: chrono::Utc::now(),
             rows: 0,
             columns: output_schema(spec)
@@ -480,13 +480,13 @@ async fn aggregate_marginals(
 /// once, under a resume lease.
 async fn run_findiff(
     ctx: &JobContext<'_>,
+    params: &FinDiffParams,
     ledger: &mut Ledger,
     scratch: &StoreLocation,
     output_url: &str,
 ) -> Result<Released, JobError> {
     let spec = ctx.spec();
     let job_id = &ctx.request.job_id;
-    let params = &spec.generator.findiff;
     let device = compute_device();
     let resumed = checkpoint::load(scratch, job_id).await?;
     let (run, mut optimizer, mut parameters, partitioned, output) = match resumed {
@@ -628,7 +628,7 @@ async fn run_findiff(
     let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
     model.load_parameters(&weights).map_err(|e| JobError::Other(e.to_string()))?;
     let rows = spec.output.rows.unwrap_or_else(|| run.noisy_units.round().max(1.0) as u64);
-    let output = write_findiff_parts(spec, output, model, &run.model.encoding, rows).await?;
+    let output = write_findiff_parts(spec, output, model, &run.model.encoding, rows, params.sampling_steps).await?;
     let public_inputs = vec![
         format!(
             "privacy units: {} (Gaussian release, noise multiplier {}; charged in ledger entry {})",
@@ -750,11 +750,11 @@ async fn write_findiff_parts(
     model: FinDiffModel,
     encoding: &TabularEncoding,
     rows: u64,
+    sampling_steps: u32,
 ) -> Result<OutputWriter, JobError> {
     const CHUNK: u64 = 2048;
     let model = Arc::new(model);
     let encoding = Arc::new(encoding.clone());
-    let sampling_steps = spec.generator.findiff.sampling_steps;
     write_parts(spec, output, rows, |n| {
         let (model, encoding) = (model.clone(), encoding.clone());
         async move {

@@ -142,6 +142,9 @@ impl CoordinatorService {
             }
         }
         request.spec.require_input().map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let domain = dpsynth_shared::data::domain::Domain::from_spec(&request.spec);
+        dpsynth_shared::generators::check(&request.spec, &domain)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         if request.spec.evaluation.is_some() && self.config.env.diagnostics_url.is_none() {
             return Err(Status::failed_precondition(
                 "the spec asks for an evaluation, but this coordinator has no diagnostics store (serve --diagnostics): \

@@ -283,16 +283,87 @@ impl GeneratorName {
     }
 }
 
+/// The generator and its parameters. In TOML, `[generator] name = "…"` and at most the
+/// named generator's own section (`[generator.pate]`): a section of another generator is
+/// refused, never silently ignored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "GeneratorSection", into = "GeneratorSection")]
+pub enum GeneratorSpec {
+    Marginals(MarginalsParams),
+    Findiff(FinDiffParams),
+    Pate(PateParams),
+}
+
+/// Bins of numeric columns that declare none, for every generator but marginals (whose
+/// `default_bins` sets it).
+const DEFAULT_BINS: u32 = 32;
+
+impl GeneratorSpec {
+    pub fn name(&self) -> GeneratorName {
+        match self {
+            GeneratorSpec::Marginals(_) => GeneratorName::Marginals,
+            GeneratorSpec::Findiff(_) => GeneratorName::Findiff,
+            GeneratorSpec::Pate(_) => GeneratorName::Pate,
+        }
+    }
+
+    /// Bins of numeric columns that declare none (the public domain's discretisation).
+    pub fn default_bins(&self) -> u32 {
+        match self {
+            GeneratorSpec::Marginals(p) => p.default_bins,
+            _ => DEFAULT_BINS,
+        }
+    }
+}
+
+/// `[generator]` as written.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GeneratorSpec {
-    pub name: GeneratorName,
-    #[serde(default)]
-    pub marginals: MarginalsParams,
-    #[serde(default)]
-    pub findiff: FinDiffParams,
-    #[serde(default)]
-    pub pate: PateParams,
+struct GeneratorSection {
+    name: GeneratorName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    marginals: Option<MarginalsParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    findiff: Option<FinDiffParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pate: Option<PateParams>,
+}
+
+impl TryFrom<GeneratorSection> for GeneratorSpec {
+    type Error = String;
+
+    fn try_from(s: GeneratorSection) -> Result<Self, String> {
+        let given = [
+            (GeneratorName::Marginals, s.marginals.is_some()),
+            (GeneratorName::Findiff, s.findiff.is_some()),
+            (GeneratorName::Pate, s.pate.is_some()),
+        ];
+        if let Some((other, _)) = given.iter().find(|(n, present)| *present && *n != s.name) {
+            return Err(format!(
+                "[generator.{}] belongs to another generator; this job's generator is \"{}\"",
+                other.as_str(),
+                s.name.as_str()
+            ));
+        }
+        Ok(match s.name {
+            GeneratorName::Marginals => GeneratorSpec::Marginals(s.marginals.unwrap_or_default()),
+            GeneratorName::Findiff => GeneratorSpec::Findiff(s.findiff.unwrap_or_default()),
+            GeneratorName::Pate => GeneratorSpec::Pate(s.pate.unwrap_or_default()),
+        })
+    }
+}
+
+impl From<GeneratorSpec> for GeneratorSection {
+    fn from(spec: GeneratorSpec) -> Self {
+        let name = spec.name();
+        let mut section = GeneratorSection { name, marginals: None, findiff: None, pate: None };
+        match spec {
+            GeneratorSpec::Marginals(p) => section.marginals = Some(p),
+            GeneratorSpec::Findiff(p) => section.findiff = Some(p),
+            GeneratorSpec::Pate(p) => section.pate = Some(p),
+        }
+        section
+    }
 }
 
 /// Parameters of the PATE-TabTransGAN generator (defaults: the paper's models; privacy
@@ -532,7 +603,7 @@ pub struct MarginalsParams {
 
 impl Default for MarginalsParams {
     fn default() -> Self {
-        Self { max_rows_per_unit: 1, pairs: None, default_bins: 32 }
+        Self { max_rows_per_unit: 1, pairs: None, default_bins: DEFAULT_BINS }
     }
 }
 
@@ -698,8 +769,9 @@ impl JobSpec {
                 }
             }
         }
-        let m = &self.generator.marginals;
-        if m.max_rows_per_unit == 0 || m.default_bins < 2 {
+        if let GeneratorSpec::Marginals(m) = &self.generator
+            && (m.max_rows_per_unit == 0 || m.default_bins < 2)
+        {
             return Err("[generator.marginals] needs max_rows_per_unit ≥ 1 and default_bins ≥ 2".into());
         }
         if self.output.rows_per_part == 0 {
@@ -717,6 +789,20 @@ mod tests {
 
     fn with_job_id(id: &str) -> Result<JobSpec, SpecError> {
         JobSpec::parse(&DEMO.replace("[job]\n", &format!("[job]\nid = {id:?}\n")), "demo")
+    }
+
+    /// A generator's parameters are its own: another generator's section is refused.
+    #[test]
+    fn a_section_of_another_generator_is_refused() {
+        let pate_in_marginals =
+            DEMO.replace("[generator.marginals]", "[generator.pate]\nsigma = 5.0\n\n[generator.marginals]");
+        let err = JobSpec::parse(&pate_in_marginals, "demo").unwrap_err().to_string();
+        assert!(err.contains("[generator.pate] belongs to another generator"), "{err}");
+        let spec = JobSpec::parse(DEMO, "demo").unwrap();
+        assert!(matches!(&spec.generator, super::GeneratorSpec::Marginals(p) if p.max_rows_per_unit == 8));
+        // It round-trips as written.
+        let text = toml::to_string(&spec).unwrap();
+        assert_eq!(JobSpec::parse(&text, "again").unwrap(), spec);
     }
 
     /// Found by `tests/fuzz.rs`: infinite bounds, an integer column holding no integer, and

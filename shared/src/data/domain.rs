@@ -147,7 +147,7 @@ fn real_binning(lo: f64, hi: f64, bins: &Option<Bins>, default_bins: u32) -> Bin
 
 impl Domain {
     pub fn from_spec(spec: &JobSpec) -> Domain {
-        let default_bins = spec.generator.marginals.default_bins;
+        let default_bins = spec.generator.default_bins();
         let columns = spec
             .schema
             .columns

@@ -32,7 +32,7 @@ use crate::data::{DataError, EncodedBatch};
 use crate::entropy::os_rng;
 use crate::output::SyntheticValue;
 use crate::sampling::{Reservoir, pick};
-use crate::spec::{ColumnKind, JobSpec};
+use crate::spec::{ColumnKind, GeneratorSpec, JobSpec};
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "marginals";
@@ -68,7 +68,9 @@ impl MarginalsPlan {
     pub fn new(spec: &JobSpec, domain: &Domain) -> Result<Self, PlanError> {
         require_columns(GENERATOR, domain)?;
         let n = domain.columns.len();
-        let params = &spec.generator.marginals;
+        let GeneratorSpec::Marginals(params) = &spec.generator else {
+            return Err(invalid("the job's generator is another"));
+        };
         let index = |name: &str| {
             domain.index_of(name).ok_or_else(|| invalid(format!("pair names '{name}', not a synthesised column")))
         };

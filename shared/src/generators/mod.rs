@@ -5,7 +5,9 @@ pub mod findiff;
 pub mod marginals;
 pub mod pate;
 
+use crate::accounting::accountant::AccountingOptions;
 use crate::data::domain::Domain;
+use crate::spec::{GeneratorSpec, JobSpec};
 
 /// Why a generator cannot run a spec. Decided from the spec alone, so it may be shown to
 /// the submitter.
@@ -19,6 +21,17 @@ pub struct PlanError {
 impl PlanError {
     pub fn new(generator: &'static str, message: impl Into<String>) -> Self {
         Self { generator, message: message.into() }
+    }
+}
+
+/// Plans the spec's generator from public information alone, so that bad parameters are
+/// refused when a job is submitted rather than when it runs. (A job plans again when it
+/// runs, with its ledger's accounting options.)
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
+    match &spec.generator {
+        GeneratorSpec::Marginals(_) => marginals::MarginalsPlan::new(spec, domain).map(drop),
+        GeneratorSpec::Findiff(_) => findiff::FinDiffPlan::new(spec, domain).map(drop),
+        GeneratorSpec::Pate(_) => pate::PatePlan::new(spec, domain, &AccountingOptions::default()).map(drop),
     }
 }
 

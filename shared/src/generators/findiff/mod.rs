@@ -159,7 +159,9 @@ pub struct FinDiffPlan {
 
 impl FinDiffPlan {
     pub fn new(spec: &crate::spec::JobSpec, domain: &Domain) -> Result<Self, PlanError> {
-        let params = spec.generator.findiff.clone();
+        let crate::spec::GeneratorSpec::Findiff(params) = spec.generator.clone() else {
+            return Err(invalid("the job's generator is another"));
+        };
         let positive = [
             ("epochs", params.epochs),
             ("batch_size", params.batch_size),

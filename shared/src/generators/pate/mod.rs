@@ -88,7 +88,9 @@ pub struct PatePlan {
 impl PatePlan {
     /// Validates the parameters and finds how many iterations the job's ε pays for.
     pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {
-        let params = spec.generator.pate.clone();
+        let crate::spec::GeneratorSpec::Pate(params) = spec.generator.clone() else {
+            return Err(invalid("the job's generator is another"));
+        };
         let teachers = spec.job.partitions;
         if teachers < 2 {
             return Err(invalid("PATE needs at least 2 teachers ([job] partitions)"));
