@@ -124,7 +124,7 @@ fn killing_a_worker_mid_pate_iteration_redoes_its_votes_without_charging_twice()
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let m = manifest(&dir.path().join("out-stormy-pate")).expect("manifest written");
     assert_eq!(m["generator"], "pate");
-    assert!(coordinator.wait_for("its teachers vote again", Duration::from_secs(10)), "no vote task was redone");
+    assert!(coordinator.wait_for("its partitions are redone", Duration::from_secs(10)), "no vote task was redone");
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (charges, epsilon) = rt.block_on(ledger_state(&dir.path().join("ledger"), "stormy-pate"));
@@ -221,7 +221,7 @@ fn killing_a_worker_mid_job_still_completes_with_the_same_charge() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(manifest(&dir.path().join("out-stormy")).is_some());
     assert!(coordinator.wait_for("worker lost", Duration::from_secs(10)), "the coordinator never noticed the kill");
-    if coordinator.wait_for("task requeued", Duration::from_secs(1)) {
+    if coordinator.wait_for("its partitions are redone", Duration::from_secs(1)) {
         eprintln!("the killed worker's running task was requeued and redone");
     }
 

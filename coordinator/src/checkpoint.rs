@@ -146,14 +146,25 @@ pub async fn delete(scratch: &StoreLocation, job_id: &str) -> Result<(), JobErro
 
 /// A checkpoint may be resumed only if the ledger holds exactly the charge it names, for
 /// this job and these mechanisms, and has not released it: resuming never spends budget,
-/// so it must not be able to skip a charge or produce a second release.
-pub fn verify_charged(ledger: &Ledger, job_id: &str, charge: &ChargeRequest, seq: u64) -> Result<(), JobError> {
+/// so it must not be able to skip a charge or produce a second release. Returns the
+/// receipt to release from, its mechanisms the ledger's (never the checkpoint file's).
+pub fn verify_charged(
+    ledger: &Ledger,
+    job_id: &str,
+    charge: &ChargeRequest,
+    saved: &ChargeReceipt,
+) -> Result<ChargeReceipt, JobError> {
+    let seq = saved.seq;
     let found = ledger.charges().into_iter().find(|(entry, _)| {
         entry.seq == seq
             && matches!(&entry.body, EntryBody::Charge { request, .. } if request.job_id == job_id && request == charge)
     });
     match found {
-        Some((_, ChargeStatus::Charged)) => Ok(()),
+        Some((_, ChargeStatus::Charged)) => ledger.resume(saved, charge).ok_or_else(|| {
+            JobError::Other(format!(
+                "job {job_id}: the ledger's charge {seq} changed while resuming; refusing to resume"
+            ))
+        }),
         Some((_, ChargeStatus::Released)) => Err(JobError::Other(format!(
             "job {job_id} has a checkpoint of charge {seq}, which the ledger has already released; refusing to resume"
         ))),
@@ -181,7 +192,7 @@ pub async fn take_resume_lease(scratch: &StoreLocation, job_id: &str, seq: u64, 
 
 #[cfg(test)]
 mod tests {
-    use dpsynth_privacy::ledger::{Budget, ChargeRequest, Ledger};
+    use dpsynth_privacy::ledger::{Budget, ChargeReceipt, ChargeRequest, Ledger};
     use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions};
     use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
     use dpsynth_shared::storage;
@@ -206,9 +217,14 @@ mod tests {
             Ledger::init(&store, "d", budget, Adjacency::AddRemove, AccountingOptions::default()).await.unwrap();
         let charge = request("j");
         let receipt = ledger.charge(&charge).await.unwrap();
-        verify_charged(&ledger, "j", &charge, receipt.seq).unwrap();
+        // A receipt read back from a checkpoint file carries no mechanisms (a file cannot
+        // pay for releases); the resumed receipt gets the ledger entry's.
+        let from_file: ChargeReceipt = serde_json::from_str(&serde_json::to_string(&receipt).unwrap()).unwrap();
+        assert!(from_file.mechanisms().is_empty());
+        let resumed = verify_charged(&ledger, "j", &charge, &from_file).unwrap();
+        assert_eq!(resumed.mechanisms(), charge.mechanisms.as_slice());
         // Another job's or another run's charge does not vouch for this checkpoint.
-        assert!(verify_charged(&ledger, "k", &request("k"), receipt.seq).is_err());
+        assert!(verify_charged(&ledger, "k", &request("k"), &receipt).is_err());
 
         let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
         take_resume_lease(&scratch, "j", receipt.seq, 40).await.unwrap();
@@ -218,7 +234,7 @@ mod tests {
         take_resume_lease(&scratch, "j", receipt.seq, 80).await.unwrap();
 
         ledger.record_release(receipt.seq, "out").await.unwrap();
-        let released = verify_charged(&ledger, "j", &charge, receipt.seq).unwrap_err();
+        let released = verify_charged(&ledger, "j", &charge, &receipt).unwrap_err();
         assert!(released.to_string().contains("already released"), "{released}");
     }
 }

@@ -6,6 +6,7 @@
 //! Nothing about an incomplete round is released.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::Arc;
 
 use dpsynth_privacy::release::Private;
@@ -102,8 +103,11 @@ impl<'a> Gather<'a> {
                     let answer = Answer { group, values: &values, claimed_units: result.units, worker: &result.worker };
                     check(answer).map_err(bad)?;
                     self.telemetry.task_done(result.seconds);
-                    answers.insert(group, values);
-                    on_result(answers.len(), total);
+                    // A task answers once (the scheduler refuses a second answer too).
+                    if let Entry::Vacant(slot) = answers.entry(group) {
+                        slot.insert(values);
+                        on_result(answers.len(), total);
+                    }
                 }
                 Some(TaskEvent::Requeued { task_id, worker }) => {
                     tracing::warn!(task = task_id, worker, "worker lost mid-round; its partitions are redone");

@@ -490,8 +490,8 @@ async fn run_findiff(
     let device = compute_device();
     let resumed = checkpoint::load(scratch, job_id).await?;
     let (run, mut optimizer, mut parameters, partitioned, output) = match resumed {
-        Some(saved) => {
-            checkpoint::verify_charged(ledger, job_id, &saved.run.charge, saved.run.receipt.seq)?;
+        Some(mut saved) => {
+            saved.run.receipt = checkpoint::verify_charged(ledger, job_id, &saved.run.charge, &saved.run.receipt)?;
             if saved.run.model.domain != *ctx.domain {
                 return Err(JobError::Other(format!(
                     "job {job_id} has a checkpoint for another schema; resubmit it unchanged or under a new job id"

@@ -79,7 +79,7 @@ pub async fn train(
                 .check(|units| dpsgd::validate(a.values, a.claimed_units.min(units[a.group]), a.values.len(), run.clip))
         };
         let gradient = gather.round(round_tasks, check, |_, _| {}).await?;
-        let mut gradient = releases.dp_sgd_step(gradient, run.clip, run.noise_multiplier)?;
+        let mut gradient = releases.dp_sgd_step(gradient, run.clip, run.noise_multiplier, run.rate)?;
         gradient.iter_mut().for_each(|g| *g /= run.expected_batch);
         optimizer.step(parameters, &gradient);
         checkpointer.after_round(optimizer, parameters).await?;

@@ -164,6 +164,9 @@ impl Admission {
 pub struct ChargeReceipt {
     pub seq: u64,
     pub admission: Admission,
+    /// Never read from a file (a checkpoint keeps receipts): [`Ledger::resume`] takes them
+    /// from the ledger's own entry.
+    #[serde(skip)]
     mechanisms: Vec<Mechanism>,
 }
 
@@ -630,6 +633,20 @@ impl Ledger {
             tracing::debug!(seq, "ledger write lost a race; reloading");
         }
         Err(LedgerError::Contention(MAX_ATTEMPTS))
+    }
+
+    /// The receipt of a charge that a run resumes from its checkpoint: `saved` as the
+    /// checkpoint kept it, with the mechanisms of the ledger's own entry (they alone decide
+    /// what may be released). `None` unless entry `saved.seq` is an unreleased charge of
+    /// exactly `request`.
+    pub fn resume(&self, saved: &ChargeReceipt, request: &ChargeRequest) -> Option<ChargeReceipt> {
+        let (entry, status) = self.charges().into_iter().find(|(entry, _)| entry.seq == saved.seq)?;
+        match &entry.body {
+            EntryBody::Charge { request: charged, .. } if charged == request && status == ChargeStatus::Charged => {
+                Some(ChargeReceipt { mechanisms: charged.mechanisms.clone(), ..saved.clone() })
+            }
+            _ => None,
+        }
     }
 
     /// Claims the one release of charge `charge_seq`'s output, to `location`: call before

@@ -22,7 +22,7 @@
 //! steps, noisy counts are rounded at once, and PATE publishes only comparisons and
 //! normalised shares.
 
-use dpsynth_shared::accounting::mechanism::Mechanism;
+use dpsynth_shared::accounting::mechanism::{Mechanism, Sampling};
 use dpsynth_shared::entropy::os_rng;
 use rand::rngs::ChaCha20Rng;
 use rand::{CryptoRng, RngExt, SeedableRng};
@@ -71,7 +71,22 @@ pub struct Unpaid {
 enum Paid {
     Gaussian { l2_sensitivity: f64, noise_multiplier: f64, left: u64 },
     GnMax { sigma: f64, classes: u32, left: u64 },
-    DpSgd { noise_multiplier: f64, examples_per_unit: u32, left: u64 },
+    DpSgd { noise_multiplier: f64, rate: f64, left: u64 },
+}
+
+impl Paid {
+    fn left(&mut self) -> &mut u64 {
+        match self {
+            Paid::Gaussian { left, .. } | Paid::GnMax { left, .. } | Paid::DpSgd { left, .. } => left,
+        }
+    }
+
+    /// The same mechanism, whatever is left of it.
+    fn same(&self, other: &Paid) -> bool {
+        let (mut a, mut b) = (self.clone(), other.clone());
+        (*a.left(), *b.left()) = (0, 0);
+        a == b
+    }
 }
 
 /// The releases one charge pays for, with the noise to draw them.
@@ -83,30 +98,31 @@ pub struct Releases {
 impl Releases {
     /// Everything `receipt`'s charge paid for.
     pub fn paid_by(receipt: &ChargeReceipt) -> Result<Self, dpsynth_shared::accounting::PrivacyError> {
-        let paid = receipt
-            .mechanisms()
-            .iter()
-            .map(|m| match *m {
+        // Identical mechanisms pool their releases: which entry pays for a draw is immaterial.
+        let mut paid: Vec<Paid> = Vec::new();
+        for m in receipt.mechanisms() {
+            let mut entry = match *m {
                 Mechanism::Gaussian { l2_sensitivity, noise_multiplier, releases, .. } => {
                     Paid::Gaussian { l2_sensitivity, noise_multiplier, left: releases }
                 }
                 Mechanism::GnMax { sigma, classes, queries } => Paid::GnMax { sigma, classes, left: queries },
-                Mechanism::SubsampledGaussian { noise_multiplier, steps, max_examples_per_unit, .. } => {
-                    Paid::DpSgd { noise_multiplier, examples_per_unit: max_examples_per_unit, left: steps }
-                }
-            })
-            .collect();
+                Mechanism::SubsampledGaussian {
+                    sampling: Sampling::Poisson { rate }, noise_multiplier, steps, ..
+                } => Paid::DpSgd { noise_multiplier, rate, left: steps },
+            };
+            match paid.iter_mut().find(|p| p.same(&entry)) {
+                Some(p) => *p.left() += *entry.left(),
+                None => paid.push(entry),
+            }
+        }
         Ok(Self { paid, noise: Noise::from_os()? })
     }
 
     /// Uses up `n` releases of the paid mechanism `matches` selects; returns it.
     fn spend(&mut self, n: u64, what: impl Fn() -> String, matches: impl Fn(&Paid) -> bool) -> Result<Paid, Unpaid> {
-        let left = |p: &Paid| match *p {
-            Paid::Gaussian { left, .. } | Paid::GnMax { left, .. } | Paid::DpSgd { left, .. } => left,
-        };
-        let paid = self.paid.iter_mut().find(|p| matches(p) && left(p) >= n).ok_or_else(|| Unpaid { what: what() })?;
-        let (Paid::Gaussian { left, .. } | Paid::GnMax { left, .. } | Paid::DpSgd { left, .. }) = paid;
-        *left -= n;
+        let paid = self.paid.iter_mut().find(|p| matches(p)).ok_or_else(|| Unpaid { what: what() })?;
+        let left = paid.left();
+        *left = left.checked_sub(n).ok_or_else(|| Unpaid { what: what() })?;
         Ok(paid.clone())
     }
 
@@ -166,20 +182,21 @@ impl Releases {
         Ok(values)
     }
 
-    /// One DP-SGD step: the sum of clipped per-unit gradients (norm ≤ `clip` each) with
-    /// N(0, (σ·m·C)²) on every coordinate, m the examples a unit may contribute.
+    /// One DP-SGD step at Poisson rate `rate`: the sum of clipped per-example gradients
+    /// (norm ≤ `clip` each) with N(0, (σC)²) on every coordinate, as the charged mechanism
+    /// states (a unit of m examples is accounted at σ/m).
     pub fn dp_sgd_step(
         &mut self,
         sum: Private<Vec<f64>>,
         clip: f64,
         noise_multiplier: f64,
+        rate: f64,
     ) -> Result<Vec<f64>, Unpaid> {
-        let what = || format!("a DP-SGD step with σ = {noise_multiplier}");
-        let paid =
-            self.spend(1, what, |p| matches!(*p, Paid::DpSgd { noise_multiplier: s, .. } if s == noise_multiplier))?;
-        let Paid::DpSgd { examples_per_unit, .. } = paid else { unreachable!("matched above") };
+        let what = || format!("a DP-SGD step with σ = {noise_multiplier} at rate {rate}");
+        let charged = |p: &Paid| matches!(*p, Paid::DpSgd { noise_multiplier: s, rate: q, .. } if s == noise_multiplier && q == rate);
+        self.spend(1, what, charged)?;
         let mut values = sum.0;
-        self.noise.add_gaussian(&mut values, noise_multiplier * f64::from(examples_per_unit) * clip);
+        self.noise.add_gaussian(&mut values, noise_multiplier * clip);
         Ok(values)
     }
 
@@ -281,8 +298,8 @@ mod tests {
     fn long_vectors_use_independent_streams_with_the_right_law() {
         // Above the parallel threshold: several threads, one ChaCha20 stream each.
         let n = 3 << 20;
-        let paid = vec![Paid::DpSgd { noise_multiplier: 0.5, examples_per_unit: 2, left: 1 }];
-        let mut x = seeded(paid, 3).dp_sgd_step(Private::new(vec![0.0; n]), 1.0, 0.5).unwrap();
+        let paid = vec![Paid::DpSgd { noise_multiplier: 0.5, rate: 0.1, left: 1 }];
+        let mut x = seeded(paid, 3).dp_sgd_step(Private::new(vec![0.0; n]), 2.0, 0.5, 0.1).unwrap();
         // Chunks must not repeat each other (a shared or reused stream would).
         let chunk = 1 << 18;
         assert_ne!(x[..16], x[chunk..chunk + 16]);
@@ -312,7 +329,8 @@ mod tests {
         assert!(releases.gaussian(Private::new(vec![1.0]), 2.0, 20.0).is_err());
         assert!(releases.gnmax(Private::new(vec![1.0, 2.0]), 2, 1.0).is_err());
         assert!(releases.gnmax(Private::new(vec![1.0, 2.0, 3.0]), 2, 10.0).is_err(), "not whole histograms");
-        assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 0.9).is_err());
+        assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 0.9, 0.1).is_err());
+        assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1, 0.2).is_err(), "another rate");
         // What was charged is drawn, then no more.
         releases.gaussian(Private::new(vec![1.0; 4]), 1.0, 20.0).unwrap();
         releases.gaussian_each(Private::new(vec![1.0; 2]), 1.0, 20.0).unwrap();
@@ -320,8 +338,24 @@ mod tests {
         releases.gnmax(Private::new(vec![1.0; 4]), 2, 10.0).unwrap();
         assert!(releases.gnmax(Private::new(vec![1.0; 2]), 2, 10.0).is_err());
         releases.resume_after(4).unwrap();
-        releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1).unwrap();
-        assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1).is_err());
+        releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1, 0.1).unwrap();
+        assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1, 0.1).is_err());
+    }
+
+    /// PATE with a binary target charges two GNMax entries with the same σ and classes
+    /// (labels and realness answers): they pool, so any split of the draws is paid for.
+    #[test]
+    fn identical_charges_pool_their_releases() {
+        let receipt = ChargeReceipt::for_test(vec![
+            Mechanism::GnMax { sigma: 10.0, classes: 2, queries: 167 },
+            Mechanism::GnMax { sigma: 10.0, classes: 2, queries: 500 },
+        ]);
+        let mut releases = Releases::paid_by(&receipt).unwrap();
+        for _ in 0..5 {
+            releases.gnmax(Private::new(vec![1.0; 200]), 2, 10.0).unwrap();
+        }
+        releases.gnmax(Private::new(vec![1.0; 334]), 2, 10.0).unwrap();
+        assert!(releases.gnmax(Private::new(vec![1.0; 2]), 2, 10.0).is_err());
     }
 
     #[test]
