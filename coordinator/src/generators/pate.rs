@@ -1,7 +1,7 @@
-//! The coordinator's side of PATE: per iteration, generate the teachers' fake rows and
-//! the queries, collect every task's vote counts, check them, release them with the
-//! charged noise (GNMax), read the labels off the noisy counts for the student, then train the student and the
-//! generator on the recent answers. After the last iteration, the label queries: the
+//! PATE-TabTransGAN on the coordinator: per iteration, generate the teachers' fake rows
+//! and the queries, collect every task's vote counts, check them, release them with the
+//! charged noise (GNMax), read the labels off the noisy counts for the student, then train
+//! the student and the generator on the recent answers. After the last iteration, the label queries: the
 //! teachers' target classifiers vote on rows drawn as the output is, and a label model is
 //! fit to the noisy histograms.
 //!
@@ -10,21 +10,28 @@
 //! lost mid-iteration only delays it: its task is requeued, and the noise is drawn once
 //! all counts are in, so nothing is answered twice.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use dpsynth_privacy::ledger::Ledger;
 use dpsynth_privacy::release::{Private, Releases};
-use dpsynth_shared::entropy::os_seed;
+use dpsynth_shared::dpsgd::compute_device;
+use dpsynth_shared::entropy::{os_rng, os_seed};
 use dpsynth_shared::generators::pate::gan::PateGan;
 use dpsynth_shared::generators::pate::teacher::TargetModel;
 use dpsynth_shared::generators::pate::{
-    self, PatePlan, Question, VoteTask, label_shares, largest_votes, realness_answers, realness_votes, validate_votes,
+    self, PatePlan, Question, Threshold, VoteTask, label_shares, largest_votes, realness_answers, realness_votes,
+    validate_votes,
 };
+use dpsynth_shared::output::{OutputWriter, SyntheticValue};
 use dpsynth_shared::spec::PateRelease;
+use dpsynth_shared::storage::{self, StoreLocation};
 use dpsynth_shared::wire::encode_task;
 
 use crate::gather::{Answer, Gather, Round};
-use crate::job::{JobError, ProgressHandle};
+use crate::job::{
+    JobContext, JobError, ProgressHandle, Released, claim_release, release_count, set_stage, write_parts,
+};
 use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
 
@@ -215,4 +222,102 @@ impl VoteRounds<'_> {
 /// Runs model work off the async threads.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, JobError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| JobError::Other(e.to_string()))
+}
+
+/// PATE-TabTransGAN: the plan fixes σ and how many iterations of queries the job's ε pays
+/// for (data-independent GNMax cost); all of it, and the unit count when the output is
+/// sized by it, is charged before the first vote is aggregated. Teachers vote on the
+/// workers; the noisy labels train the student and generator here; the generator is
+/// sampled into the output.
+pub async fn run(
+    ctx: &JobContext<'_>,
+    ledger: &mut Ledger,
+    scratch: &StoreLocation,
+    output_url: &str,
+) -> Result<Released, JobError> {
+    let spec = ctx.spec();
+    let job_id = &ctx.request.job_id;
+    let plan = PatePlan::new(spec, ctx.domain, ledger.options())?;
+    let charge = ctx.charge_request(plan.mechanisms());
+    ctx.admit(ledger, &charge).await?;
+    tracing::info!(
+        teachers = plan.teachers,
+        sigma = plan.sigma,
+        iterations = plan.iterations,
+        queries = plan.queries(),
+        "PATE plan: the job's ε pays for this many answered queries"
+    );
+    let output = OutputWriter::create(storage::open(output_url)?).await?;
+    let partitioned = ctx.partition(scratch).await?;
+    let receipt = ctx.charge(ledger, &charge).await?;
+    let mut releases = Releases::paid_by(&receipt)?;
+    let mut public_inputs = Vec::new();
+    let rows = match spec.output.rows {
+        Some(rows) => rows,
+        None => {
+            let noise = plan.params.count_noise_multiplier;
+            // Rounded at once: the noisy double's low bits are never used.
+            let noisy_units = release_count(&mut releases, &partitioned, noise)?;
+            public_inputs
+                .push(format!("privacy units: {noisy_units} (Gaussian release, noise multiplier {noise}; charged)"));
+            noisy_units as u64
+        }
+    };
+
+    set_stage(ctx.progress, "teachers voting (PATE)");
+    // The label queries are one more round of tasks.
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total =
+        plan.iterations + u32::from(plan.label_queries > 0);
+    let device = compute_device().autodiff();
+    let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), device, os_seed()?);
+    let run = VoteRun { job_id, partitions: &partitioned.urls, plan: &plan, epsilon: receipt.admission.cost.epsilon };
+    let (gan, labels, summary) = train(&run, &mut releases, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
+    tracing::info!(
+        asked = plan.queries(),
+        released = summary.released,
+        real_share = summary.real_share,
+        "PATE training done"
+    );
+
+    set_stage(ctx.progress, "sampling");
+    claim_release(ledger, &receipt, &output).await?;
+    let gan = Arc::new(Mutex::new(gan));
+    let labels = Arc::new(labels);
+    let encoding = Arc::new(plan.encoding.clone());
+    let output = write_parts(spec, output, rows, |n| {
+        let (gan, labels, encoding) = (gan.clone(), labels.clone(), encoding.clone());
+        async move {
+            tokio::task::spawn_blocking(move || -> Result<Vec<Vec<SyntheticValue>>, JobError> {
+                let mut x = gan.lock().unwrap_or_else(|e| e.into_inner()).sample_output(n as usize);
+                if let Some(labels) = labels.as_ref() {
+                    // Post-processing: the label model draws each row's target.
+                    labels.relabel(&encoding, &mut x, &mut os_rng()?);
+                }
+                Ok(x.chunks(encoding.width).map(|row| encoding.decode_row(row)).collect())
+            })
+            .await
+            .map_err(|e| JobError::Other(e.to_string()))?
+        }
+    })
+    .await?;
+    let threshold = match plan.threshold {
+        Some(Threshold { count: t, sigma: s }) => {
+            format!(
+                "; confident GNMax (threshold {t} teachers, σ₁ = {s}): each query charged as answered, {} cleared the threshold and were released",
+                summary.released
+            )
+        }
+        None => String::new(),
+    };
+    public_inputs.push(format!(
+        "PATE: {} teachers, GNMax σ = {} on the vote counts, {} answered queries ({} iterations × {} real-or-generated, {} target labels){threshold}",
+        plan.teachers,
+        plan.sigma,
+        plan.queries(),
+        plan.iterations,
+        plan.params.queries_per_iteration,
+        plan.label_queries
+    ));
+    let cost = receipt.admission.cost.clone();
+    Ok(Released { output, receipt, cost, mechanisms: charge.mechanisms, public_inputs })
 }

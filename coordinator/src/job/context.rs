@@ -1,0 +1,287 @@
+//! What every generator's run shares with its job: the request and environment, the
+//! errors (and what a submitter may see of them), progress, and the context a generator
+//! runs in (admission, charge, partitioning, claiming the release, writing parts).
+
+use std::sync::{Arc, Mutex};
+
+use dpsynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, LedgerError};
+use dpsynth_privacy::release::{Private, Releases, Unpaid};
+use dpsynth_shared::accounting::accountant::PrivacyCost;
+use dpsynth_shared::accounting::mechanism::Mechanism;
+use dpsynth_shared::data::DataError;
+use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::data::input::InputReader;
+use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
+use dpsynth_shared::output::{OutputWriter, SyntheticValue, rows_to_batch};
+use dpsynth_shared::spec::JobSpec;
+use dpsynth_shared::storage::StoreLocation;
+
+use crate::scheduler::Scheduler;
+use crate::scratch;
+use crate::telemetry::Telemetry;
+
+/// Why a job did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Output(#[from] dpsynth_shared::output::OutputError),
+    #[error(transparent)]
+    Storage(#[from] dpsynth_shared::storage::StorageError),
+    #[error(transparent)]
+    Plan(#[from] dpsynth_shared::generators::PlanError),
+    #[error(transparent)]
+    Privacy(#[from] dpsynth_shared::accounting::PrivacyError),
+    #[error(transparent)]
+    Unpaid(#[from] Unpaid),
+    #[error("worker {worker}: task {task_id} failed: {error}")]
+    Task { worker: String, task_id: u64, error: String },
+    #[error("worker {worker} returned an invalid aggregate for task {task_id}: {reason}")]
+    BadResult { worker: String, task_id: u64, reason: String },
+    /// Decided on the released (charged) unit count, so it may carry figures derived from it.
+    #[error(
+        "the job's noise_multiplier gives ε = {cost:.6} at δ = {delta:e}, above the job's ε = {epsilon}; \
+         only the unit count release (ledger entry {count_entry}) was charged"
+    )]
+    OverJobEpsilon { cost: f64, delta: f64, epsilon: f64, count_entry: u64 },
+    /// DP-FinDiff's cost depends on q, known only after the (charged) unit count: before
+    /// reading a row, its declared ε must fit what is left of the dataset's budget.
+    #[error(
+        "the job's ε = {epsilon} exceeds what remains of the dataset's budget (ε = {remaining:.6} of {budget}); \
+         nothing was read or charged"
+    )]
+    OverRemainingBudget { epsilon: f64, remaining: f64, budget: f64 },
+    #[error(transparent)]
+    Spec(#[from] dpsynth_shared::spec::SpecError),
+    /// A release must never share a prefix with private or operator-only state.
+    #[error("the output location {output} overlaps the coordinator's {store} store; choose another output prefix")]
+    OutputOverlaps { output: String, store: &'static str },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// What a submitter is told when the input does not match the schema the spec declares.
+pub const INPUT_MISMATCH: &str = "input does not match the declared schema";
+
+impl JobError {
+    /// The ledger refused the job (budget); not a malfunction.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            JobError::Ledger(LedgerError::BudgetExceeded { .. })
+                | JobError::OverJobEpsilon { .. }
+                | JobError::OverRemainingBudget { .. }
+        )
+    }
+
+    /// What the submitter may see. Ledger, spec, plan and calibration errors depend only on
+    /// public inputs (the spec, the ledger, released and charged statistics); any other
+    /// failure can follow a private read and might describe it (a row, a column, a worker's
+    /// aggregate), so the submitter gets a fixed sentence and the operator's log the detail.
+    pub fn submitter_message(&self) -> String {
+        match self {
+            JobError::Ledger(_)
+            | JobError::OverJobEpsilon { .. }
+            | JobError::OverRemainingBudget { .. }
+            | JobError::Spec(_)
+            | JobError::Plan(_)
+            | JobError::Privacy(_)
+            | JobError::Unpaid(_)
+            | JobError::OutputOverlaps { .. }
+            | JobError::Storage(_) => self.to_string(),
+            JobError::Data(_) => format!("{INPUT_MISMATCH} (details are in the coordinator's operator log)"),
+            JobError::Output(_) | JobError::Task { .. } | JobError::BadResult { .. } | JobError::Other(_) => {
+                "the job failed while processing private data; the reason is in the coordinator's operator log".into()
+            }
+        }
+    }
+}
+
+/// A job as submitted.
+#[derive(Clone, Debug)]
+pub struct JobRequest {
+    pub job_id: String,
+    pub spec: JobSpec,
+    /// Overrides the spec's output URL.
+    pub output_url: Option<String>,
+    /// Overrides the spec's ledger store.
+    pub ledger_url: Option<String>,
+}
+
+impl JobRequest {
+    /// The output prefix: the override or the spec's, where `{job_id}` gives every
+    /// (scheduled) run its own prefix.
+    pub fn resolved_output_url(&self) -> String {
+        self.output_url.clone().unwrap_or_else(|| self.spec.output.url.clone()).replace("{job_id}", &self.job_id)
+    }
+}
+
+/// Where a job stands, for status calls and progress bars. Counts of rows or units are
+/// private and never appear here.
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    pub stage: String,
+    pub tasks_total: u32,
+    pub tasks_done: u32,
+    pub epsilon_spent: f64,
+}
+
+/// Shared per-job progress, updated by the runner.
+pub type ProgressHandle = Arc<Mutex<Progress>>;
+
+pub fn set_stage(progress: &ProgressHandle, stage: &str) {
+    tracing::info!(stage, "job progress");
+    progress.lock().unwrap_or_else(|e| e.into_inner()).stage = stage.to_string();
+}
+
+/// Settings of the coordinator that jobs need.
+#[derive(Clone, Debug)]
+pub struct JobEnv {
+    pub scratch_url: String,
+    pub default_ledger_url: String,
+    /// The operator's store for evaluation reports (diagnostics computed on private data,
+    /// for the data owner only); `None`: this coordinator refuses jobs that ask for one.
+    pub diagnostics_url: Option<String>,
+    /// This coordinator's liveness in the scratch store, shared by its jobs.
+    pub heartbeat: scratch::Heartbeat,
+}
+
+/// A job's partitions in the scratch store. Their unit counts are private: a release
+/// alone makes one public, and they bound what a worker may return for a partition.
+pub struct Partitions {
+    pub urls: Vec<String>,
+    pub units: Private<u64>,
+    pub units_per_partition: Private<Vec<u64>>,
+}
+
+/// What every generator needs from its job.
+pub struct JobContext<'a> {
+    pub request: &'a JobRequest,
+    pub domain: &'a Domain,
+    pub scheduler: &'a Scheduler,
+    pub telemetry: &'a Telemetry,
+    pub progress: &'a ProgressHandle,
+}
+
+/// A generator's released output, with what was charged for it.
+pub struct Released {
+    pub output: OutputWriter,
+    /// The charge whose release this output is.
+    pub receipt: ChargeReceipt,
+    /// The job's whole cost (all its ledger entries), as its accountant states it.
+    pub cost: PrivacyCost,
+    pub mechanisms: Vec<Mechanism>,
+    /// Released statistics the output depends on, for the manifest.
+    pub public_inputs: Vec<String>,
+}
+
+impl JobContext<'_> {
+    pub fn spec(&self) -> &JobSpec {
+        &self.request.spec
+    }
+
+    /// Checks the charge with the ledger, updating the dataset gauges.
+    pub async fn admit(&self, ledger: &mut Ledger, charge: &ChargeRequest) -> Result<Admission, JobError> {
+        let admission = ledger.check(charge).await;
+        if let Ok(spent) = ledger.spent() {
+            self.telemetry.dataset(&self.spec().job.dataset_id, spent.epsilon, ledger.budget().epsilon);
+        }
+        let admission = admission?;
+        tracing::info!(
+            epsilon = admission.cost.epsilon,
+            remaining_after = admission.remaining_epsilon(),
+            "ledger admits the job's planned cost"
+        );
+        Ok(admission)
+    }
+
+    /// Charges the ledger: after this, and only after this, may derived output leave.
+    pub async fn charge(&self, ledger: &mut Ledger, charge: &ChargeRequest) -> Result<ChargeReceipt, JobError> {
+        set_stage(self.progress, "charging the ledger");
+        let receipt = ledger.charge(charge).await?;
+        self.telemetry.dataset(
+            &self.spec().job.dataset_id,
+            receipt.admission.after.epsilon,
+            receipt.admission.budget.epsilon,
+        );
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = receipt.admission.cost.epsilon;
+        Ok(receipt)
+    }
+
+    /// Splits the private input by privacy unit into the scratch store.
+    pub async fn partition(&self, scratch: &StoreLocation) -> Result<Partitions, JobError> {
+        set_stage(self.progress, "partitioning");
+        let spec = self.spec();
+        let key = PartitionKey::generate()?;
+        // Under this process's prefix: a resumed job (a new process) never reuses a URL
+        // whose contents a worker may still hold from before.
+        let prefix = scratch::partition_prefix(&self.request.job_id);
+        let mut writer = PartitionWriter::new(scratch, &prefix, self.domain, spec.job.partitions, key)?;
+        let mut input = InputReader::new(spec, self.domain);
+        while let Some(batch) = input.next_batch().await? {
+            writer.write(batch).await?;
+        }
+        if let Some(skipped) = input.skipped().filter(|s| s.rows > 0) {
+            // Row-level and private: the operator's log only.
+            let by_column: Vec<String> =
+                skipped.by_column.iter().map(|((column, reason), n)| format!("{column}: {reason} ×{n}")).collect();
+            tracing::warn!(rows = skipped.rows, ?by_column, "rows left out: they break the job's schema");
+        }
+        let Partitioned { urls, units, units_per_partition } = writer.finish().await?;
+        Ok(Partitions { urls, units: Private::new(units), units_per_partition: Private::new(units_per_partition) })
+    }
+
+    pub fn charge_request(&self, mechanisms: Vec<Mechanism>) -> ChargeRequest {
+        let spec = self.spec();
+        ChargeRequest {
+            job_id: self.request.job_id.clone(),
+            mechanisms,
+            accountant: spec.privacy.accountant,
+            delta: spec.privacy.delta,
+        }
+    }
+}
+
+/// The unit count (sensitivity 1), released with N(0, σ²) and rounded at once: the noisy double's low bits are never used.
+pub fn release_count(releases: &mut Releases, partitions: &Partitions, sigma: f64) -> Result<f64, JobError> {
+    let units = partitions.units.map(|&n| vec![n as f64]);
+    let noisy = releases.gaussian_each(units, 1.0, sigma)?;
+    Ok(noisy[0].round().max(1.0))
+}
+
+/// Claims the one release of `receipt`'s charge in the ledger: after this, and only after
+/// this, may parts be written. A charge already released (by another coordinator, or a
+/// resumed copy of this job) is refused here.
+pub async fn claim_release(
+    ledger: &mut Ledger,
+    receipt: &ChargeReceipt,
+    output: &OutputWriter,
+) -> Result<(), JobError> {
+    ledger.record_release(receipt.seq, output.url()).await?;
+    Ok(())
+}
+
+/// Writes `rows` rows part by part (memory bounded by `rows_per_part`); `part(n)` draws
+/// the next `n` synthetic rows.
+pub async fn write_parts<F, Fut>(
+    spec: &JobSpec,
+    mut output: OutputWriter,
+    rows: u64,
+    mut part: F,
+) -> Result<OutputWriter, JobError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Vec<SyntheticValue>>, JobError>>,
+{
+    let mut written = 0;
+    while written < rows {
+        let n = (rows - written).min(spec.output.rows_per_part);
+        output.write_part(&rows_to_batch(spec, &part(n).await?, written)).await?;
+        written += n;
+        tracing::info!(rows = written, of = rows, "synthetic rows written");
+    }
+    Ok(output)
+}

@@ -1,0 +1,175 @@
+//! A job's lifecycle, the same for every generator: validate → open the dataset's ledger
+//! and the scratch store → the generator's run (`crate::generators`: plan from public
+//! information → admit the planned cost → partition → rounds → charge → release → claim
+//! the release → write parts) → clean the scratch store → manifest. The coordinator is
+//! the only place noise is drawn (`dpsynth_privacy::release`, only for what a charge paid
+//! for) and the only ledger writer. A job that fails before its charge spends nothing; a
+//! charged job that then fails has spent its budget but released nothing; no manifest is
+//! written unless the whole output is. Every charge is released at most once: the
+//! ledger's release marker is claimed before the first part.
+//!
+//! When each generator charges: marginals after aggregating, before their noise is
+//! drawn; DP-FinDiff the unit count that fixes q as its own entry, then its whole DP-SGD
+//! run before the first round; PATE its whole run before the first vote.
+//!
+//! What a submitter sees of a failure ([`JobError::submitter_message`]) never depends on
+//! private data; the operator's log has the detail.
+
+mod context;
+
+pub use context::{
+    INPUT_MISMATCH, JobContext, JobEnv, JobError, JobRequest, Partitions, Progress, ProgressHandle, Released,
+    claim_release, release_count, set_stage, write_parts,
+};
+
+use dpsynth_privacy::ledger::{Ledger, LedgerError};
+use dpsynth_shared::accounting::accountant::AccountingOptions;
+use dpsynth_shared::accounting::mechanism::Adjacency;
+use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::output::{MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, output_schema};
+use dpsynth_shared::spec::JobSpec;
+use dpsynth_shared::storage::{self, StoreLocation};
+
+use crate::generators;
+use crate::scheduler::Scheduler;
+use crate::scratch;
+use crate::telemetry::Telemetry;
+
+/// Runs a job to completion.
+#[tracing::instrument(name = "job", skip_all, fields(id = %request.job_id))]
+pub async fn run_job(
+    request: JobRequest,
+    env: &JobEnv,
+    scheduler: &Scheduler,
+    telemetry: &Telemetry,
+    progress: ProgressHandle,
+) -> Result<Manifest, JobError> {
+    let JobRequest { job_id, spec, .. } = &request;
+    let output_url = request.resolved_output_url();
+    let ledger_url = request
+        .ledger_url
+        .clone()
+        .or_else(|| spec.privacy.ledger.clone())
+        .unwrap_or_else(|| env.default_ledger_url.clone());
+
+    set_stage(&progress, "planning");
+    refuse_overlaps(&output_url, &ledger_url, env)?;
+    let domain = Domain::from_spec(spec);
+    let ledger_location = storage::open(&ledger_url)?;
+    let mut ledger = open_ledger(&ledger_location, spec).await?;
+    let scratch_store = storage::open(&env.scratch_url)?;
+    // Before any partition exists, so a coordinator sharing the store never sweeps ours.
+    env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Other(format!("scratch heartbeat: {e}")))?;
+    let ctx = JobContext { request: &request, domain: &domain, scheduler, telemetry, progress: &progress };
+    let released = generators::run(&ctx, &mut ledger, &scratch_store, &output_url).await;
+    // Only this process's partitions of the job: another coordinator sharing the scratch
+    // store may hold the same job id.
+    scratch::delete_prefix(&scratch_store, &scratch::partition_prefix(job_id)).await;
+    let Released { output, receipt, cost, mechanisms, mut public_inputs } = released?;
+    // The charge is released, so no checkpoint of it may be resumed: its leases are moot.
+    scratch::delete_prefix(&scratch_store, &format!("{}/{job_id}", scratch::LEASES)).await;
+
+    public_inputs.splice(0..0, declared_inputs(spec));
+    let manifest = output
+        .finish(Manifest {
+            format: MANIFEST_FORMAT.to_string(),
+            dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
+            job_id: job_id.clone(),
+            generator: spec.generator.name().as_str().to_string(),
+            created_at: chrono::Utc::now(),
+            rows: 0,
+            columns: output_schema(spec)
+                .fields()
+                .iter()
+                .map(|f| ManifestColumn { name: f.name().clone(), data_type: f.data_type().to_string() })
+                .collect(),
+            parts: Vec::new(),
+            privacy: ManifestPrivacy {
+                epsilon: cost.epsilon,
+                delta: cost.delta,
+                accountant: cost.accountant,
+                mechanisms,
+                dataset_id: spec.job.dataset_id.clone(),
+                ledger_url: ledger_url.clone(),
+                ledger_entry: receipt.seq,
+                public_inputs,
+            },
+        })
+        .await?;
+    set_stage(&progress, "done");
+    Ok(manifest)
+}
+
+/// Writes the evaluation report the spec asks for (if any) to the diagnostics store, after
+/// the job has ended: the submitter's status never waits on it (its duration follows the
+/// private tables' sizes). Computed on private data (training and held-out rows): a
+/// diagnostic for the data owner, written to the operator's store and never beside the
+/// release; its figures stay out of the log and the job status.
+/// Its stage lines (timings follow the tables' sizes) go to the operator log only.
+#[tracing::instrument(name = "evaluation", skip_all, fields(job = %request.job_id))]
+pub async fn evaluate_for_owner(request: &JobRequest, env: &JobEnv) {
+    // `start_job` refuses an evaluation on a coordinator without a diagnostics store.
+    let spec = &request.spec;
+    let (Some(evaluation), Some(diagnostics)) = (&spec.evaluation, &env.diagnostics_url) else { return };
+    let diagnostics = format!("{}/{}", diagnostics.trim_end_matches('/'), request.job_id);
+    let (train, test) = (&spec.input.urls, &evaluation.test_urls);
+    let synthetic = request.resolved_output_url();
+    match dpsynth_shared::eval::run(spec, train, test, &synthetic, &diagnostics).await {
+        Ok(_) => tracing::info!(diagnostics, "evaluation report written to the diagnostics store"),
+        Err(e) => tracing::warn!(error = %e, "evaluation failed; the synthetic output is complete regardless"),
+    }
+}
+
+/// Refuses an output prefix that is, contains or lies under the ledger, scratch or
+/// diagnostics store: a submitter reads everything under the prefix it names.
+fn refuse_overlaps(output_url: &str, ledger_url: &str, env: &JobEnv) -> Result<(), JobError> {
+    let stores = [
+        ("ledger", Some(ledger_url)),
+        ("scratch", Some(env.scratch_url.as_str())),
+        ("diagnostics", env.diagnostics_url.as_deref()),
+    ];
+    for (store, url) in stores {
+        if url.is_some_and(|url| storage::nested(output_url, url)) {
+            return Err(JobError::OutputOverlaps { output: output_url.to_string(), store });
+        }
+    }
+    Ok(())
+}
+
+/// Opens the dataset's ledger, creating it when the spec declares the dataset's budget.
+async fn open_ledger(location: &StoreLocation, spec: &JobSpec) -> Result<Ledger, JobError> {
+    let dataset = &spec.job.dataset_id;
+    match (Ledger::open(location, dataset).await, spec.privacy.dataset_budget) {
+        (Err(LedgerError::NotInitialised { .. }), Some(budget)) => {
+            tracing::info!(dataset, epsilon = budget.epsilon, delta = budget.delta, "creating the dataset's ledger");
+            match Ledger::init(location, dataset, budget, Adjacency::AddRemove, AccountingOptions::default()).await {
+                Err(LedgerError::AlreadyExists { .. }) => Ok(Ledger::open(location, dataset).await?),
+                other => Ok(other?),
+            }
+        }
+        (Ok(ledger), Some(declared)) if declared != ledger.budget() => {
+            // The ledger's budget is the one that binds; a spec cannot change it.
+            tracing::warn!(
+                dataset,
+                ledger_epsilon = ledger.budget().epsilon,
+                spec_epsilon = declared.epsilon,
+                "the spec's dataset_budget differs from the existing ledger's; the ledger's applies"
+            );
+            Ok(ledger)
+        }
+        (result, _) => Ok(result?),
+    }
+}
+
+fn declared_inputs(spec: &JobSpec) -> Vec<String> {
+    let mut out: Vec<String> = spec
+        .schema
+        .columns
+        .iter()
+        .map(|c| format!("{}: kind, bounds, categories and bins as declared in the job spec", c.name))
+        .collect();
+    if let Some(rows) = spec.output.rows {
+        out.push(format!("output rows: {rows} (declared)"));
+    }
+    out
+}
