@@ -15,7 +15,7 @@ use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan, FinDiffRound};
 use dpsynth_shared::output::{OutputWriter, SyntheticValue};
 use dpsynth_shared::spec::{FinDiffParams, JobSpec};
-use dpsynth_shared::storage::{self, StoreLocation};
+use dpsynth_shared::storage;
 use dpsynth_shared::wire::encode_task;
 
 use crate::checkpoint::{self, ChargedRun, Checkpointer};
@@ -27,14 +27,8 @@ use crate::training::{self, TrainingRun};
 /// the charged run is written right after the charge and every `checkpoint_every` rounds;
 /// a coordinator restarted on the same job id resumes from it without charging again,
 /// once, under a resume lease.
-pub async fn run(
-    ctx: &JobContext<'_>,
-    params: &FinDiffParams,
-    ledger: &mut Ledger,
-    scratch: &StoreLocation,
-    output_url: &str,
-) -> Result<Released, JobError> {
-    let spec = ctx.spec();
+pub async fn run(ctx: &JobContext<'_>, params: &FinDiffParams, ledger: &mut Ledger) -> Result<Released, JobError> {
+    let (spec, scratch, output_url) = (ctx.spec(), ctx.scratch, ctx.output_url);
     let job_id = &ctx.request.job_id;
     let device = compute_device();
     let resumed = checkpoint::load(scratch, job_id).await?;
@@ -55,7 +49,7 @@ pub async fn run(
             );
             let output = OutputWriter::create(storage::open(output_url)?).await?;
             // The previous coordinator's partitions are its own (swept once it is gone).
-            let partitioned = ctx.partition(scratch).await?;
+            let partitioned = ctx.partition().await?;
             (saved.run, saved.optimizer, saved.parameters, partitioned, output)
         }
         None => {
@@ -78,7 +72,7 @@ pub async fn run(
                 });
             }
             let output = OutputWriter::create(storage::open(output_url)?).await?;
-            let partitioned = ctx.partition(scratch).await?;
+            let partitioned = ctx.partition().await?;
             // The unit count, released with Gaussian noise and charged on its own before
             // anything derived from it (q, T, σ, a refusal, a log line) can leave. Rounded at
             // once: the noisy double's low bits are never used.

@@ -11,19 +11,14 @@ use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, decode_bin};
 use dpsynth_shared::output::OutputWriter;
 use dpsynth_shared::spec::JobSpec;
-use dpsynth_shared::storage::{self, StoreLocation};
+use dpsynth_shared::storage;
 
 use crate::gather::{Answer, Gather, Round};
 use crate::job::{JobContext, JobError, Partitions, Released, claim_release, set_stage, write_parts};
 
 /// DP marginals: one Gaussian release of all tables, then sampling.
-pub async fn run(
-    ctx: &JobContext<'_>,
-    ledger: &mut Ledger,
-    scratch: &StoreLocation,
-    output_url: &str,
-) -> Result<Released, JobError> {
-    let spec = ctx.spec();
+pub async fn run(ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<Released, JobError> {
+    let (spec, output_url) = (ctx.spec(), ctx.output_url);
     let plan = MarginalsPlan::new(spec, ctx.domain)?;
     let accounting = ledger.options().clone();
     let sigma = calibrate_sigma(spec.privacy.epsilon, spec.privacy.delta, spec.privacy.accountant, &accounting, |s| {
@@ -32,7 +27,7 @@ pub async fn run(
     let charge = ctx.charge_request(vec![plan.mechanism(sigma)]);
     ctx.admit(ledger, &charge).await?;
     let output = OutputWriter::create(storage::open(output_url)?).await?;
-    let partitioned = ctx.partition(scratch).await?;
+    let partitioned = ctx.partition().await?;
     let counts = aggregate_marginals(ctx, &partitioned, &plan).await?;
     let receipt = ctx.charge(ledger, &charge).await?;
     set_stage(ctx.progress, "adding noise");

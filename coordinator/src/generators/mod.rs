@@ -10,20 +10,14 @@ pub mod pate;
 
 use dpsynth_privacy::ledger::Ledger;
 use dpsynth_shared::spec::GeneratorSpec;
-use dpsynth_shared::storage::StoreLocation;
 
 use crate::job::{JobContext, JobError, Released};
 
 /// Runs the job's generator.
-pub async fn run(
-    ctx: &JobContext<'_>,
-    ledger: &mut Ledger,
-    scratch: &StoreLocation,
-    output_url: &str,
-) -> Result<Released, JobError> {
+pub async fn run(ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<Released, JobError> {
     match &ctx.spec().generator {
-        GeneratorSpec::Marginals(_) => marginals::run(ctx, ledger, scratch, output_url).await,
-        GeneratorSpec::Findiff(params) => findiff::run(ctx, params, ledger, scratch, output_url).await,
-        GeneratorSpec::Pate(_) => pate::run(ctx, ledger, scratch, output_url).await,
+        GeneratorSpec::Marginals(_) => marginals::run(ctx, ledger).await,
+        GeneratorSpec::Findiff(params) => findiff::run(ctx, params, ledger).await,
+        GeneratorSpec::Pate(_) => pate::run(ctx, ledger).await,
     }
 }

@@ -25,7 +25,7 @@ use dpsynth_shared::generators::pate::{
 };
 use dpsynth_shared::output::{OutputWriter, SyntheticValue};
 use dpsynth_shared::spec::PateRelease;
-use dpsynth_shared::storage::{self, StoreLocation};
+use dpsynth_shared::storage;
 use dpsynth_shared::wire::encode_task;
 
 use crate::gather::{Answer, Gather, Round};
@@ -229,13 +229,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 /// sized by it, is charged before the first vote is aggregated. Teachers vote on the
 /// workers; the noisy labels train the student and generator here; the generator is
 /// sampled into the output.
-pub async fn run(
-    ctx: &JobContext<'_>,
-    ledger: &mut Ledger,
-    scratch: &StoreLocation,
-    output_url: &str,
-) -> Result<Released, JobError> {
-    let spec = ctx.spec();
+pub async fn run(ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<Released, JobError> {
+    let (spec, output_url) = (ctx.spec(), ctx.output_url);
     let job_id = &ctx.request.job_id;
     let plan = PatePlan::new(spec, ctx.domain, ledger.options())?;
     let charge = ctx.charge_request(plan.mechanisms());
@@ -248,7 +243,7 @@ pub async fn run(
         "PATE plan: the job's ε pays for this many answered queries"
     );
     let output = OutputWriter::create(storage::open(output_url)?).await?;
-    let partitioned = ctx.partition(scratch).await?;
+    let partitioned = ctx.partition().await?;
     let receipt = ctx.charge(ledger, &charge).await?;
     let mut releases = Releases::paid_by(&receipt)?;
     let mut public_inputs = Vec::new();

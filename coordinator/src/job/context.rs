@@ -161,6 +161,10 @@ pub struct Partitions {
 pub struct JobContext<'a> {
     pub request: &'a JobRequest,
     pub domain: &'a Domain,
+    /// The private working store (partitions, checkpoints).
+    pub scratch: &'a StoreLocation,
+    /// The release's prefix.
+    pub output_url: &'a str,
     pub scheduler: &'a Scheduler,
     pub telemetry: &'a Telemetry,
     pub progress: &'a ProgressHandle,
@@ -212,14 +216,14 @@ impl JobContext<'_> {
     }
 
     /// Splits the private input by privacy unit into the scratch store.
-    pub async fn partition(&self, scratch: &StoreLocation) -> Result<Partitions, JobError> {
+    pub async fn partition(&self) -> Result<Partitions, JobError> {
         set_stage(self.progress, "partitioning");
         let spec = self.spec();
         let key = PartitionKey::generate()?;
         // Under this process's prefix: a resumed job (a new process) never reuses a URL
         // whose contents a worker may still hold from before.
         let prefix = scratch::partition_prefix(&self.request.job_id);
-        let mut writer = PartitionWriter::new(scratch, &prefix, self.domain, spec.job.partitions, key)?;
+        let mut writer = PartitionWriter::new(self.scratch, &prefix, self.domain, spec.job.partitions, key)?;
         let mut input = InputReader::new(spec, self.domain);
         while let Some(batch) = input.next_batch().await? {
             writer.write(batch).await?;

@@ -60,8 +60,16 @@ pub async fn run_job(
     let scratch_store = storage::open(&env.scratch_url)?;
     // Before any partition exists, so a coordinator sharing the store never sweeps ours.
     env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Other(format!("scratch heartbeat: {e}")))?;
-    let ctx = JobContext { request: &request, domain: &domain, scheduler, telemetry, progress: &progress };
-    let released = generators::run(&ctx, &mut ledger, &scratch_store, &output_url).await;
+    let ctx = JobContext {
+        request: &request,
+        domain: &domain,
+        scratch: &scratch_store,
+        output_url: &output_url,
+        scheduler,
+        telemetry,
+        progress: &progress,
+    };
+    let released = generators::run(&ctx, &mut ledger).await;
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.
     scratch::delete_prefix(&scratch_store, &scratch::partition_prefix(job_id)).await;
