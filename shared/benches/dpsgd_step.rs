@@ -48,11 +48,12 @@ fn main() {
     let units: Vec<usize> = (0..BATCH).collect();
     let rows: Vec<RowRef<'_>> =
         examples.units.iter().map(|(id, r)| RowRef { row: r.start, unit: id, position: 0 }).collect();
+    let defaults = dpsynth_shared::spec::FinDiffParams::default();
     for hidden in [256, 512] {
         let spec = FinDiffModelSpec {
             domain: Domain { columns: Vec::new() },
             encoding: TabularEncoding { features: Vec::new(), width: WIDTH },
-            denoiser: DenoiserConfig::new(WIDTH).with_hidden(hidden),
+            denoiser: DenoiserConfig::new(WIDTH, hidden, defaults.blocks, defaults.time_embedding),
             diffusion_steps: 500,
             beta_start: 1e-4,
             beta_end: 0.02,

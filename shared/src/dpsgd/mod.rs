@@ -176,7 +176,7 @@ mod tests {
         let spec = FinDiffModelSpec {
             domain: Domain { columns: Vec::new() },
             encoding: TabularEncoding { features: Vec::new(), width: WIDTH },
-            denoiser: DenoiserConfig::new(WIDTH).with_hidden(24).with_time_embedding(8),
+            denoiser: DenoiserConfig::new(WIDTH, 24, 2, 8),
             diffusion_steps: 50,
             beta_start: 1e-4,
             beta_end: 0.02,

@@ -190,10 +190,7 @@ impl FinDiffPlan {
         require_columns(GENERATOR, domain)?;
         let seed = os_seed().map_err(|e| invalid(e.to_string()))?;
         let encoding = TabularEncoding::new(domain, params.embedding_width, seed);
-        let denoiser = DenoiserConfig::new(encoding.width)
-            .with_hidden(params.hidden)
-            .with_blocks(params.blocks)
-            .with_time_embedding(params.time_embedding);
+        let denoiser = DenoiserConfig::new(encoding.width, params.hidden, params.blocks, params.time_embedding);
         let model = FinDiffModelSpec {
             domain: domain.clone(),
             encoding,

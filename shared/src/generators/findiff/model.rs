@@ -12,15 +12,13 @@ use burn::tensor::{Device, Tensor, TensorData};
 use crate::dpsgd::ghost::LinearHook;
 use crate::dpsgd::params::LinearStack;
 
+/// Sizes of the denoiser; defaults live in one place, the spec's `[generator.findiff]`.
 #[derive(Config, Debug)]
 pub struct DenoiserConfig {
     /// Width of the feature vector.
     pub features: usize,
-    #[config(default = 256)]
     pub hidden: usize,
-    #[config(default = 2)]
     pub blocks: usize,
-    #[config(default = 64)]
     pub time_embedding: usize,
 }
 

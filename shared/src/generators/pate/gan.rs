@@ -30,16 +30,11 @@ impl PateGan {
     /// `device` must be an autodiff device; `seed` keys the non-private randomness
     /// (latents, Gumbel noise, exploration, batches).
     pub fn new(encoding: PateEncoding, params: PateParams, device: Device, seed: [u8; 32]) -> Self {
-        let student = StudentConfig::new(encoding.groups.iter().map(|g| g.width).collect())
-            .with_d_model(params.d_model)
-            .with_layers(params.layers)
-            .with_heads(params.heads)
-            .init(&device);
-        let generator = GeneratorConfig::new(encoding.width)
-            .with_latent(params.latent)
-            .with_width(params.generator_width)
-            .with_blocks(params.generator_blocks)
-            .init(&device);
+        let widths = encoding.groups.iter().map(|g| g.width).collect();
+        let student = StudentConfig::new(widths, params.d_model, params.layers, params.heads).init(&device);
+        let generator =
+            GeneratorConfig::new(encoding.width, params.latent, params.generator_width, params.generator_blocks)
+                .init(&device);
         let adam = || AdamConfig::new().with_beta_1(0.5).with_beta_2(0.9).init();
         Self {
             encoding,

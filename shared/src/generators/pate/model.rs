@@ -17,15 +17,13 @@ use burn::tensor::{Device, Distribution, Tensor};
 
 use super::encoding::{Group, Head};
 
+/// Sizes of the student; defaults live in one place, the spec's `[generator.pate]`.
 #[derive(Config, Debug)]
 pub struct StudentConfig {
     /// Each column's feature count, in order.
     pub group_widths: Vec<usize>,
-    #[config(default = 64)]
     pub d_model: usize,
-    #[config(default = 3)]
     pub layers: usize,
-    #[config(default = 4)]
     pub heads: usize,
 }
 
@@ -86,15 +84,13 @@ impl Student {
     }
 }
 
+/// Sizes of the generator; defaults live in one place, the spec's `[generator.pate]`.
 #[derive(Config, Debug)]
 pub struct GeneratorConfig {
     /// Width of the feature vector.
     pub features: usize,
-    #[config(default = 128)]
     pub latent: usize,
-    #[config(default = 256)]
     pub width: usize,
-    #[config(default = 3)]
     pub blocks: usize,
 }
 
