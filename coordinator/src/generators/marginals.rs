@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use dpsynth_privacy::ledger::Ledger;
 use dpsynth_privacy::release::{Private, Releases};
-use dpsynth_shared::accounting::accountant::calibrate_sigma;
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::marginals::{self, MarginalsPlan, Synthesizer, decode_bin};
 use dpsynth_shared::output::OutputWriter;
@@ -20,10 +19,7 @@ use crate::job::{JobContext, JobError, Partitions, Released, claim_release, set_
 pub async fn run(ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<Released, JobError> {
     let (spec, output_url) = (ctx.spec(), ctx.output_url);
     let plan = MarginalsPlan::new(spec, ctx.domain)?;
-    let accounting = ledger.options().clone();
-    let sigma = calibrate_sigma(spec.privacy.epsilon, spec.privacy.delta, spec.privacy.accountant, &accounting, |s| {
-        vec![plan.mechanism(s)]
-    })?;
+    let sigma = plan.calibrate(spec, ledger.options())?;
     let charge = ctx.charge_request(vec![plan.mechanism(sigma)]);
     ctx.admit(ledger, &charge).await?;
     let output = OutputWriter::create(storage::open(output_url)?).await?;

@@ -26,6 +26,8 @@ use rand::{CryptoRng, Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
 use super::{PlanError, require_columns};
+use crate::accounting::PrivacyError;
+use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::data::{DataError, EncodedBatch};
@@ -114,6 +116,12 @@ impl MarginalsPlan {
     }
 
     /// The single Gaussian release this plan makes, with noise multiplier `sigma`.
+    /// The smallest σ for which the one release meets the job's (ε, δ).
+    pub fn calibrate(&self, spec: &JobSpec, options: &AccountingOptions) -> Result<f64, PrivacyError> {
+        let p = &spec.privacy;
+        calibrate_sigma(p.epsilon, p.delta, p.accountant, options, |s| vec![self.mechanism(s)])
+    }
+
     pub fn mechanism(&self, sigma: f64) -> Mechanism {
         Mechanism::Gaussian {
             l2_sensitivity: self.task.sensitivity(),
