@@ -24,7 +24,7 @@ use dpsynth_shared::storage::StoreLocation;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
-use crate::job::JobError;
+use crate::context::JobError;
 use crate::scratch;
 
 /// The plan a run was charged for.

@@ -6,13 +6,12 @@
 //! Nothing about an incomplete round is released.
 
 use std::collections::BTreeMap;
-use std::collections::btree_map::Entry;
 use std::sync::Arc;
 
 use dpsynth_privacy::release::Private;
 use tokio::sync::mpsc;
 
-use crate::job::JobError;
+use crate::context::JobError;
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
 use crate::telemetry::Telemetry;
 
@@ -91,6 +90,10 @@ impl<'a> Gather<'a> {
                         .map(|g| g as usize)
                         .filter(|g| *g < total)
                         .ok_or_else(|| bad("a result for a task of another round".into()))?;
+                    // A task answers once (the scheduler refuses a second answer too).
+                    if answers.contains_key(&group) {
+                        continue;
+                    }
                     let index = result
                         .tensors
                         .iter()
@@ -103,11 +106,8 @@ impl<'a> Gather<'a> {
                     let answer = Answer { group, values: &values, claimed_units: result.units, worker: &result.worker };
                     check(answer).map_err(bad)?;
                     self.telemetry.task_done(result.seconds);
-                    // A task answers once (the scheduler refuses a second answer too).
-                    if let Entry::Vacant(slot) = answers.entry(group) {
-                        slot.insert(values);
-                        on_result(answers.len(), total);
-                    }
+                    answers.insert(group, values);
+                    on_result(answers.len(), total);
                 }
                 Some(TaskEvent::Requeued { task_id, worker }) => {
                     tracing::warn!(task = task_id, worker, "worker lost mid-round; its partitions are redone");

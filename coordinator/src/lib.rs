@@ -3,9 +3,10 @@
 
 pub mod auth;
 pub mod checkpoint;
+pub mod context;
 pub mod datasets;
 pub mod gather;
-pub mod generators;
+pub(crate) mod generators;
 pub mod job;
 pub mod scheduler;
 pub mod scratch;

@@ -16,8 +16,8 @@ use dpsynth_shared::dpsgd::{self, RoundSettings};
 use dpsynth_shared::entropy::os_seed;
 
 use crate::checkpoint::Checkpointer;
+use crate::context::{JobError, ProgressHandle};
 use crate::gather::{Answer, Gather, Round};
-use crate::job::{JobError, ProgressHandle};
 use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
 

@@ -19,7 +19,7 @@ use dpsynth_shared::storage;
 use dpsynth_shared::wire::encode_task;
 
 use crate::checkpoint::{self, ChargedRun, Checkpointer};
-use crate::job::{JobContext, JobError, Released, claim_release, release_count, set_stage, write_parts};
+use crate::context::{JobContext, JobError, Released, claim_release, release_count, set_stage, write_parts};
 use crate::training::{self, TrainingRun};
 
 /// DP-FinDiff: a DP unit count fixes the sampling rate; the whole DP-SGD run is charged

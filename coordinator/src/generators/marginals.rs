@@ -12,8 +12,8 @@ use dpsynth_shared::output::OutputWriter;
 use dpsynth_shared::spec::JobSpec;
 use dpsynth_shared::storage;
 
+use crate::context::{JobContext, JobError, Partitions, Released, claim_release, set_stage, write_parts};
 use crate::gather::{Answer, Gather, Round};
-use crate::job::{JobContext, JobError, Partitions, Released, claim_release, set_stage, write_parts};
 
 /// DP marginals: one Gaussian release of all tables, then sampling.
 pub async fn run(ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<Released, JobError> {

@@ -1,7 +1,7 @@
 //! PATE-TabTransGAN on the coordinator: per iteration, generate the teachers' fake rows
 //! and the queries, collect every task's vote counts, check them, release them with the
-//! charged noise (GNMax), read the labels off the noisy counts for the student, then train
-//! the student and the generator on the recent answers. After the last iteration, the label queries: the
+//! charged noise (GNMax), read the labels off the noisy counts for the student, then
+//! train the student and the generator on the recent answers. After the last iteration, the label queries: the
 //! teachers' target classifiers vote on rows drawn as the output is, and a label model is
 //! fit to the noisy histograms.
 //!
@@ -28,10 +28,10 @@ use dpsynth_shared::spec::PateRelease;
 use dpsynth_shared::storage;
 use dpsynth_shared::wire::encode_task;
 
-use crate::gather::{Answer, Gather, Round};
-use crate::job::{
+use crate::context::{
     JobContext, JobError, ProgressHandle, Released, claim_release, release_count, set_stage, write_parts,
 };
+use crate::gather::{Answer, Gather, Round};
 use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
 

@@ -115,13 +115,13 @@ impl MarginalsPlan {
         Ok(Self { task, edges, root })
     }
 
-    /// The single Gaussian release this plan makes, with noise multiplier `sigma`.
     /// The smallest σ for which the one release meets the job's (ε, δ).
     pub fn calibrate(&self, spec: &JobSpec, options: &AccountingOptions) -> Result<f64, PrivacyError> {
         let p = &spec.privacy;
         calibrate_sigma(p.epsilon, p.delta, p.accountant, options, |s| vec![self.mechanism(s)])
     }
 
+    /// The single Gaussian release this plan makes, with noise multiplier `sigma`.
     pub fn mechanism(&self, sigma: f64) -> Mechanism {
         Mechanism::Gaussian {
             l2_sensitivity: self.task.sensitivity(),

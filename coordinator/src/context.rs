@@ -132,7 +132,7 @@ pub struct Progress {
 /// Shared per-job progress, updated by the runner.
 pub type ProgressHandle = Arc<Mutex<Progress>>;
 
-pub fn set_stage(progress: &ProgressHandle, stage: &str) {
+pub(crate) fn set_stage(progress: &ProgressHandle, stage: &str) {
     tracing::info!(stage, "job progress");
     progress.lock().unwrap_or_else(|e| e.into_inner()).stage = stage.to_string();
 }
@@ -151,14 +151,14 @@ pub struct JobEnv {
 
 /// A job's partitions in the scratch store. Their unit counts are private: a release
 /// alone makes one public, and they bound what a worker may return for a partition.
-pub struct Partitions {
+pub(crate) struct Partitions {
     pub urls: Vec<String>,
     pub units: Private<u64>,
     pub units_per_partition: Private<Vec<u64>>,
 }
 
 /// What every generator needs from its job.
-pub struct JobContext<'a> {
+pub(crate) struct JobContext<'a> {
     pub request: &'a JobRequest,
     pub domain: &'a Domain,
     /// The private working store (partitions, checkpoints).
@@ -171,7 +171,7 @@ pub struct JobContext<'a> {
 }
 
 /// A generator's released output, with what was charged for it.
-pub struct Released {
+pub(crate) struct Released {
     pub output: OutputWriter,
     /// The charge whose release this output is.
     pub receipt: ChargeReceipt,
@@ -250,7 +250,7 @@ impl JobContext<'_> {
 }
 
 /// The unit count (sensitivity 1), released with N(0, σ²) and rounded at once: the noisy double's low bits are never used.
-pub fn release_count(releases: &mut Releases, partitions: &Partitions, sigma: f64) -> Result<f64, JobError> {
+pub(crate) fn release_count(releases: &mut Releases, partitions: &Partitions, sigma: f64) -> Result<f64, JobError> {
     let units = partitions.units.map(|&n| vec![n as f64]);
     let noisy = releases.gaussian_each(units, 1.0, sigma)?;
     Ok(noisy[0].round().max(1.0))
@@ -259,7 +259,7 @@ pub fn release_count(releases: &mut Releases, partitions: &Partitions, sigma: f6
 /// Claims the one release of `receipt`'s charge in the ledger: after this, and only after
 /// this, may parts be written. A charge already released (by another coordinator, or a
 /// resumed copy of this job) is refused here.
-pub async fn claim_release(
+pub(crate) async fn claim_release(
     ledger: &mut Ledger,
     receipt: &ChargeReceipt,
     output: &OutputWriter,
@@ -270,7 +270,7 @@ pub async fn claim_release(
 
 /// Writes `rows` rows part by part (memory bounded by `rows_per_part`); `part(n)` draws
 /// the next `n` synthetic rows.
-pub async fn write_parts<F, Fut>(
+pub(crate) async fn write_parts<F, Fut>(
     spec: &JobSpec,
     mut output: OutputWriter,
     rows: u64,

@@ -1,6 +1,6 @@
 //! A job's lifecycle, the same for every generator: validate → open the dataset's ledger
 //! and the scratch store → the generator's run (`crate::generators`: plan from public
-//! information → admit the planned cost → partition → rounds → charge → release → claim
+//! information → admit the planned cost → partition → rounds and charge → releases → claim
 //! the release → write parts) → clean the scratch store → manifest. The coordinator is
 //! the only place noise is drawn (`dpsynth_privacy::release`, only for what a charge paid
 //! for) and the only ledger writer. A job that fails before its charge spends nothing; a
@@ -15,12 +15,8 @@
 //! What a submitter sees of a failure ([`JobError::submitter_message`]) never depends on
 //! private data; the operator's log has the detail.
 
-mod context;
-
-pub use context::{
-    INPUT_MISMATCH, JobContext, JobEnv, JobError, JobRequest, Partitions, Progress, ProgressHandle, Released,
-    claim_release, release_count, set_stage, write_parts,
-};
+pub use crate::context::{INPUT_MISMATCH, JobEnv, JobError, JobRequest, Progress, ProgressHandle};
+use crate::context::{JobContext, Released, set_stage};
 
 use dpsynth_privacy::ledger::{Ledger, LedgerError};
 use dpsynth_shared::accounting::accountant::AccountingOptions;
