@@ -19,7 +19,8 @@ use dpsynth_shared::data::{DataError, EncodedBatch};
 use dpsynth_shared::dpsgd;
 use dpsynth_shared::generators::findiff::FinDiffPlan;
 use dpsynth_shared::generators::marginals::MarginalsPlan;
-use dpsynth_shared::generators::pate::{PatePlan, validate_votes};
+use dpsynth_shared::generators::pate::PatePlan;
+use dpsynth_shared::generators::pate::task::validate_votes;
 use dpsynth_shared::spec::JobSpec;
 use proptest::prelude::*;
 

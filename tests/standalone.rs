@@ -226,13 +226,12 @@ fn the_demo_command_works_on_a_fresh_directory() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("privacy ledger of 'demo-icu-vitals'"));
 }
 
-/// One round of `kind` tasks (one per partition group, all with `params`) on a fresh
-/// cluster of `workers`, through the coordinator's gather: the sum of every task's
-/// `tensor` (`len` values), in task order. Every worker must take part.
+/// One round of tasks (one per partition group, all doing `work`) on a fresh cluster of
+/// `workers`, through the coordinator's gather: the sum of every task's `tensor` (`len`
+/// values), in task order. Every worker must take part.
 async fn one_round(
     workers: usize,
-    kind: &'static str,
-    params: Vec<u8>,
+    work: dpsynth_proto::task::Work,
     groups: &[Vec<String>],
     tensor: &'static str,
     len: usize,
@@ -244,10 +243,10 @@ async fn one_round(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let telemetry = dpsynth_coordinator::telemetry::Telemetry::default();
-    let job = format!("round-{kind}-{workers}");
+    let job = format!("round-{tensor}-{workers}");
     let mut gather = Gather::new(cluster.service.scheduler(), &telemetry, &job);
     let holders = std::sync::Mutex::new(std::collections::HashSet::new());
-    let round = Round { kind, params: std::sync::Arc::new(params), groups, tensor, len };
+    let round = Round { work, groups, tensor, len };
     let check = |a: Answer<'_>| {
         holders.lock().unwrap().insert(a.worker.to_string());
         Ok(())
@@ -274,17 +273,16 @@ async fn one_round_sum(
     plan: &dpsynth_shared::generators::findiff::FinDiffPlan,
     weights: &[f32],
 ) -> Vec<f64> {
-    use dpsynth_shared::dpsgd::{RoundSettings, TASK_KIND};
+    use dpsynth_proto::gradient_sum::Model;
+    use dpsynth_proto::task::Work;
+    use dpsynth_shared::dpsgd::RoundSettings;
     use dpsynth_shared::generators::findiff::FinDiffRound;
-    use dpsynth_shared::wire::encode_task;
 
-    let round = FinDiffRound {
-        settings: RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 },
-        model: plan.model.clone(),
-        timestep_exponent: 1.0,
-    };
+    let settings = RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 };
+    let model = Model::Findiff((&FinDiffRound { model: plan.model.clone(), timestep_exponent: 1.0 }).into());
+    let work = Work::GradientSum(settings.task(model, weights.to_vec()));
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
-    one_round(workers, TASK_KIND, encode_task(&round, weights), &groups, "gradient_sum", weights.len()).await
+    one_round(workers, work, &groups, "gradient_sum", weights.len()).await
 }
 
 /// Partitions a spec's input into `partitions` under `dir`; returns the partition URLs.
@@ -391,9 +389,9 @@ async fn a_pate_job_charges_exactly_its_answered_queries() {
 /// teachers each).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_cast_the_same_pate_votes() {
+    use dpsynth_proto::task::Work;
     use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::generators::pate::{PatePlan, Question, TASK_KIND, VoteTask};
-    use dpsynth_shared::wire::encode_task;
+    use dpsynth_shared::generators::pate::{PatePlan, Question, VoteTask};
 
     let dir = tempfile::tempdir().unwrap();
     let text = pate_spec(dir.path(), 120, 8).replace("[schema]\n", "[schema]\ntarget = \"rhythm\"\n");
@@ -436,7 +434,8 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     let groups: Vec<Vec<String>> = urls.chunks(2).map(<[String]>::to_vec).collect();
     let mut reference = None;
     for workers in [1, 2, 4] {
-        let total = one_round(workers, TASK_KIND, encode_task(&task, &generated), &groups, "votes", task.queries).await;
+        let work = Work::TeacherVotes(task.task(generated.clone()));
+        let total = one_round(workers, work, &groups, "votes", task.queries).await;
         assert!(total.iter().all(|v| (0.0..=8.0).contains(v)));
         match &reference {
             None => reference = Some(total),
@@ -455,7 +454,8 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     let mut reference = None;
     for workers in [1, 2, 4] {
         let len = labels.queries * classes;
-        let total = one_round(workers, TASK_KIND, encode_task(&labels, queries), &groups, "votes", len).await;
+        let work = Work::TeacherVotes(labels.task(queries.to_vec()));
+        let total = one_round(workers, work, &groups, "votes", len).await;
         match &reference {
             None => reference = Some(total),
             Some(r) => assert_eq!(&total, r, "{workers} workers labelled differently"),
@@ -517,8 +517,9 @@ async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
 /// every row counted once in every table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_count_the_same_marginals() {
+    use dpsynth_proto::task::Work;
     use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::generators::marginals::{MarginalsPlan, TASK_KIND};
+    use dpsynth_shared::generators::marginals::MarginalsPlan;
 
     let dir = tempfile::tempdir().unwrap();
     // Every row of a patient kept: no random subsampling, so all runs count the same rows.
@@ -528,10 +529,10 @@ async fn one_two_and_four_workers_count_the_same_marginals() {
     let rows = std::fs::read_to_string(dir.path().join("icu_vitals.csv")).unwrap().lines().count() - 1;
     let urls = partition(&spec, dir.path(), 4).await;
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
-    let params = serde_json::to_vec(&plan.task).unwrap();
     let mut reference: Option<Vec<f64>> = None;
     for workers in [1, 2, 4] {
-        let counts = one_round(workers, TASK_KIND, params.clone(), &groups, "counts", plan.task.cells()).await;
+        let work = Work::CountTables((&plan.task).into());
+        let counts = one_round(workers, work, &groups, "counts", plan.task.cells()).await;
         let mut offset = 0;
         for size in plan.task.table_sizes() {
             assert_eq!(counts[offset..offset + size].iter().sum::<f64>(), rows as f64);
@@ -585,8 +586,8 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
             break task;
         }
     };
-    assert_eq!(task.kind, "dpsgd");
-    let (_, weights): (serde_json::Value, Vec<f32>) = dpsynth_shared::wire::decode_task(&task.params).unwrap();
+    let Some(dpsynth_proto::task::Work::GradientSum(round)) = &task.work else { panic!("a DP-SGD round") };
+    let weights = &round.weights;
     // A declared shape whose product overflows u64 (it once panicked the handler): refused
     // as an invalid argument, and the task stays the worker's to answer.
     let overflowing = ResultHeader {

@@ -1,21 +1,21 @@
 //! What every generator's run shares with its job: the request and environment, the
 //! errors (and what a submitter may see of them), progress, and the context a generator
-//! runs in (admission, charge, partitioning, claiming the release, writing parts).
+//! runs in (admission, charge, partitioning, the unit count's release).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use dpsynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, LedgerError};
 use dpsynth_privacy::release::{Private, Releases, Unpaid};
-use dpsynth_shared::accounting::accountant::PrivacyCost;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::data::DataError;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::data::input::InputReader;
 use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
-use dpsynth_shared::output::{OutputWriter, SyntheticValue, rows_to_batch};
 use dpsynth_shared::spec::JobSpec;
 use dpsynth_shared::storage::StoreLocation;
 
+use crate::gather::Gather;
 use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
@@ -170,21 +170,29 @@ pub(crate) struct JobContext<'a> {
     pub progress: &'a ProgressHandle,
 }
 
-/// A generator's released output, with what was charged for it.
-pub(crate) struct Released {
-    pub output: OutputWriter,
-    /// The charge whose release this output is.
-    pub receipt: ChargeReceipt,
-    /// The job's whole cost (all its ledger entries), as its accountant states it.
-    pub cost: PrivacyCost,
-    pub mechanisms: Vec<Mechanism>,
-    /// Released statistics the output depends on, for the manifest.
-    pub public_inputs: Vec<String>,
-}
-
-impl JobContext<'_> {
+impl<'a> JobContext<'a> {
     pub fn spec(&self) -> &JobSpec {
         &self.request.spec
+    }
+
+    /// The job's progress, to update.
+    pub fn progress(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The job's rounds of tasks (cancelled when dropped).
+    pub fn gather(&self) -> Gather<'a> {
+        Gather::new(self.scheduler, self.telemetry, &self.request.job_id)
+    }
+
+    /// Follows one round's tasks: done so far, and an ETA at the round's pace.
+    pub fn round_progress(&self) -> impl FnMut(usize, usize) + '_ {
+        let started = Instant::now();
+        move |done, total| {
+            self.progress().tasks_done = done as u32;
+            let eta_s = (started.elapsed().as_secs_f64() / done as f64 * (total - done) as f64).round();
+            tracing::info!(done, total, eta_s, "task done");
+        }
     }
 
     /// Checks the charge with the ledger, updating the dataset gauges.
@@ -211,7 +219,7 @@ impl JobContext<'_> {
             receipt.admission.after.epsilon,
             receipt.admission.budget.epsilon,
         );
-        self.progress.lock().unwrap_or_else(|e| e.into_inner()).epsilon_spent = receipt.admission.cost.epsilon;
+        self.progress().epsilon_spent = receipt.admission.cost.epsilon;
         Ok(receipt)
     }
 
@@ -254,38 +262,4 @@ pub(crate) fn release_count(releases: &mut Releases, partitions: &Partitions, si
     let units = partitions.units.map(|&n| vec![n as f64]);
     let noisy = releases.gaussian_each(units, 1.0, sigma)?;
     Ok(noisy[0].round().max(1.0))
-}
-
-/// Claims the one release of `receipt`'s charge in the ledger: after this, and only after
-/// this, may parts be written. A charge already released (by another coordinator, or a
-/// resumed copy of this job) is refused here.
-pub(crate) async fn claim_release(
-    ledger: &mut Ledger,
-    receipt: &ChargeReceipt,
-    output: &OutputWriter,
-) -> Result<(), JobError> {
-    ledger.record_release(receipt.seq, output.url()).await?;
-    Ok(())
-}
-
-/// Writes `rows` rows part by part (memory bounded by `rows_per_part`); `part(n)` draws
-/// the next `n` synthetic rows.
-pub(crate) async fn write_parts<F, Fut>(
-    spec: &JobSpec,
-    mut output: OutputWriter,
-    rows: u64,
-    mut part: F,
-) -> Result<OutputWriter, JobError>
-where
-    F: FnMut(u64) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<Vec<SyntheticValue>>, JobError>>,
-{
-    let mut written = 0;
-    while written < rows {
-        let n = (rows - written).min(spec.output.rows_per_part);
-        output.write_part(&rows_to_batch(spec, &part(n).await?, written)).await?;
-        written += n;
-        tracing::info!(rows = written, of = rows, "synthetic rows written");
-    }
-    Ok(output)
 }

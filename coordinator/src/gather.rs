@@ -9,17 +9,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dpsynth_privacy::release::Private;
+use dpsynth_proto::task::Work;
 use tokio::sync::mpsc;
 
 use crate::context::JobError;
 use crate::scheduler::{Scheduler, TaskDef, TaskEvent};
 use crate::telemetry::Telemetry;
 
-/// One round's tasks: one per group of partitions, all with the same parameters, each
+/// One round's tasks: one per group of partitions, all doing the same work, each
 /// answering with the tensor `tensor` of `len` values.
 pub struct Round<'r> {
-    pub kind: &'static str,
-    pub params: Arc<Vec<u8>>,
+    pub work: Work,
     pub groups: &'r [Vec<String>],
     pub tensor: &'static str,
     pub len: usize,
@@ -62,6 +62,7 @@ impl<'a> Gather<'a> {
         let first = self.next_task;
         let total = round.groups.len();
         self.next_task += total as u64;
+        let work = Arc::new(round.work);
         let tasks = round
             .groups
             .iter()
@@ -69,8 +70,7 @@ impl<'a> Gather<'a> {
             .map(|(i, urls)| TaskDef {
                 job_id: self.job_id.clone(),
                 task_id: first + i as u64,
-                kind: round.kind.to_string(),
-                params: round.params.clone(),
+                work: work.clone(),
                 partition_urls: urls.clone(),
             })
             .collect();
@@ -177,7 +177,7 @@ mod tests {
         let telemetry = Telemetry::default();
         let w1 = scheduler.register("one", Capabilities::default());
         let groups = vec![vec!["p0".to_string()], vec!["p1".to_string()]];
-        let round = || Round { kind: "k", params: Arc::new(Vec::new()), groups: &groups, tensor: "t", len: 1 };
+        let round = || Round { work: Work::CountTables(Default::default()), groups: &groups, tensor: "t", len: 1 };
         let mut gather = Gather::new(&scheduler, &telemetry, "job");
 
         let first = async {

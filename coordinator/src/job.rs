@@ -1,12 +1,12 @@
-//! A job's lifecycle, the same for every generator: validate → open the dataset's ledger
-//! and the scratch store → the generator's run (`crate::generators`: plan from public
-//! information → admit the planned cost → partition → rounds and charge → releases → claim
-//! the release → write parts) → clean the scratch store → manifest. The coordinator is
-//! the only place noise is drawn (`dpsynth_privacy::release`, only for what a charge paid
-//! for) and the only ledger writer. A job that fails before its charge spends nothing; a
-//! charged job that then fails has spent its budget but released nothing; no manifest is
-//! written unless the whole output is. Every charge is released at most once: the
-//! ledger's release marker is claimed before the first part.
+//! A job's lifecycle, written once for every generator: validate → open the dataset's
+//! ledger and the scratch store → plan the generator from public information → admit its
+//! planned cost → partition → its rounds and charges (`Generator::fit`) → claim the release
+//! → write the parts its sampler draws → clean the scratch store → manifest. The
+//! coordinator is the only place noise is drawn (`dpsynth_privacy::release`, only for what
+//! a charge paid for) and the only ledger writer. A job that fails before its charge
+//! spends nothing; a charged job that then fails has spent its budget but released
+//! nothing; no manifest is written unless the whole output is. Every charge is released
+//! at most once: the ledger's release marker is claimed before the first part.
 //!
 //! When each generator charges: marginals after aggregating, before their noise is
 //! drawn; DP-FinDiff the unit count that fixes q as its own entry, then its whole DP-SGD
@@ -16,17 +16,21 @@
 //! private data; the operator's log has the detail.
 
 pub use crate::context::{INPUT_MISMATCH, JobEnv, JobError, JobRequest, Progress, ProgressHandle};
-use crate::context::{JobContext, Released, set_stage};
+use crate::context::{JobContext, set_stage};
 
-use dpsynth_privacy::ledger::{Ledger, LedgerError};
-use dpsynth_shared::accounting::accountant::AccountingOptions;
-use dpsynth_shared::accounting::mechanism::Adjacency;
+use dpsynth_privacy::ledger::{ChargeReceipt, Ledger, LedgerError};
+use dpsynth_shared::accounting::accountant::{AccountingOptions, PrivacyCost};
+use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::output::{MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, output_schema};
-use dpsynth_shared::spec::JobSpec;
+use dpsynth_shared::entropy::os_rng;
+use dpsynth_shared::generators::Sampler;
+use dpsynth_shared::output::{
+    MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
+};
+use dpsynth_shared::spec::{GeneratorSpec, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 
-use crate::generators;
+use crate::generators::{FinDiff, Fitted, Generator, Marginals, Pate};
 use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
@@ -65,7 +69,12 @@ pub async fn run_job(
         telemetry,
         progress: &progress,
     };
-    let released = generators::run(&ctx, &mut ledger).await;
+    // The registry: one line per generator.
+    let released = match &spec.generator {
+        GeneratorSpec::Marginals(_) => synthesize::<Marginals>(&ctx, &mut ledger).await,
+        GeneratorSpec::Findiff(_) => synthesize::<FinDiff>(&ctx, &mut ledger).await,
+        GeneratorSpec::Pate(_) => synthesize::<Pate>(&ctx, &mut ledger).await,
+    };
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.
     scratch::delete_prefix(&scratch_store, &scratch::partition_prefix(job_id)).await;
@@ -102,6 +111,60 @@ pub async fn run_job(
         .await?;
     set_stage(&progress, "done");
     Ok(manifest)
+}
+
+/// A generator from its plan to its written parts: nothing private is read before the
+/// ledger admits the plan, and no part is written before the release is claimed.
+async fn synthesize<G: Generator>(ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<Released, JobError> {
+    let generator = G::plan(ctx, ledger).await?;
+    generator.admit(ctx, ledger).await?;
+    let output = OutputWriter::create(storage::open(ctx.output_url)?).await?;
+    let partitions = ctx.partition().await?;
+    let Fitted { sampler, rows, receipt, cost, mechanisms, public_inputs } =
+        generator.fit(ctx, ledger, &partitions).await?;
+
+    set_stage(ctx.progress, "sampling");
+    // A charge already released (by another coordinator, or a resumed copy of this job)
+    // is refused here.
+    ledger.record_release(receipt.seq, output.url()).await?;
+    let output = write_parts(ctx.spec(), output, rows, sampler).await?;
+    Ok(Released { output, receipt, cost, mechanisms, public_inputs })
+}
+
+/// A generator's written output, with what was charged for it.
+struct Released {
+    output: OutputWriter,
+    receipt: ChargeReceipt,
+    cost: PrivacyCost,
+    mechanisms: Vec<Mechanism>,
+    public_inputs: Vec<String>,
+}
+
+/// Writes `rows` rows drawn by `sampler`, part by part (memory bounded by
+/// `rows_per_part`), each part drawn on a blocking thread.
+async fn write_parts(
+    spec: &JobSpec,
+    mut output: OutputWriter,
+    rows: u64,
+    mut sampler: Box<dyn Sampler>,
+) -> Result<OutputWriter, JobError> {
+    // Sampling is post-processing: its randomness is not private.
+    let mut rng = os_rng()?;
+    let mut written = 0;
+    while written < rows {
+        let n = (rows - written).min(spec.output.rows_per_part);
+        let (back, back_rng, part) = tokio::task::spawn_blocking(move || {
+            let part = sampler.sample(n as usize, &mut rng);
+            (sampler, rng, part)
+        })
+        .await
+        .map_err(|e| JobError::Other(e.to_string()))?;
+        (sampler, rng) = (back, back_rng);
+        output.write_part(&rows_to_batch(spec, &part, written)).await?;
+        written += n;
+        tracing::info!(rows = written, of = rows, "synthetic rows written");
+    }
+    Ok(output)
 }
 
 /// Writes the evaluation report the spec asks for (if any) to the diagnostics store, after

@@ -2,7 +2,7 @@
 //! unit, hands tasks to workers, adds all noise, writes the privacy ledger and the output.
 
 pub mod auth;
-pub mod checkpoint;
+pub(crate) mod checkpoint;
 pub mod context;
 pub mod datasets;
 pub mod gather;
@@ -14,5 +14,5 @@ pub mod server;
 pub mod service;
 pub mod standalone;
 pub mod telemetry;
-pub mod training;
+pub(crate) mod training;
 pub mod worker_result;

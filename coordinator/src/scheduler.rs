@@ -13,15 +13,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpsynth_proto::Capabilities;
+use dpsynth_proto::task::Work;
 use tokio::sync::{Notify, mpsc};
 
-/// One unit of work: a kind, its parameters, and the partitions it reads.
+/// One unit of work: what to compute (shared by the round's tasks), and the partitions it
+/// reads.
 #[derive(Clone, Debug)]
 pub struct TaskDef {
     pub job_id: String,
     pub task_id: u64,
-    pub kind: String,
-    pub params: Arc<Vec<u8>>,
+    pub work: Arc<Work>,
     pub partition_urls: Vec<String>,
 }
 

@@ -109,12 +109,15 @@ impl CoordinatorService {
     /// Starts a job in the background; returns its progress handle. A job id is taken
     /// once: the check and the insertion are one step, so two submissions of one id cannot
     /// both start.
-    pub fn start_job(&self, request: JobRequest) -> Result<ProgressHandle, Status> {
-        self.start_job_for(request, None)
+    pub fn start_job(&self, mut request: JobRequest) -> Result<ProgressHandle, Status> {
+        self.accept(&mut request, None)?;
+        check_generator(&request)?;
+        self.spawn_job(request, None)
     }
 
-    /// [`Self::start_job`] on behalf of an authenticated submitter, who alone may see it.
-    fn start_job_for(&self, mut request: JobRequest, submitter: Option<&Submitter>) -> Result<ProgressHandle, Status> {
+    /// Checks a request from the spec, the datasets and the submitter's grants alone (its
+    /// generator's plan aside), binding it to its declared dataset.
+    fn accept(&self, request: &mut JobRequest, submitter: Option<&Submitter>) -> Result<(), Status> {
         if let Some(s) = submitter
             && !s.datasets.contains(&request.spec.job.dataset_id)
         {
@@ -126,7 +129,7 @@ impl CoordinatorService {
         dpsynth_shared::spec::validate_id("job id", &request.job_id)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         if let Some(datasets) = &self.config.datasets {
-            datasets.bind(&mut request).map_err(|e| match e {
+            datasets.bind(request).map_err(|e| match e {
                 DatasetsError::Unknown(_) => Status::not_found(e.to_string()),
                 DatasetsError::UnitColumnMissing { .. } => Status::invalid_argument(e.to_string()),
                 _ => Status::permission_denied(e.to_string()),
@@ -142,15 +145,17 @@ impl CoordinatorService {
             }
         }
         request.spec.require_input().map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let domain = dpsynth_shared::data::domain::Domain::from_spec(&request.spec);
-        dpsynth_shared::generators::check(&request.spec, &domain)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         if request.spec.evaluation.is_some() && self.config.env.diagnostics_url.is_none() {
             return Err(Status::failed_precondition(
                 "the spec asks for an evaluation, but this coordinator has no diagnostics store (serve --diagnostics): \
                  evaluation reports are computed on private data and go to the data owner only",
             ));
         }
+        Ok(())
+    }
+
+    /// Starts an accepted request on behalf of `submitter` (who alone may see it).
+    fn spawn_job(&self, request: JobRequest, submitter: Option<&Submitter>) -> Result<ProgressHandle, Status> {
         let progress: ProgressHandle = Arc::new(Mutex::new(Progress::default()));
         let job_id = request.job_id.clone();
         match self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry(job_id.clone()) {
@@ -309,9 +314,8 @@ impl Coordinator for CoordinatorService {
             job_id: def.job_id,
             task_id: def.task_id,
             attempt,
-            kind: def.kind,
-            params: def.params.as_ref().clone(),
             partition_urls: def.partition_urls,
+            work: Some(def.work.as_ref().clone()),
         });
         Ok(Response::new(PollTaskResponse { task }))
     }
@@ -373,8 +377,14 @@ impl Coordinator for CoordinatorService {
         if let Some(s) = &submitter {
             job_id = format!("{}.{job_id}", s.name);
         }
-        let request = JobRequest { job_id: job_id.clone(), spec, output_url: r.output_url, ledger_url: r.ledger_url };
-        self.start_job_for(request, submitter.as_ref())?;
+        let mut request =
+            JobRequest { job_id: job_id.clone(), spec, output_url: r.output_url, ledger_url: r.ledger_url };
+        self.accept(&mut request, submitter.as_ref())?;
+        // Planning can take a while (PATE searches its accountant): off the async threads.
+        let request = tokio::task::spawn_blocking(move || check_generator(&request).map(|()| request))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        self.spawn_job(request, submitter.as_ref())?;
         Ok(Response::new(SubmitJobResponse { job_id }))
     }
 
@@ -387,4 +397,10 @@ impl Coordinator for CoordinatorService {
         let status = if owned { self.job_status(&id) } else { None };
         status.map(Response::new).ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
+}
+/// Plans the request's generator from public information, so that bad parameters are
+/// refused at submission rather than when the job runs.
+fn check_generator(request: &JobRequest) -> Result<(), Status> {
+    let domain = dpsynth_shared::data::domain::Domain::from_spec(&request.spec);
+    dpsynth_shared::generators::check(&request.spec, &domain).map_err(|e| Status::invalid_argument(e.to_string()))
 }

@@ -6,27 +6,24 @@
 //! new attempt and another worker takes the partition over; the round's noise is drawn
 //! once all sums are in, so nothing about an incomplete round is ever released.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use dpsynth_privacy::ledger::ChargeReceipt;
-use dpsynth_privacy::release::{Private, Releases};
+use dpsynth_privacy::release::Releases;
+use dpsynth_proto::gradient_sum::Model;
+use dpsynth_proto::task::Work;
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::dpsgd::{self, RoundSettings};
 use dpsynth_shared::entropy::os_seed;
 
 use crate::checkpoint::Checkpointer;
-use crate::context::{JobError, ProgressHandle};
-use crate::gather::{Answer, Gather, Round};
-use crate::scheduler::Scheduler;
-use crate::telemetry::Telemetry;
+use crate::context::{JobContext, JobError, Partitions};
+use crate::gather::{Answer, Round};
 
 /// A planned DP-SGD run (its privacy cost is already charged).
 pub struct TrainingRun<'a> {
-    pub job_id: &'a str,
-    pub partitions: &'a [String],
-    /// Units in each partition: they bound a worker's claim of how many it sampled.
-    pub partition_units: &'a Private<Vec<u64>>,
+    /// Units in each partition bound a worker's claim of how many it sampled.
+    pub partitions: &'a Partitions,
     /// The run's charge: it pays for every round's noise.
     pub receipt: &'a ChargeReceipt,
     pub rate: f64,
@@ -40,42 +37,39 @@ pub struct TrainingRun<'a> {
     pub epsilon: f64,
 }
 
-/// Trains `parameters` in place from `optimizer.step` to `run.steps`.
-/// `task_params(settings, weights)` encodes one round's task; `checkpointer` saves the
-/// run every so many rounds.
-#[allow(clippy::too_many_arguments)]
+/// Trains `parameters` in place from `optimizer.step` to `run.steps`; `model(round)` is
+/// the model the workers train in that round, `checkpointer` saves the run every so many
+/// rounds.
 pub async fn train(
+    ctx: &JobContext<'_>,
     run: &TrainingRun<'_>,
     parameters: &mut [f64],
     optimizer: &mut Optimizer,
-    task_params: impl Fn(&RoundSettings, &[f32]) -> Vec<u8>,
+    model: impl Fn(u64) -> Model,
     checkpointer: &Checkpointer<'_>,
-    scheduler: &Scheduler,
-    telemetry: &Telemetry,
-    progress: &ProgressHandle,
 ) -> Result<(), JobError> {
     let mut releases = Releases::paid_by(run.receipt)?;
     releases.resume_after(optimizer.step)?;
     let started = Instant::now();
     let first_step = optimizer.step;
     let mut last_report = Instant::now();
-    let mut gather = Gather::new(scheduler, telemetry, run.job_id);
-    let groups: Vec<Vec<String>> = run.partitions.iter().map(|url| vec![url.clone()]).collect();
+    let mut gather = ctx.gather();
+    let groups: Vec<Vec<String>> = run.partitions.urls.iter().map(|url| vec![url.clone()]).collect();
     while optimizer.step < run.steps {
         let round = optimizer.step;
         let seed = os_seed()?;
         let settings = RoundSettings { round, rate: run.rate, clip: run.clip, seed, micro_batch: run.micro_batch };
         let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
         let round_tasks = Round {
-            kind: dpsgd::TASK_KIND,
-            params: Arc::new(task_params(&settings, &weights)),
+            work: Work::GradientSum(settings.task(model(round), weights)),
             groups: &groups,
             tensor: "gradient_sum",
             len: parameters.len(),
         };
         // A partition's own unit count caps the worker's claim of how many it sampled.
         let check = |a: Answer<'_>| {
-            run.partition_units
+            run.partitions
+                .units_per_partition
                 .check(|units| dpsgd::validate(a.values, a.claimed_units.min(units[a.group]), a.values.len(), run.clip))
         };
         let gradient = gather.round(round_tasks, check, |_, _| {}).await?;
@@ -85,10 +79,7 @@ pub async fn train(
         checkpointer.after_round(optimizer, parameters).await?;
 
         let done = optimizer.step;
-        {
-            let mut progress = progress.lock().unwrap_or_else(|e| e.into_inner());
-            progress.tasks_done = done as u32;
-        }
+        ctx.progress().tasks_done = done as u32;
         if last_report.elapsed().as_secs_f64() >= 5.0 || done == run.steps {
             last_report = Instant::now();
             let per_round = started.elapsed().as_secs_f64() / (done - first_step) as f64;

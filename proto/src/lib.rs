@@ -6,7 +6,8 @@ pub mod tls;
 
 /// Version of the protocol in `dpsynth.proto`; peers of another version are refused.
 /// 2: DP-SGD round tasks (`dpsgd`) and long polling.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: typed tasks (`Task.work`, one message per kind) instead of a kind and opaque bytes.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest chunk of tensor bytes sent in one message.
 pub const CHUNK_BYTES: usize = 1 << 20;

@@ -1,53 +1,46 @@
-//! Task parameters on the wire: a JSON header (the round's settings) followed by model
-//! weights as raw little-endian f32, so a large model is not written as JSON numbers.
+//! Tasks on the wire: each task kind is a typed message of `dpsynth.proto`. A configuration
+//! fixed for the whole job (a domain, an encoding, a model's architecture) travels in it as
+//! JSON of the shared type that defines it, so it has one definition.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
-/// Task parameters that do not decode.
+/// A task that does not decode.
 #[derive(Debug, thiserror::Error)]
-#[error("task parameters: {0}")]
+#[error("task: {0}")]
 pub struct WireError(String);
 
-/// Parameters travel as raw little-endian f32 after a length-prefixed JSON header.
-pub fn encode_task<H: Serialize>(header: &H, parameters: &[f32]) -> Vec<u8> {
-    let json = serde_json::to_vec(header).expect("serialisable header");
-    let mut out = Vec::with_capacity(4 + json.len() + 4 * parameters.len());
-    out.extend((json.len() as u32).to_le_bytes());
-    out.extend(json);
-    for p in parameters {
-        out.extend(p.to_le_bytes());
+impl WireError {
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
     }
-    out
 }
 
-/// Inverse of [`encode_task`].
-pub fn decode_task<H: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<(H, Vec<f32>), WireError> {
-    let bad = |m: &str| WireError(m.to_string());
-    let len = u32::from_le_bytes(bytes.get(..4).ok_or_else(|| bad("truncated"))?.try_into().expect("4 bytes")) as usize;
-    let json = bytes.get(4..4 + len).ok_or_else(|| bad("truncated header"))?;
-    let header = serde_json::from_slice(json).map_err(|e| WireError(e.to_string()))?;
-    let rest = &bytes[4 + len..];
-    if !rest.len().is_multiple_of(4) {
-        return Err(bad("parameter bytes are not a multiple of 4"));
-    }
-    Ok((header, rest.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()))
+/// A configuration as the JSON a task carries.
+pub fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("task configurations serialise")
+}
+
+/// Inverse of [`to_json`]; `what` names the field in errors.
+pub fn from_json<T: DeserializeOwned>(what: &str, json: &str) -> Result<T, WireError> {
+    serde_json::from_str(json).map_err(|e| WireError(format!("{what}: {e}")))
+}
+
+/// A 32-byte seed.
+pub fn seed(bytes: &[u8]) -> Result<[u8; 32], WireError> {
+    bytes.try_into().map_err(|_| WireError(format!("a seed has 32 bytes, not {}", bytes.len())))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[derive(Debug, PartialEq, Serialize, Deserialize)]
-    struct Header {
-        round: u64,
-    }
-
     #[test]
-    fn tasks_round_trip_and_reject_malformed_bytes() {
-        let bytes = encode_task(&Header { round: 7 }, &[1.5, -2.0]);
-        let (h, w): (Header, Vec<f32>) = decode_task(&bytes).unwrap();
-        assert_eq!((h, w), (Header { round: 7 }, vec![1.5, -2.0]));
-        assert!(decode_task::<Header>(&bytes[..bytes.len() - 1]).is_err());
-        assert!(decode_task::<Header>(&[1, 0]).is_err());
+    fn configurations_round_trip_and_malformed_ones_are_refused() {
+        let json = to_json(&vec![1.5, -2.0]);
+        assert_eq!(from_json::<Vec<f64>>("weights", &json).unwrap(), vec![1.5, -2.0]);
+        assert!(from_json::<Vec<f64>>("weights", &json[1..]).unwrap_err().to_string().contains("weights"));
+        assert_eq!(seed(&[7; 32]).unwrap(), [7; 32]);
+        assert!(seed(&[7; 31]).is_err());
     }
 }

@@ -1,4 +1,4 @@
-//! Task execution: one function per task kind, each returning a bounded aggregate.
+//! Task execution: one function per kind of work, each returning a bounded aggregate.
 //!
 //! DP-SGD rounds keep the worker's encoded partitions and model in memory between rounds
 //! (raw rows stay here), and run the model on a blocking thread.
@@ -6,17 +6,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use dpsynth_proto::Task;
+use dpsynth_proto::gradient_sum::Model;
+use dpsynth_proto::task::Work;
+use dpsynth_proto::{CountTables, GradientSum, Task, TeacherVotes};
 use dpsynth_shared::data::DataError;
 use dpsynth_shared::data::examples::Examples;
 use dpsynth_shared::data::partition::read_partition;
 use dpsynth_shared::dpsgd::params::LinearStack;
-use dpsynth_shared::dpsgd::{self, compute_device};
+use dpsynth_shared::dpsgd::{self, RoundSettings, compute_device};
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
-use dpsynth_shared::generators::marginals::{self, MarginalsTask};
-use dpsynth_shared::generators::pate::{self, VoteTask};
-use dpsynth_shared::wire::decode_task;
+use dpsynth_shared::generators::marginals::MarginalsTask;
+use dpsynth_shared::generators::pate::VoteTask;
 
 /// Named f64 tensors plus the number of privacy units that contributed (for a vote
 /// round: the number of teachers).
@@ -36,13 +37,11 @@ pub struct Executor {
 
 impl Executor {
     pub async fn execute(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
-        match task.kind.as_str() {
-            marginals::TASK_KIND => marginals(task).await,
-            dpsgd::TASK_KIND => self.dpsgd_round(task).await,
-            pate::TASK_KIND => self.pate_votes(task).await,
-            other => {
-                anyhow::bail!("unknown task kind {other:?}: this worker is older than its coordinator")
-            }
+        match &task.work {
+            Some(Work::CountTables(work)) => count_tables(task, work).await,
+            Some(Work::GradientSum(work)) => self.gradient_sum(task, work).await,
+            Some(Work::TeacherVotes(work)) => self.teacher_votes(task, work).await,
+            None => anyhow::bail!("a task with no work this worker knows: the worker is older than its coordinator"),
         }
     }
 
@@ -70,9 +69,9 @@ impl Executor {
 
     /// One PATE vote round: each partition's teacher fit and voting; the vote counts per
     /// query (per target value for label questions) summed over the task's teachers.
-    async fn pate_votes(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
-        let (round, generated): (VoteTask, Vec<f32>) = decode_task(&task.params)?;
-        let round = Arc::new(round);
+    async fn teacher_votes(&mut self, task: &Task, work: &TeacherVotes) -> anyhow::Result<Aggregate> {
+        let round = Arc::new(VoteTask::try_from(work)?);
+        let generated = work.rows.clone();
         let parts = {
             let round = round.clone();
             self.partitions(task, move |url| {
@@ -94,8 +93,13 @@ impl Executor {
     }
 
     /// One DP-SGD round over the task's partitions: the clipped gradient sum.
-    async fn dpsgd_round(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
-        let (round, parameters): (FinDiffRound, Vec<f32>) = decode_task(&task.params)?;
+    async fn gradient_sum(&mut self, task: &Task, work: &GradientSum) -> anyhow::Result<Aggregate> {
+        let settings = RoundSettings::try_from(work)?;
+        let round = match &work.model {
+            Some(Model::Findiff(model)) => FinDiffRound::try_from(model)?,
+            None => anyhow::bail!("a DP-SGD round with no model this worker knows: it is older than its coordinator"),
+        };
+        let parameters = work.weights.clone();
         let model_spec = Arc::new(round.model.clone());
         let parts = self
             .partitions(task, move |url| {
@@ -121,7 +125,7 @@ impl Executor {
             let mut sum = vec![0f64; model.parameter_count()];
             let mut units = 0;
             for examples in &parts {
-                let c = dpsgd::contribute(&*model, examples, &round.settings, &mut rng, &device)?;
+                let c = dpsgd::contribute(&*model, examples, &settings, &mut rng, &device)?;
                 sum.iter_mut().zip(&c.sum).for_each(|(s, v)| *s += v);
                 units += c.units;
             }
@@ -132,8 +136,8 @@ impl Executor {
 }
 
 /// Contingency tables of bounded per-unit contributions over the task's partitions.
-async fn marginals(task: &Task) -> anyhow::Result<Aggregate> {
-    let spec: MarginalsTask = serde_json::from_slice(&task.params)?;
+async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggregate> {
+    let spec = MarginalsTask::try_from(work)?;
     let mut counter = spec.counter()?;
     for url in &task.partition_urls {
         read_partition(url, &spec.domain, |batch| {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use dpsynth_proto::coordinator_client::CoordinatorClient;
 use dpsynth_proto::result_chunk::Part;
+use dpsynth_proto::task::Work;
 use dpsynth_proto::{
     Capabilities, Dtype, HeartbeatRequest, PROTOCOL_VERSION, PollTaskRequest, RegisterWorkerRequest,
     ReportFailureRequest, ResultChunk, ResultHeader, Task, TensorChunk, TensorMeta,
@@ -186,16 +187,10 @@ async fn serve_tasks(
         // No task within the wait: poll again.
         let Some(task) = task else { continue };
         // DP-SGD rounds are thousands of short tasks: logged at debug level.
-        if task.kind == dpsynth_shared::dpsgd::TASK_KIND {
+        if let Some(Work::GradientSum(_)) = task.work {
             tracing::debug!(job = task.job_id, task = task.task_id, attempt = task.attempt, "round task started");
         } else {
-            tracing::info!(
-                job = task.job_id,
-                task = task.task_id,
-                attempt = task.attempt,
-                kind = task.kind,
-                "task started"
-            );
+            tracing::info!(job = task.job_id, task = task.task_id, attempt = task.attempt, "task started");
         }
         let started = Instant::now();
         match executor.execute(&task).await {

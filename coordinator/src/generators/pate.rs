@@ -1,67 +1,61 @@
 //! PATE-TabTransGAN on the coordinator: per iteration, generate the teachers' fake rows
 //! and the queries, collect every task's vote counts, check them, release them with the
 //! charged noise (GNMax), read the labels off the noisy counts for the student, then
-//! train the student and the generator on the recent answers. After the last iteration, the label queries: the
-//! teachers' target classifiers vote on rows drawn as the output is, and a label model is
-//! fit to the noisy histograms.
+//! train the student and the generator on the recent answers. After the last iteration,
+//! the label queries: the teachers' target classifiers vote on rows drawn as the output
+//! is, and a label model is fit to the noisy histograms.
 //!
 //! The whole run is charged before the first iteration (`PatePlan::mechanisms`), so the
 //! number of answered queries is fixed in advance by the data-independent cost. A worker
 //! lost mid-iteration only delays it: its task is requeued, and the noise is drawn once
 //! all counts are in, so nothing is answered twice.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use dpsynth_privacy::ledger::Ledger;
 use dpsynth_privacy::release::{Private, Releases};
+use dpsynth_proto::task::Work;
+use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::dpsgd::compute_device;
-use dpsynth_shared::entropy::{os_rng, os_seed};
+use dpsynth_shared::entropy::os_seed;
+use dpsynth_shared::generators::pate::answers::{
+    Threshold, label_shares, largest_votes, realness_answers, realness_votes,
+};
 use dpsynth_shared::generators::pate::gan::PateGan;
+use dpsynth_shared::generators::pate::task::validate_votes;
 use dpsynth_shared::generators::pate::teacher::TargetModel;
-use dpsynth_shared::generators::pate::{
-    self, PatePlan, Question, Threshold, VoteTask, label_shares, largest_votes, realness_answers, realness_votes,
-    validate_votes,
-};
-use dpsynth_shared::output::{OutputWriter, SyntheticValue};
+use dpsynth_shared::generators::pate::{PatePlan, PateSampler, Question, VoteTask};
 use dpsynth_shared::spec::PateRelease;
-use dpsynth_shared::storage;
-use dpsynth_shared::wire::encode_task;
 
-use crate::context::{
-    JobContext, JobError, ProgressHandle, Released, claim_release, release_count, set_stage, write_parts,
-};
+use super::{Fitted, Generator};
+use crate::context::{JobContext, JobError, Partitions, release_count, set_stage};
 use crate::gather::{Answer, Gather, Round};
-use crate::scheduler::Scheduler;
-use crate::telemetry::Telemetry;
 
 /// A planned PATE run (its privacy cost is already charged).
-pub struct VoteRun<'a> {
-    pub job_id: &'a str,
-    pub partitions: &'a [String],
-    pub plan: &'a PatePlan,
+struct VoteRun<'a> {
+    partitions: &'a [String],
+    plan: &'a PatePlan,
     /// ε charged for the whole run (progress reports).
-    pub epsilon: f64,
+    epsilon: f64,
 }
 
 /// What the run released, for the manifest and logs.
-pub struct VoteSummary {
+struct VoteSummary {
     /// Answers released: all of the plan's queries without a confidence threshold, those
     /// that cleared it with one.
-    pub released: u64,
+    released: u64,
     /// Share of real-or-generated answers that came out "real".
-    pub real_share: f64,
+    real_share: f64,
 }
 
 /// Runs every planned iteration, then the label queries; returns the trained models (the
 /// label model when the plan has label queries).
-pub async fn train(
+async fn train(
+    ctx: &JobContext<'_>,
     run: &VoteRun<'_>,
     releases: &mut Releases,
     mut gan: PateGan,
-    scheduler: &Scheduler,
-    telemetry: &Telemetry,
-    progress: &ProgressHandle,
 ) -> Result<(PateGan, Option<TargetModel>, VoteSummary), JobError> {
     let plan = run.plan;
     let params = &plan.params;
@@ -69,7 +63,7 @@ pub async fn train(
     let width = plan.encoding.width;
     let mut rounds = VoteRounds {
         plan,
-        gather: Gather::new(scheduler, telemetry, run.job_id),
+        gather: ctx.gather(),
         groups: run.partitions.chunks(params.teachers_per_task as usize).map(<[String]>::to_vec).collect(),
     };
     let mut released_x: Vec<f32> = Vec::with_capacity(plan.queries() as usize * width);
@@ -112,7 +106,7 @@ pub async fn train(
         gan = back;
 
         let done = iteration + 1;
-        progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = done;
+        ctx.progress().tasks_done = done;
         let eta_s = (started.elapsed().as_secs_f64() / f64::from(done) * f64::from(plan.iterations - done)).round();
         tracing::info!(
             iteration = done,
@@ -154,7 +148,7 @@ pub async fn train(
             labelled = shares.len() as u64 / classes as u64;
             let (encoding, config) = (plan.encoding.clone(), plan.teacher_config());
             let model = blocking(move || TargetModel::fit(&encoding, &config, &queries, &shares)).await?;
-            progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_done = plan.iterations + 1;
+            ctx.progress().tasks_done = plan.iterations + 1;
             tracing::info!(labels = n, epsilon_charged = run.epsilon, "PATE target labels released");
             model
         }
@@ -207,8 +201,7 @@ impl VoteRounds<'_> {
         };
         let len = header.queries * header.votes_per_query();
         let round = Round {
-            kind: pate::TASK_KIND,
-            params: Arc::new(encode_task(&header, generated)),
+            work: Work::TeacherVotes(header.task(generated.to_vec())),
             groups: &self.groups,
             tensor: "votes",
             len,
@@ -229,90 +222,75 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 /// sized by it, is charged before the first vote is aggregated. Teachers vote on the
 /// workers; the noisy labels train the student and generator here; the generator is
 /// sampled into the output.
-pub async fn run(ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<Released, JobError> {
-    let (spec, output_url) = (ctx.spec(), ctx.output_url);
-    let job_id = &ctx.request.job_id;
-    let plan = PatePlan::new(spec, ctx.domain, ledger.options())?;
-    let charge = ctx.charge_request(plan.mechanisms());
-    ctx.admit(ledger, &charge).await?;
-    tracing::info!(
-        teachers = plan.teachers,
-        sigma = plan.sigma,
-        iterations = plan.iterations,
-        queries = plan.queries(),
-        "PATE plan: the job's ε pays for this many answered queries"
-    );
-    let output = OutputWriter::create(storage::open(output_url)?).await?;
-    let partitioned = ctx.partition().await?;
-    let receipt = ctx.charge(ledger, &charge).await?;
-    let mut releases = Releases::paid_by(&receipt)?;
-    let mut public_inputs = Vec::new();
-    let rows = match spec.output.rows {
-        Some(rows) => rows,
-        None => {
-            let noise = plan.params.count_noise_multiplier;
-            // Rounded at once: the noisy double's low bits are never used.
-            let noisy_units = release_count(&mut releases, &partitioned, noise)?;
-            public_inputs
-                .push(format!("privacy units: {noisy_units} (Gaussian release, noise multiplier {noise}; charged)"));
-            noisy_units as u64
-        }
-    };
+pub struct Pate {
+    plan: PatePlan,
+}
 
-    set_stage(ctx.progress, "teachers voting (PATE)");
-    // The label queries are one more round of tasks.
-    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).tasks_total =
-        plan.iterations + u32::from(plan.label_queries > 0);
-    let device = compute_device().autodiff();
-    let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), device, os_seed()?);
-    let run = VoteRun { job_id, partitions: &partitioned.urls, plan: &plan, epsilon: receipt.admission.cost.epsilon };
-    let (gan, labels, summary) = train(&run, &mut releases, gan, ctx.scheduler, ctx.telemetry, ctx.progress).await?;
-    tracing::info!(
-        asked = plan.queries(),
-        released = summary.released,
-        real_share = summary.real_share,
-        "PATE training done"
-    );
+impl Generator for Pate {
+    async fn plan(ctx: &JobContext<'_>, ledger: &Ledger) -> Result<Self, JobError> {
+        let plan = PatePlan::new(ctx.spec(), ctx.domain, ledger.options())?;
+        tracing::info!(
+            teachers = plan.teachers,
+            sigma = plan.sigma,
+            iterations = plan.iterations,
+            queries = plan.queries(),
+            "PATE plan: the job's ε pays for this many answered queries"
+        );
+        Ok(Self { plan })
+    }
 
-    set_stage(ctx.progress, "sampling");
-    claim_release(ledger, &receipt, &output).await?;
-    let gan = Arc::new(Mutex::new(gan));
-    let labels = Arc::new(labels);
-    let encoding = Arc::new(plan.encoding.clone());
-    let output = write_parts(spec, output, rows, |n| {
-        let (gan, labels, encoding) = (gan.clone(), labels.clone(), encoding.clone());
-        async move {
-            tokio::task::spawn_blocking(move || -> Result<Vec<Vec<SyntheticValue>>, JobError> {
-                let mut x = gan.lock().unwrap_or_else(|e| e.into_inner()).sample_output(n as usize);
-                if let Some(labels) = labels.as_ref() {
-                    // Post-processing: the label model draws each row's target.
-                    labels.relabel(&encoding, &mut x, &mut os_rng()?);
-                }
-                Ok(x.chunks(encoding.width).map(|row| encoding.decode_row(row)).collect())
-            })
-            .await
-            .map_err(|e| JobError::Other(e.to_string()))?
-        }
-    })
-    .await?;
-    let threshold = match plan.threshold {
-        Some(Threshold { count: t, sigma: s }) => {
-            format!(
+    fn mechanisms(&self) -> Vec<Mechanism> {
+        self.plan.mechanisms()
+    }
+
+    async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
+        let plan = self.plan;
+        let mechanisms = plan.mechanisms();
+        let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;
+        let mut releases = Releases::paid_by(&receipt)?;
+        let mut public_inputs = Vec::new();
+        let rows = match ctx.spec().output.rows {
+            Some(rows) => rows,
+            None => {
+                let noise = plan.params.count_noise_multiplier;
+                let noisy_units = release_count(&mut releases, partitions, noise)?;
+                public_inputs.push(format!(
+                    "privacy units: {noisy_units} (Gaussian release, noise multiplier {noise}; charged)"
+                ));
+                noisy_units as u64
+            }
+        };
+
+        set_stage(ctx.progress, "teachers voting (PATE)");
+        // The label queries are one more round of tasks.
+        ctx.progress().tasks_total = plan.iterations + u32::from(plan.label_queries > 0);
+        let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), compute_device().autodiff(), os_seed()?);
+        let run = VoteRun { partitions: &partitions.urls, plan: &plan, epsilon: receipt.admission.cost.epsilon };
+        let (gan, labels, summary) = train(ctx, &run, &mut releases, gan).await?;
+        tracing::info!(
+            asked = plan.queries(),
+            released = summary.released,
+            real_share = summary.real_share,
+            "PATE training done"
+        );
+        let threshold = match plan.threshold {
+            Some(Threshold { count: t, sigma: s }) => format!(
                 "; confident GNMax (threshold {t} teachers, σ₁ = {s}): each query charged as answered, {} cleared the threshold and were released",
                 summary.released
-            )
-        }
-        None => String::new(),
-    };
-    public_inputs.push(format!(
-        "PATE: {} teachers, GNMax σ = {} on the vote counts, {} answered queries ({} iterations × {} real-or-generated, {} target labels){threshold}",
-        plan.teachers,
-        plan.sigma,
-        plan.queries(),
-        plan.iterations,
-        plan.params.queries_per_iteration,
-        plan.label_queries
-    ));
-    let cost = receipt.admission.cost.clone();
-    Ok(Released { output, receipt, cost, mechanisms: charge.mechanisms, public_inputs })
+            ),
+            None => String::new(),
+        };
+        public_inputs.push(format!(
+            "PATE: {} teachers, GNMax σ = {} on the vote counts, {} answered queries ({} iterations × {} real-or-generated, {} target labels){threshold}",
+            plan.teachers,
+            plan.sigma,
+            plan.queries(),
+            plan.iterations,
+            plan.params.queries_per_iteration,
+            plan.label_queries
+        ));
+        let sampler = PateSampler { gan, labels, encoding: plan.encoding };
+        let cost = receipt.admission.cost.clone();
+        Ok(Fitted { sampler: Box::new(sampler), rows, receipt, cost, mechanisms, public_inputs })
+    }
 }

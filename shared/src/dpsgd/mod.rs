@@ -19,12 +19,13 @@ use burn::tensor::{Device, Tensor};
 use rand::{CryptoRng, RngExt};
 use serde::{Deserialize, Serialize};
 
+use dpsynth_proto::GradientSum;
+use dpsynth_proto::gradient_sum::Model;
+
 use crate::data::examples::Examples;
+use crate::wire::{WireError, seed};
 use ghost::{GhostTape, LinearHook, clipped_sum};
 use params::LinearStack;
-
-/// Kind name of DP-SGD round tasks in the protocol.
-pub const TASK_KIND: &str = "dpsgd";
 
 /// Engine errors.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +86,38 @@ pub struct RoundSettings {
     pub seed: [u8; 32],
     /// Units per backward pass (memory bound; no effect on the result).
     pub micro_batch: usize,
+}
+
+impl RoundSettings {
+    /// The round as a task: these settings, the model it trains and the model's weights.
+    pub fn task(&self, model: Model, weights: Vec<f32>) -> GradientSum {
+        GradientSum {
+            round: self.round,
+            rate: self.rate,
+            clip: self.clip,
+            seed: self.seed.to_vec(),
+            micro_batch: self.micro_batch as u32,
+            model: Some(model),
+            weights,
+        }
+    }
+}
+
+impl TryFrom<&GradientSum> for RoundSettings {
+    type Error = WireError;
+
+    fn try_from(wire: &GradientSum) -> Result<Self, WireError> {
+        if !(wire.rate > 0.0 && wire.rate <= 1.0 && wire.clip > 0.0 && wire.clip.is_finite()) {
+            return Err(WireError::new("a DP-SGD round needs 0 < rate ≤ 1 and a positive clip"));
+        }
+        Ok(Self {
+            round: wire.round,
+            rate: wire.rate,
+            clip: wire.clip,
+            seed: seed(&wire.seed)?,
+            micro_batch: (wire.micro_batch as usize).max(1),
+        })
+    }
 }
 
 /// A worker's share of one round.

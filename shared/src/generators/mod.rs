@@ -1,13 +1,27 @@
 //! Synthetic-data generators. Each states what it measures and how it is charged, and
-//! plans from public information only (the spec and the declared domain).
+//! plans from public information only (the spec and the declared domain). Each is a
+//! folder with the same files: `plan` (from public information: what it measures and the
+//! mechanisms it is charged for), `task` (the worker's side: the aggregate it computes,
+//! its wire form, and the coordinator's check of a worker's answer) and `sampler` (rows
+//! drawn from what was fitted to released values), beside the model's own modules. The
+//! coordinator's side (rounds, charges, releases) is `dpsynth_coordinator::generators`.
 
 pub mod findiff;
 pub mod marginals;
 pub mod pate;
 
+use rand::rngs::ChaCha20Rng;
+
 use crate::accounting::accountant::AccountingOptions;
 use crate::data::domain::Domain;
+use crate::output::SyntheticValue;
 use crate::spec::{GeneratorSpec, JobSpec};
+
+/// Draws synthetic rows from what a generator fitted to its released values. Sampling is
+/// post-processing: it costs no budget, and `rng` (OS-keyed all the same) may be any.
+pub trait Sampler: Send {
+    fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> Vec<Vec<SyntheticValue>>;
+}
 
 /// Why a generator cannot run a spec. Decided from the spec alone, so it may be shown to
 /// the submitter.

@@ -1,7 +1,8 @@
 //! DP-FinDiff's denoiser: predicts the noise ε in x_t from x_t and the timestep.
 //! Sinusoidal time embedding → two linears; input projection; residual blocks
 //! h + W₂·SiLU(W₁·SiLU(h)); output projection of SiLU(h). Every trainable layer is
-//! linear, so ghost clipping covers the whole model.
+//! linear, so ghost clipping covers the whole model. [`FinDiffModel`] is the denoiser
+//! with its diffusion schedule and timestep sampler, as DP-SGD trains it.
 
 use burn::config::Config;
 use burn::module::Module;
@@ -9,8 +10,16 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, Tensor, TensorData};
 
+use rand::SeedableRng;
+use rand::rngs::ChaCha8Rng;
+use sha2::{Digest, Sha256};
+
+use super::diffusion::{self, Draw, Schedule, draw, timestep_cdf};
+use super::task::FinDiffModelSpec;
+use crate::data::examples::Examples;
 use crate::dpsgd::ghost::LinearHook;
 use crate::dpsgd::params::LinearStack;
+use crate::dpsgd::{DpModel, RowRef};
 
 /// Sizes of the denoiser; defaults live in one place, the spec's `[generator.findiff]`.
 #[derive(Config, Debug)]
@@ -103,5 +112,78 @@ impl LinearStack for Denoiser {
         }
         out.push(&mut self.output);
         out
+    }
+}
+
+/// The denoiser with its diffusion schedule and this round's timestep distribution.
+pub struct FinDiffModel {
+    pub denoiser: Denoiser,
+    pub schedule: Schedule,
+    timestep_cdf: Vec<f64>,
+}
+
+impl FinDiffModel {
+    pub fn new(spec: &FinDiffModelSpec, device: &Device) -> Self {
+        let schedule = spec.schedule();
+        let timestep_cdf = timestep_cdf(schedule.steps(), 0.0);
+        Self { denoiser: spec.denoiser.init(device), schedule, timestep_cdf }
+    }
+
+    /// A copy whose parameters track gradients: the ordinary (non-private) backward pass,
+    /// for baselines and for checking the ghost norms against a per-example loop.
+    pub fn tracked(&self) -> Self {
+        use burn::module::Module;
+        Self {
+            denoiser: self.denoiser.clone().train(),
+            schedule: self.schedule.clone(),
+            timestep_cdf: self.timestep_cdf.clone(),
+        }
+    }
+
+    /// Sets the adaptive sampler's exponent α_k for the coming round.
+    pub fn set_timestep_exponent(&mut self, exponent: f64) {
+        self.timestep_cdf = timestep_cdf(self.schedule.steps(), exponent);
+    }
+}
+
+/// A row's timestep and noise, keyed by the round seed, its unit and its position in the
+/// unit: independent of which worker or micro-batch the row lands in.
+fn keyed_draw(seed: &[u8; 32], row: &RowRef<'_>, cdf: &[f64], width: usize) -> Draw {
+    let mut hasher = Sha256::new();
+    hasher.update(seed);
+    hasher.update((row.unit.len() as u64).to_le_bytes());
+    hasher.update(row.unit.as_bytes());
+    hasher.update((row.position as u64).to_le_bytes());
+    let mut rng = ChaCha8Rng::from_seed(hasher.finalize().into());
+    draw(cdf, width, &mut rng)
+}
+
+impl LinearStack for FinDiffModel {
+    fn linears(&self) -> Vec<&Linear> {
+        self.denoiser.linears()
+    }
+
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        self.denoiser.linears_mut()
+    }
+}
+
+impl DpModel for FinDiffModel {
+    fn losses(
+        &self,
+        examples: &Examples,
+        rows: &[RowRef<'_>],
+        seed: &[u8; 32],
+        device: &Device,
+        hook: &mut impl LinearHook,
+    ) -> Tensor<1> {
+        let width = examples.width;
+        let mut x0 = Vec::with_capacity(rows.len() * width);
+        let mut draws = Vec::with_capacity(rows.len());
+        for row in rows {
+            x0.extend_from_slice(&examples.x[row.row * width..(row.row + 1) * width]);
+            draws.push(keyed_draw(seed, row, &self.timestep_cdf, width));
+        }
+        diffusion::losses(&self.denoiser, &self.schedule, &x0, &draws, width, device, hook)
     }
 }
