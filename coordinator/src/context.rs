@@ -176,7 +176,7 @@ impl<'a> JobContext<'a> {
     }
 
     /// The job's progress, to update.
-    pub fn progress(&self) -> MutexGuard<'_, Progress> {
+    pub fn progress_mut(&self) -> MutexGuard<'_, Progress> {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -189,7 +189,7 @@ impl<'a> JobContext<'a> {
     pub fn round_progress(&self) -> impl FnMut(usize, usize) + '_ {
         let started = Instant::now();
         move |done, total| {
-            self.progress().tasks_done = done as u32;
+            self.progress_mut().tasks_done = done as u32;
             let eta_s = (started.elapsed().as_secs_f64() / done as f64 * (total - done) as f64).round();
             tracing::info!(done, total, eta_s, "task done");
         }
@@ -219,7 +219,7 @@ impl<'a> JobContext<'a> {
             receipt.admission.after.epsilon,
             receipt.admission.budget.epsilon,
         );
-        self.progress().epsilon_spent = receipt.admission.cost.epsilon;
+        self.progress_mut().epsilon_spent = receipt.admission.cost.epsilon;
         Ok(receipt)
     }
 

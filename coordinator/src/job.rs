@@ -1,6 +1,6 @@
 //! A job's lifecycle, written once for every generator: validate → open the dataset's
-//! ledger and the scratch store → plan the generator from public information → admit its
-//! planned cost → partition → its rounds and charges (`Generator::fit`) → claim the release
+//! ledger and the scratch store → plan the generator → admit what the plan states, before
+//! any private read → partition → its rounds and charges (`Generator::fit`) → claim the release
 //! → write the parts its sampler draws → clean the scratch store → manifest. The
 //! coordinator is the only place noise is drawn (`dpsynth_privacy::release`, only for what
 //! a charge paid for) and the only ledger writer. A job that fails before its charge
@@ -18,9 +18,9 @@
 pub use crate::context::{INPUT_MISMATCH, JobEnv, JobError, JobRequest, Progress, ProgressHandle};
 use crate::context::{JobContext, set_stage};
 
-use dpsynth_privacy::ledger::{ChargeReceipt, Ledger, LedgerError};
-use dpsynth_shared::accounting::accountant::{AccountingOptions, PrivacyCost};
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+use dpsynth_privacy::ledger::{ChargeStatus, Ledger, LedgerError};
+use dpsynth_shared::accounting::accountant::AccountingOptions;
+use dpsynth_shared::accounting::mechanism::Adjacency;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::Sampler;
@@ -29,8 +29,9 @@ use dpsynth_shared::output::{
 };
 use dpsynth_shared::spec::{GeneratorSpec, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
+use rand::rngs::ChaCha20Rng;
 
-use crate::generators::{FinDiff, Fitted, Generator, Marginals, Pate};
+use crate::generators::{Admission, Charged, FinDiff, Fitted, Generator, Marginals, Pate};
 use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
@@ -78,7 +79,7 @@ pub async fn run_job(
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.
     scratch::delete_prefix(&scratch_store, &scratch::partition_prefix(job_id)).await;
-    let Released { output, receipt, cost, mechanisms, mut public_inputs } = released?;
+    let (output, Charged { receipt, cost, mechanisms, mut public_inputs }) = released?;
     // The charge is released, so no checkpoint of it may be resumed: its leases are moot.
     scratch::delete_prefix(&scratch_store, &format!("{}/{job_id}", scratch::LEASES)).await;
 
@@ -115,29 +116,44 @@ pub async fn run_job(
 
 /// A generator from its plan to its written parts: nothing private is read before the
 /// ledger admits the plan, and no part is written before the release is claimed.
-async fn synthesize<G: Generator>(ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<Released, JobError> {
+async fn synthesize<G: Generator>(
+    ctx: &JobContext<'_>,
+    ledger: &mut Ledger,
+) -> Result<(OutputWriter, Charged), JobError> {
     let generator = G::plan(ctx, ledger).await?;
-    generator.admit(ctx, ledger).await?;
+    admit(ctx, ledger, generator.admission()).await?;
     let output = OutputWriter::create(storage::open(ctx.output_url)?).await?;
     let partitions = ctx.partition().await?;
-    let Fitted { sampler, rows, receipt, cost, mechanisms, public_inputs } =
-        generator.fit(ctx, ledger, &partitions).await?;
+    let Fitted { sampler, rows, charged } = generator.fit(ctx, ledger, &partitions).await?;
 
     set_stage(ctx.progress, "sampling");
+    // Sampling is post-processing: its randomness is not private.
+    let rng = os_rng()?;
     // A charge already released (by another coordinator, or a resumed copy of this job)
     // is refused here.
-    ledger.record_release(receipt.seq, output.url()).await?;
-    let output = write_parts(ctx.spec(), output, rows, sampler).await?;
-    Ok(Released { output, receipt, cost, mechanisms, public_inputs })
+    ledger.record_release(charged.receipt.seq, output.url()).await?;
+    let output = write_parts(ctx.spec(), output, rows, sampler, rng).await?;
+    Ok((output, charged))
 }
 
-/// A generator's written output, with what was charged for it.
-struct Released {
-    output: OutputWriter,
-    receipt: ChargeReceipt,
-    cost: PrivacyCost,
-    mechanisms: Vec<Mechanism>,
-    public_inputs: Vec<String>,
+/// Refuses the job unless the ledger admits `admission`.
+async fn admit(ctx: &JobContext<'_>, ledger: &mut Ledger, admission: Admission) -> Result<(), JobError> {
+    match admission {
+        Admission::Cost(mechanisms) => ctx.admit(ledger, &ctx.charge_request(mechanisms)).await.map(drop),
+        Admission::Bound(mechanisms) => {
+            let admission = ctx.admit(ledger, &ctx.charge_request(mechanisms)).await?;
+            let remaining = admission.budget.epsilon - admission.before.epsilon;
+            let epsilon = ctx.spec().privacy.epsilon;
+            if epsilon > remaining {
+                return Err(JobError::OverRemainingBudget { epsilon, remaining, budget: admission.budget.epsilon });
+            }
+            Ok(())
+        }
+        Admission::Charged { seq } => match ledger.charge_status(seq) {
+            Some(ChargeStatus::Charged) => Ok(()),
+            _ => Err(JobError::Other(format!("ledger entry {seq} is not a charge awaiting its release"))),
+        },
+    }
 }
 
 /// Writes `rows` rows drawn by `sampler`, part by part (memory bounded by
@@ -147,9 +163,8 @@ async fn write_parts(
     mut output: OutputWriter,
     rows: u64,
     mut sampler: Box<dyn Sampler>,
+    mut rng: ChaCha20Rng,
 ) -> Result<OutputWriter, JobError> {
-    // Sampling is post-processing: its randomness is not private.
-    let mut rng = os_rng()?;
     let mut written = 0;
     while written < rows {
         let n = (rows - written).min(spec.output.rows_per_part);

@@ -79,7 +79,7 @@ pub async fn train(
         checkpointer.after_round(optimizer, parameters).await?;
 
         let done = optimizer.step;
-        ctx.progress().tasks_done = done as u32;
+        ctx.progress_mut().tasks_done = done as u32;
         if last_report.elapsed().as_secs_f64() >= 5.0 || done == run.steps {
             last_report = Instant::now();
             let per_round = started.elapsed().as_secs_f64() / (done - first_step) as f64;

@@ -4,12 +4,10 @@
 //! more bytes than it declared: a hostile worker cannot make the coordinator buffer more
 //! than the cap. What the values mean is checked later, by the generator that asked.
 
+pub use dpsynth_proto::MAX_RESULT_VALUES;
 use dpsynth_proto::{Dtype, ResultHeader, TensorChunk};
 
 use crate::scheduler::TaskResult;
-
-/// Most f64 values one result may declare (2 GiB): above any model's parameter count.
-pub const MAX_RESULT_VALUES: u64 = 1 << 28;
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ResultError {

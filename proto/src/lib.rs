@@ -9,6 +9,10 @@ pub mod tls;
 /// 3: typed tasks (`Task.work`, one message per kind) instead of a kind and opaque bytes.
 pub const PROTOCOL_VERSION: u32 = 3;
 
+/// Most f64 values one result may declare (2 GiB): above any model's parameter count or
+/// any task's table cells.
+pub const MAX_RESULT_VALUES: u64 = 1 << 28;
+
 /// Largest chunk of tensor bytes sent in one message.
 pub const CHUNK_BYTES: usize = 1 << 20;
 

@@ -16,4 +16,5 @@ pub mod sampling;
 pub mod simulate;
 pub mod spec;
 pub mod storage;
+#[cfg(feature = "wire")]
 pub mod wire;

@@ -33,7 +33,26 @@ pub fn seed(bytes: &[u8]) -> Result<[u8; 32], WireError> {
 
 #[cfg(test)]
 mod tests {
+    use dpsynth_proto::gradient_sum::Model;
+    use dpsynth_proto::{GradientSum, TeacherVotes};
+
     use super::*;
+    use crate::accounting::accountant::AccountingOptions;
+    use crate::data::domain::Domain;
+    use crate::dpsgd::RoundSettings;
+    use crate::generators::findiff::{FinDiffPlan, FinDiffRound};
+    use crate::generators::marginals::{MarginalsPlan, MarginalsTask};
+    use crate::generators::pate::{PatePlan, Question, VoteTask};
+    use crate::spec::JobSpec;
+
+    const DEMO: &str = include_str!("../../examples/demo.toml");
+
+    /// The demo's job with its generator section replaced by `generator`.
+    fn job(generator: &str) -> JobSpec {
+        let (head, rest) = DEMO.split_once("[generator]").unwrap();
+        let output = &rest[rest.find("[output]").unwrap()..];
+        JobSpec::parse(&format!("{head}{generator}\n{output}"), "demo.toml").unwrap()
+    }
 
     #[test]
     fn configurations_round_trip_and_malformed_ones_are_refused() {
@@ -42,5 +61,81 @@ mod tests {
         assert!(from_json::<Vec<f64>>("weights", &json[1..]).unwrap_err().to_string().contains("weights"));
         assert_eq!(seed(&[7; 32]).unwrap(), [7; 32]);
         assert!(seed(&[7; 31]).is_err());
+    }
+
+    #[test]
+    fn count_tables_round_trip_and_refuse_columns_outside_the_domain_or_too_many_cells() {
+        let spec = JobSpec::parse(DEMO, "demo.toml").unwrap();
+        let task = MarginalsPlan::new(&spec, &Domain::from_spec(&spec)).unwrap().task;
+        let wire = dpsynth_proto::CountTables::from(&task);
+        assert_eq!(MarginalsTask::try_from(&wire).unwrap(), task);
+        let columns = task.domain.columns.len() as u32;
+        let mut outside = wire.clone();
+        outside.tables[0].columns = vec![columns];
+        assert!(MarginalsTask::try_from(&outside).is_err());
+        let mut empty = wire.clone();
+        empty.tables[0].columns.clear();
+        assert!(MarginalsTask::try_from(&empty).is_err());
+        // Every column in one table: far more cells than one result may hold.
+        let mut huge = wire;
+        huge.tables[0].columns = (0..columns).collect();
+        assert!(MarginalsTask::try_from(&huge).unwrap_err().to_string().contains("cells"));
+    }
+
+    #[test]
+    fn gradient_sums_round_trip_and_refuse_bad_rates_clips_and_seeds() {
+        let spec = job("[generator]\nname = \"findiff\"");
+        let plan = FinDiffPlan::new(&spec, &Domain::from_spec(&spec)).unwrap();
+        let settings = RoundSettings { round: 3, rate: 0.25, clip: 1.5, seed: [4; 32], micro_batch: 64 };
+        let round = FinDiffRound { model: plan.model, timestep_exponent: 0.5 };
+        let wire = settings.task(Model::Findiff((&round).into()), vec![1.0, -2.0]);
+        assert_eq!(RoundSettings::try_from(&wire).unwrap(), settings);
+        let Some(Model::Findiff(model)) = &wire.model else { panic!("a DP-FinDiff model") };
+        let back = FinDiffRound::try_from(model).unwrap();
+        assert_eq!((back.model.domain, back.timestep_exponent), (round.model.domain, 0.5));
+        let bad: [fn(&mut GradientSum); 5] = [
+            |w| w.rate = 0.0,
+            |w| w.rate = 1.5,
+            |w| w.rate = f64::NAN,
+            |w| w.clip = f64::INFINITY,
+            |w| w.seed.truncate(31),
+        ];
+        for (i, spoil) in bad.iter().enumerate() {
+            let mut spoiled = wire.clone();
+            spoil(&mut spoiled);
+            assert!(RoundSettings::try_from(&spoiled).is_err(), "case {i}");
+        }
+    }
+
+    #[test]
+    fn teacher_votes_round_trip_and_carry_exactly_the_rows_they_name() {
+        let mut spec = job("[generator]\nname = \"pate\"\n[generator.pate]\nsigma = 500.0");
+        spec.schema.target = Some("rhythm".into());
+        let plan = PatePlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
+        let width = plan.encoding.width;
+        let task = VoteTask {
+            encoding: plan.encoding.clone(),
+            teacher: plan.teacher_config(),
+            seed: [2; 32],
+            question: Question::Realness,
+            fake_rows: 3,
+            queries: 2,
+        };
+        let wire = task.task(vec![0.5; 5 * width]);
+        let back = VoteTask::try_from(&wire).unwrap();
+        assert_eq!((back.fake_rows, back.queries, back.seed, back.question), (3, 2, [2; 32], Question::Realness));
+        assert_eq!(back.teacher, task.teacher);
+        let bad: [fn(&mut TeacherVotes); 5] = [
+            |w| w.question = dpsynth_proto::Question::Unspecified.into(),
+            |w| w.question = dpsynth_proto::Question::Target.into(),
+            |w| w.rows.truncate(1),
+            |w| w.queries = u64::MAX,
+            |w| w.seed.clear(),
+        ];
+        for (i, spoil) in bad.iter().enumerate() {
+            let mut spoiled = wire.clone();
+            spoil(&mut spoiled);
+            assert!(VoteTask::try_from(&spoiled).is_err(), "case {i}");
+        }
     }
 }

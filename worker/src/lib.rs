@@ -187,10 +187,18 @@ async fn serve_tasks(
         // No task within the wait: poll again.
         let Some(task) = task else { continue };
         // DP-SGD rounds are thousands of short tasks: logged at debug level.
-        if let Some(Work::GradientSum(_)) = task.work {
-            tracing::debug!(job = task.job_id, task = task.task_id, attempt = task.attempt, "round task started");
-        } else {
-            tracing::info!(job = task.job_id, task = task.task_id, attempt = task.attempt, "task started");
+        match &task.work {
+            Some(Work::GradientSum(_)) => {
+                tracing::debug!(job = task.job_id, task = task.task_id, attempt = task.attempt, "round task started")
+            }
+            work => {
+                let work = match work {
+                    Some(Work::CountTables(_)) => "count tables",
+                    Some(Work::TeacherVotes(_)) => "teacher votes",
+                    _ => "unknown",
+                };
+                tracing::info!(job = task.job_id, task = task.task_id, attempt = task.attempt, work, "task started")
+            }
         }
         let started = Instant::now();
         match executor.execute(&task).await {

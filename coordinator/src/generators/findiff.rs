@@ -16,7 +16,7 @@ use dpsynth_shared::generators::findiff::diffusion::timestep_exponent;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan, FinDiffRound, FinDiffSampler};
 use dpsynth_shared::spec::{FinDiffParams, GeneratorSpec};
 
-use super::{Fitted, Generator};
+use super::{Admission, Charged, Fitted, Generator};
 use crate::checkpoint::{self, ChargedRun, Checkpoint, Checkpointer};
 use crate::context::{JobContext, JobError, Partitions, release_count, set_stage};
 use crate::training::{self, TrainingRun};
@@ -29,9 +29,8 @@ pub struct FinDiff {
 
 enum Start {
     /// Planned; nothing charged. Admitted with the run calibrated at a stand-in rate.
-    Fresh { plan: Box<FinDiffPlan>, admitted: Vec<Mechanism> },
-    /// Charged when it first started; the ledger confirmed the charge and this process
-    /// holds the resume lease.
+    Fresh { plan: Box<FinDiffPlan>, bound: Vec<Mechanism> },
+    /// Charged when it first started, as the ledger confirmed.
     Resumed(Box<Checkpoint>),
 }
 
@@ -49,6 +48,33 @@ impl Generator for FinDiff {
                         "job {job_id} has a checkpoint for another schema; resubmit it unchanged or under a new job id"
                     )));
                 }
+                Start::Resumed(Box::new(saved))
+            }
+            None => {
+                let plan = FinDiffPlan::new(ctx.spec(), ctx.domain)?;
+                let provisional = plan.provisional_rate();
+                let cap = plan.calibrate(ctx.spec(), ledger.options(), provisional)?;
+                Start::Fresh { bound: plan.mechanisms(provisional, cap), plan: Box::new(plan) }
+            }
+        };
+        Ok(Self { params: params.clone(), start })
+    }
+
+    /// A new run's mechanisms at a stand-in rate bound its cost, since a calibrated run
+    /// costs the job's (ε, δ) whatever the released count makes q.
+    fn admission(&self) -> Admission {
+        match &self.start {
+            Start::Fresh { bound, .. } => Admission::Bound(bound.clone()),
+            Start::Resumed(saved) => Admission::Charged { seq: saved.run.receipt.seq },
+        }
+    }
+
+    async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
+        let Self { params, start } = self;
+        let (scratch, job_id) = (ctx.scratch, ctx.request.job_id.as_str());
+        let Checkpoint { run, mut optimizer, mut parameters } = match start {
+            Start::Resumed(saved) => {
+                // One coordinator resumes a checkpoint from a given round.
                 checkpoint::take_resume_lease(scratch, job_id, saved.run.receipt.seq, saved.optimizer.step).await?;
                 tracing::info!(
                     round = saved.optimizer.step,
@@ -56,50 +82,13 @@ impl Generator for FinDiff {
                     ledger_entry = saved.run.receipt.seq,
                     "resuming the charged DP-SGD run from its checkpoint"
                 );
-                Start::Resumed(Box::new(saved))
+                *saved
             }
-            None => {
-                let plan = FinDiffPlan::new(ctx.spec(), ctx.domain)?;
-                // A run calibrated to the job's (ε, δ) costs exactly that whatever q turns
-                // out to be, so a stand-in rate bounds it before the data is touched.
-                let provisional = plan.provisional_rate();
-                let cap = plan.calibrate(ctx.spec(), ledger.options(), provisional)?;
-                Start::Fresh { admitted: plan.mechanisms(provisional, cap), plan: Box::new(plan) }
-            }
-        };
-        Ok(Self { params: params.clone(), start })
-    }
-
-    fn mechanisms(&self) -> Vec<Mechanism> {
-        match &self.start {
-            Start::Fresh { admitted, .. } => admitted.clone(),
-            Start::Resumed(saved) => saved.run.mechanisms.clone(),
-        }
-    }
-
-    /// A new run must fit the budget, and (the ledger composes under both accountants, so
-    /// the actual q's total can differ from the stand-in's) its declared ε must fit what
-    /// is left. A resumed run was charged when it started.
-    async fn admit(&self, ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<(), JobError> {
-        let Start::Fresh { admitted, .. } = &self.start else { return Ok(()) };
-        let admission = ctx.admit(ledger, &ctx.charge_request(admitted.clone())).await?;
-        let remaining = admission.budget.epsilon - admission.before.epsilon;
-        let epsilon = ctx.spec().privacy.epsilon;
-        if epsilon > remaining {
-            return Err(JobError::OverRemainingBudget { epsilon, remaining, budget: admission.budget.epsilon });
-        }
-        Ok(())
-    }
-
-    async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
-        let Self { params, start } = self;
-        let Checkpoint { run, mut optimizer, mut parameters } = match start {
-            Start::Resumed(saved) => *saved,
             Start::Fresh { plan, .. } => charge_run(ctx, ledger, partitions, *plan, &params).await?,
         };
-        ctx.progress().epsilon_spent = run.cost.epsilon;
+        ctx.progress_mut().epsilon_spent = run.cost.epsilon;
         set_stage(ctx.progress, "training (DP-SGD)");
-        ctx.progress().tasks_total = run.steps as u32;
+        ctx.progress_mut().tasks_total = run.steps as u32;
         let training = TrainingRun {
             partitions,
             receipt: &run.receipt,
@@ -116,7 +105,6 @@ impl Generator for FinDiff {
             let exponent = timestep_exponent(params.alpha_start, params.alpha_end, epoch, params.epochs);
             Model::Findiff((&FinDiffRound { model: run.model.clone(), timestep_exponent: exponent }).into())
         };
-        let (scratch, job_id) = (ctx.scratch, ctx.request.job_id.as_str());
         let checkpointer = Checkpointer { scratch, job_id, run: &run, every: params.checkpoint_every };
         let trained = training::train(ctx, &training, &mut parameters, &mut optimizer, model, &checkpointer).await;
         // From here on the run is not resumable: a failed run stays charged and releases
@@ -141,7 +129,7 @@ impl Generator for FinDiff {
             format!("DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps", run.rate, run.sigma, params.clip, run.steps),
         ];
         let ChargedRun { receipt, cost, mechanisms, .. } = run;
-        Ok(Fitted { sampler: Box::new(sampler), rows, receipt, cost, mechanisms, public_inputs })
+        Ok(Fitted { sampler: Box::new(sampler), rows, charged: Charged { receipt, cost, mechanisms, public_inputs } })
     }
 }
 

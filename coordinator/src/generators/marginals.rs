@@ -4,10 +4,9 @@
 use dpsynth_privacy::ledger::Ledger;
 use dpsynth_privacy::release::Releases;
 use dpsynth_proto::task::Work;
-use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler};
 
-use super::{Fitted, Generator};
+use super::{Admission, Charged, Fitted, Generator};
 use crate::context::{JobContext, JobError, Partitions, set_stage};
 use crate::gather::{Answer, Round};
 
@@ -24,8 +23,8 @@ impl Generator for Marginals {
         Ok(Self { plan, sigma })
     }
 
-    fn mechanisms(&self) -> Vec<Mechanism> {
-        vec![self.plan.mechanism(self.sigma)]
+    fn admission(&self) -> Admission {
+        Admission::Cost(vec![self.plan.mechanism(self.sigma)])
     }
 
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
@@ -35,7 +34,7 @@ impl Generator for Marginals {
         let task = &plan.task;
         let round =
             Round { work: Work::CountTables(task.into()), groups: &groups, tensor: "counts", len: task.cells() };
-        ctx.progress().tasks_total = groups.len() as u32;
+        ctx.progress_mut().tasks_total = groups.len() as u32;
         // The partition's own unit count caps the worker's claim.
         let check = |a: Answer<'_>| {
             partitions.units_per_partition.check(|units| task.validate(a.values, a.claimed_units.min(units[a.group])))
@@ -50,6 +49,7 @@ impl Generator for Marginals {
         // The default size: the root table's noisy total, released by the same mechanism.
         let rows = ctx.spec().output.rows.unwrap_or_else(|| sampler.noisy_total.round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
-        Ok(Fitted { sampler: Box::new(sampler), rows, receipt, cost, mechanisms, public_inputs: Vec::new() })
+        let charged = Charged { receipt, cost, mechanisms, public_inputs: Vec::new() };
+        Ok(Fitted { sampler: Box::new(sampler), rows, charged })
     }
 }

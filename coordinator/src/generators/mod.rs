@@ -1,9 +1,10 @@
 //! The coordinator's side of each generator, behind one trait: the job's lifecycle
-//! (`crate::job`) plans it from public information, admits its planned cost before any
-//! read, partitions the input, lets it fit (its rounds through [`crate::gather`], every
-//! noisy value drawn through `dpsynth_privacy::release` after the charge that pays for
-//! it), then claims the one release and writes what its sampler draws. Its plan, task and
-//! sampler live in the shared crate's `generators::<name>`, beside its worker side.
+//! (`crate::job`) plans it, admits what the plan states before any private read (the
+//! lifecycle's step, not the generator's), partitions the input, lets it fit (its rounds
+//! through [`crate::gather`], every noisy value drawn through `dpsynth_privacy::release`
+//! after the charge that pays for it), then claims the one release and writes what its
+//! sampler draws. Its plan, task and sampler live in the shared crate's
+//! `generators::<name>`, beside its worker side.
 
 pub mod findiff;
 pub mod marginals;
@@ -23,21 +24,28 @@ use crate::context::{JobContext, JobError, Partitions};
 /// A generator as its job runs it.
 pub(crate) trait Generator: Sized {
     /// Plans from public information: the spec, the declared domain and the ledger's
-    /// accounting options (or, resuming, a charged run the ledger confirms).
+    /// accounting options; or finds a run of this job the ledger has already charged.
     async fn plan(ctx: &JobContext<'_>, ledger: &Ledger) -> Result<Self, JobError>;
 
-    /// What the job is admitted with before any private read: its planned mechanisms, or a
-    /// bound on them when the cost depends on a release.
-    fn mechanisms(&self) -> Vec<Mechanism>;
-
-    /// Refuses the job unless the ledger admits [`Generator::mechanisms`].
-    async fn admit(&self, ctx: &JobContext<'_>, ledger: &mut Ledger) -> Result<(), JobError> {
-        ctx.admit(ledger, &ctx.charge_request(self.mechanisms())).await.map(drop)
-    }
+    /// What the lifecycle asks the ledger to admit before any private read.
+    fn admission(&self) -> Admission;
 
     /// Its rounds on the workers over `partitions`, each charged before anything derived
     /// from it is drawn; returns the fitted sampler with what was charged.
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError>;
+}
+
+/// What a job must be admitted with before it reads private data.
+pub(crate) enum Admission {
+    /// The planned mechanisms: the job's cost.
+    Cost(Vec<Mechanism>),
+    /// Mechanisms that bound a cost fixed later by a release (DP-FinDiff's rate follows the
+    /// released unit count): admitted, and the job's declared ε must also fit what is left
+    /// of the budget.
+    Bound(Vec<Mechanism>),
+    /// A run the ledger charged when it first started (entry `seq`) and has not released:
+    /// resuming it spends nothing.
+    Charged { seq: u64 },
 }
 
 /// What a generator fitted, and what it was charged for.
@@ -45,11 +53,16 @@ pub(crate) struct Fitted {
     pub sampler: Box<dyn Sampler>,
     /// Rows to write: the spec's, or a released count.
     pub rows: u64,
+    pub charged: Charged,
+}
+
+/// What a job was charged for, for its manifest.
+pub(crate) struct Charged {
     /// The charge whose release the output is.
     pub receipt: ChargeReceipt,
     /// The job's whole cost (all its ledger entries), as its accountant states it.
     pub cost: PrivacyCost,
     pub mechanisms: Vec<Mechanism>,
-    /// Released statistics the output depends on, for the manifest.
+    /// Released statistics the output depends on.
     pub public_inputs: Vec<String>,
 }

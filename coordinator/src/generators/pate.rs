@@ -16,7 +16,6 @@ use std::time::Instant;
 use dpsynth_privacy::ledger::Ledger;
 use dpsynth_privacy::release::{Private, Releases};
 use dpsynth_proto::task::Work;
-use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::entropy::os_seed;
 use dpsynth_shared::generators::pate::answers::{
@@ -28,7 +27,7 @@ use dpsynth_shared::generators::pate::teacher::TargetModel;
 use dpsynth_shared::generators::pate::{PatePlan, PateSampler, Question, VoteTask};
 use dpsynth_shared::spec::PateRelease;
 
-use super::{Fitted, Generator};
+use super::{Admission, Charged, Fitted, Generator};
 use crate::context::{JobContext, JobError, Partitions, release_count, set_stage};
 use crate::gather::{Answer, Gather, Round};
 
@@ -106,7 +105,7 @@ async fn train(
         gan = back;
 
         let done = iteration + 1;
-        ctx.progress().tasks_done = done;
+        ctx.progress_mut().tasks_done = done;
         let eta_s = (started.elapsed().as_secs_f64() / f64::from(done) * f64::from(plan.iterations - done)).round();
         tracing::info!(
             iteration = done,
@@ -148,7 +147,7 @@ async fn train(
             labelled = shares.len() as u64 / classes as u64;
             let (encoding, config) = (plan.encoding.clone(), plan.teacher_config());
             let model = blocking(move || TargetModel::fit(&encoding, &config, &queries, &shares)).await?;
-            ctx.progress().tasks_done = plan.iterations + 1;
+            ctx.progress_mut().tasks_done = plan.iterations + 1;
             tracing::info!(labels = n, epsilon_charged = run.epsilon, "PATE target labels released");
             model
         }
@@ -228,7 +227,15 @@ pub struct Pate {
 
 impl Generator for Pate {
     async fn plan(ctx: &JobContext<'_>, ledger: &Ledger) -> Result<Self, JobError> {
-        let plan = PatePlan::new(ctx.spec(), ctx.domain, ledger.options())?;
+        Ok(Self { plan: PatePlan::new(ctx.spec(), ctx.domain, ledger.options())? })
+    }
+
+    fn admission(&self) -> Admission {
+        Admission::Cost(self.plan.mechanisms())
+    }
+
+    async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
+        let plan = self.plan;
         tracing::info!(
             teachers = plan.teachers,
             sigma = plan.sigma,
@@ -236,15 +243,6 @@ impl Generator for Pate {
             queries = plan.queries(),
             "PATE plan: the job's ε pays for this many answered queries"
         );
-        Ok(Self { plan })
-    }
-
-    fn mechanisms(&self) -> Vec<Mechanism> {
-        self.plan.mechanisms()
-    }
-
-    async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
-        let plan = self.plan;
         let mechanisms = plan.mechanisms();
         let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;
         let mut releases = Releases::paid_by(&receipt)?;
@@ -263,7 +261,7 @@ impl Generator for Pate {
 
         set_stage(ctx.progress, "teachers voting (PATE)");
         // The label queries are one more round of tasks.
-        ctx.progress().tasks_total = plan.iterations + u32::from(plan.label_queries > 0);
+        ctx.progress_mut().tasks_total = plan.iterations + u32::from(plan.label_queries > 0);
         let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), compute_device().autodiff(), os_seed()?);
         let run = VoteRun { partitions: &partitions.urls, plan: &plan, epsilon: receipt.admission.cost.epsilon };
         let (gan, labels, summary) = train(ctx, &run, &mut releases, gan).await?;
@@ -291,6 +289,6 @@ impl Generator for Pate {
         ));
         let sampler = PateSampler { gan, labels, encoding: plan.encoding };
         let cost = receipt.admission.cost.clone();
-        Ok(Fitted { sampler: Box::new(sampler), rows, receipt, cost, mechanisms, public_inputs })
+        Ok(Fitted { sampler: Box::new(sampler), rows, charged: Charged { receipt, cost, mechanisms, public_inputs } })
     }
 }

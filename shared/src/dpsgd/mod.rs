@@ -17,13 +17,8 @@ pub mod params;
 
 use burn::tensor::{Device, Tensor};
 use rand::{CryptoRng, RngExt};
-use serde::{Deserialize, Serialize};
-
-use dpsynth_proto::GradientSum;
-use dpsynth_proto::gradient_sum::Model;
 
 use crate::data::examples::Examples;
-use crate::wire::{WireError, seed};
 use ghost::{GhostTape, LinearHook, clipped_sum};
 use params::LinearStack;
 
@@ -75,7 +70,7 @@ pub struct RowRef<'a> {
 }
 
 /// Settings of one round that every worker gets.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RoundSettings {
     pub round: u64,
     /// Poisson sampling rate q of every unit.
@@ -88,35 +83,45 @@ pub struct RoundSettings {
     pub micro_batch: usize,
 }
 
-impl RoundSettings {
-    /// The round as a task: these settings, the model it trains and the model's weights.
-    pub fn task(&self, model: Model, weights: Vec<f32>) -> GradientSum {
-        GradientSum {
-            round: self.round,
-            rate: self.rate,
-            clip: self.clip,
-            seed: self.seed.to_vec(),
-            micro_batch: self.micro_batch as u32,
-            model: Some(model),
-            weights,
+/// A round as `GradientSum` (`dpsynth.proto`).
+#[cfg(feature = "wire")]
+mod wire {
+    use dpsynth_proto::GradientSum;
+    use dpsynth_proto::gradient_sum::Model;
+
+    use super::RoundSettings;
+    use crate::wire::{WireError, seed};
+
+    impl RoundSettings {
+        /// The round as a task: these settings, the model it trains and the model's weights.
+        pub fn task(&self, model: Model, weights: Vec<f32>) -> GradientSum {
+            GradientSum {
+                round: self.round,
+                rate: self.rate,
+                clip: self.clip,
+                seed: self.seed.to_vec(),
+                micro_batch: u32::try_from(self.micro_batch).unwrap_or(u32::MAX),
+                model: Some(model),
+                weights,
+            }
         }
     }
-}
 
-impl TryFrom<&GradientSum> for RoundSettings {
-    type Error = WireError;
+    impl TryFrom<&GradientSum> for RoundSettings {
+        type Error = WireError;
 
-    fn try_from(wire: &GradientSum) -> Result<Self, WireError> {
-        if !(wire.rate > 0.0 && wire.rate <= 1.0 && wire.clip > 0.0 && wire.clip.is_finite()) {
-            return Err(WireError::new("a DP-SGD round needs 0 < rate ≤ 1 and a positive clip"));
+        fn try_from(wire: &GradientSum) -> Result<Self, WireError> {
+            if !(wire.rate > 0.0 && wire.rate <= 1.0 && wire.clip > 0.0 && wire.clip.is_finite()) {
+                return Err(WireError::new("a DP-SGD round needs 0 < rate ≤ 1 and a positive clip"));
+            }
+            Ok(Self {
+                round: wire.round,
+                rate: wire.rate,
+                clip: wire.clip,
+                seed: seed(&wire.seed)?,
+                micro_batch: wire.micro_batch as usize,
+            })
         }
-        Ok(Self {
-            round: wire.round,
-            rate: wire.rate,
-            clip: wire.clip,
-            seed: seed(&wire.seed)?,
-            micro_batch: (wire.micro_batch as usize).max(1),
-        })
     }
 }
 

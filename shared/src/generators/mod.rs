@@ -18,7 +18,8 @@ use crate::output::SyntheticValue;
 use crate::spec::{GeneratorSpec, JobSpec};
 
 /// Draws synthetic rows from what a generator fitted to its released values. Sampling is
-/// post-processing: it costs no budget, and `rng` (OS-keyed all the same) may be any.
+/// post-processing: it costs no budget, so its randomness need not be private (the
+/// lifecycle passes an OS-keyed generator all the same).
 pub trait Sampler: Send {
     fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> Vec<Vec<SyntheticValue>>;
 }

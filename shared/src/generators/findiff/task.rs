@@ -8,7 +8,6 @@ use super::encoding::TabularEncoding;
 use super::model::DenoiserConfig;
 use crate::data::domain::Domain;
 use crate::data::examples::Examples;
-use crate::wire::{WireError, from_json, to_json};
 
 /// Everything a worker needs to rebuild the model of a job (no weights).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -35,6 +34,7 @@ impl FinDiffModelSpec {
         .await
     }
 }
+
 /// The model of one DP-SGD round of a DP-FinDiff job, as a worker receives it (the
 /// round's settings and weights travel beside it).
 #[derive(Clone, Debug)]
@@ -44,16 +44,28 @@ pub struct FinDiffRound {
     pub timestep_exponent: f64,
 }
 
-impl From<&FinDiffRound> for dpsynth_proto::FinDiffModel {
-    fn from(round: &FinDiffRound) -> Self {
-        Self { spec_json: to_json(&round.model), timestep_exponent: round.timestep_exponent }
+/// The round's model as `FinDiffModel` (`dpsynth.proto`).
+#[cfg(feature = "wire")]
+mod wire {
+    use dpsynth_proto::FinDiffModel;
+
+    use super::FinDiffRound;
+    use crate::wire::{WireError, from_json, to_json};
+
+    impl From<&FinDiffRound> for FinDiffModel {
+        fn from(round: &FinDiffRound) -> Self {
+            Self { spec_json: to_json(&round.model), timestep_exponent: round.timestep_exponent }
+        }
     }
-}
 
-impl TryFrom<&dpsynth_proto::FinDiffModel> for FinDiffRound {
-    type Error = WireError;
+    impl TryFrom<&FinDiffModel> for FinDiffRound {
+        type Error = WireError;
 
-    fn try_from(wire: &dpsynth_proto::FinDiffModel) -> Result<Self, WireError> {
-        Ok(Self { model: from_json("DP-FinDiff model", &wire.spec_json)?, timestep_exponent: wire.timestep_exponent })
+        fn try_from(wire: &FinDiffModel) -> Result<Self, WireError> {
+            Ok(Self {
+                model: from_json("DP-FinDiff model", &wire.spec_json)?,
+                timestep_exponent: wire.timestep_exponent,
+            })
+        }
     }
 }

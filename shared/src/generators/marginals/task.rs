@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use dpsynth_proto::{CountTables, TableColumns};
 use rand::CryptoRng;
 use rand::rngs::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
@@ -12,7 +11,6 @@ use crate::data::domain::Domain;
 use crate::data::{DataError, EncodedBatch};
 use crate::entropy::os_rng;
 use crate::sampling::Reservoir;
-use crate::wire::{WireError, from_json, to_json};
 
 /// What a worker computes over its partitions (`CountTables` on the wire).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -115,31 +113,49 @@ impl<R: CryptoRng> Counter<'_, R> {
     }
 }
 
-impl From<&MarginalsTask> for CountTables {
-    fn from(task: &MarginalsTask) -> Self {
-        CountTables {
-            domain_json: to_json(&task.domain),
-            tables: task
-                .tables
-                .iter()
-                .map(|t| TableColumns { columns: t.iter().map(|&c| c as u32).collect() })
-                .collect(),
-            max_rows_per_unit: task.max_rows_per_unit,
-            row_level: task.row_level,
+/// The task as `CountTables` (`dpsynth.proto`).
+#[cfg(feature = "wire")]
+mod wire {
+    use dpsynth_proto::{CountTables, MAX_RESULT_VALUES, TableColumns};
+
+    use super::MarginalsTask;
+    use crate::data::domain::Domain;
+    use crate::wire::{WireError, from_json, to_json};
+
+    impl From<&MarginalsTask> for CountTables {
+        fn from(task: &MarginalsTask) -> Self {
+            CountTables {
+                domain_json: to_json(&task.domain),
+                tables: task
+                    .tables
+                    .iter()
+                    .map(|t| TableColumns { columns: t.iter().map(|&c| c as u32).collect() })
+                    .collect(),
+                max_rows_per_unit: task.max_rows_per_unit,
+                row_level: task.row_level,
+            }
         }
     }
-}
 
-impl TryFrom<&CountTables> for MarginalsTask {
-    type Error = WireError;
+    impl TryFrom<&CountTables> for MarginalsTask {
+        type Error = WireError;
 
-    fn try_from(wire: &CountTables) -> Result<Self, WireError> {
-        let domain: Domain = from_json("domain", &wire.domain_json)?;
-        let tables: Vec<Vec<usize>> =
-            wire.tables.iter().map(|t| t.columns.iter().map(|&c| c as usize).collect()).collect();
-        if tables.iter().flatten().any(|&c| c >= domain.columns.len()) || tables.iter().any(Vec::is_empty) {
-            return Err(WireError::new("a table names no column or a column outside the domain"));
+        fn try_from(wire: &CountTables) -> Result<Self, WireError> {
+            let domain: Domain = from_json("domain", &wire.domain_json)?;
+            let tables: Vec<Vec<usize>> =
+                wire.tables.iter().map(|t| t.columns.iter().map(|&c| c as usize).collect()).collect();
+            if tables.iter().flatten().any(|&c| c >= domain.columns.len()) || tables.iter().any(Vec::is_empty) {
+                return Err(WireError::new("a table names no column or a column outside the domain"));
+            }
+            // Every table's cells, and their sum, within what one result may hold.
+            let cells = tables.iter().try_fold(0u64, |total, table| {
+                let size = table.iter().try_fold(1u64, |n, &c| n.checked_mul(domain.columns[c].bins() as u64))?;
+                total.checked_add(size).filter(|&t| t <= MAX_RESULT_VALUES)
+            });
+            if cells.is_none() {
+                return Err(WireError::new(format!("the tables hold more than {MAX_RESULT_VALUES} cells")));
+            }
+            Ok(MarginalsTask { domain, tables, max_rows_per_unit: wire.max_rows_per_unit, row_level: wire.row_level })
         }
-        Ok(MarginalsTask { domain, tables, max_rows_per_unit: wire.max_rows_per_unit, row_level: wire.row_level })
     }
 }

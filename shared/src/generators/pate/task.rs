@@ -1,7 +1,6 @@
 //! The worker's side: a vote round (each partition's teacher fit on its rows, voting on
 //! generated queries), its wire form, and the coordinator's check of the summed votes.
 
-use dpsynth_proto::TeacherVotes;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -10,7 +9,6 @@ use super::encoding::PateEncoding;
 use super::teacher::{Features, TargetModel, Teacher, TeacherConfig};
 use crate::data::examples::Examples;
 use crate::spec::TeacherVote;
-use crate::wire::{WireError, from_json, seed, to_json};
 
 /// What the teachers are asked about the query rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,8 +18,9 @@ pub enum Question {
     /// Which target value goes with the rest of the row (a probability per target value)?
     Target,
 }
-/// One vote round as a worker receives it; the generated rows follow as f32 features:
-/// `fake_rows` rows for the teachers to train against, then `queries` rows to vote on.
+
+/// One vote round as a worker receives it (the generated rows travel beside it:
+/// `fake_rows` rows for the teachers to train against, then `queries` rows to vote on).
 #[derive(Clone, Debug)]
 pub struct VoteTask {
     pub encoding: PateEncoding,
@@ -35,24 +34,6 @@ pub struct VoteTask {
 }
 
 impl VoteTask {
-    /// The round as a task, with the generated rows' features (`fake_rows`, then the
-    /// queries).
-    pub fn task(&self, rows: Vec<f32>) -> TeacherVotes {
-        let question = match self.question {
-            Question::Realness => dpsynth_proto::Question::Realness,
-            Question::Target => dpsynth_proto::Question::Target,
-        };
-        TeacherVotes {
-            encoding_json: to_json(&self.encoding),
-            teacher_json: to_json(&self.teacher),
-            seed: self.seed.to_vec(),
-            question: question.into(),
-            fake_rows: self.fake_rows as u64,
-            queries: self.queries as u64,
-            rows,
-        }
-    }
-
     /// The teachers' real rows: a partition's rows, all of them (a unit lives in one
     /// teacher, so its row count does not change the sensitivity).
     pub async fn load_examples(&self, urls: &[String]) -> Result<Examples, crate::data::DataError> {
@@ -144,23 +125,67 @@ impl VoteTask {
         Ok(teacher.votes(queries, w, self.teacher.vote))
     }
 }
-impl TryFrom<&TeacherVotes> for VoteTask {
-    type Error = WireError;
+/// The round as `TeacherVotes` (`dpsynth.proto`).
+#[cfg(feature = "wire")]
+mod wire {
+    use dpsynth_proto::{MAX_RESULT_VALUES, TeacherVotes};
 
-    fn try_from(wire: &TeacherVotes) -> Result<Self, WireError> {
-        let question = match wire.question() {
-            dpsynth_proto::Question::Realness => Question::Realness,
-            dpsynth_proto::Question::Target => Question::Target,
-            dpsynth_proto::Question::Unspecified => return Err(WireError::new("a vote round asks no question")),
-        };
-        Ok(Self {
-            encoding: from_json("encoding", &wire.encoding_json)?,
-            teacher: from_json("teacher", &wire.teacher_json)?,
-            seed: seed(&wire.seed)?,
-            question,
-            fake_rows: wire.fake_rows as usize,
-            queries: wire.queries as usize,
-        })
+    use super::{PateEncoding, Question, VoteTask};
+    use crate::wire::{WireError, from_json, seed, to_json};
+
+    impl VoteTask {
+        /// The round as a task, with the generated rows' features (`fake_rows`, then the
+        /// queries).
+        pub fn task(&self, rows: Vec<f32>) -> TeacherVotes {
+            let question = match self.question {
+                Question::Realness => dpsynth_proto::Question::Realness,
+                Question::Target => dpsynth_proto::Question::Target,
+            };
+            TeacherVotes {
+                encoding_json: to_json(&self.encoding),
+                teacher_json: to_json(&self.teacher),
+                seed: self.seed.to_vec(),
+                question: question.into(),
+                fake_rows: self.fake_rows as u64,
+                queries: self.queries as u64,
+                rows,
+            }
+        }
+    }
+
+    impl TryFrom<&TeacherVotes> for VoteTask {
+        type Error = WireError;
+
+        fn try_from(wire: &TeacherVotes) -> Result<Self, WireError> {
+            let question = match wire.question() {
+                dpsynth_proto::Question::Realness => Question::Realness,
+                dpsynth_proto::Question::Target => Question::Target,
+                dpsynth_proto::Question::Unspecified => return Err(WireError::new("a vote round asks no question")),
+            };
+            let encoding: PateEncoding = from_json("encoding", &wire.encoding_json)?;
+            let (fake_rows, queries) = (wire.fake_rows as usize, wire.queries as usize);
+            if question == Question::Target && fake_rows > 0 {
+                return Err(WireError::new("a target question trains against no generated rows"));
+            }
+            // The rows it carries are exactly those it names, and the votes fit in one result.
+            let features = fake_rows.checked_add(queries).and_then(|n| n.checked_mul(encoding.width));
+            let classes = match question {
+                Question::Realness => Some(1),
+                Question::Target => encoding.target_classes(),
+            };
+            let votes = classes.and_then(|c| queries.checked_mul(c));
+            if features != Some(wire.rows.len()) || votes.is_none_or(|v| v as u64 > MAX_RESULT_VALUES) {
+                return Err(WireError::new("a vote round's rows or votes do not match what it declares"));
+            }
+            Ok(Self {
+                encoding,
+                teacher: from_json("teacher", &wire.teacher_json)?,
+                seed: seed(&wire.seed)?,
+                question,
+                fake_rows,
+                queries,
+            })
+        }
     }
 }
 
