@@ -18,7 +18,7 @@
 pub use crate::context::{INPUT_MISMATCH, JobEnv, JobError, JobRequest, Progress, ProgressHandle};
 use crate::context::{JobContext, set_stage};
 
-use dpsynth_privacy::ledger::{ChargeStatus, Ledger, LedgerError};
+use dpsynth_privacy::ledger::{ChargeStatus, EntryBody, Ledger, LedgerError};
 use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::accounting::mechanism::Adjacency;
 use dpsynth_shared::data::domain::Domain;
@@ -149,10 +149,20 @@ async fn admit(ctx: &JobContext<'_>, ledger: &mut Ledger, admission: Admission) 
             }
             Ok(())
         }
-        Admission::Charged { seq } => match ledger.charge_status(seq) {
-            Some(ChargeStatus::Charged) => Ok(()),
-            _ => Err(JobError::Other(format!("ledger entry {seq} is not a charge awaiting its release"))),
-        },
+        Admission::Charged { seq } => {
+            let job_id = &ctx.request.job_id;
+            let ours = ledger.charges().into_iter().any(|(entry, status)| {
+                entry.seq == seq
+                    && status == ChargeStatus::Charged
+                    && matches!(&entry.body, EntryBody::Charge { request, .. } if &request.job_id == job_id)
+            });
+            if !ours {
+                return Err(JobError::Other(format!(
+                    "ledger entry {seq} is not a charge of job {job_id} awaiting its release"
+                )));
+            }
+            Ok(())
+        }
     }
 }
 

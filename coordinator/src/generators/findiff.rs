@@ -30,7 +30,8 @@ pub struct FinDiff {
 enum Start {
     /// Planned; nothing charged. Admitted with the run calibrated at a stand-in rate.
     Fresh { plan: Box<FinDiffPlan>, bound: Vec<Mechanism> },
-    /// Charged when it first started, as the ledger confirmed.
+    /// Charged when it first started, as the ledger confirmed; this process holds its
+    /// resume lease.
     Resumed(Box<Checkpoint>),
 }
 
@@ -48,6 +49,15 @@ impl Generator for FinDiff {
                         "job {job_id} has a checkpoint for another schema; resubmit it unchanged or under a new job id"
                     )));
                 }
+                // One coordinator resumes a checkpoint from a given round, and it takes the
+                // lease before it reads anything private.
+                checkpoint::take_resume_lease(scratch, job_id, saved.run.receipt.seq, saved.optimizer.step).await?;
+                tracing::info!(
+                    round = saved.optimizer.step,
+                    rounds = saved.run.steps,
+                    ledger_entry = saved.run.receipt.seq,
+                    "resuming the charged DP-SGD run from its checkpoint"
+                );
                 Start::Resumed(Box::new(saved))
             }
             None => {
@@ -73,17 +83,7 @@ impl Generator for FinDiff {
         let Self { params, start } = self;
         let (scratch, job_id) = (ctx.scratch, ctx.request.job_id.as_str());
         let Checkpoint { run, mut optimizer, mut parameters } = match start {
-            Start::Resumed(saved) => {
-                // One coordinator resumes a checkpoint from a given round.
-                checkpoint::take_resume_lease(scratch, job_id, saved.run.receipt.seq, saved.optimizer.step).await?;
-                tracing::info!(
-                    round = saved.optimizer.step,
-                    rounds = saved.run.steps,
-                    ledger_entry = saved.run.receipt.seq,
-                    "resuming the charged DP-SGD run from its checkpoint"
-                );
-                *saved
-            }
+            Start::Resumed(saved) => *saved,
             Start::Fresh { plan, .. } => charge_run(ctx, ledger, partitions, *plan, &params).await?,
         };
         ctx.progress_mut().epsilon_spent = run.cost.epsilon;

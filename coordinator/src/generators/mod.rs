@@ -24,7 +24,8 @@ use crate::context::{JobContext, JobError, Partitions};
 /// A generator as its job runs it.
 pub(crate) trait Generator: Sized {
     /// Plans from public information: the spec, the declared domain and the ledger's
-    /// accounting options; or finds a run of this job the ledger has already charged.
+    /// accounting options; or takes over a run of this job the ledger has already charged
+    /// (DP-FinDiff's checkpoint, verified against the ledger, under its resume lease).
     async fn plan(ctx: &JobContext<'_>, ledger: &Ledger) -> Result<Self, JobError>;
 
     /// What the lifecycle asks the ledger to admit before any private read.
@@ -43,8 +44,8 @@ pub(crate) enum Admission {
     /// released unit count): admitted, and the job's declared ε must also fit what is left
     /// of the budget.
     Bound(Vec<Mechanism>),
-    /// A run the ledger charged when it first started (entry `seq`) and has not released:
-    /// resuming it spends nothing.
+    /// A run of this job the ledger charged when it first started (entry `seq`) and has
+    /// not released: resuming it spends nothing.
     Charged { seq: u64 },
 }
 
