@@ -15,7 +15,7 @@
 //! Format: a u32 length, the JSON header, then the parameters and the optimizer's moments
 //! as little-endian f64.
 
-use dpsynth_privacy::ledger::{ChargeReceipt, ChargeRequest, ChargeStatus, EntryBody, Ledger};
+use dpsynth_privacy::ledger::{ChargeReceipt, ChargeRequest, ChargeStatus, Ledger};
 use dpsynth_shared::accounting::accountant::PrivacyCost;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
@@ -155,10 +155,7 @@ pub fn verify_charged(
     saved: &ChargeReceipt,
 ) -> Result<ChargeReceipt, JobError> {
     let seq = saved.seq;
-    let found = ledger.charges().into_iter().find(|(entry, _)| {
-        entry.seq == seq
-            && matches!(&entry.body, EntryBody::Charge { request, .. } if request.job_id == job_id && request == charge)
-    });
+    let found = ledger.charged(seq).filter(|(request, _)| request.job_id == job_id && *request == charge);
     match found {
         Some((_, ChargeStatus::Charged)) => ledger.resume(saved, charge).ok_or_else(|| {
             JobError::Other(format!(

@@ -263,3 +263,8 @@ pub(crate) fn release_count(releases: &mut Releases, partitions: &Partitions, si
     let noisy = releases.gaussian_each(units, 1.0, sigma)?;
     Ok(noisy[0].round().max(1.0))
 }
+
+/// Runs model work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, JobError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| JobError::Other(e.to_string()))
+}

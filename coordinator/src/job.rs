@@ -16,9 +16,9 @@
 //! private data; the operator's log has the detail.
 
 pub use crate::context::{INPUT_MISMATCH, JobEnv, JobError, JobRequest, Progress, ProgressHandle};
-use crate::context::{JobContext, set_stage};
+use crate::context::{JobContext, blocking, set_stage};
 
-use dpsynth_privacy::ledger::{ChargeStatus, EntryBody, Ledger, LedgerError};
+use dpsynth_privacy::ledger::{ChargeStatus, Ledger, LedgerError};
 use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::accounting::mechanism::Adjacency;
 use dpsynth_shared::data::domain::Domain;
@@ -124,7 +124,10 @@ async fn synthesize<G: Generator>(
     admit(ctx, ledger, generator.admission()).await?;
     let output = OutputWriter::create(storage::open(ctx.output_url)?).await?;
     let partitions = ctx.partition().await?;
-    let Fitted { sampler, rows, charged } = generator.fit(ctx, ledger, &partitions).await?;
+    let Fitted { sampler, released_rows, charged } = generator.fit(ctx, ledger, &partitions).await?;
+    let rows = ctx.spec().output.rows.or(released_rows).ok_or_else(|| {
+        JobError::Other("the spec declares no output rows and the generator released no count".into())
+    })?;
 
     set_stage(ctx.progress, "sampling");
     // Sampling is post-processing: its randomness is not private.
@@ -151,12 +154,7 @@ async fn admit(ctx: &JobContext<'_>, ledger: &mut Ledger, admission: Admission) 
         }
         Admission::Charged { seq } => {
             let job_id = &ctx.request.job_id;
-            let ours = ledger.charges().into_iter().any(|(entry, status)| {
-                entry.seq == seq
-                    && status == ChargeStatus::Charged
-                    && matches!(&entry.body, EntryBody::Charge { request, .. } if &request.job_id == job_id)
-            });
-            if !ours {
+            if !matches!(ledger.charged(seq), Some((request, ChargeStatus::Charged)) if &request.job_id == job_id) {
                 return Err(JobError::Other(format!(
                     "ledger entry {seq} is not a charge of job {job_id} awaiting its release"
                 )));
@@ -178,12 +176,11 @@ async fn write_parts(
     let mut written = 0;
     while written < rows {
         let n = (rows - written).min(spec.output.rows_per_part);
-        let (back, back_rng, part) = tokio::task::spawn_blocking(move || {
+        let (back, back_rng, part) = blocking(move || {
             let part = sampler.sample(n as usize, &mut rng);
             (sampler, rng, part)
         })
-        .await
-        .map_err(|e| JobError::Other(e.to_string()))?;
+        .await?;
         (sampler, rng) = (back, back_rng);
         output.write_part(&rows_to_batch(spec, &part, written)).await?;
         written += n;

@@ -100,10 +100,14 @@ impl Generator for FinDiff {
             steps: run.steps,
             epsilon: run.cost.epsilon,
         };
+        // The model's configuration is fixed for the run: encoded once; each round sets
+        // its timestep exponent.
+        let fixed =
+            dpsynth_proto::FinDiffModel::from(&FinDiffRound { model: run.model.clone(), timestep_exponent: 0.0 });
         let model = |round: u64| {
             let epoch = round as f64 * run.rate;
             let exponent = timestep_exponent(params.alpha_start, params.alpha_end, epoch, params.epochs);
-            Model::Findiff((&FinDiffRound { model: run.model.clone(), timestep_exponent: exponent }).into())
+            Model::Findiff(dpsynth_proto::FinDiffModel { timestep_exponent: exponent, ..fixed.clone() })
         };
         let checkpointer = Checkpointer { scratch, job_id, run: &run, every: params.checkpoint_every };
         let trained = training::train(ctx, &training, &mut parameters, &mut optimizer, model, &checkpointer).await;
@@ -120,7 +124,6 @@ impl Generator for FinDiff {
         model.load_parameters(&weights).map_err(|e| JobError::Other(e.to_string()))?;
         let encoding = run.model.encoding.clone();
         let sampler = FinDiffSampler { model, encoding, sampling_steps: params.sampling_steps };
-        let rows = ctx.spec().output.rows.unwrap_or_else(|| run.noisy_units.round().max(1.0) as u64);
         let public_inputs = vec![
             format!(
                 "privacy units: {} (Gaussian release, noise multiplier {}; charged in ledger entry {})",
@@ -128,8 +131,14 @@ impl Generator for FinDiff {
             ),
             format!("DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps", run.rate, run.sigma, params.clip, run.steps),
         ];
+        // The released count is already rounded and at least 1.
+        let released_rows = Some(run.noisy_units as u64);
         let ChargedRun { receipt, cost, mechanisms, .. } = run;
-        Ok(Fitted { sampler: Box::new(sampler), rows, charged: Charged { receipt, cost, mechanisms, public_inputs } })
+        Ok(Fitted {
+            sampler: Box::new(sampler),
+            released_rows,
+            charged: Charged { receipt, cost, mechanisms, public_inputs },
+        })
     }
 }
 

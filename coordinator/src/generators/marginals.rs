@@ -47,9 +47,9 @@ impl Generator for Marginals {
         let noisy = Releases::paid_by(&receipt)?.gaussian(counts, task.sensitivity(), sigma)?;
         let sampler = MarginalsSampler::new(plan, &noisy);
         // The default size: the root table's noisy total, released by the same mechanism.
-        let rows = ctx.spec().output.rows.unwrap_or_else(|| sampler.noisy_total.round().max(1.0) as u64);
+        let released_rows = Some(sampler.noisy_total.round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
         let charged = Charged { receipt, cost, mechanisms, public_inputs: Vec::new() };
-        Ok(Fitted { sampler: Box::new(sampler), rows, charged })
+        Ok(Fitted { sampler: Box::new(sampler), released_rows, charged })
     }
 }

@@ -52,8 +52,8 @@ pub(crate) enum Admission {
 /// What a generator fitted, and what it was charged for.
 pub(crate) struct Fitted {
     pub sampler: Box<dyn Sampler>,
-    /// Rows to write: the spec's, or a released count.
-    pub rows: u64,
+    /// The output's size from a release, for a spec that declares none.
+    pub released_rows: Option<u64>,
     pub charged: Charged,
 }
 

@@ -28,7 +28,7 @@ use dpsynth_shared::generators::pate::{PatePlan, PateSampler, Question, VoteTask
 use dpsynth_shared::spec::PateRelease;
 
 use super::{Admission, Charged, Fitted, Generator};
-use crate::context::{JobContext, JobError, Partitions, release_count, set_stage};
+use crate::context::{JobContext, JobError, Partitions, blocking, release_count, set_stage};
 use crate::gather::{Answer, Gather, Round};
 
 /// A planned PATE run (its privacy cost is already charged).
@@ -211,11 +211,6 @@ impl VoteRounds<'_> {
     }
 }
 
-/// Runs model work off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, JobError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| JobError::Other(e.to_string()))
-}
-
 /// PATE-TabTransGAN: the plan fixes σ and how many iterations of queries the job's ε pays
 /// for (data-independent GNMax cost); all of it, and the unit count when the output is
 /// sized by it, is charged before the first vote is aggregated. Teachers vote on the
@@ -247,16 +242,15 @@ impl Generator for Pate {
         let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;
         let mut releases = Releases::paid_by(&receipt)?;
         let mut public_inputs = Vec::new();
-        let rows = match ctx.spec().output.rows {
-            Some(rows) => rows,
-            None => {
-                let noise = plan.params.count_noise_multiplier;
-                let noisy_units = release_count(&mut releases, partitions, noise)?;
-                public_inputs.push(format!(
-                    "privacy units: {noisy_units} (Gaussian release, noise multiplier {noise}; charged)"
-                ));
-                noisy_units as u64
-            }
+        // The plan charged the unit count only when the spec does not size the output.
+        let released_rows = if plan.count {
+            let noise = plan.params.count_noise_multiplier;
+            let noisy_units = release_count(&mut releases, partitions, noise)?;
+            public_inputs
+                .push(format!("privacy units: {noisy_units} (Gaussian release, noise multiplier {noise}; charged)"));
+            Some(noisy_units as u64)
+        } else {
+            None
         };
 
         set_stage(ctx.progress, "teachers voting (PATE)");
@@ -289,6 +283,10 @@ impl Generator for Pate {
         ));
         let sampler = PateSampler { gan, labels, encoding: plan.encoding };
         let cost = receipt.admission.cost.clone();
-        Ok(Fitted { sampler: Box::new(sampler), rows, charged: Charged { receipt, cost, mechanisms, public_inputs } })
+        Ok(Fitted {
+            sampler: Box::new(sampler),
+            released_rows,
+            charged: Charged { receipt, cost, mechanisms, public_inputs },
+        })
     }
 }

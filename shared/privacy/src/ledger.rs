@@ -528,9 +528,17 @@ impl Ledger {
     /// The status of charge `seq` as loaded (`refresh` first for news); `None` if entry
     /// `seq` is not a charge.
     pub fn charge_status(&self, seq: u64) -> Option<ChargeStatus> {
-        let entry = self.entries.get(usize::try_from(seq).ok()?)?;
-        matches!(entry.body, EntryBody::Charge { .. })
-            .then(|| if self.releases.contains_key(&seq) { ChargeStatus::Released } else { ChargeStatus::Charged })
+        self.charged(seq).map(|(_, status)| status)
+    }
+
+    /// What charge `seq` charged, and its status as loaded; `None` if entry `seq` is not a
+    /// charge.
+    pub fn charged(&self, seq: u64) -> Option<(&ChargeRequest, ChargeStatus)> {
+        let EntryBody::Charge { request, .. } = &self.entries.get(usize::try_from(seq).ok()?)?.body else {
+            return None;
+        };
+        let status = if self.releases.contains_key(&seq) { ChargeStatus::Released } else { ChargeStatus::Charged };
+        Some((request, status))
     }
 
     /// Runs `f` on the totals of every loaded charge, first composing those loaded since
@@ -640,9 +648,8 @@ impl Ledger {
     /// what may be released). `None` unless entry `saved.seq` is an unreleased charge of
     /// exactly `request`.
     pub fn resume(&self, saved: &ChargeReceipt, request: &ChargeRequest) -> Option<ChargeReceipt> {
-        let (entry, status) = self.charges().into_iter().find(|(entry, _)| entry.seq == saved.seq)?;
-        match &entry.body {
-            EntryBody::Charge { request: charged, .. } if charged == request && status == ChargeStatus::Charged => {
+        match self.charged(saved.seq)? {
+            (charged, ChargeStatus::Charged) if charged == request => {
                 Some(ChargeReceipt { mechanisms: charged.mechanisms.clone(), ..saved.clone() })
             }
             _ => None,
