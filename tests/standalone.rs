@@ -470,7 +470,7 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
     use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::dpsgd::params::LinearStack;
+    use dpsynth_shared::dpsgd::params::TrainableLayers;
     use dpsynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
     use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan};
 

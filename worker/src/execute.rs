@@ -12,7 +12,7 @@ use dpsynth_proto::{CountTables, GradientSum, Task, TeacherVotes};
 use dpsynth_shared::data::DataError;
 use dpsynth_shared::data::examples::Examples;
 use dpsynth_shared::data::partition::read_partition;
-use dpsynth_shared::dpsgd::params::LinearStack;
+use dpsynth_shared::dpsgd::params::TrainableLayers;
 use dpsynth_shared::dpsgd::{self, RoundSettings, compute_device};
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};

@@ -11,7 +11,7 @@ use dpsynth_proto::gradient_sum::Model;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
-use dpsynth_shared::dpsgd::params::LinearStack;
+use dpsynth_shared::dpsgd::params::TrainableLayers;
 use dpsynth_shared::generators::findiff::diffusion::timestep_exponent;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan, FinDiffRound, FinDiffSampler};
 use dpsynth_shared::spec::{FinDiffParams, GeneratorSpec};

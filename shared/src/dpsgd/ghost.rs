@@ -1,68 +1,145 @@
 //! Per-unit clipped gradient sums without per-example backward passes (ghost clipping
-//! with book-keeping, Bu et al. 2023).
+//! with book-keeping, Bu et al. 2023), for every layer kind of `super::layers`.
 //!
-//! Every linear layer computes z = a·W + b + p, with p a zero probe that requires grad.
-//! One backward pass of Σᵢ Lᵢ gives δ = ∂L/∂z (= ∂Lᵢ/∂zᵢ row by row) and never computes a
-//! weight gradient. A unit u's gradient of that layer is Σ_{r∈u} a_rᵀ δ_r, whose squared
-//! Frobenius norm is Σ_{r,s∈u} (a_r·a_s + 1)(δ_r·δ_s) (the +1 is the bias). Summing over
-//! layers gives each unit's whole-gradient norm ‖g_u‖; with c_u = min(1, C/‖g_u‖) the
-//! clipped sum of a layer is Aᵀ·(c ⊙ Δ) and Σ_r c_r δ_r — one matmul per layer.
-//! When every unit is one row the Gram matrices reduce to ‖a_r‖²·‖δ_r‖²; for multi-row
-//! units the pairs are summed in f64 (their terms cancel).
+//! Every layer adds a zero probe p that requires grad to its output z. One backward pass
+//! of Σᵢ Lᵢ gives δ = ∂L/∂z row by row and never computes a weight gradient. Rows are
+//! whatever the layer sees (a table row, or a token position); each row belongs to a unit.
+//!
+//! - Linear z = a·W + b: unit u's gradient is Σ_{r∈u} a_rᵀ δ_r. Its squared norm is either
+//!   the Gram form Σ_{r,s∈u} (a_r·a_s + 1)(δ_r·δ_s) (the +1 is the bias), summed in f64,
+//!   or, when every unit has T rows and T·in·out < T²·(in + out), the per-unit gradient
+//!   itself as one batched matmul (a sum of squares: no cancellation). Clipped sum:
+//!   Aᵀ·(c ⊙ Δ).
+//! - Embedding z_r = E[id_r]: unit u's gradient has row v = Σ_{r∈u, id_r=v} δ_r, so its
+//!   squared norm is Σ over position pairs with equal ids of δ_r·δ_s, computed as the
+//!   norms of those per-id sums (f64).
+//! - Layer norm z = x̂·γ + β: γ and β are small, so their per-unit gradients
+//!   Σ_{r∈u} δ_r ⊙ x̂_r and Σ_{r∈u} δ_r are formed directly (f64).
+//!
+//! Layers add up to each unit's whole-gradient norm ‖g_u‖; with c_u = min(1, C/‖g_u‖)
+//! each layer's clipped sum is its gradient with δ_r scaled by c of r's unit.
 
 use std::collections::HashMap;
 
 use burn::module::ParamId;
-use burn::nn::Linear;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::nn::{Embedding, Linear};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use super::DpSgdError;
-use super::params::{LinearStack, values};
+use super::layers::{Layer, LayerNorm};
+use super::params::{TrainableLayers, values};
 
-/// How a model applies its linear layers: plainly, or recording what ghost clipping needs.
-pub trait LinearHook {
+/// How a model applies its layers: plainly, or recording what ghost clipping needs.
+pub trait Hook {
     fn linear(&mut self, layer: &Linear, input: Tensor<2>) -> Tensor<2>;
+    /// Rows of `table` for `ids`.
+    fn embedding(&mut self, table: &Embedding, ids: &[u32]) -> Tensor<2>;
+    fn norm(&mut self, layer: &LayerNorm, input: Tensor<2>) -> Tensor<2>;
 }
 
 /// The ordinary forward pass (sampling, the non-private baseline).
 pub struct Plain;
 
-impl LinearHook for Plain {
+fn id_tensor(ids: &[u32], device: &Device) -> Tensor<1, Int> {
+    let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+    let n = ids.len();
+    Tensor::from_data(TensorData::new(ids, [n]), device)
+}
+
+impl Hook for Plain {
     fn linear(&mut self, layer: &Linear, input: Tensor<2>) -> Tensor<2> {
+        layer.forward(input)
+    }
+
+    fn embedding(&mut self, table: &Embedding, ids: &[u32]) -> Tensor<2> {
+        let weight = table.weight.val();
+        let ids = id_tensor(ids, &weight.device());
+        weight.select(0, ids)
+    }
+
+    fn norm(&mut self, layer: &LayerNorm, input: Tensor<2>) -> Tensor<2> {
         layer.forward(input)
     }
 }
 
-struct Record {
+enum Record {
     /// Layer input, without autodiff.
-    input: Tensor<2>,
-    probe: Tensor<2>,
+    Linear {
+        input: Tensor<2>,
+        probe: Tensor<2>,
+    },
+    Embedding {
+        ids: Vec<u32>,
+        probe: Tensor<2>,
+    },
+    /// The normalised input x̂, without autodiff.
+    Norm {
+        normalized: Tensor<2>,
+        probe: Tensor<2>,
+    },
 }
 
-/// Records each layer's input and output probe during a forward pass. Weights enter as
-/// constants, so the backward pass computes only activation gradients.
+impl Record {
+    fn probe(&self) -> &Tensor<2> {
+        match self {
+            Record::Linear { probe, .. } | Record::Embedding { probe, .. } | Record::Norm { probe, .. } => probe,
+        }
+    }
+}
+
+/// Records each layer's input and output probe during a forward pass. Parameters enter
+/// as constants, so the backward pass computes only activation gradients.
 #[derive(Default)]
 pub struct GhostTape {
     records: HashMap<ParamId, Record>,
     repeated: Option<ParamId>,
 }
 
-impl LinearHook for GhostTape {
+impl GhostTape {
+    fn probe(rows: usize, outputs: usize, device: &Device) -> Tensor<2> {
+        Tensor::<2>::zeros([rows, outputs], &device.clone().autodiff()).require_grad()
+    }
+
+    fn record(&mut self, id: ParamId, record: Record) {
+        if self.records.insert(id, record).is_some() {
+            self.repeated = Some(id);
+        }
+    }
+}
+
+impl Hook for GhostTape {
     fn linear(&mut self, layer: &Linear, input: Tensor<2>) -> Tensor<2> {
         let weight = layer.weight.val().without_autodiff();
         let [rows, _] = input.dims();
         let [_, outputs] = weight.dims();
-        let device = input.device();
-        let probe = Tensor::<2>::zeros([rows, outputs], &device.clone().autodiff()).require_grad();
+        let probe = Self::probe(rows, outputs, &input.device());
         let mut z = input.clone().autodiff().matmul(weight);
         if let Some(bias) = &layer.bias {
             z = z + bias.val().without_autodiff().unsqueeze::<2>();
         }
         let z = z + probe.clone();
-        let id = layer.weight.id;
-        if self.records.insert(id, Record { input: input.without_autodiff(), probe }).is_some() {
-            self.repeated = Some(id);
-        }
+        self.record(layer.weight.id, Record::Linear { input: input.without_autodiff(), probe });
+        z
+    }
+
+    fn embedding(&mut self, table: &Embedding, ids: &[u32]) -> Tensor<2> {
+        let weight = table.weight.val().without_autodiff();
+        let [_, width] = weight.dims();
+        let device = weight.device();
+        let probe = Self::probe(ids.len(), width, &device);
+        let z = weight.select(0, id_tensor(ids, &device)).autodiff() + probe.clone();
+        self.record(table.weight.id, Record::Embedding { ids: ids.to_vec(), probe });
+        z
+    }
+
+    fn norm(&mut self, layer: &LayerNorm, input: Tensor<2>) -> Tensor<2> {
+        let normalized = LayerNorm::normalize(input.autodiff());
+        let [rows, width] = normalized.dims();
+        let probe = Self::probe(rows, width, &normalized.device());
+        let gamma = layer.gamma.val().without_autodiff().unsqueeze::<2>();
+        let beta = layer.beta.val().without_autodiff().unsqueeze::<2>();
+        let z = normalized.clone() * gamma + beta + probe.clone();
+        self.record(layer.gamma.id, Record::Norm { normalized: normalized.without_autodiff(), probe });
         z
     }
 }
@@ -74,6 +151,8 @@ pub struct ClippedSum {
     pub sum: Vec<f32>,
     /// ‖g_u‖ before clipping, per unit (private: never leaves the worker).
     pub norms: Vec<f64>,
+    /// Per layer, each unit's norm of that layer's gradient (tests compare them).
+    pub layer_norms: Vec<Vec<f64>>,
 }
 
 /// One layer's squared gradient norm per unit, Σ_{r,s∈u} (a_r·a_s + bias)(δ_r·δ_s), in f64.
@@ -100,20 +179,164 @@ fn unit_norms2(a: &[f32], delta: &[f32], inputs: usize, outputs: usize, members:
         .collect()
 }
 
-/// Per-row unit indices `0..units` as the one-hot matrix S (rows × units).
-fn membership(units: &[usize], count: usize, device: &Device) -> Tensor<2> {
-    let mut s = vec![0f32; units.len() * count];
-    for (r, &u) in units.iter().enumerate() {
-        s[r * count + u] = 1.0;
-    }
-    Tensor::from_data(TensorData::new(s, [units.len(), count]), device)
+/// How a batch's rows map to its units, which decides each linear's norm form.
+enum Layout {
+    /// Row r is unit r.
+    Singletons,
+    /// Unit u is rows u·T .. (u+1)·T.
+    Uniform(usize),
+    /// Any other grouping: each unit's rows.
+    Members(Vec<Vec<usize>>),
 }
 
-/// Clipped gradient sum of `losses` (one per row; rows of a unit are summed before
-/// clipping) for a model whose forward pass ran through `tape`.
+impl Layout {
+    fn of(units: &[usize], unit_count: usize) -> Self {
+        let mut members = vec![Vec::new(); unit_count];
+        units.iter().enumerate().for_each(|(r, &u)| members[u].push(r));
+        let rows = units.len();
+        if members.iter().all(|m| m.len() == 1) {
+            return Layout::Singletons;
+        }
+        if unit_count > 0 && rows.is_multiple_of(unit_count) {
+            let t = rows / unit_count;
+            if units.iter().enumerate().all(|(r, &u)| u == r / t) {
+                return Layout::Uniform(t);
+            }
+        }
+        Layout::Members(members)
+    }
+}
+
+/// A layer's per-unit squared gradient norms.
+fn layer_norms2(
+    record: &Record,
+    delta: &Tensor<2>,
+    bias: bool,
+    units: &[usize],
+    unit_count: usize,
+    layout: &Layout,
+) -> Vec<f64> {
+    let [rows, width] = delta.dims();
+    match record {
+        Record::Linear { input: a, .. } => {
+            let [_, inputs] = a.dims();
+            let bias_term = if bias { 1.0 } else { 0.0 };
+            match layout {
+                // Non-negative terms: f32 is accurate; layers add up in f64.
+                Layout::Singletons => {
+                    let a2 = a.clone().square().sum_dim(1);
+                    let d2 = delta.clone().square().sum_dim(1);
+                    let per_row = values(((a2 + bias_term as f32) * d2).into_data());
+                    let mut out = vec![0.0; unit_count];
+                    units.iter().zip(per_row).for_each(|(&u, v)| out[u] += f64::from(v));
+                    out
+                }
+                Layout::Uniform(t) if inputs * width < t * (inputs + width) => {
+                    let per_unit = a.clone().reshape([unit_count, *t, inputs]).swap_dims(1, 2);
+                    let d3 = delta.clone().reshape([unit_count, *t, width]);
+                    let weight = per_unit.matmul(d3.clone()).square().sum_dim(2).sum_dim(1);
+                    let mut out: Vec<f64> = values(weight.into_data()).into_iter().map(f64::from).collect();
+                    if bias {
+                        let b = values(d3.sum_dim(1).square().sum_dim(2).into_data());
+                        out.iter_mut().zip(b).for_each(|(o, v)| *o += f64::from(v));
+                    }
+                    out
+                }
+                Layout::Uniform(t) => {
+                    let members: Vec<Vec<usize>> = (0..unit_count).map(|u| (u * t..(u + 1) * t).collect()).collect();
+                    let (a, d) = (values(a.clone().into_data()), values(delta.clone().into_data()));
+                    unit_norms2(&a, &d, inputs, width, &members, bias_term)
+                }
+                Layout::Members(members) => {
+                    let (a, d) = (values(a.clone().into_data()), values(delta.clone().into_data()));
+                    unit_norms2(&a, &d, inputs, width, members, bias_term)
+                }
+            }
+        }
+        Record::Embedding { ids, .. } => {
+            let d = values(delta.clone().into_data());
+            let mut per_id: HashMap<(usize, u32), Vec<f64>> = HashMap::new();
+            for r in 0..rows {
+                let acc = per_id.entry((units[r], ids[r])).or_insert_with(|| vec![0.0; width]);
+                acc.iter_mut().zip(&d[r * width..(r + 1) * width]).for_each(|(s, v)| *s += f64::from(*v));
+            }
+            let mut out = vec![0.0; unit_count];
+            for ((u, _), sum) in per_id {
+                out[u] += sum.iter().map(|v| v * v).sum::<f64>();
+            }
+            out
+        }
+        Record::Norm { normalized, .. } => {
+            let (x, d) = (values(normalized.clone().into_data()), values(delta.clone().into_data()));
+            let mut grads = vec![vec![0.0; 2 * width]; unit_count];
+            for r in 0..rows {
+                let g = &mut grads[units[r]];
+                for j in 0..width {
+                    let dv = f64::from(d[r * width + j]);
+                    g[j] += dv * f64::from(x[r * width + j]);
+                    g[width + j] += dv;
+                }
+            }
+            grads.iter().map(|g| g.iter().map(|v| v * v).sum()).collect()
+        }
+    }
+}
+
+/// A layer's clipped gradient sum, in its parameters' layout order, appended to `sum`.
+fn layer_clipped_sum(layer: &Layer<'_>, record: &Record, delta: Tensor<2>, per_row: &[f32], sum: &mut Vec<f32>) {
+    let [rows, width] = delta.dims();
+    match (layer, record) {
+        (Layer::Linear(linear), Record::Linear { input, .. }) => {
+            let c = Tensor::<2>::from_data(TensorData::new(per_row.to_vec(), [rows, 1]), &delta.device());
+            let weighted = delta * c;
+            sum.extend(values(input.clone().transpose().matmul(weighted.clone()).into_data()));
+            if linear.bias.is_some() {
+                sum.extend(values(weighted.sum_dim(0).into_data()));
+            }
+        }
+        (Layer::Embedding(table), Record::Embedding { ids, .. }) => {
+            let [count, _] = table.weight.dims();
+            let d = values(delta.into_data());
+            let mut out = vec![0f64; count * width];
+            for r in 0..rows {
+                let row = &mut out[ids[r] as usize * width..(ids[r] as usize + 1) * width];
+                let c = f64::from(per_row[r]);
+                row.iter_mut().zip(&d[r * width..(r + 1) * width]).for_each(|(o, v)| *o += c * f64::from(*v));
+            }
+            sum.extend(out.into_iter().map(|v| v as f32));
+        }
+        (Layer::Norm(_), Record::Norm { normalized, .. }) => {
+            let (x, d) = (values(normalized.clone().into_data()), values(delta.into_data()));
+            let mut out = vec![0f64; 2 * width];
+            for r in 0..rows {
+                let c = f64::from(per_row[r]);
+                for j in 0..width {
+                    let dv = c * f64::from(d[r * width + j]);
+                    out[j] += dv * f64::from(x[r * width + j]);
+                    out[width + j] += dv;
+                }
+            }
+            sum.extend(out.into_iter().map(|v| v as f32));
+        }
+        _ => unreachable!("records are looked up by the layer's own parameter"),
+    }
+}
+
+/// The parameter a layer's record is keyed by, and whether it has a bias.
+fn key(layer: &Layer<'_>) -> (ParamId, bool) {
+    match layer {
+        Layer::Linear(l) => (l.weight.id, l.bias.is_some()),
+        Layer::Embedding(e) => (e.weight.id, false),
+        Layer::Norm(n) => (n.gamma.id, false),
+    }
+}
+
+/// Clipped gradient sum of `losses` for a model whose forward pass ran through `tape`.
 ///
-/// `units[r]` is row r's unit in `0..unit_count`; `clip` is C.
-pub fn clipped_sum<M: LinearStack>(
+/// Every layer saw the same rows; `units[r]` is row r's unit in `0..unit_count` (a unit's
+/// rows are summed before clipping); `clip` is C. Losses may be per row or per unit:
+/// only their sum is differentiated.
+pub fn clipped_sum<M: TrainableLayers>(
     model: &M,
     tape: GhostTape,
     losses: Tensor<1>,
@@ -126,67 +349,43 @@ pub fn clipped_sum<M: LinearStack>(
             "layer {id} is applied twice in one forward pass; ghost norms need one"
         )));
     }
-    let [rows] = losses.dims();
-    if rows != units.len() || units.iter().any(|&u| u >= unit_count) {
-        return Err(DpSgdError::Model(format!("{rows} losses but {} unit indices", units.len())));
+    if units.iter().any(|&u| u >= unit_count) {
+        return Err(DpSgdError::Model(format!("a row names a unit beyond the batch's {unit_count}")));
     }
     let device = losses.device().without_autodiff();
     let grads = losses.sum().backward();
-    let singletons = unit_count == rows;
-    let s = (!singletons).then(|| membership(units, unit_count, &device));
-    // Rows of each unit, for the multi-row norms.
-    let members = (!singletons).then(|| {
-        let mut members = vec![Vec::new(); unit_count];
-        units.iter().enumerate().for_each(|(r, &u)| members[u].push(r));
-        members
-    });
+    let layout = Layout::of(units, unit_count);
     let mut norms2 = vec![0f64; unit_count];
-    let mut deltas = Vec::new();
-    for layer in model.linears() {
-        let record = tape.records.get(&layer.weight.id).ok_or_else(|| {
-            DpSgdError::Model("a linear layer of the model was not used in the forward pass".to_string())
-        })?;
-        let [_, outputs] = layer.weight.dims();
-        let delta = record
-            .probe
-            .grad(&grads)
-            .unwrap_or_else(|| Tensor::<2>::zeros([rows, outputs], &device))
-            .without_autodiff();
-        let a = record.input.clone();
-        let bias = if layer.bias.is_some() { 1.0 } else { 0.0 };
-        match &members {
-            // Non-negative terms: f32 is accurate; layers add up in f64.
-            None => {
-                let a2 = a.clone().square().sum_dim(1);
-                let d2 = delta.clone().square().sum_dim(1);
-                let contribution = values(((a2 + bias as f32) * d2).into_data());
-                norms2.iter_mut().zip(contribution).for_each(|(n, c)| *n += f64::from(c));
-            }
-            Some(members) => {
-                let [_, inputs] = a.dims();
-                let (a, d) = (values(a.clone().into_data()), values(delta.clone().into_data()));
-                let contribution = unit_norms2(&a, &d, inputs, outputs, members, bias);
-                norms2.iter_mut().zip(contribution).for_each(|(n, c)| *n += c);
-            }
+    let mut layer_norms = Vec::new();
+    let mut pending = Vec::new();
+    for layer in model.layers() {
+        let (id, bias) = key(&layer);
+        let record = tape
+            .records
+            .get(&id)
+            .ok_or_else(|| DpSgdError::Model("a layer of the model was not used in the forward pass".to_string()))?;
+        let [rows, width] = record.probe().dims();
+        if rows != units.len() {
+            return Err(DpSgdError::Model(format!("a layer saw {rows} rows but {} have units", units.len())));
         }
-        deltas.push((a, delta));
+        let delta = record
+            .probe()
+            .grad(&grads)
+            .unwrap_or_else(|| Tensor::<2>::zeros([rows, width], &device))
+            .without_autodiff();
+        let contribution = layer_norms2(record, &delta, bias, units, unit_count, &layout);
+        norms2.iter_mut().zip(&contribution).for_each(|(n, c)| *n += c);
+        layer_norms.push(contribution.into_iter().map(|c| c.max(0.0).sqrt()).collect());
+        pending.push((layer, record, delta));
     }
     let norms: Vec<f64> = norms2.into_iter().map(|n| n.max(0.0).sqrt()).collect();
     let factors: Vec<f32> = norms.iter().map(|&n| if n > clip { (clip / n) as f32 } else { 1.0 }).collect();
-    let per_unit = Tensor::<2>::from_data(TensorData::new(factors, [unit_count, 1]), &device);
-    let per_row = match &s {
-        None => per_unit,
-        Some(s) => s.clone().matmul(per_unit),
-    };
+    let per_row: Vec<f32> = units.iter().map(|&u| factors[u]).collect();
     let mut sum = Vec::with_capacity(model.parameter_count());
-    for (layer, (a, delta)) in model.linears().into_iter().zip(deltas) {
-        let weighted = delta * per_row.clone();
-        sum.extend(values(a.transpose().matmul(weighted.clone()).into_data()));
-        if layer.bias.is_some() {
-            sum.extend(values(weighted.sum_dim(0).into_data()));
-        }
+    for (layer, record, delta) in pending {
+        layer_clipped_sum(&layer, record, delta, &per_row, &mut sum);
     }
-    Ok(ClippedSum { sum, norms })
+    Ok(ClippedSum { sum, norms, layer_norms })
 }
 
 #[cfg(test)]

@@ -12,15 +12,17 @@
 //! multiplier σ and T steps (`Mechanism::dp_sgd`), charged before the first round.
 
 pub mod ghost;
+pub mod layers;
 pub mod optimizer;
 pub mod params;
 
 use burn::tensor::{Device, Tensor};
-use rand::{CryptoRng, RngExt};
+use rand::rngs::ChaCha8Rng;
+use rand::{CryptoRng, RngExt, SeedableRng};
+use sha2::{Digest, Sha256};
 
-use crate::data::examples::Examples;
-use ghost::{GhostTape, LinearHook, clipped_sum};
-use params::LinearStack;
+use ghost::{GhostTape, Hook, clipped_sum};
+use params::TrainableLayers;
 
 /// Engine errors.
 #[derive(Debug, thiserror::Error)]
@@ -46,27 +48,46 @@ pub fn compute_device() -> Device {
     }
 }
 
-/// A model the engine can train: per-row losses through a linear-layer hook.
-pub trait DpModel: LinearStack {
-    /// Loss of each of `rows` (indices into `examples`, grouped by unit). Any randomness
-    /// inside the loss is non-private and keyed by `seed` and the row's unit, so a sum
-    /// does not depend on which worker holds which unit.
-    fn losses(
-        &self,
-        examples: &Examples,
-        rows: &[RowRef<'_>],
-        seed: &[u8; 32],
-        device: &Device,
-        hook: &mut impl LinearHook,
-    ) -> Tensor<1>;
+/// A worker's private examples, grouped by privacy unit.
+pub trait UnitExamples {
+    fn unit_count(&self) -> usize;
 }
 
-/// A row as the loss sees it: its index, its unit's id and its position in the unit.
-#[derive(Clone, Copy, Debug)]
-pub struct RowRef<'a> {
-    pub row: usize,
-    pub unit: &'a str,
-    pub position: usize,
+/// A model the engine can train: the losses of a micro-batch of units through a layer
+/// hook.
+pub trait DpModel: TrainableLayers {
+    type Examples: UnitExamples;
+
+    /// The losses of `units` (indices into `examples`) and the unit of each row the
+    /// model's layers see. Any randomness inside the loss is non-private and keyed by
+    /// `seed` and the unit's id, so a sum does not depend on which worker holds which unit.
+    fn losses(
+        &self,
+        examples: &Self::Examples,
+        units: &[usize],
+        seed: &[u8; 32],
+        device: &Device,
+        hook: &mut impl Hook,
+    ) -> Batch;
+}
+
+/// The generator of a unit's non-private randomness in a round (a row's timestep, a
+/// window's split), keyed by the round seed, the unit's id and a position in the unit:
+/// the same on any worker and in any micro-batch.
+pub fn keyed_rng(seed: &[u8; 32], unit: &str, position: usize) -> ChaCha8Rng {
+    let mut hasher = Sha256::new();
+    hasher.update(seed);
+    hasher.update((unit.len() as u64).to_le_bytes());
+    hasher.update(unit.as_bytes());
+    hasher.update((position as u64).to_le_bytes());
+    ChaCha8Rng::from_seed(hasher.finalize().into())
+}
+
+/// A micro-batch's losses (only their sum is differentiated) and, for each row every layer
+/// sees, the index of its unit in the micro-batch.
+pub struct Batch {
+    pub losses: Tensor<1>,
+    pub units: Vec<usize>,
 }
 
 /// Settings of one round that every worker gets.
@@ -137,37 +158,28 @@ pub struct Contribution {
 /// gradients.
 pub fn contribute<M: DpModel>(
     model: &M,
-    examples: &Examples,
+    examples: &M::Examples,
     settings: &RoundSettings,
     rng: &mut impl CryptoRng,
     device: &Device,
 ) -> Result<Contribution, DpSgdError> {
-    let sampled: Vec<usize> = (0..examples.units.len()).filter(|_| rng.random::<f64>() < settings.rate).collect();
+    let sampled: Vec<usize> = (0..examples.unit_count()).filter(|_| rng.random::<f64>() < settings.rate).collect();
     clipped_gradient_sum(model, examples, &sampled, settings, device)
 }
 
 /// Sum of the clipped gradients of the given units.
 pub fn clipped_gradient_sum<M: DpModel>(
     model: &M,
-    examples: &Examples,
+    examples: &M::Examples,
     units: &[usize],
     settings: &RoundSettings,
     device: &Device,
 ) -> Result<Contribution, DpSgdError> {
     let mut sum = vec![0f64; model.parameter_count()];
     for chunk in units.chunks(settings.micro_batch.max(1)) {
-        let mut rows = Vec::new();
-        let mut unit_of_row = Vec::new();
-        for (u, &unit) in chunk.iter().enumerate() {
-            let (id, range) = &examples.units[unit];
-            for (position, row) in range.clone().enumerate() {
-                rows.push(RowRef { row, unit: id, position });
-                unit_of_row.push(u);
-            }
-        }
         let mut tape = GhostTape::default();
-        let losses = model.losses(examples, &rows, &settings.seed, device, &mut tape);
-        let clipped = clipped_sum(model, tape, losses, &unit_of_row, chunk.len(), settings.clip)?;
+        let batch = model.losses(examples, chunk, &settings.seed, device, &mut tape);
+        let clipped = clipped_sum(model, tape, batch.losses, &batch.units, chunk.len(), settings.clip)?;
         sum.iter_mut().zip(&clipped.sum).for_each(|(s, c)| *s += f64::from(*c));
     }
     // The worker refuses to return what the coordinator would refuse: a sum beyond the
@@ -202,6 +214,7 @@ mod tests {
 
     use super::*;
     use crate::data::domain::Domain;
+    use crate::data::examples::Examples;
     use crate::entropy::os_rng;
     use crate::generators::findiff::encoding::TabularEncoding;
     use crate::generators::findiff::model::DenoiserConfig;
@@ -237,18 +250,13 @@ mod tests {
         ex
     }
 
-    fn rows_of_unit<'a>(ex: &'a Examples, u: usize) -> Vec<RowRef<'a>> {
-        let (id, range) = &ex.units[u];
-        range.clone().enumerate().map(|(position, row)| RowRef { row, unit: id, position }).collect()
-    }
-
     /// One ordinary backward pass per unit.
     fn naive_unit_gradients(model: &FinDiffModel, ex: &Examples, seed: &[u8; 32], device: &Device) -> Vec<Vec<f64>> {
         let tracked = model.tracked();
         (0..ex.units.len())
             .map(|u| {
-                let losses = tracked.losses(ex, &rows_of_unit(ex, u), seed, device, &mut Plain);
-                let grads = losses.sum().backward();
+                let batch = tracked.losses(ex, &[u], seed, device, &mut Plain);
+                let grads = batch.losses.sum().backward();
                 tracked.flat_gradient(&grads).into_iter().map(f64::from).collect()
             })
             .collect()
@@ -289,10 +297,8 @@ mod tests {
 
         // The ghost norms themselves, unit by unit.
         let mut tape = GhostTape::default();
-        let rows: Vec<RowRef<'_>> = all.iter().flat_map(|&u| rows_of_unit(&ex, u)).collect();
-        let unit_of_row: Vec<usize> = all.iter().flat_map(|&u| std::iter::repeat_n(u, ex.units[u].1.len())).collect();
-        let losses = model.losses(&ex, &rows, &[3; 32], &device, &mut tape);
-        let ghost = clipped_sum(&model, tape, losses, &unit_of_row, all.len(), clip).unwrap();
+        let batch = model.losses(&ex, &all, &[3; 32], &device, &mut tape);
+        let ghost = clipped_sum(&model, tape, batch.losses, &batch.units, all.len(), clip).unwrap();
         for (g, n) in ghost.norms.iter().zip(&norms) {
             assert!((g - n).abs() <= 1e-5 * n, "ghost norm {g} vs per-example norm {n}");
         }

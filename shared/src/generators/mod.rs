@@ -9,6 +9,7 @@
 pub mod findiff;
 pub mod marginals;
 pub mod pate;
+pub mod sequence;
 
 use rand::rngs::ChaCha20Rng;
 

@@ -7,7 +7,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use super::model::Denoiser;
-use crate::dpsgd::ghost::{LinearHook, Plain};
+use crate::dpsgd::ghost::{Hook, Plain};
 use crate::dpsgd::params::values;
 
 /// β_t linear from `beta_start` to `beta_end` over `steps`; ᾱ_t = Π(1 − β).
@@ -81,7 +81,7 @@ pub fn losses(
     draws: &[Draw],
     width: usize,
     device: &Device,
-    hook: &mut impl LinearHook,
+    hook: &mut impl Hook,
 ) -> Tensor<1> {
     let rows = draws.len();
     let mut xt = vec![0f32; rows * width];

@@ -10,16 +10,13 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, Tensor, TensorData};
 
-use rand::SeedableRng;
-use rand::rngs::ChaCha8Rng;
-use sha2::{Digest, Sha256};
-
 use super::diffusion::{self, Draw, Schedule, draw, timestep_cdf};
 use super::task::FinDiffModelSpec;
 use crate::data::examples::Examples;
-use crate::dpsgd::ghost::LinearHook;
-use crate::dpsgd::params::LinearStack;
-use crate::dpsgd::{DpModel, RowRef};
+use crate::dpsgd::ghost::Hook;
+use crate::dpsgd::layers::{Layer, LayerMut};
+use crate::dpsgd::params::TrainableLayers;
+use crate::dpsgd::{Batch, DpModel, UnitExamples, keyed_rng};
 
 /// Sizes of the denoiser; defaults live in one place, the spec's `[generator.findiff]`.
 #[derive(Config, Debug)]
@@ -81,7 +78,7 @@ pub fn time_embedding(timesteps: &[u32], width: usize, device: &Device) -> Tenso
 
 impl Denoiser {
     /// ε̂(x_t, t), every linear layer applied through `hook`.
-    pub fn forward(&self, x: Tensor<2>, timesteps: &[u32], hook: &mut impl LinearHook) -> Tensor<2> {
+    pub fn forward(&self, x: Tensor<2>, timesteps: &[u32], hook: &mut impl Hook) -> Tensor<2> {
         let device = x.device();
         let t = time_embedding(timesteps, self.time_in.weight.dims()[0], &device);
         let t = silu(hook.linear(&self.time_in, t));
@@ -95,23 +92,23 @@ impl Denoiser {
     }
 }
 
-impl LinearStack for Denoiser {
-    fn linears(&self) -> Vec<&Linear> {
+impl TrainableLayers for Denoiser {
+    fn layers(&self) -> Vec<Layer<'_>> {
         let mut out = vec![&self.time_in, &self.time_out, &self.input];
         for block in &self.blocks {
             out.extend([&block.first, &block.second]);
         }
         out.push(&self.output);
-        out
+        out.into_iter().map(Layer::Linear).collect()
     }
 
-    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+    fn layers_mut(&mut self) -> Vec<LayerMut<'_>> {
         let mut out = vec![&mut self.time_in, &mut self.time_out, &mut self.input];
         for block in &mut self.blocks {
             out.extend([&mut block.first, &mut block.second]);
         }
         out.push(&mut self.output);
-        out
+        out.into_iter().map(LayerMut::Linear).collect()
     }
 }
 
@@ -146,44 +143,52 @@ impl FinDiffModel {
     }
 }
 
-/// A row's timestep and noise, keyed by the round seed, its unit and its position in the
-/// unit: independent of which worker or micro-batch the row lands in.
-fn keyed_draw(seed: &[u8; 32], row: &RowRef<'_>, cdf: &[f64], width: usize) -> Draw {
-    let mut hasher = Sha256::new();
-    hasher.update(seed);
-    hasher.update((row.unit.len() as u64).to_le_bytes());
-    hasher.update(row.unit.as_bytes());
-    hasher.update((row.position as u64).to_le_bytes());
-    let mut rng = ChaCha8Rng::from_seed(hasher.finalize().into());
-    draw(cdf, width, &mut rng)
+/// A row's timestep and noise, keyed by its unit and its position in the unit.
+fn keyed_draw(seed: &[u8; 32], unit: &str, position: usize, cdf: &[f64], width: usize) -> Draw {
+    draw(cdf, width, &mut keyed_rng(seed, unit, position))
 }
 
-impl LinearStack for FinDiffModel {
-    fn linears(&self) -> Vec<&Linear> {
-        self.denoiser.linears()
+impl TrainableLayers for FinDiffModel {
+    fn layers(&self) -> Vec<Layer<'_>> {
+        self.denoiser.layers()
     }
 
-    fn linears_mut(&mut self) -> Vec<&mut Linear> {
-        self.denoiser.linears_mut()
+    fn layers_mut(&mut self) -> Vec<LayerMut<'_>> {
+        self.denoiser.layers_mut()
+    }
+}
+
+impl UnitExamples for Examples {
+    fn unit_count(&self) -> usize {
+        self.units.len()
     }
 }
 
 impl DpModel for FinDiffModel {
+    type Examples = Examples;
+
+    /// One loss per row; a unit's rows are summed before clipping.
     fn losses(
         &self,
         examples: &Examples,
-        rows: &[RowRef<'_>],
+        units: &[usize],
         seed: &[u8; 32],
         device: &Device,
-        hook: &mut impl LinearHook,
-    ) -> Tensor<1> {
+        hook: &mut impl Hook,
+    ) -> Batch {
         let width = examples.width;
-        let mut x0 = Vec::with_capacity(rows.len() * width);
-        let mut draws = Vec::with_capacity(rows.len());
-        for row in rows {
-            x0.extend_from_slice(&examples.x[row.row * width..(row.row + 1) * width]);
-            draws.push(keyed_draw(seed, row, &self.timestep_cdf, width));
+        let mut x0 = Vec::new();
+        let mut draws = Vec::new();
+        let mut unit_of_row = Vec::new();
+        for (u, &unit) in units.iter().enumerate() {
+            let (id, range) = &examples.units[unit];
+            for (position, row) in range.clone().enumerate() {
+                x0.extend_from_slice(&examples.x[row * width..(row + 1) * width]);
+                draws.push(keyed_draw(seed, id, position, &self.timestep_cdf, width));
+                unit_of_row.push(u);
+            }
         }
-        diffusion::losses(&self.denoiser, &self.schedule, &x0, &draws, width, device, hook)
+        let losses = diffusion::losses(&self.denoiser, &self.schedule, &x0, &draws, width, device, hook);
+        Batch { losses, units: unit_of_row }
     }
 }

@@ -1,0 +1,25 @@
+//! A sequence generator after PATH: whole unit histories as token sequences, a
+//! decoder-only transformer trained with user-level DP-SGD on the distributed engine.
+//!
+//! - Tokens (`tokens`): a vocabulary from the declared schema only; numeric values as a
+//!   public bin and a refinement token; the order column as gaps; a grammar that names
+//!   the valid next tokens everywhere, so training and sampling stay inside it and every
+//!   accepted sequence parses.
+//! - Training examples (`window`): one dynamic window per sampled unit and round, so a
+//!   unit's sensitivity is one clipped gradient whatever its history's length.
+//! - Model (`model`): the transformer; every parameter (embeddings and norms included)
+//!   is clipped per unit by the engine's ghost tape.
+
+pub mod model;
+pub mod sampler;
+pub mod task;
+pub mod tokens;
+pub mod window;
+
+pub use model::{SequenceModel, Transformer, TransformerConfig};
+pub use task::{Histories, SequenceModelSpec};
+pub use tokens::Layout;
+pub use window::WindowSpec;
+
+#[cfg(test)]
+mod tests;

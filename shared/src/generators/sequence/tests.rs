@@ -1,0 +1,335 @@
+//! The sequence generator's invariants: the grammar accepts exactly what parses, encoding
+//! round-trips within a sub-cell, ghost clipping equals a per-unit backward loop for every
+//! parameter, and one unit moves the clipped sum by at most C however long its history.
+
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
+
+use super::model::{SequenceModel, TransformerConfig};
+use super::task::{Histories, SequenceModelSpec};
+use super::tokens::{BOS, Cursor, EOH, Layout, gap_binning};
+use super::window::{WindowSpec, window};
+use crate::data::domain::{Binning, Domain, Encoding};
+use crate::dpsgd::ghost::{GhostTape, Plain, clipped_sum};
+use crate::dpsgd::layers::Layer;
+use crate::dpsgd::params::TrainableLayers;
+use crate::dpsgd::{DpModel, RoundSettings, clipped_gradient_sum, compute_device};
+use crate::spec::JobSpec;
+
+/// The demo's ICU domain: a datetime order column, integer, continuous and categorical
+/// vitals, every column with a missing value of its own.
+fn domain() -> Domain {
+    let spec = JobSpec::parse(include_str!("../../../../examples/demo.toml"), "demo").unwrap();
+    Domain::from_spec(&spec)
+}
+
+fn layout(domain: &Domain, max_rows: usize) -> Layout {
+    let order = domain.index_of("charttime").unwrap();
+    let range = match &domain.columns[order].encoding {
+        Encoding::Numeric { min, max, .. } => max - min,
+        _ => unreachable!(),
+    };
+    let statics = [domain.index_of("rhythm").unwrap()];
+    Layout::new(domain, Some((order, gap_binning(range, 16, false))), &statics, 8, max_rows)
+}
+
+/// A random history: increasing times, some values missing.
+fn history(domain: &Domain, rows: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<Option<f64>>> {
+    let order = domain.index_of("charttime").unwrap();
+    let mut time = 1.736e9 + rng.random::<f64>() * 1e6;
+    (0..rows)
+        .map(|_| {
+            time += rng.random::<f64>() * 7200.0;
+            domain
+                .columns
+                .iter()
+                .enumerate()
+                .map(|(c, column)| {
+                    if c == order {
+                        return Some(time);
+                    }
+                    if rng.random::<f64>() < 0.1 {
+                        return None;
+                    }
+                    Some(match &column.encoding {
+                        Encoding::Categorical { categories, .. } => rng.random_range(0..categories.len()) as f64,
+                        Encoding::Numeric { min, max, binning, .. } => {
+                            let v = min + rng.random::<f64>() * (max - min);
+                            if matches!(binning, Binning::Integer(_)) { v.round() } else { v }
+                        }
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Encoding then parsing keeps every value in its bin and within one refinement cell;
+/// static columns repeat the first row's value; times drift by no more than one cell.
+#[test]
+fn histories_round_trip_within_a_refinement_cell() {
+    let domain = domain();
+    let layout = layout(&domain, 50);
+    let mut rng = ChaCha8Rng::from_seed([5; 32]);
+    let rhythm = domain.index_of("rhythm").unwrap();
+    let order = domain.index_of("charttime").unwrap();
+    for _ in 0..50 {
+        let rows = history(&domain, rng.random_range(1..40), &mut rng);
+        let tokens = layout.encode(BOS, &rows[0], &rows, true);
+        assert!(tokens.len() <= layout.max_tokens(rows.len()));
+        let parsed = layout.parse(&tokens).unwrap();
+        assert_eq!(parsed.len(), rows.len());
+        for (original, back) in rows.iter().zip(&parsed) {
+            for (c, column) in domain.columns.iter().enumerate() {
+                let (want, got) = (if c == rhythm { rows[0][c] } else { original[c] }, back[c]);
+                match (want, got, &column.encoding) {
+                    (None, None, _) => {}
+                    (Some(w), Some(g), Encoding::Categorical { .. }) => assert_eq!(w, g, "{}", column.name),
+                    (Some(w), Some(g), Encoding::Numeric { binning, .. }) => {
+                        let bin = binning.bin(w);
+                        let width = match binning {
+                            Binning::Integer(r) => (r[bin].1 - r[bin].0 + 1) as f64,
+                            Binning::Real(e) => e[bin + 1] - e[bin],
+                        };
+                        // Times are gaps in geometric bins: within the largest gap cell.
+                        let tolerance = if c == order { 7200.0 / 8.0 + width / 8.0 } else { width / 8.0 + 1.0 };
+                        if c != order {
+                            assert_eq!(binning.bin(g), bin, "{}: {w} → {g}", column.name);
+                        }
+                        assert!((w - g).abs() <= tolerance, "{}: {w} → {g}", column.name);
+                    }
+                    _ => panic!("{}: {want:?} parsed as {got:?}", column.name),
+                }
+            }
+        }
+    }
+}
+
+/// Property: any walk that follows the grammar ends in EOH within the row cap and parses
+/// to rows whose values lie in their declared domains.
+#[test]
+fn every_sequence_the_grammar_allows_parses() {
+    let domain = domain();
+    let cap = 12;
+    let layout = layout(&domain, cap);
+    let mut rng = ChaCha8Rng::from_seed([9; 32]);
+    for walk in 0..400 {
+        let mut cursor = Cursor::new(&layout, cap);
+        let mut tokens = Vec::new();
+        while !cursor.is_done() {
+            let allowed: Vec<u32> = cursor.allowed().into_iter().flatten().collect();
+            assert!(!allowed.is_empty(), "walk {walk}: a dead end after {tokens:?}");
+            // Half the walks end as soon as they may, so short histories are covered too.
+            let token = if walk % 2 == 0 && allowed.contains(&EOH) && rng.random::<f64>() < 0.2 {
+                EOH
+            } else {
+                allowed[rng.random_range(0..allowed.len())]
+            };
+            cursor.advance(token).unwrap();
+            tokens.push(token);
+            assert!(tokens.len() <= layout.max_tokens(cap), "walk {walk} is longer than the cap allows");
+        }
+        let rows = layout.parse(&tokens).unwrap();
+        assert!(rows.len() <= cap);
+        for row in &rows {
+            for (v, column) in row.iter().zip(&domain.columns) {
+                let Some(v) = v else { continue };
+                match &column.encoding {
+                    Encoding::Categorical { categories, other } => {
+                        assert!(*v >= 0.0 && (*v as usize) < categories.len() + usize::from(*other))
+                    }
+                    Encoding::Numeric { min, max, .. } => assert!(*v >= *min && *v <= *max, "{}: {v}", column.name),
+                }
+            }
+        }
+        // And nothing outside the grammar is accepted.
+        let mut wrong = tokens.clone();
+        let last = wrong.len() - 1;
+        wrong[last] = layout.vocabulary() as u32;
+        assert!(layout.parse(&wrong).is_err());
+    }
+}
+
+fn spec(domain: &Domain, width: usize, window: WindowSpec) -> SequenceModelSpec {
+    let layout = layout(domain, 600);
+    let transformer =
+        TransformerConfig::new(layout.vocabulary(), layout.max_tokens(window.rows()), width, 2, 2, 2 * width);
+    SequenceModelSpec { domain: domain.clone(), layout, transformer, window }
+}
+
+fn histories(domain: &Domain, lengths: &[usize]) -> Histories {
+    let mut rng = ChaCha8Rng::from_seed([13; 32]);
+    Histories {
+        units: lengths
+            .iter()
+            .enumerate()
+            .map(|(u, &n)| (format!("patient-{u}"), history(domain, n, &mut rng)))
+            .collect(),
+    }
+}
+
+/// Parameters per layer, in layout order.
+fn layer_sizes(model: &SequenceModel) -> Vec<usize> {
+    model
+        .layers()
+        .iter()
+        .map(|layer| match layer {
+            Layer::Linear(l) => l.weight.shape().num_elements() + l.bias.as_ref().map_or(0, |b| b.dims()[0]),
+            Layer::Embedding(e) => e.weight.shape().num_elements(),
+            Layer::Norm(n) => 2 * n.gamma.dims()[0],
+        })
+        .collect()
+}
+
+fn norm(v: &[f64]) -> f64 {
+    v.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+/// Every layer's per-unit gradient norm, and the clipped sum, against one ordinary
+/// backward pass per unit; `width` and the window decide whether the linears take the
+/// Gram form (short sequences, wide layers) or the per-unit matmul.
+fn check_against_naive(width: usize, window: WindowSpec) {
+    let device = compute_device();
+    let domain = domain();
+    let model = SequenceModel::new(&spec(&domain, width, window), &device);
+    let examples = histories(&domain, &[1, 7, 3, 12, 2, 30, 5, 9]);
+    let seed = [21; 32];
+    let tracked = model.tracked();
+    let naive: Vec<Vec<f64>> = (0..examples.units.len())
+        .map(|u| {
+            let batch = tracked.losses(&examples, &[u], &seed, &device, &mut Plain);
+            let grads = batch.losses.sum().backward();
+            tracked.flat_gradient(&grads).into_iter().map(f64::from).collect()
+        })
+        .collect();
+    let all: Vec<usize> = (0..examples.units.len()).collect();
+    let mut tape = GhostTape::default();
+    let batch = model.losses(&examples, &all, &seed, &device, &mut tape);
+    let norms: Vec<f64> = naive.iter().map(|g| norm(g)).collect();
+    let mut sorted = norms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let clip = sorted[sorted.len() / 2];
+    assert!(sorted[0] > 0.0, "every unit has a gradient");
+    let ghost = clipped_sum(&model, tape, batch.losses, &batch.units, all.len(), clip).unwrap();
+    let sizes = layer_sizes(&model);
+    assert_eq!(ghost.layer_norms.len(), sizes.len());
+    let mut offset = 0;
+    for (layer, size) in sizes.iter().enumerate() {
+        assert!(ghost.layer_norms[layer].iter().any(|&n| n > 0.0), "layer {layer} has no gradient");
+        for (u, g) in naive.iter().enumerate() {
+            let want = norm(&g[offset..offset + size]);
+            let got = ghost.layer_norms[layer][u];
+            assert!((got - want).abs() <= 1e-4 * want + 1e-7, "layer {layer}, unit {u}: ghost {got} vs naive {want}");
+        }
+        offset += size;
+    }
+    let mut expected = vec![0.0; model.parameter_count()];
+    for (g, n) in naive.iter().zip(&norms) {
+        let c = (clip / n).min(1.0);
+        expected.iter_mut().zip(g).for_each(|(e, v)| *e += c * v);
+    }
+    let settings = RoundSettings { round: 0, rate: 1.0, clip, seed, micro_batch: 3 };
+    let got = clipped_gradient_sum(&model, &examples, &all, &settings, &device).unwrap();
+    let diff: Vec<f64> = got.sum.iter().zip(&expected).map(|(a, b)| a - b).collect();
+    let err = norm(&diff) / norm(&expected);
+    assert!(err < 1e-4, "clipped sum differs from the per-unit loop: relative error {err:e}");
+}
+
+#[test]
+fn ghost_norms_of_every_parameter_equal_a_per_unit_loop_with_per_unit_matmuls() {
+    // Sequences of ~50 tokens and width 16: every linear is cheaper as a per-unit matmul.
+    check_against_naive(16, WindowSpec { p_start: 0.3, context_rows: 1, window_rows: 2 });
+}
+
+#[test]
+fn ghost_norms_of_every_parameter_equal_a_per_unit_loop_with_gram_matrices() {
+    // One-row windows (~20 tokens) and width 64: the Gram form is cheaper.
+    check_against_naive(64, WindowSpec { p_start: 0.5, context_rows: 0, window_rows: 1 });
+}
+
+/// Adding a unit with a 500-row history moves the clipped sum by at most C: its history is
+/// one window, clipped as one gradient.
+#[test]
+fn a_long_history_changes_the_clipped_sum_by_at_most_the_clip() {
+    let device = compute_device();
+    let domain = domain();
+    let model =
+        SequenceModel::new(&spec(&domain, 16, WindowSpec { p_start: 0.2, context_rows: 2, window_rows: 4 }), &device);
+    let without = histories(&domain, &[4, 9, 2, 15, 6, 3]);
+    let mut with = without.clone();
+    with.units.extend(histories(&domain, &[500]).units.into_iter().map(|(_, rows)| ("long-stay".to_string(), rows)));
+    assert_eq!(with.units[6].1.len(), 500);
+    for (round, clip) in [(0u8, 0.1), (1, 1.0), (2, 10.0)] {
+        let settings = RoundSettings { round: u64::from(round), rate: 1.0, clip, seed: [round; 32], micro_batch: 4 };
+        let units = |h: &Histories| (0..h.units.len()).collect::<Vec<_>>();
+        let a = clipped_gradient_sum(&model, &without, &units(&without), &settings, &device).unwrap();
+        let b = clipped_gradient_sum(&model, &with, &units(&with), &settings, &device).unwrap();
+        let diff: Vec<f64> = a.sum.iter().zip(&b.sum).map(|(x, y)| x - y).collect();
+        assert!(norm(&diff) > 0.0, "the long history contributes");
+        assert!(norm(&diff) <= clip * (1.0 + 1e-4), "C = {clip}: the long history moved the sum by {}", norm(&diff));
+    }
+}
+
+/// A window starts at the history's beginning with probability p_start, counts loss only
+/// from its split row, and ends in EOH only when it reaches the last row.
+#[test]
+fn windows_split_where_the_round_seed_says() {
+    let domain = domain();
+    let layout = layout(&domain, 100);
+    let spec = WindowSpec { p_start: 0.25, context_rows: 2, window_rows: 3 };
+    let rows = histories(&domain, &[20]).units.remove(0).1;
+    let quantized = layout.parse(&layout.encode(BOS, &rows[0], &rows, true)).unwrap();
+    let order = domain.index_of("charttime").unwrap();
+    let trials = 4000;
+    let mut starts = 0;
+    for t in 0..trials {
+        let seed = [(t % 251) as u8; 32];
+        let w = window(&layout, &spec, &rows, &seed, &format!("unit-{t}"));
+        let whole = layout.parse(&w.tokens).unwrap();
+        let context = layout.parse(&w.tokens[..w.loss_from]).unwrap();
+        assert!(context.len() <= spec.context_rows && whole.len() - context.len() <= spec.window_rows);
+        if w.tokens.last() == Some(&EOH) {
+            // The window reached the history's last row.
+            let (got, want) = (whole.last().unwrap(), quantized.last().unwrap());
+            assert!(got.iter().zip(want).enumerate().all(|(c, (g, v))| c == order || g == v));
+        } else {
+            assert_eq!(whole.len() - context.len(), spec.window_rows, "a window short of the end is full");
+        }
+        if w.loss_from == 1 {
+            starts += 1;
+        }
+    }
+    // k = 0 with probability p + (1 − p)·0 (k is otherwise uniform over 1..20): sd ≈ 27.
+    let expected = spec.p_start * trials as f64;
+    assert!((f64::from(starts) - expected).abs() < 5.0 * (expected * (1.0 - spec.p_start)).sqrt(), "{starts}");
+}
+
+/// Constrained decoding from an untrained (so unconstrained in what it prefers) model:
+/// every history parses, has at least one row and at most the cap, keeps its statics on
+/// every row and its clock non-decreasing across windows.
+#[test]
+fn constrained_decoding_only_draws_histories_that_parse() {
+    let device = compute_device();
+    let domain = domain();
+    let window = WindowSpec { p_start: 0.2, context_rows: 1, window_rows: 2 };
+    let mut spec = spec(&domain, 16, window);
+    spec.layout.max_rows = 9;
+    let model = SequenceModel::new(&spec, &device);
+    let mut rng = ChaCha8Rng::from_seed([17; 32]);
+    let histories = super::sampler::sample_histories(&model.transformer, &spec, 64, &mut rng);
+    assert_eq!(histories.len(), 64);
+    let (rhythm, order) = (domain.index_of("rhythm").unwrap(), domain.index_of("charttime").unwrap());
+    let mut lengths = std::collections::BTreeSet::new();
+    for rows in &histories {
+        assert!(!rows.is_empty() && rows.len() <= 9, "{} rows", rows.len());
+        lengths.insert(rows.len());
+        assert!(rows.iter().all(|r| r[rhythm] == rows[0][rhythm]));
+        let times: Vec<f64> = rows.iter().filter_map(|r| r[order]).collect();
+        assert!(times.windows(2).all(|w| w[1] >= w[0] - 1e-6), "{times:?}");
+        // The history re-encodes to a sequence the grammar accepts.
+        let tokens = spec.layout.encode(BOS, &rows[0], rows, true);
+        assert_eq!(spec.layout.parse(&tokens).unwrap().len(), rows.len());
+    }
+    // Windows of three rows: histories longer than one window were drawn.
+    assert!(lengths.iter().any(|&n| n > 3), "{lengths:?}");
+}

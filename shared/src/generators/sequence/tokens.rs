@@ -1,0 +1,518 @@
+//! A unit's history as tokens, over a vocabulary built from the declared schema alone.
+//!
+//! A sequence is `START statics row* [EOH]`:
+//! - START is `BOS` when it begins the history, `MID` when it is a window of one begun
+//!   earlier;
+//! - the static columns appear once, the others once per row;
+//! - each value is a *field*: one token per bin of its column (the missing bin included),
+//!   then, for a numeric bin holding more than one value, one of [`Layout::fine`] shared
+//!   refinement tokens for its position inside the bin (uniform sub-cells);
+//! - with an order column, a row begins with it: the first row of a sequence carries its
+//!   value, later rows the gap to the previous row, in public gap bins (geometric between
+//!   0 and the column's declared range, or declared edges);
+//! - `EOH` ends the history, after at least one row and at most `max_rows`.
+//!
+//! [`Cursor`] is the grammar: at every position it names the valid next tokens, so the
+//! model's training loss and its sampling are both restricted to them, and every sequence
+//! it accepts parses to rows ([`Cursor::advance`] builds them as it goes).
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
+use crate::spec::ColumnKind;
+
+/// Begins a history.
+pub const BOS: u32 = 0;
+/// Begins a window that starts inside a history.
+pub const MID: u32 = 1;
+/// Ends a history.
+pub const EOH: u32 = 2;
+const SPECIAL: u32 = 3;
+
+/// A token the grammar does not allow where it stands.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("token {token} is not valid at position {position}")]
+pub struct ParseError {
+    pub token: u32,
+    pub position: usize,
+}
+
+/// One value's tokens: its bins and whether a bin is refined.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct FieldTokens {
+    /// First bin token.
+    offset: u32,
+    /// Value bins (the missing bin, if any, is `bins`).
+    binning: Option<Binning>,
+    bins: u32,
+    missing: bool,
+    integer: bool,
+}
+
+impl FieldTokens {
+    fn of_column(column: &ColumnDomain, offset: u32) -> Self {
+        let (binning, integer) = match &column.encoding {
+            Encoding::Categorical { .. } => (None, false),
+            Encoding::Numeric { kind, binning, .. } => (Some(binning.clone()), *kind == ColumnKind::Integer),
+        };
+        let bins = (column.bins() - usize::from(column.missing)) as u32;
+        Self { offset, binning, bins, missing: column.missing, integer }
+    }
+
+    fn tokens(&self) -> Range<u32> {
+        self.offset..self.offset + self.bins + u32::from(self.missing)
+    }
+
+    /// Refinement levels of a bin (0: the bin is one value, or missing, or a category).
+    fn levels(&self, bin: u32, fine: u32) -> u32 {
+        match &self.binning {
+            Some(Binning::Integer(ranges)) if bin < self.bins => {
+                let (lo, hi) = ranges[bin as usize];
+                let values = (hi - lo + 1) as u64;
+                if values <= 1 { 0 } else { values.min(u64::from(fine)) as u32 }
+            }
+            Some(Binning::Real(_)) if bin < self.bins => fine,
+            _ => 0,
+        }
+    }
+
+    /// Bin and refinement of a value (categorical: its code; numeric: clamped already).
+    fn encode(&self, value: Option<f64>, fine: u32) -> (u32, Option<u32>) {
+        let Some(v) = value else { return (self.bins, None) };
+        let bin = match &self.binning {
+            None => (v as u32).min(self.bins - 1),
+            Some(b) => b.bin(v) as u32,
+        };
+        let levels = self.levels(bin, fine);
+        let refined = match &self.binning {
+            Some(Binning::Integer(ranges)) if levels > 0 => {
+                let (lo, hi) = ranges[bin as usize];
+                let values = (hi - lo + 1) as f64;
+                Some((((v.round() - lo as f64) * f64::from(levels) / values).floor() as u32).min(levels - 1))
+            }
+            Some(Binning::Real(edges)) if levels > 0 => {
+                let (lo, hi) = (edges[bin as usize], edges[bin as usize + 1]);
+                Some((((v - lo) / (hi - lo) * f64::from(levels)).floor().max(0.0) as u32).min(levels - 1))
+            }
+            _ => None,
+        };
+        (bin, refined)
+    }
+
+    /// The value a bin and refinement stand for: the middle of the sub-cell.
+    fn decode(&self, bin: u32, refined: Option<u32>, fine: u32) -> Option<f64> {
+        if bin >= self.bins {
+            return None;
+        }
+        let levels = self.levels(bin, fine);
+        let f = f64::from(refined.unwrap_or(0));
+        Some(match &self.binning {
+            None => f64::from(bin),
+            Some(Binning::Integer(ranges)) => {
+                let (lo, hi) = ranges[bin as usize];
+                if levels == 0 {
+                    lo as f64
+                } else {
+                    let values = (hi - lo + 1) as f64;
+                    lo as f64 + ((f + 0.5) * values / f64::from(levels)).floor()
+                }
+            }
+            Some(Binning::Real(edges)) => {
+                let (lo, hi) = (edges[bin as usize], edges[bin as usize + 1]);
+                lo + (f + 0.5) / f64::from(levels.max(1)) * (hi - lo)
+            }
+        })
+        .map(|v| if self.integer { v.round() } else { v })
+    }
+}
+
+/// Which value a field holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Field {
+    /// A domain column's value.
+    Column(usize),
+    /// The order column's gap to the previous row.
+    Gap,
+}
+
+/// Geometric gap bins between 0 and `range`: edges 0, range·2^(i−n) for i = 1..n; integer
+/// columns get the integer ranges those edges start.
+pub fn gap_binning(range: f64, bins: u32, integer: bool) -> Binning {
+    let n = bins.max(1) as i32;
+    let mut edges = vec![0.0];
+    edges.extend((1..=n).map(|i| range * 2f64.powi(i - n)));
+    if !integer {
+        return Binning::Real(edges);
+    }
+    let top = range.floor() as i64;
+    let mut starts: Vec<i64> = edges[..edges.len() - 1].iter().map(|e| e.ceil() as i64).collect();
+    starts.dedup();
+    let ranges = starts
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| (s, starts.get(i + 1).map_or(top, |next| next - 1)))
+        .filter(|(s, e)| e >= s)
+        .collect();
+    Binning::Integer(ranges)
+}
+
+/// The token layout of a job's histories, from its domain and declared choices.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Layout {
+    columns: Vec<FieldTokens>,
+    /// Domain indices written once per history.
+    statics: Vec<usize>,
+    /// Domain indices written in every row after the order column.
+    row_columns: Vec<usize>,
+    /// The order column's domain index, and its gap tokens.
+    order: Option<(usize, FieldTokens)>,
+    /// Refinement levels of a numeric bin.
+    pub fine: u32,
+    /// Most rows of a history.
+    pub max_rows: usize,
+    vocabulary: u32,
+}
+
+impl Layout {
+    /// `order`: the order column and its gap bins; `statics`: columns written once.
+    pub fn new(
+        domain: &Domain,
+        order: Option<(usize, Binning)>,
+        statics: &[usize],
+        fine: u32,
+        max_rows: usize,
+    ) -> Self {
+        let mut next = SPECIAL + fine;
+        let columns: Vec<FieldTokens> = domain
+            .columns
+            .iter()
+            .map(|c| {
+                let field = FieldTokens::of_column(c, next);
+                next = field.tokens().end;
+                field
+            })
+            .collect();
+        let order = order.map(|(index, binning)| {
+            let column = &domain.columns[index];
+            let integer = matches!(column.encoding, Encoding::Numeric { kind: ColumnKind::Integer, .. });
+            let bins = binning.len() as u32;
+            let gap = FieldTokens { offset: next, binning: Some(binning), bins, missing: column.missing, integer };
+            next = gap.tokens().end;
+            (index, gap)
+        });
+        let order_index = order.as_ref().map(|(i, _)| *i);
+        let row_columns =
+            (0..domain.columns.len()).filter(|c| !statics.contains(c) && Some(*c) != order_index).collect();
+        Self { columns, statics: statics.to_vec(), row_columns, order, fine, max_rows, vocabulary: next }
+    }
+
+    pub fn vocabulary(&self) -> usize {
+        self.vocabulary as usize
+    }
+
+    /// Columns of a row of output (the domain's).
+    pub fn width(&self) -> usize {
+        self.columns.len()
+    }
+
+    /// Most tokens one row takes.
+    pub fn max_row_tokens(&self) -> usize {
+        let field = |f: &FieldTokens| 1 + usize::from(f.binning.is_some());
+        let order = self.order.as_ref().map_or(0, |(_, gap)| field(gap).max(field(&self.columns[self.order_index()])));
+        order + self.row_columns.iter().map(|&c| field(&self.columns[c])).sum::<usize>()
+    }
+
+    /// Most tokens a sequence of `rows` rows takes, START and EOH included.
+    pub fn max_tokens(&self, rows: usize) -> usize {
+        let statics: usize = self.statics.iter().map(|&c| 1 + usize::from(self.columns[c].binning.is_some())).sum();
+        2 + statics + rows * self.max_row_tokens()
+    }
+
+    /// The order column's domain index.
+    pub fn order_column(&self) -> Option<usize> {
+        self.order.as_ref().map(|(i, _)| *i)
+    }
+
+    fn order_index(&self) -> usize {
+        self.order.as_ref().map_or(usize::MAX, |(i, _)| *i)
+    }
+
+    fn field_tokens(&self, field: Field) -> &FieldTokens {
+        match field {
+            Field::Column(c) => &self.columns[c],
+            Field::Gap => &self.order.as_ref().expect("a gap field implies an order column").1,
+        }
+    }
+
+    /// Fields of the `row`-th row of a sequence.
+    fn row_fields(&self, row: usize) -> impl Iterator<Item = Field> + '_ {
+        let first = self.order.as_ref().map(|(index, _)| if row == 0 { Field::Column(*index) } else { Field::Gap });
+        first.into_iter().chain(self.row_columns.iter().map(|&c| Field::Column(c)))
+    }
+
+    fn push_field(&self, field: Field, value: Option<f64>, out: &mut Vec<u32>) {
+        let tokens = self.field_tokens(field);
+        let (bin, refined) = tokens.encode(value, self.fine);
+        out.push(tokens.offset + bin);
+        out.extend(refined.map(|f| SPECIAL + f));
+    }
+
+    /// The static columns' tokens of a history (values in domain order; the first row's).
+    pub fn static_tokens(&self, row: &[Option<f64>]) -> Vec<u32> {
+        let mut out = Vec::new();
+        for &c in &self.statics {
+            self.push_field(Field::Column(c), row[c], &mut out);
+        }
+        out
+    }
+
+    /// A row's tokens after its order field (values in domain order).
+    pub fn row_tokens(&self, row: &[Option<f64>]) -> Vec<u32> {
+        let mut out = Vec::new();
+        for &c in &self.row_columns {
+            self.push_field(Field::Column(c), row[c], &mut out);
+        }
+        out
+    }
+
+    /// The order field's tokens of a sequence's `row`-th row (its value for the first row,
+    /// else its gap to `previous`, the last order value as decoded), and the value they
+    /// decode to: gaps are taken from decoded values, so rounding never accumulates.
+    pub fn order_tokens(&self, row: usize, value: Option<f64>, previous: Option<f64>) -> (Vec<u32>, Option<f64>) {
+        let mut out = Vec::new();
+        let Some((index, gap_tokens)) = &self.order else { return (out, None) };
+        let (field, tokens, encoded) = if row == 0 {
+            (Field::Column(*index), &self.columns[*index], value)
+        } else {
+            let base = previous.unwrap_or_else(|| self.order_min());
+            (Field::Gap, gap_tokens, value.map(|v| (v - base).max(0.0)))
+        };
+        self.push_field(field, encoded, &mut out);
+        let (bin, refined) = tokens.encode(encoded, self.fine);
+        let decoded = tokens.decode(bin, refined, self.fine).map(|v| match field {
+            Field::Gap => (previous.unwrap_or_else(|| self.order_min()) + v).min(self.order_max()),
+            Field::Column(_) => v,
+        });
+        (out, decoded)
+    }
+
+    fn order_min(&self) -> f64 {
+        match self.order.as_ref().map(|(i, _)| &self.columns[*i].binning) {
+            Some(Some(Binning::Integer(r))) => r[0].0 as f64,
+            Some(Some(Binning::Real(e))) => e[0],
+            _ => 0.0,
+        }
+    }
+
+    fn order_max(&self) -> f64 {
+        match self.order.as_ref().map(|(i, _)| &self.columns[*i].binning) {
+            Some(Some(Binning::Integer(r))) => r[r.len() - 1].1 as f64,
+            Some(Some(Binning::Real(e))) => e[e.len() - 1],
+            _ => f64::INFINITY,
+        }
+    }
+
+    /// A sequence of whole rows: `start`, the static columns of `statics` (the history's
+    /// first row), rows (values in domain order), and EOH when `end`.
+    pub fn encode(&self, start: u32, statics: &[Option<f64>], rows: &[Vec<Option<f64>>], end: bool) -> Vec<u32> {
+        let mut out = vec![start];
+        out.extend(self.static_tokens(statics));
+        let mut previous = None;
+        let order = self.order.as_ref().map(|(i, _)| *i);
+        for (r, row) in rows.iter().enumerate() {
+            let (tokens, decoded) = self.order_tokens(r, order.and_then(|i| row[i]), previous);
+            out.extend(tokens);
+            previous = decoded.or(previous);
+            out.extend(self.row_tokens(row));
+        }
+        if end {
+            out.push(EOH);
+        }
+        out
+    }
+
+    /// Parses a whole sequence (START … EOH or a prefix of whole rows) into rows.
+    pub fn parse(&self, tokens: &[u32]) -> Result<Vec<Vec<Option<f64>>>, ParseError> {
+        let mut cursor = Cursor::new(self, self.max_rows);
+        for (position, &token) in tokens.iter().enumerate() {
+            cursor.advance(token).map_err(|_| ParseError { token, position })?;
+        }
+        Ok(cursor.rows)
+    }
+}
+
+/// Where a cursor stands.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stage {
+    Start,
+    /// The i-th static field.
+    Static(usize),
+    /// Between rows (or before the first): a row's first token, or EOH.
+    Boundary,
+    /// The i-th field of the current row.
+    Row(usize),
+    /// The refinement token of a field's bin, `levels` of them valid.
+    Fine {
+        levels: u32,
+    },
+    Done,
+}
+
+/// The grammar, walked token by token: what may come next, and the rows read so far.
+#[derive(Clone, Debug)]
+pub struct Cursor<'a> {
+    layout: &'a Layout,
+    stage: Stage,
+    /// Stage to go to after a refinement token, and the field it refines.
+    after_fine: Option<(Stage, Field, u32)>,
+    cap: usize,
+    statics: Vec<Option<f64>>,
+    /// Rows read so far, in domain order (statics filled in when a row starts).
+    pub rows: Vec<Vec<Option<f64>>>,
+    /// Last known order value.
+    previous: Option<f64>,
+}
+
+impl<'a> Cursor<'a> {
+    /// A cursor at the start of a sequence of at most `cap` rows.
+    pub fn new(layout: &'a Layout, cap: usize) -> Self {
+        Self {
+            layout,
+            stage: Stage::Start,
+            after_fine: None,
+            cap,
+            statics: vec![None; layout.width()],
+            rows: Vec::new(),
+            previous: None,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.stage == Stage::Done
+    }
+
+    /// The order value the next gap counts from.
+    pub fn clock(&self) -> f64 {
+        self.previous.unwrap_or_else(|| self.layout.order_min())
+    }
+
+    /// Whether the cursor stands between rows (a row may start or the history end).
+    pub fn at_boundary(&self) -> bool {
+        self.stage == Stage::Boundary
+    }
+
+    fn field(&self, stage: Stage) -> Option<Field> {
+        match stage {
+            Stage::Static(i) => Some(Field::Column(self.layout.statics[i])),
+            Stage::Row(i) => self.layout.row_fields(self.rows.len() - 1).nth(i),
+            _ => None,
+        }
+    }
+
+    fn first_row_field(&self) -> Field {
+        self.layout.row_fields(self.rows.len()).next().expect("a row has at least one field")
+    }
+
+    /// The valid next tokens, as ranges of ids.
+    pub fn allowed(&self) -> Vec<Range<u32>> {
+        match self.stage {
+            Stage::Start => std::iter::once(BOS..MID + 1).collect(),
+            Stage::Static(_) | Stage::Row(_) => {
+                vec![self.layout.field_tokens(self.field(self.stage).expect("a field stage")).tokens()]
+            }
+            Stage::Boundary if self.rows.len() >= self.cap => std::iter::once(EOH..EOH + 1).collect(),
+            // A history has at least one row.
+            Stage::Boundary if self.rows.is_empty() => {
+                std::iter::once(self.layout.field_tokens(self.first_row_field()).tokens()).collect()
+            }
+            Stage::Boundary => vec![EOH..EOH + 1, self.layout.field_tokens(self.first_row_field()).tokens()],
+            Stage::Fine { levels } => std::iter::once(SPECIAL..SPECIAL + levels).collect(),
+            Stage::Done => Vec::new(),
+        }
+    }
+
+    fn is_allowed(&self, token: u32) -> bool {
+        self.allowed().iter().any(|r| r.contains(&token))
+    }
+
+    /// The stage after the field at `stage` is complete.
+    fn after(&self, stage: Stage) -> Stage {
+        match stage {
+            Stage::Static(i) if i + 1 < self.layout.statics.len() => Stage::Static(i + 1),
+            Stage::Static(_) => Stage::Boundary,
+            Stage::Row(i) if i + 1 < self.layout.row_fields(self.rows.len() - 1).count() => Stage::Row(i + 1),
+            _ => Stage::Boundary,
+        }
+    }
+
+    /// Stores a field's value.
+    fn store(&mut self, field: Field, value: Option<f64>, stage: Stage) {
+        match (stage, field) {
+            (Stage::Static(_), Field::Column(c)) => self.statics[c] = value,
+            (_, Field::Column(c)) => {
+                let value = match (Some(c) == self.layout.order.as_ref().map(|(i, _)| *i), value) {
+                    (true, Some(v)) => {
+                        self.previous = Some(v);
+                        Some(v)
+                    }
+                    _ => value,
+                };
+                self.rows.last_mut().expect("a row is open")[c] = value;
+            }
+            (_, Field::Gap) => {
+                let index = self.layout.order_index();
+                let value = value.map(|gap| {
+                    let v = self.previous.unwrap_or_else(|| self.layout.order_min()) + gap;
+                    v.min(self.layout.order_max())
+                });
+                if value.is_some() {
+                    self.previous = value;
+                }
+                self.rows.last_mut().expect("a row is open")[index] = value;
+            }
+        }
+    }
+
+    /// Consumes one token; refused if the grammar does not allow it here.
+    pub fn advance(&mut self, token: u32) -> Result<(), ParseError> {
+        if !self.is_allowed(token) {
+            return Err(ParseError { token, position: 0 });
+        }
+        match self.stage {
+            Stage::Start => {
+                self.stage = if self.layout.statics.is_empty() { Stage::Boundary } else { Stage::Static(0) };
+            }
+            Stage::Boundary if token == EOH => self.stage = Stage::Done,
+            Stage::Boundary | Stage::Static(_) | Stage::Row(_) => {
+                let stage = if self.stage == Stage::Boundary {
+                    self.rows.push(self.statics.clone());
+                    Stage::Row(0)
+                } else {
+                    self.stage
+                };
+                let field = self.field(stage).expect("a field stage");
+                let tokens = self.layout.field_tokens(field);
+                let bin = token - tokens.offset;
+                let levels = tokens.levels(bin, self.layout.fine);
+                if levels > 0 {
+                    self.after_fine = Some((stage, field, bin));
+                    self.stage = Stage::Fine { levels };
+                } else {
+                    let value = tokens.decode(bin, None, self.layout.fine);
+                    self.store(field, value, stage);
+                    self.stage = self.after(stage);
+                }
+            }
+            Stage::Fine { .. } => {
+                let (stage, field, bin) = self.after_fine.take().expect("a refinement follows a bin");
+                let value = self.layout.field_tokens(field).decode(bin, Some(token - SPECIAL), self.layout.fine);
+                self.store(field, value, stage);
+                self.stage = self.after(stage);
+            }
+            Stage::Done => unreachable!("nothing is allowed after EOH"),
+        }
+        Ok(())
+    }
+}
