@@ -13,9 +13,10 @@ use crate::dpsgd::ghost::Plain;
 use crate::dpsgd::params::values;
 
 /// One history being drawn.
-struct Draw {
-    /// The current window's tokens.
+struct Draw<'a> {
+    /// The current window's tokens, and the grammar walked over them.
     tokens: Vec<u32>,
+    cursor: Cursor<'a>,
     /// Rows of the history so far (values in domain order).
     rows: Vec<Vec<Option<f64>>>,
     /// History index of the window's first row.
@@ -37,9 +38,12 @@ pub fn sample_histories(
     let positions = model.positions();
     let vocabulary = layout.vocabulary();
     let order = layout.order_column();
-    let mut draws: Vec<Draw> = (0..count)
-        .map(|_| Draw { tokens: vec![BOS], rows: Vec::new(), window_first: 0, shift: 0.0, done: false })
-        .collect();
+    let start = |_| {
+        let mut cursor = Cursor::new(layout, layout.max_rows);
+        cursor.advance(BOS).expect("a history starts with BOS");
+        Draw { tokens: vec![BOS], cursor, rows: Vec::new(), window_first: 0, shift: 0.0, done: false }
+    };
+    let mut draws: Vec<Draw> = (0..count).map(start).collect();
     while draws.iter().any(|d| !d.done) {
         let live: Vec<usize> = (0..count).filter(|&i| !draws[i].done).collect();
         let length = live.iter().map(|&i| draws[i].tokens.len()).max().unwrap_or(1);
@@ -52,11 +56,7 @@ pub fn sample_histories(
         );
         for (s, &i) in live.iter().enumerate() {
             let d = &mut draws[i];
-            let cap = layout.max_rows - d.window_first;
-            let mut cursor = Cursor::new(layout, cap);
-            for &t in &d.tokens {
-                cursor.advance(t).expect("drawn tokens follow the grammar");
-            }
+            let cursor = &mut d.cursor;
             let at = s * length + d.tokens.len() - 1;
             let row = &logits[at * vocabulary..(at + 1) * vocabulary];
             let token = draw_allowed(row, &cursor.allowed(), rng);
@@ -82,13 +82,14 @@ pub fn sample_histories(
                 // The next row may not fit: continue in a new window.
                 d.window_first = d.rows.len().saturating_sub(spec.window.context_rows);
                 d.tokens = layout.encode(MID, &d.rows[0], &d.rows[d.window_first..], false);
-                let mut replay = Cursor::new(layout, layout.max_rows);
+                let mut replay = Cursor::new(layout, layout.max_rows - d.window_first);
                 for &t in &d.tokens {
                     replay.advance(t).expect("a re-encoded window follows the grammar");
                 }
                 // The window's clock continues the history's last known time.
                 let last = order.and_then(|o| d.rows.iter().rev().find_map(|r| r[o]));
                 d.shift = last.map_or(0.0, |t| t - replay.clock());
+                d.cursor = replay;
             }
         }
     }

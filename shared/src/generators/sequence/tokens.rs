@@ -252,11 +252,13 @@ impl Layout {
         first.into_iter().chain(self.row_columns.iter().map(|&c| Field::Column(c)))
     }
 
-    fn push_field(&self, field: Field, value: Option<f64>, out: &mut Vec<u32>) {
+    /// Appends a field's tokens; returns the value they decode to.
+    fn push_field(&self, field: Field, value: Option<f64>, out: &mut Vec<u32>) -> Option<f64> {
         let tokens = self.field_tokens(field);
         let (bin, refined) = tokens.encode(value, self.fine);
         out.push(tokens.offset + bin);
         out.extend(refined.map(|f| SPECIAL + f));
+        tokens.decode(bin, refined, self.fine)
     }
 
     /// The static columns' tokens of a history (values in domain order; the first row's).
@@ -282,19 +284,14 @@ impl Layout {
     /// decode to: gaps are taken from decoded values, so rounding never accumulates.
     pub fn order_tokens(&self, row: usize, value: Option<f64>, previous: Option<f64>) -> (Vec<u32>, Option<f64>) {
         let mut out = Vec::new();
-        let Some((index, gap_tokens)) = &self.order else { return (out, None) };
-        let (field, tokens, encoded) = if row == 0 {
-            (Field::Column(*index), &self.columns[*index], value)
+        let Some((index, _)) = &self.order else { return (out, None) };
+        let decoded = if row == 0 {
+            self.push_field(Field::Column(*index), value, &mut out)
         } else {
             let base = previous.unwrap_or_else(|| self.order_min());
-            (Field::Gap, gap_tokens, value.map(|v| (v - base).max(0.0)))
+            let gap = self.push_field(Field::Gap, value.map(|v| (v - base).max(0.0)), &mut out);
+            gap.map(|g| (base + g).min(self.order_max()))
         };
-        self.push_field(field, encoded, &mut out);
-        let (bin, refined) = tokens.encode(encoded, self.fine);
-        let decoded = tokens.decode(bin, refined, self.fine).map(|v| match field {
-            Field::Gap => (previous.unwrap_or_else(|| self.order_min()) + v).min(self.order_max()),
-            Field::Column(_) => v,
-        });
         (out, decoded)
     }
 
