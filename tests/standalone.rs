@@ -73,6 +73,103 @@ async fn demo_spec_job_writes_a_verifiable_output_and_charges_once() {
     assert!(leftover.is_empty(), "scratch not cleaned: {leftover:?}");
 }
 
+/// A sequence job writes whole histories: one fresh id per synthetic patient, as many
+/// patients as the released unit count, each within the public row cap, in time order and
+/// inside the declared schema. The ledger holds the count and the run; with a private
+/// selection the run's entry holds the DP-SGD rounds and the vote release exactly (σ from
+/// the plan, sensitivity √k), and the job's ε stays its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_job_writes_whole_histories_under_fresh_ids() {
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::data::input::InputReader;
+    use dpsynth_shared::generators::sequence::SequencePlan;
+
+    let select = Some("select_epsilon = 0.5\nselect_candidates = 2.0\nselect_neighbours = 3\n");
+    // (selection, max_rows, declared units): one-row histories still count units.
+    for (selection, max_rows, units) in [(None, 12, None), (select, 12, None), (select, 1, Some(7))] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = sequence_spec(dir.path(), 80, max_rows);
+        if let Some(select) = selection {
+            text = text.replace("[generator.sequence]\n", &format!("[generator.sequence]\n{select}"));
+        }
+        if let Some(units) = units {
+            text += &format!("units = {units}\n");
+        }
+        let spec = JobSpec::parse(&text, "sequence").unwrap();
+        let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+        assert_eq!(state, SUCCEEDED, "{message}");
+        let out = dir.path().join("out");
+        let manifest = manifest(&out).expect("manifest written");
+        assert_eq!(manifest["generator"], "sequence");
+        let released: u64 = manifest["privacy"]["public_inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str()?.strip_prefix("privacy units: "))
+            .map(|s| s.split(' ').next().unwrap().parse().unwrap())
+            .next()
+            .expect("the released unit count is a public input");
+
+        let mut read = spec.clone();
+        read.input.urls = parts(&out, &manifest);
+        read.input.format = Some(Format::Parquet);
+        let domain = Domain::from_spec(&read);
+        let order = domain.index_of("charttime").unwrap();
+        let mut reader = InputReader::new(&read, &domain);
+        let mut histories: Vec<(String, Vec<Option<f64>>)> = Vec::new();
+        while let Some(batch) = reader.next_batch().await.unwrap() {
+            for (r, unit) in batch.units.iter().enumerate() {
+                match histories.last_mut() {
+                    Some((id, times)) if id == unit => times.push(batch.values[order][r]),
+                    _ => histories.push((unit.clone(), vec![batch.values[order][r]])),
+                }
+            }
+        }
+        assert!(reader.skipped().is_none_or(|s| s.rows == 0), "every synthetic row fits the declared schema");
+        // A unit's rows are contiguous and its id is never reused.
+        let ids: std::collections::HashSet<&str> = histories.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids.len(), histories.len());
+        assert_eq!(histories.len() as u64, units.unwrap_or(released));
+        assert!(ids.iter().all(|id| id.starts_with("syn-")));
+        for (id, times) in &histories {
+            assert!((1..=max_rows).contains(&times.len()), "{id}: {} rows", times.len());
+            let known: Vec<f64> = times.iter().flatten().copied().collect();
+            assert!(known.windows(2).all(|w| w[1] >= w[0]), "{id}: {known:?}");
+        }
+        assert!(max_rows == 1 || histories.iter().any(|(_, t)| t.len() > 1), "histories, not rows");
+
+        let charged = charged_mechanisms(dir.path(), &spec.job.dataset_id).await;
+        assert_eq!(charged.len(), 2, "the unit count, then the run");
+        let plan = SequencePlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
+        assert!(matches!(charged[1][0], Mechanism::SubsampledGaussian { .. }));
+        assert_eq!(&charged[1][1..], plan.run.after_training.as_slice());
+        match selection {
+            None => assert_eq!(charged[1].len(), 1),
+            Some(_) => assert!(matches!(
+                charged[1][1],
+                Mechanism::Gaussian { l2_sensitivity, releases: 1, .. } if l2_sensitivity == 3f64.sqrt()
+            )),
+        }
+        let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
+        assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon);
+    }
+}
+
+/// The mechanisms of every charge in the ledger under `dir`, in ledger order.
+async fn charged_mechanisms(dir: &std::path::Path, dataset: &str) -> Vec<Vec<Mechanism>> {
+    let store = storage::open(dir.join("ledger").to_str().unwrap()).unwrap();
+    let ledger = Ledger::open(&store, dataset).await.unwrap();
+    ledger
+        .charges()
+        .into_iter()
+        .map(|(entry, _)| match &entry.body {
+            EntryBody::Charge { request, .. } => request.mechanisms.clone(),
+            other => panic!("not a charge: {other:?}"),
+        })
+        .collect()
+}
+
 fn walk(dir: &std::path::Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries
@@ -163,18 +260,7 @@ async fn dp_sgd_budgets_are_enforced_before_training() {
     assert!(message.contains("above the job's ε = 1"), "{message}");
     assert!(message.contains("only the unit count release (ledger entry "), "{message}");
     assert!(manifest(&dir.path().join("out")).is_none());
-    let ledger =
-        Ledger::open(&storage::open(dir.path().join("ledger").to_str().unwrap()).unwrap(), &spec.job.dataset_id)
-            .await
-            .unwrap();
-    let charged: Vec<Vec<Mechanism>> = ledger
-        .charges()
-        .into_iter()
-        .map(|(entry, _)| match &entry.body {
-            EntryBody::Charge { request, .. } => request.mechanisms.clone(),
-            other => panic!("not a charge: {other:?}"),
-        })
-        .collect();
+    let charged = charged_mechanisms(dir.path(), &spec.job.dataset_id).await;
     let count = Mechanism::Gaussian {
         l2_sensitivity: 1.0,
         noise_multiplier: match &spec.generator {
@@ -511,6 +597,43 @@ async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
             }
         }
     }
+}
+
+/// A sequence job's selection votes gathered from 1, 2 and 4 workers: the same counts,
+/// bit for bit, k from every unit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_two_and_four_workers_cast_the_same_selection_votes() {
+    use dpsynth_proto::task::Work;
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::dpsgd::compute_device;
+    use dpsynth_shared::generators::sequence::sampler::sample_histories;
+    use dpsynth_shared::generators::sequence::selection::{SelectionTask, features};
+    use dpsynth_shared::generators::sequence::{SequenceModel, SequencePlan};
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&sequence_spec(dir.path(), 60, 12), "selection").unwrap();
+    let plan = SequencePlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
+    let urls = partition(&spec, dir.path(), 6).await;
+    let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
+    // Candidates from an untrained model (any histories will do).
+    let model = SequenceModel::new(&plan.model, &compute_device());
+    let mut rng = dpsynth_shared::entropy::os_rng().unwrap();
+    let candidates = sample_histories(&model.transformer, &plan.model, 40, &mut rng);
+    let features = candidates.iter().flat_map(|h| features(&plan.model, h)).collect();
+    let task = SelectionTask { model: plan.model.clone(), candidates: features, neighbours: 3 };
+    let mut reference: Option<Vec<f64>> = None;
+    for workers in [1, 2, 4] {
+        let votes = one_round(workers, Work::SelectionVotes((&task).into()), &groups, "votes", 40).await;
+        assert_eq!(votes.iter().sum::<f64>(), 3.0 * 60.0);
+        match &reference {
+            None => reference = Some(votes),
+            Some(r) => assert!(r.iter().zip(&votes).all(|(a, b)| a.to_bits() == b.to_bits()), "{workers} workers"),
+        }
+    }
+    // Every unit in one place gives the same votes.
+    let all = plan.model.load_histories(&urls).await.unwrap();
+    assert_eq!(task.votes(&all).0, reference.unwrap());
 }
 
 /// Contingency tables gathered from 1, 2 and 4 workers: the same counts, bit for bit, and

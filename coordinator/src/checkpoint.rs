@@ -1,8 +1,9 @@
 //! Coordinator checkpoints of a DP-SGD run, so a restarted coordinator resumes a job whose
 //! run is already charged instead of charging (or training) it again.
 //!
-//! A checkpoint holds the plan as charged (model layout with its frozen embeddings, N̂, q,
-//! σ, T, the ledger receipts), the optimizer state and the f64 master parameters. It lives
+//! A checkpoint holds the plan as charged (the generator's name and model configuration,
+//! the run's plan, N̂, q, σ, T, the ledger receipts), the optimizer state and the f64
+//! master parameters. It lives
 //! in the scratch store under `checkpoints/<job id>` (private storage, like the
 //! partitions) and is deleted as soon as training ends, either way. The noise generator's
 //! state is never saved: a resumed run draws fresh noise from the OS.
@@ -19,18 +20,23 @@ use dpsynth_privacy::ledger::{ChargeReceipt, ChargeRequest, ChargeStatus, Ledger
 use dpsynth_shared::accounting::accountant::PrivacyCost;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
-use dpsynth_shared::generators::findiff::FinDiffModelSpec;
+use dpsynth_shared::dpsgd::plan::RunPlan;
+use dpsynth_shared::spec::GeneratorName;
 use dpsynth_shared::storage::StoreLocation;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::context::JobError;
 use crate::scratch;
 
-/// The plan a run was charged for.
+/// The plan a run was charged for; `M` is the generator's model configuration.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ChargedRun {
-    pub model: FinDiffModelSpec,
+pub struct ChargedRun<M> {
+    /// The generator that planned it (a checkpoint resumes under the same one only).
+    pub generator: GeneratorName,
+    pub model: M,
+    pub plan: RunPlan,
     /// The released unit count (rounded), charged in ledger entry `count_entry`.
     pub noisy_units: f64,
     pub rate: f64,
@@ -46,14 +52,14 @@ pub struct ChargedRun {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Header {
-    run: ChargedRun,
+struct Header<M> {
+    run: ChargedRun<M>,
     optimizer: Optimizer,
 }
 
 /// A run's state after `optimizer.step` rounds.
-pub struct Checkpoint {
-    pub run: ChargedRun,
+pub struct Checkpoint<M> {
+    pub run: ChargedRun<M>,
     pub optimizer: Optimizer,
     pub parameters: Vec<f64>,
 }
@@ -67,10 +73,10 @@ fn f64s(bytes: &[u8]) -> Vec<f64> {
 }
 
 /// Overwrites the job's checkpoint (a single PUT: readers see the old or the new one).
-pub async fn save(
+pub async fn save<M: Clone + Serialize>(
     scratch: &StoreLocation,
     job_id: &str,
-    run: &ChargedRun,
+    run: &ChargedRun<M>,
     optimizer: &Optimizer,
     parameters: &[f64],
 ) -> Result<(), JobError> {
@@ -94,8 +100,12 @@ pub async fn save(
     Ok(())
 }
 
-/// The job's checkpoint, if a previous coordinator left one.
-pub async fn load(scratch: &StoreLocation, job_id: &str) -> Result<Option<Checkpoint>, JobError> {
+/// The job's checkpoint, if a previous coordinator left one: a run of `generator`.
+pub async fn load<M: DeserializeOwned>(
+    scratch: &StoreLocation,
+    job_id: &str,
+    generator: GeneratorName,
+) -> Result<Option<Checkpoint<M>>, JobError> {
     let bytes = match scratch.store.get(&path(scratch, job_id)).await {
         Ok(r) => r.bytes().await.map_err(|e| JobError::Other(format!("reading the checkpoint of {job_id}: {e}")))?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
@@ -103,8 +113,25 @@ pub async fn load(scratch: &StoreLocation, job_id: &str) -> Result<Option<Checkp
     };
     let corrupt = |why: &str| JobError::Other(format!("the checkpoint of {job_id} is corrupt: {why}"));
     let len = u32::from_le_bytes(bytes.get(..4).ok_or_else(|| corrupt("truncated"))?.try_into().expect("4")) as usize;
-    let header: Header = serde_json::from_slice(bytes.get(4..4 + len).ok_or_else(|| corrupt("truncated header"))?)
-        .map_err(|e| corrupt(&e.to_string()))?;
+    let header = bytes.get(4..4 + len).ok_or_else(|| corrupt("truncated header"))?;
+    // The generator first, so a checkpoint of another generator is named as such.
+    #[derive(Deserialize)]
+    struct Planned {
+        run: Named,
+    }
+    #[derive(Deserialize)]
+    struct Named {
+        generator: GeneratorName,
+    }
+    let planned: Planned = serde_json::from_slice(header).map_err(|e| corrupt(&e.to_string()))?;
+    if planned.run.generator != generator {
+        return Err(JobError::Other(format!(
+            "job {job_id} has a checkpoint of a {} run, not {}; resubmit it unchanged or under a new job id",
+            planned.run.generator.as_str(),
+            generator.as_str()
+        )));
+    }
+    let header: Header<M> = serde_json::from_slice(header).map_err(|e| corrupt(&e.to_string()))?;
     let rest = &bytes[4 + len..];
     if !rest.len().is_multiple_of(3 * 8) {
         return Err(corrupt("parameter arrays of unequal length"));
@@ -117,16 +144,15 @@ pub async fn load(scratch: &StoreLocation, job_id: &str) -> Result<Option<Checkp
 }
 
 /// Saves a run every `every` rounds while training.
-pub struct Checkpointer<'a> {
+pub struct Checkpointer<'a, M> {
     pub scratch: &'a StoreLocation,
     pub job_id: &'a str,
-    pub run: &'a ChargedRun,
-    pub every: u64,
+    pub run: &'a ChargedRun<M>,
 }
 
-impl Checkpointer<'_> {
+impl<M: Clone + Serialize> Checkpointer<'_, M> {
     pub async fn after_round(&self, optimizer: &Optimizer, parameters: &[f64]) -> Result<(), JobError> {
-        if optimizer.step.is_multiple_of(self.every.max(1)) && optimizer.step < self.run.steps {
+        if optimizer.step.is_multiple_of(self.run.plan.checkpoint_every.max(1)) && optimizer.step < self.run.steps {
             save(self.scratch, self.job_id, self.run, optimizer, parameters).await?;
         }
         Ok(())

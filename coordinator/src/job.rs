@@ -31,7 +31,7 @@ use dpsynth_shared::spec::{GeneratorSpec, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 use rand::rngs::ChaCha20Rng;
 
-use crate::generators::{Admission, Charged, FinDiff, Fitted, Generator, Marginals, Pate};
+use crate::generators::{Admission, Charged, DpSgdJob, FinDiff, Fitted, Generator, Marginals, Pate, Sequence};
 use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
@@ -73,8 +73,9 @@ pub async fn run_job(
     // The registry: one line per generator.
     let released = match &spec.generator {
         GeneratorSpec::Marginals(_) => synthesize::<Marginals>(&ctx, &mut ledger).await,
-        GeneratorSpec::Findiff(_) => synthesize::<FinDiff>(&ctx, &mut ledger).await,
+        GeneratorSpec::Findiff(_) => synthesize::<DpSgdJob<FinDiff>>(&ctx, &mut ledger).await,
         GeneratorSpec::Pate(_) => synthesize::<Pate>(&ctx, &mut ledger).await,
+        GeneratorSpec::Sequence(_) => synthesize::<DpSgdJob<Sequence>>(&ctx, &mut ledger).await,
     };
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.
@@ -124,9 +125,11 @@ async fn synthesize<G: Generator>(
     admit(ctx, ledger, generator.admission()).await?;
     let output = OutputWriter::create(storage::open(ctx.output_url)?).await?;
     let partitions = ctx.partition().await?;
-    let Fitted { sampler, released_rows, charged } = generator.fit(ctx, ledger, &partitions).await?;
-    let rows = ctx.spec().output.rows.or(released_rows).ok_or_else(|| {
-        JobError::Other("the spec declares no output rows and the generator released no count".into())
+    let Fitted { sampler, released_count, charged } = generator.fit(ctx, ledger, &partitions).await?;
+    let output_spec = &ctx.spec().output;
+    let declared = if ctx.spec().generator.draws_histories() { output_spec.units } else { output_spec.rows };
+    let units = declared.or(released_count).ok_or_else(|| {
+        JobError::Other("the spec declares no output size and the generator released no count".into())
     })?;
 
     set_stage(ctx.progress, "sampling");
@@ -135,7 +138,7 @@ async fn synthesize<G: Generator>(
     // A charge already released (by another coordinator, or a resumed copy of this job)
     // is refused here.
     ledger.record_release(charged.receipt.seq, output.url()).await?;
-    let output = write_parts(ctx.spec(), output, rows, sampler, rng).await?;
+    let output = write_parts(ctx.spec(), output, units, sampler, rng).await?;
     Ok((output, charged))
 }
 
@@ -164,27 +167,31 @@ async fn admit(ctx: &JobContext<'_>, ledger: &mut Ledger, admission: Admission) 
     }
 }
 
-/// Writes `rows` rows drawn by `sampler`, part by part (memory bounded by
-/// `rows_per_part`), each part drawn on a blocking thread.
+/// Writes `units` units drawn by `sampler` (a row each, or a history each), part by part
+/// (memory bounded by `rows_per_part`), each part drawn on a blocking thread.
 async fn write_parts(
     spec: &JobSpec,
     mut output: OutputWriter,
-    rows: u64,
+    units: u64,
     mut sampler: Box<dyn Sampler>,
     mut rng: ChaCha20Rng,
 ) -> Result<OutputWriter, JobError> {
+    let per_part = (spec.output.rows_per_part / sampler.rows_per_draw() as u64).max(1);
     let mut written = 0;
-    while written < rows {
-        let n = (rows - written).min(spec.output.rows_per_part);
+    while written < units {
+        let n = (units - written).min(per_part);
         let (back, back_rng, part) = blocking(move || {
             let part = sampler.sample(n as usize, &mut rng);
             (sampler, rng, part)
         })
         .await?;
         (sampler, rng) = (back, back_rng);
+        if part.units() as u64 != n {
+            return Err(JobError::Other(format!("the sampler drew {} of {n} units", part.units())));
+        }
         output.write_part(&rows_to_batch(spec, &part, written)).await?;
         written += n;
-        tracing::info!(rows = written, of = rows, "synthetic rows written");
+        tracing::info!(units = written, of = units, "synthetic units written");
     }
     Ok(output)
 }
@@ -259,6 +266,9 @@ fn declared_inputs(spec: &JobSpec) -> Vec<String> {
         .collect();
     if let Some(rows) = spec.output.rows {
         out.push(format!("output rows: {rows} (declared)"));
+    }
+    if let Some(units) = spec.output.units {
+        out.push(format!("output units: {units} (declared)"));
     }
     out
 }

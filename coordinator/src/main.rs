@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the built-in demo: simulated ICU vitals, 2 local workers, output under ./dpsynth-out/.
-    Demo,
+    Demo(commands::job::DemoArgs),
     /// Run a job on a standalone cluster: the coordinator and N local workers in this process.
     Run(commands::job::RunArgs),
     /// Serve the coordinator over gRPC (workers connect with `dpsynth-worker`).
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     dpsynth_shared::logging::init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo => commands::job::demo(),
+        Command::Demo(args) => commands::job::demo(args),
         Command::Run(args) => commands::job::run(args),
         Command::Serve(args) => commands::job::serve_command(args),
         Command::Submit(args) => commands::job::submit(args),

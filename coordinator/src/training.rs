@@ -18,7 +18,7 @@ use dpsynth_shared::entropy::os_seed;
 
 use crate::checkpoint::Checkpointer;
 use crate::context::{JobContext, JobError, Partitions};
-use crate::gather::{Answer, Round};
+use crate::gather::{Answer, Gather, Round};
 
 /// A planned DP-SGD run (its privacy cost is already charged).
 pub struct TrainingRun<'a> {
@@ -37,23 +37,24 @@ pub struct TrainingRun<'a> {
     pub epsilon: f64,
 }
 
-/// Trains `parameters` in place from `optimizer.step` to `run.steps`; `model(round)` is
+/// Trains `parameters` in place from `optimizer.step` to `run.steps` through the job's
+/// `gather` (its task ids continue across every round of the job); `model(round)` is
 /// the model the workers train in that round, `checkpointer` saves the run every so many
 /// rounds.
-pub async fn train(
+pub async fn train<M: Clone + serde::Serialize>(
     ctx: &JobContext<'_>,
+    gather: &mut Gather<'_>,
     run: &TrainingRun<'_>,
     parameters: &mut [f64],
     optimizer: &mut Optimizer,
     model: impl Fn(u64) -> Model,
-    checkpointer: &Checkpointer<'_>,
+    checkpointer: &Checkpointer<'_, M>,
 ) -> Result<(), JobError> {
     let mut releases = Releases::paid_by(run.receipt)?;
     releases.resume_after(optimizer.step)?;
     let started = Instant::now();
     let first_step = optimizer.step;
     let mut last_report = Instant::now();
-    let mut gather = ctx.gather();
     let groups: Vec<Vec<String>> = run.partitions.urls.iter().map(|url| vec![url.clone()]).collect();
     while optimizer.step < run.steps {
         let round = optimizer.step;

@@ -7,7 +7,8 @@ pub mod tls;
 /// Version of the protocol in `dpsynth.proto`; peers of another version are refused.
 /// 2: DP-SGD round tasks (`dpsgd`) and long polling.
 /// 3: typed tasks (`Task.work`, one message per kind) instead of a kind and opaque bytes.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: DP-SGD rounds of the sequence generator (`SequenceModel`) and its selection votes.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

@@ -29,6 +29,44 @@ pub enum SyntheticValue {
     Datetime(i64),
 }
 
+impl SyntheticValue {
+    /// A numeric column's value: integers rounded, datetimes floored to the second.
+    pub fn numeric(kind: ColumnKind, v: f64) -> Self {
+        match kind {
+            ColumnKind::Integer => SyntheticValue::Integer(v.round() as i64),
+            ColumnKind::Datetime => SyntheticValue::Datetime(v.floor() as i64),
+            _ => SyntheticValue::Real(v),
+        }
+    }
+}
+
+/// Synthetic rows grouped by the synthetic unit they belong to: one row each for a
+/// generator of rows, a whole history each for a generator of histories.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SyntheticUnits {
+    /// `rows[i][d]` is row i's value of domain column d.
+    pub rows: Vec<Vec<SyntheticValue>>,
+    /// Unit u's rows are `rows[ends[u - 1]..ends[u]]` (from 0 for the first).
+    pub ends: Vec<usize>,
+}
+
+impl SyntheticUnits {
+    /// Each row its own unit.
+    pub fn one_row_each(rows: Vec<Vec<SyntheticValue>>) -> Self {
+        Self { ends: (1..=rows.len()).collect(), rows }
+    }
+
+    /// Adds a unit with these rows.
+    pub fn push(&mut self, rows: impl IntoIterator<Item = Vec<SyntheticValue>>) {
+        self.rows.extend(rows);
+        self.ends.push(self.rows.len());
+    }
+
+    pub fn units(&self) -> usize {
+        self.ends.len()
+    }
+}
+
 pub const MANIFEST: &str = "_manifest.json";
 pub const MANIFEST_FORMAT: &str = "dpsynth.manifest.v1";
 
@@ -101,10 +139,15 @@ pub fn output_schema(spec: &JobSpec) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// Builds a batch of synthetic rows. `rows[i][d]` is row i's value of domain column d;
-/// identifier columns get fresh synthetic ids `syn-<n>` numbered from `first_id`.
-pub fn rows_to_batch(spec: &JobSpec, rows: &[Vec<SyntheticValue>], first_id: u64) -> RecordBatch {
+/// Builds a batch of synthetic rows. Identifier columns get fresh synthetic ids
+/// `syn-<n>`, one per synthetic unit, numbered from `first_id`.
+pub fn rows_to_batch(spec: &JobSpec, units: &SyntheticUnits, first_id: u64) -> RecordBatch {
     let schema = output_schema(spec);
+    let rows = &units.rows;
+    let mut unit_of_row = Vec::with_capacity(rows.len());
+    for (u, end) in units.ends.iter().enumerate() {
+        unit_of_row.resize(*end, first_id + u as u64);
+    }
     let mut domain_index = 0;
     let columns: Vec<ArrayRef> = spec
         .schema
@@ -112,7 +155,7 @@ pub fn rows_to_batch(spec: &JobSpec, rows: &[Vec<SyntheticValue>], first_id: u64
         .iter()
         .map(|c| -> ArrayRef {
             if c.kind == ColumnKind::Identifier {
-                let ids = (0..rows.len() as u64).map(|i| format!("syn-{}", first_id + i));
+                let ids = unit_of_row.iter().map(|u| format!("syn-{u}"));
                 return Arc::new(StringArray::from_iter_values(ids));
             }
             let d = domain_index;

@@ -43,6 +43,7 @@ mod tests {
     use crate::generators::findiff::{FinDiffPlan, FinDiffRound};
     use crate::generators::marginals::{MarginalsPlan, MarginalsTask};
     use crate::generators::pate::{PatePlan, Question, VoteTask};
+    use crate::generators::sequence::{SequenceModelSpec, SequencePlan};
     use crate::spec::JobSpec;
 
     const DEMO: &str = include_str!("../../examples/demo.toml");
@@ -93,6 +94,14 @@ mod tests {
         let Some(Model::Findiff(model)) = &wire.model else { panic!("a DP-FinDiff model") };
         let back = FinDiffRound::try_from(model).unwrap();
         assert_eq!((back.model.domain, back.timestep_exponent), (round.model.domain, 0.5));
+        let spec = job("[generator]\nname = \"sequence\"\n[generator.sequence]\nstatic_columns = [\"rhythm\"]");
+        let plan = SequencePlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
+        let sequence = settings.task(Model::Sequence((&plan.model).into()), vec![0.5]);
+        let Some(Model::Sequence(model)) = &sequence.model else { panic!("a sequence model") };
+        assert_eq!(SequenceModelSpec::try_from(model).unwrap(), plan.model);
+        let mut spoiled = model.clone();
+        spoiled.spec_json.truncate(spoiled.spec_json.len() / 2);
+        assert!(SequenceModelSpec::try_from(&spoiled).is_err());
         let bad: [fn(&mut GradientSum); 5] = [
             |w| w.rate = 0.0,
             |w| w.rate = 1.5,

@@ -196,6 +196,17 @@ pub fn findiff_spec(dir: &Path, patients: usize, epochs: f64) -> String {
     )
 }
 
+/// The demo spec turned into a small sequence job: whole patient histories (at most
+/// `max_rows` rows each), a one-block transformer, one epoch.
+pub fn sequence_spec(dir: &Path, patients: usize, max_rows: usize) -> String {
+    with_generator(
+        &demo_spec(dir, patients),
+        &format!(
+            "[generator]\nname = \"sequence\"\n\n[generator.sequence]\nmax_rows = {max_rows}\nwindow_rows = 4\ncontext_rows = 1\nwidth = 16\nheads = 2\nlayers = 1\nmlp = 32\nbatch_size = 16\nepochs = 1.0"
+        ),
+    )
+}
+
 /// The demo spec turned into a small PATE job: `teachers` partitions, patients as units,
 /// at most two iterations of small models, the output size declared (no count release).
 pub fn pate_spec(dir: &Path, patients: usize, teachers: u32) -> String {

@@ -1,23 +1,25 @@
 //! Task execution: one function per kind of work, each returning a bounded aggregate.
 //!
-//! DP-SGD rounds keep the worker's encoded partitions and model in memory between rounds
-//! (raw rows stay here), and run the model on a blocking thread.
+//! DP-SGD rounds keep the worker's partitions (encoded rows or ordered histories) and
+//! model in memory between rounds (raw rows stay here), and run the model on a blocking
+//! thread.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use dpsynth_proto::gradient_sum::Model;
 use dpsynth_proto::task::Work;
-use dpsynth_proto::{CountTables, GradientSum, Task, TeacherVotes};
+use dpsynth_proto::{CountTables, GradientSum, SelectionVotes, Task, TeacherVotes};
 use dpsynth_shared::data::DataError;
-use dpsynth_shared::data::examples::Examples;
 use dpsynth_shared::data::partition::read_partition;
-use dpsynth_shared::dpsgd::params::TrainableLayers;
-use dpsynth_shared::dpsgd::{self, RoundSettings, compute_device};
+use dpsynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
 use dpsynth_shared::generators::marginals::MarginalsTask;
 use dpsynth_shared::generators::pate::VoteTask;
+use dpsynth_shared::generators::sequence::selection::SelectionTask;
+use dpsynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec};
 
 /// Named f64 tensors plus the number of privacy units that contributed (for a vote
 /// round: the number of teachers).
@@ -26,13 +28,13 @@ pub struct Aggregate {
     pub tensors: Vec<(String, Vec<f64>)>,
 }
 
-/// State a worker keeps for the job it is training: its examples per partition and the
-/// model (rebuilt only when the job changes).
+/// State a worker keeps for the job it is training: its partitions as the job's rounds
+/// read them, and the model (rebuilt only when the job changes).
 #[derive(Default)]
 pub struct Executor {
     job: String,
-    examples: HashMap<String, Arc<Examples>>,
-    model: Option<Arc<Mutex<FinDiffModel>>>,
+    partitions: HashMap<String, Arc<dyn Any + Send + Sync>>,
+    model: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Executor {
@@ -41,30 +43,43 @@ impl Executor {
             Some(Work::CountTables(work)) => count_tables(task, work).await,
             Some(Work::GradientSum(work)) => self.gradient_sum(task, work).await,
             Some(Work::TeacherVotes(work)) => self.teacher_votes(task, work).await,
+            Some(Work::SelectionVotes(work)) => self.selection_votes(task, work).await,
             None => anyhow::bail!("a task with no work this worker knows: the worker is older than its coordinator"),
         }
     }
 
-    /// The task's partitions, loaded once per job (`load` encodes one partition).
-    async fn partitions<F, Fut>(&mut self, task: &Task, load: F) -> anyhow::Result<Vec<Arc<Examples>>>
-    where
-        F: Fn(String) -> Fut,
-        Fut: std::future::Future<Output = Result<Examples, DataError>>,
-    {
+    /// Forgets the previous job's rows and model when a task of another job arrives.
+    fn enter_job(&mut self, task: &Task) {
         if self.job != task.job_id {
-            // A new job: forget the previous one's rows and model.
             *self = Executor { job: task.job_id.clone(), ..Executor::default() };
         }
+    }
+
+    /// The task's partitions, loaded once per job (`load` reads one partition).
+    async fn partitions<T, F, Fut>(&mut self, task: &Task, load: F) -> anyhow::Result<Vec<Arc<T>>>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(String) -> Fut,
+        Fut: std::future::Future<Output = Result<T, DataError>>,
+    {
+        self.enter_job(task);
         let mut parts = Vec::new();
         for url in &task.partition_urls {
-            if !self.examples.contains_key(url) {
-                let examples = load(url.clone()).await?;
+            if !self.partitions.contains_key(url) {
+                let loaded = load(url.clone()).await?;
                 tracing::info!(partition = url, "partition loaded");
-                self.examples.insert(url.clone(), Arc::new(examples));
+                self.partitions.insert(url.clone(), Arc::new(loaded));
             }
-            parts.push(self.examples[url].clone());
+            let part = self.partitions[url].clone().downcast::<T>();
+            parts.push(part.map_err(|_| anyhow::anyhow!("the job's rounds read partition {url} in two ways"))?);
         }
         Ok(parts)
+    }
+
+    /// The job's model, built on its first round.
+    fn model<M: Send + 'static>(&mut self, build: impl FnOnce() -> M) -> anyhow::Result<Arc<Mutex<M>>> {
+        let model = self.model.get_or_insert_with(|| Arc::new(Mutex::new(build()))).clone();
+        model.downcast::<Mutex<M>>().map_err(|_| anyhow::anyhow!("the job's rounds train two kinds of model"))
     }
 
     /// One PATE vote round: each partition's teacher fit and voting; the vote counts per
@@ -92,47 +107,95 @@ impl Executor {
         .await?
     }
 
-    /// One DP-SGD round over the task's partitions: the clipped gradient sum.
-    async fn gradient_sum(&mut self, task: &Task, work: &GradientSum) -> anyhow::Result<Aggregate> {
-        let settings = RoundSettings::try_from(work)?;
-        let round = match &work.model {
-            Some(Model::Findiff(model)) => FinDiffRound::try_from(model)?,
-            None => anyhow::bail!("a DP-SGD round with no model this worker knows: it is older than its coordinator"),
-        };
-        let parameters = work.weights.clone();
-        let model_spec = Arc::new(round.model.clone());
-        let parts = self
-            .partitions(task, move |url| {
-                let spec = model_spec.clone();
-                async move { spec.load_examples(&[url]).await }
+    /// A private selection round: every unit's votes for its nearest candidates, summed
+    /// over the task's partitions.
+    async fn selection_votes(&mut self, task: &Task, work: &SelectionVotes) -> anyhow::Result<Aggregate> {
+        let selection = Arc::new(SelectionTask::try_from(work)?);
+        let parts = {
+            let selection = selection.clone();
+            self.partitions(task, move |url| {
+                let selection = selection.clone();
+                async move { selection.model.load_histories(&[url]).await }
             })
-            .await?;
-        let device = compute_device();
-        let model = match &self.model {
-            Some(m) => m.clone(),
-            None => {
-                let m = Arc::new(Mutex::new(FinDiffModel::new(&round.model, &device)));
-                self.model = Some(m.clone());
-                m
-            }
+            .await?
         };
-        tokio::task::spawn_blocking(move || -> anyhow::Result<Aggregate> {
-            let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
-            model.load_parameters(&parameters)?;
-            model.set_timestep_exponent(round.timestep_exponent);
-            // Which units are sampled is private randomness: OS-keyed CSPRNG.
-            let mut rng = os_rng()?;
-            let mut sum = vec![0f64; model.parameter_count()];
+        tokio::task::spawn_blocking(move || {
+            let mut total = vec![0f64; selection.candidate_count()];
             let mut units = 0;
-            for examples in &parts {
-                let c = dpsgd::contribute(&*model, examples, &settings, &mut rng, &device)?;
-                sum.iter_mut().zip(&c.sum).for_each(|(s, v)| *s += v);
-                units += c.units;
+            for histories in &parts {
+                let (votes, voted) = selection.votes(histories);
+                total.iter_mut().zip(votes).for_each(|(t, v)| *t += v);
+                units += voted;
             }
-            Ok(Aggregate { units, tensors: vec![("gradient_sum".to_string(), sum)] })
+            Ok(Aggregate { units, tensors: vec![("votes".to_string(), total)] })
         })
         .await?
     }
+
+    /// One DP-SGD round over the task's partitions: the clipped gradient sum.
+    async fn gradient_sum(&mut self, task: &Task, work: &GradientSum) -> anyhow::Result<Aggregate> {
+        let settings = RoundSettings::try_from(work)?;
+        let parameters = work.weights.clone();
+        let device = compute_device();
+        match &work.model {
+            Some(Model::Findiff(model)) => {
+                let round = FinDiffRound::try_from(model)?;
+                let spec = Arc::new(round.model.clone());
+                let parts = self
+                    .partitions(task, move |url| {
+                        let spec = spec.clone();
+                        async move { spec.load_examples(&[url]).await }
+                    })
+                    .await?;
+                let model = self.model(|| FinDiffModel::new(&round.model, &device))?;
+                let exponent = round.timestep_exponent;
+                clipped_round(model, parts, parameters, settings, move |m| m.set_timestep_exponent(exponent)).await
+            }
+            Some(Model::Sequence(model)) => {
+                let spec = Arc::new(SequenceModelSpec::try_from(model)?);
+                let model = self.model(|| SequenceModel::new(&spec, &device))?;
+                let parts = self
+                    .partitions(task, move |url| {
+                        let spec = spec.clone();
+                        async move { spec.load_histories(&[url]).await }
+                    })
+                    .await?;
+                clipped_round(model, parts, parameters, settings, |_| {}).await
+            }
+            None => anyhow::bail!("a DP-SGD round with no model this worker knows: it is older than its coordinator"),
+        }
+    }
+}
+
+/// The clipped gradient sum of one round over `parts`, on a blocking thread: the
+/// round's weights loaded (and `prepare`d) into the job's model, units Poisson-sampled
+/// from an OS-keyed CSPRNG (which units are sampled is private randomness).
+async fn clipped_round<M: DpModel + Send + 'static>(
+    model: Arc<Mutex<M>>,
+    parts: Vec<Arc<M::Examples>>,
+    parameters: Vec<f32>,
+    settings: RoundSettings,
+    prepare: impl FnOnce(&mut M) + Send + 'static,
+) -> anyhow::Result<Aggregate>
+where
+    M::Examples: Send + Sync + 'static,
+{
+    tokio::task::spawn_blocking(move || -> anyhow::Result<Aggregate> {
+        let device = compute_device();
+        let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
+        model.load_parameters(&parameters)?;
+        prepare(&mut model);
+        let mut rng = os_rng()?;
+        let mut sum = vec![0f64; model.parameter_count()];
+        let mut units = 0;
+        for examples in &parts {
+            let c = dpsgd::contribute(&*model, examples, &settings, &mut rng, &device)?;
+            sum.iter_mut().zip(&c.sum).for_each(|(s, v)| *s += v);
+            units += c.units;
+        }
+        Ok(Aggregate { units, tensors: vec![("gradient_sum".to_string(), sum)] })
+    })
+    .await?
 }
 
 /// Contingency tables of bounded per-unit contributions over the task's partitions.

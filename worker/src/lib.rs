@@ -195,6 +195,7 @@ async fn serve_tasks(
                 let work = match work {
                     Some(Work::CountTables(_)) => "count tables",
                     Some(Work::TeacherVotes(_)) => "teacher votes",
+                    Some(Work::SelectionVotes(_)) => "selection votes",
                     _ => "unknown",
                 };
                 tracing::info!(job = task.job_id, task = task.task_id, attempt = task.attempt, work, "task started")

@@ -26,8 +26,21 @@ use super::{EXIT_BUDGET_REFUSED, print_json};
 
 /// The demo's job spec, compiled in so the demo needs no files.
 const DEMO_SPEC: &str = include_str!("../../../examples/demo.toml");
-/// Simulated patients in the demo's private input.
-const DEMO_PATIENTS: usize = 400;
+/// Where the demo writes its simulated cohorts (the demo and the ICU examples read them).
+const DEMO_INPUT: &str = "./dpsynth-out/demo/input/icu_vitals.csv";
+const DEMO_HOLDOUT: &str = "./dpsynth-out/demo/input/icu_vitals_holdout.csv";
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Simulated patients in the private input (4–50 charted visits each).
+    #[arg(long, default_value_t = 400)]
+    patients: usize,
+    /// Run this job spec on the simulated cohort instead of the built-in one (e.g.
+    /// examples/icu-sequence.toml). It reads the simulated input, and a held-out cohort of
+    /// a fifth as many patients for its evaluation.
+    #[arg(long)]
+    spec: Option<String>,
+}
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -238,18 +251,26 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(report(&status))
 }
 
-pub fn demo() -> anyhow::Result<ExitCode> {
-    let spec = JobSpec::parse(DEMO_SPEC, "examples/demo.toml (built in)")?;
-    let input = spec.input.urls[0].clone();
-    if let Some(dir) = std::path::Path::new(&input).parent() {
+pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    let spec = match &args.spec {
+        Some(path) => JobSpec::load(path)?,
+        None => JobSpec::parse(DEMO_SPEC, "examples/demo.toml (built in)")?,
+    };
+    if let Some(dir) = std::path::Path::new(DEMO_INPUT).parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&input, simulate::icu_vitals_csv(DEMO_PATIENTS, 2026))
-        .with_context(|| format!("writing {input}"))?;
-    eprintln!("simulated {DEMO_PATIENTS} ICU patients' vital signs into {input} (the demo's private input)");
+    let patients = args.patients.max(1);
+    let holdout = (patients / 5).max(1);
+    // Fixed seeds: the cohorts are simulated (no real person), so the demo is reproducible.
+    for (path, n, seed, what) in
+        [(DEMO_INPUT, patients, 2026, "private input"), (DEMO_HOLDOUT, holdout, 2027, "held-out cohort")]
+    {
+        std::fs::write(path, simulate::icu_vitals_csv(n, seed)).with_context(|| format!("writing {path}"))?;
+        eprintln!("simulated {n} ICU patients' vital signs into {path} (the demo's {what})");
+    }
     let job_id = new_job_id();
     let output = format!("{}/{job_id}", spec.output.url);
-    let ledger_url = spec.privacy.ledger.clone().expect("the demo spec names its ledger");
+    let ledger_url = spec.privacy.ledger.clone().context("a demo spec names its ledger ([privacy] ledger)")?;
     let dataset = spec.job.dataset_id.clone();
     let spec = JobSpec { job: dpsynth_shared::spec::JobSection { id: Some(job_id), ..spec.job.clone() }, ..spec };
     let rt = runtime()?;

@@ -50,6 +50,6 @@ impl Generator for Marginals {
         let released_rows = Some(sampler.noisy_total.round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
         let charged = Charged { receipt, cost, mechanisms, public_inputs: Vec::new() };
-        Ok(Fitted { sampler: Box::new(sampler), released_rows, charged })
+        Ok(Fitted { sampler: Box::new(sampler), released_count: released_rows, charged })
     }
 }

@@ -6,18 +6,22 @@
 //! sampler draws. Its plan, task and sampler live in the shared crate's
 //! `generators::<name>`, beside its worker side.
 
+pub mod dpsgd;
 pub mod findiff;
 pub mod marginals;
 pub mod pate;
+pub mod sequence;
 
 use dpsynth_privacy::ledger::{ChargeReceipt, Ledger};
 use dpsynth_shared::accounting::accountant::PrivacyCost;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::generators::Sampler;
 
+pub use dpsgd::DpSgdJob;
 pub use findiff::FinDiff;
 pub use marginals::Marginals;
 pub use pate::Pate;
+pub use sequence::Sequence;
 
 use crate::context::{JobContext, JobError, Partitions};
 
@@ -25,7 +29,7 @@ use crate::context::{JobContext, JobError, Partitions};
 pub(crate) trait Generator: Sized {
     /// Plans from public information: the spec, the declared domain and the ledger's
     /// accounting options; or takes over a run of this job the ledger has already charged
-    /// (DP-FinDiff's checkpoint, verified against the ledger, under its resume lease).
+    /// (a DP-SGD run's checkpoint, verified against the ledger, under its resume lease).
     async fn plan(ctx: &JobContext<'_>, ledger: &Ledger) -> Result<Self, JobError>;
 
     /// What the lifecycle asks the ledger to admit before any private read.
@@ -40,8 +44,8 @@ pub(crate) trait Generator: Sized {
 pub(crate) enum Admission {
     /// The planned mechanisms: the job's cost.
     Cost(Vec<Mechanism>),
-    /// Mechanisms that bound a cost fixed later by a release (DP-FinDiff's rate follows the
-    /// released unit count): admitted, and the job's declared ε must also fit what is left
+    /// Mechanisms that bound a cost fixed later by a release (a DP-SGD run's rate follows
+    /// the released unit count): admitted, and the job's declared ε must also fit what is left
     /// of the budget.
     Bound(Vec<Mechanism>),
     /// A run of this job the ledger charged when it first started (entry `seq`) and has
@@ -52,8 +56,9 @@ pub(crate) enum Admission {
 /// What a generator fitted, and what it was charged for.
 pub(crate) struct Fitted {
     pub sampler: Box<dyn Sampler>,
-    /// The output's size from a release, for a spec that declares none.
-    pub released_rows: Option<u64>,
+    /// The output's size (units the sampler draws) from a release, for a spec that
+    /// declares none.
+    pub released_count: Option<u64>,
     pub charged: Charged,
 }
 

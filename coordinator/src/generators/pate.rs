@@ -285,7 +285,7 @@ impl Generator for Pate {
         let cost = receipt.admission.cost.clone();
         Ok(Fitted {
             sampler: Box::new(sampler),
-            released_rows,
+            released_count: released_rows,
             charged: Charged { receipt, cost, mechanisms, public_inputs },
         })
     }

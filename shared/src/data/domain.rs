@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::output::SyntheticValue;
 use crate::spec::{Bins, ColumnKind, ColumnSpec, JobSpec, MissingPolicy, OTHER_CATEGORY, UnknownPolicy};
 
 /// How a numeric column is cut into bins.
@@ -77,6 +78,17 @@ impl ColumnDomain {
             (None, _) => self.value_bins(),
             (Some(code), Encoding::Categorical { .. }) => code as usize,
             (Some(v), Encoding::Numeric { binning, .. }) => binning.bin(v),
+        }
+    }
+
+    /// The synthetic value of an encoded one (`None` = missing; a category by its code).
+    pub fn synthetic(&self, value: Option<f64>) -> SyntheticValue {
+        match (value, &self.encoding) {
+            (None, _) => SyntheticValue::Missing,
+            (Some(code), Encoding::Categorical { categories, .. }) => SyntheticValue::Category(
+                categories.get(code as usize).cloned().unwrap_or_else(|| OTHER_CATEGORY.to_string()),
+            ),
+            (Some(v), Encoding::Numeric { kind, .. }) => SyntheticValue::numeric(*kind, v),
         }
     }
 

@@ -15,6 +15,7 @@ pub mod ghost;
 pub mod layers;
 pub mod optimizer;
 pub mod params;
+pub mod plan;
 
 use burn::tensor::{Device, Tensor};
 use rand::rngs::ChaCha8Rng;

@@ -15,14 +15,20 @@ use rand::rngs::ChaCha20Rng;
 
 use crate::accounting::accountant::AccountingOptions;
 use crate::data::domain::Domain;
-use crate::output::SyntheticValue;
+use crate::output::SyntheticUnits;
 use crate::spec::{GeneratorSpec, JobSpec};
 
-/// Draws synthetic rows from what a generator fitted to its released values. Sampling is
-/// post-processing: it costs no budget, so its randomness need not be private (the
-/// lifecycle passes an OS-keyed generator all the same).
+/// Draws synthetic units from what a generator fitted to its released values: a row each
+/// (`rows_per_draw` 1) or a whole history each. Sampling is post-processing: it costs no
+/// budget, so its randomness need not be private (the lifecycle passes an OS-keyed
+/// generator all the same).
 pub trait Sampler: Send {
-    fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> Vec<Vec<SyntheticValue>>;
+    /// Most rows one drawn unit has.
+    fn rows_per_draw(&self) -> usize {
+        1
+    }
+
+    fn sample(&mut self, units: usize, rng: &mut ChaCha20Rng) -> SyntheticUnits;
 }
 
 /// Why a generator cannot run a spec. Decided from the spec alone, so it may be shown to
@@ -48,6 +54,9 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
         GeneratorSpec::Marginals(_) => marginals::MarginalsPlan::new(spec, domain).map(drop),
         GeneratorSpec::Findiff(_) => findiff::FinDiffPlan::new(spec, domain).map(drop),
         GeneratorSpec::Pate(_) => pate::PatePlan::new(spec, domain, &AccountingOptions::default()).map(drop),
+        GeneratorSpec::Sequence(_) => {
+            sequence::SequencePlan::new(spec, domain, &AccountingOptions::default()).map(drop)
+        }
     }
 }
 

@@ -132,11 +132,7 @@ impl TabularEncoding {
                     }
                     let scaled = f64::from(x[*offset]).clamp(-1.0, 1.0);
                     let v = min + (scaled + 1.0) / 2.0 * (max - min);
-                    match kind {
-                        ColumnKind::Integer => SyntheticValue::Integer(v.round() as i64),
-                        ColumnKind::Datetime => SyntheticValue::Datetime(v.floor() as i64),
-                        _ => SyntheticValue::Real(v),
-                    }
+                    SyntheticValue::numeric(*kind, v)
                 }
                 Feature::Categorical { offset, embeddings, categories, missing } => {
                     let point = &x[*offset..*offset + embeddings[0].len()];

@@ -3,10 +3,8 @@
 use super::encoding::TabularEncoding;
 use super::model::DenoiserConfig;
 use super::task::FinDiffModelSpec;
-use crate::accounting::PrivacyError;
-use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
-use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
+use crate::dpsgd::plan::RunPlan;
 use crate::entropy::os_seed;
 use crate::generators::{PlanError, require_columns, require_positive};
 use crate::spec::{FinDiffParams, GeneratorSpec, JobSpec};
@@ -18,11 +16,12 @@ fn invalid(message: impl Into<String>) -> PlanError {
     PlanError::new(GENERATOR, message)
 }
 /// A DP-FinDiff job's plan: the model and the privacy parameters that do not depend on
-/// the data. The sampling rate depends on the DP unit count and is fixed later.
+/// the data. The run's sampling rate depends on the DP unit count and is fixed later.
 #[derive(Clone, Debug)]
 pub struct FinDiffPlan {
     pub model: FinDiffModelSpec,
     pub params: FinDiffParams,
+    pub run: RunPlan,
 }
 
 impl FinDiffPlan {
@@ -68,51 +67,18 @@ impl FinDiffPlan {
             beta_end: params.beta_end,
             max_rows_per_unit: params.max_rows_per_unit,
         };
-        Ok(Self { model, params })
-    }
-
-    /// Poisson rate q = batch / N̂ (at most 1).
-    pub fn rate(&self, noisy_units: f64) -> f64 {
-        (self.params.batch_size / noisy_units.max(1.0)).min(1.0)
-    }
-
-    /// A stand-in rate for the pre-flight budget check (a calibrated run's cost does not
-    /// depend on q).
-    pub fn provisional_rate(&self) -> f64 {
-        self.rate(self.params.batch_size * 100.0)
-    }
-
-    /// T = ⌈epochs / q⌉ rounds.
-    pub fn steps(&self, rate: f64) -> u64 {
-        (self.params.epochs / rate).ceil().max(1.0) as u64
-    }
-
-    /// The unit count (sensitivity 1 under add/remove of a unit), then DP-SGD: each unit
-    /// is one example (its rows are summed before clipping).
-    pub fn mechanisms(&self, rate: f64, sigma: f64) -> Vec<Mechanism> {
-        vec![self.count_mechanism(), self.run_mechanism(rate, sigma)]
-    }
-
-    /// The unit-count release that fixes q (charged as its own ledger entry as soon as it
-    /// is drawn: everything derived from it, refusals included, is then paid for).
-    pub fn count_mechanism(&self) -> Mechanism {
-        Mechanism::Gaussian {
-            l2_sensitivity: 1.0,
-            noise_multiplier: self.params.count_noise_multiplier,
-            releases: 1,
-            adjacency: Adjacency::AddRemove,
-        }
-    }
-
-    /// The DP-SGD run at rate q and noise multiplier σ.
-    pub fn run_mechanism(&self, rate: f64, sigma: f64) -> Mechanism {
-        Mechanism::dp_sgd(rate, sigma, self.steps(rate))
-    }
-
-    /// The smallest σ for which the whole job meets its (ε, δ).
-    pub fn calibrate(&self, spec: &JobSpec, options: &AccountingOptions, rate: f64) -> Result<f64, PrivacyError> {
-        calibrate_sigma(spec.privacy.epsilon, spec.privacy.delta, spec.privacy.accountant, options, |s| {
-            self.mechanisms(rate, s)
-        })
+        let run = RunPlan {
+            epochs: params.epochs,
+            batch_size: params.batch_size,
+            clip: params.clip,
+            noise_multiplier: params.noise_multiplier,
+            count_noise_multiplier: params.count_noise_multiplier,
+            after_training: Vec::new(),
+            optimizer: params.optimizer,
+            schedule: params.schedule,
+            micro_batch: params.micro_batch,
+            checkpoint_every: params.checkpoint_every,
+        };
+        Ok(Self { model, params, run })
     }
 }

@@ -8,7 +8,7 @@ use super::encoding::TabularEncoding;
 use super::model::FinDiffModel;
 use crate::dpsgd::compute_device;
 use crate::generators::Sampler;
-use crate::output::SyntheticValue;
+use crate::output::SyntheticUnits;
 
 /// The trained denoiser, its encoding and how many denoising steps a sample takes.
 pub struct FinDiffSampler {
@@ -18,7 +18,7 @@ pub struct FinDiffSampler {
 }
 
 impl Sampler for FinDiffSampler {
-    fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> Vec<Vec<SyntheticValue>> {
+    fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> SyntheticUnits {
         /// Rows denoised together (memory bound).
         const CHUNK: usize = 2048;
         let (device, width) = (compute_device(), self.encoding.width);
@@ -29,6 +29,6 @@ impl Sampler for FinDiffSampler {
             let x = diffusion::sample(&model.denoiser, &model.schedule, m, width, self.sampling_steps, &device, rng);
             out.extend(x.chunks(width).map(|row| self.encoding.decode_row(row)));
         }
-        out
+        SyntheticUnits::one_row_each(out)
     }
 }

@@ -9,7 +9,7 @@ use rand::{Rng, RngExt};
 use super::plan::MarginalsPlan;
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::generators::Sampler;
-use crate::output::SyntheticValue;
+use crate::output::{SyntheticUnits, SyntheticValue};
 use crate::sampling::pick;
 use crate::spec::ColumnKind;
 
@@ -70,14 +70,15 @@ impl MarginalsSampler {
 }
 
 impl Sampler for MarginalsSampler {
-    fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> Vec<Vec<SyntheticValue>> {
+    fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> SyntheticUnits {
         let domain = &self.plan.task.domain;
-        (0..rows)
+        let rows = (0..rows)
             .map(|_| {
                 let bins = self.sample_bins(rng);
                 bins.iter().enumerate().map(|(c, &bin)| decode_bin(domain, c, bin, rng)).collect()
             })
-            .collect()
+            .collect();
+        SyntheticUnits::one_row_each(rows)
     }
 }
 

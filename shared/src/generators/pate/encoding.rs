@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use crate::data::EncodedBatch;
 use crate::data::domain::{Domain, Encoding};
 use crate::output::SyntheticValue;
-use crate::spec::ColumnKind;
 
 /// How a column's group is produced by the generator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,11 +179,7 @@ impl PateEncoding {
                             return SyntheticValue::Missing;
                         }
                         let v = min + f64::from(slot[0]).clamp(0.0, 1.0) * (max - min);
-                        return match kind {
-                            ColumnKind::Integer => SyntheticValue::Integer(v.round() as i64),
-                            ColumnKind::Datetime => SyntheticValue::Datetime(v.floor() as i64),
-                            _ => SyntheticValue::Real(v),
-                        };
+                        return SyntheticValue::numeric(*kind, v);
                     }
                     (_, Head::Binary) => usize::from(slot[0] > 0.5),
                     _ => (0..slot.len()).fold(0, |best, i| if slot[i] > slot[best] { i } else { best }),

@@ -7,7 +7,7 @@ use super::encoding::PateEncoding;
 use super::gan::PateGan;
 use super::teacher::TargetModel;
 use crate::generators::Sampler;
-use crate::output::SyntheticValue;
+use crate::output::SyntheticUnits;
 
 /// The trained generator and, when the plan had label queries, the label model fit to
 /// the released label shares.
@@ -18,11 +18,11 @@ pub struct PateSampler {
 }
 
 impl Sampler for PateSampler {
-    fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> Vec<Vec<SyntheticValue>> {
+    fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> SyntheticUnits {
         let mut x = self.gan.sample_output(rows);
         if let Some(labels) = &self.labels {
             labels.relabel(&self.encoding, &mut x, rng);
         }
-        x.chunks(self.encoding.width).map(|row| self.encoding.decode_row(row)).collect()
+        SyntheticUnits::one_row_each(x.chunks(self.encoding.width).map(|row| self.encoding.decode_row(row)).collect())
     }
 }

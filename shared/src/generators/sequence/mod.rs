@@ -9,14 +9,20 @@
 //!   unit's sensitivity is one clipped gradient whatever its history's length.
 //! - Model (`model`): the transformer; every parameter (embeddings and norms included)
 //!   is clipped per unit by the engine's ghost tape.
+//! - Sampling (`sampler`): constrained decoding of whole histories, a key/value cache per
+//!   history; optionally a private selection among over-generated ones (`selection`).
 
 pub mod model;
+pub mod plan;
 pub mod sampler;
+pub mod selection;
 pub mod task;
 pub mod tokens;
 pub mod window;
 
 pub use model::{SequenceModel, Transformer, TransformerConfig};
+pub use plan::SequencePlan;
+pub use sampler::SequenceSampler;
 pub use task::{Histories, SequenceModelSpec};
 pub use tokens::Layout;
 pub use window::WindowSpec;

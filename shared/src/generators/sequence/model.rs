@@ -11,9 +11,9 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use super::task::{Histories, SequenceModelSpec};
 use super::window::{Window, pad, window};
-use crate::dpsgd::ghost::Hook;
+use crate::dpsgd::ghost::{Hook, Plain};
 use crate::dpsgd::layers::{Layer, LayerMut, LayerNorm};
-use crate::dpsgd::params::TrainableLayers;
+use crate::dpsgd::params::{TrainableLayers, values};
 use crate::dpsgd::{Batch, DpModel};
 
 /// Sizes of the transformer; defaults live in one place, the spec's `[generator.sequence]`.
@@ -118,6 +118,91 @@ impl Transformer {
         let scores = q.matmul(k.swap_dims(2, 3)) / (dh as f64).sqrt() + causal;
         let weights = softmax(scores, 3);
         weights.matmul(v).swap_dims(1, 2).reshape([b * t, width])
+    }
+}
+
+/// One sequence's keys and values in every block, for decoding a token at a time.
+#[derive(Clone, Debug, Default)]
+pub struct KvCache {
+    /// Per block: keys and values of the positions fed so far, position-major.
+    blocks: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+impl KvCache {
+    /// Positions fed so far.
+    pub fn len(&self, width: usize) -> usize {
+        self.blocks.first().map_or(0, |(keys, _)| keys.len() / width)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.first().is_none_or(|(keys, _)| keys.is_empty())
+    }
+}
+
+impl Transformer {
+    pub fn width(&self) -> usize {
+        self.tokens.weight.dims()[1]
+    }
+
+    /// Feeds sequence s its next token `tokens[s]` (at position `caches[s]`'s length) and
+    /// returns the logits of the token after it, sequences × vocabulary. Each new position
+    /// attends to its own sequence's cache, which it extends: the same logits `forward`
+    /// gives at that position, without recomputing the positions before it.
+    pub fn step(&self, tokens: &[u32], caches: &mut [KvCache]) -> Vec<f32> {
+        let width = self.width();
+        let positions: Vec<u32> = caches.iter().map(|c| c.len(width) as u32).collect();
+        let mut plain = Plain;
+        let mut x = plain.embedding(&self.tokens, tokens) + plain.embedding(&self.positions, &positions);
+        let device = x.device();
+        for (i, block) in self.blocks.iter().enumerate() {
+            let h = plain.norm(&block.attention_norm, x.clone());
+            let qkv = values(plain.linear(&block.qkv, h).into_data());
+            let attended: Vec<f32> = qkv
+                .chunks(3 * width)
+                .zip(caches.iter_mut())
+                .flat_map(|(row, cache)| {
+                    if cache.blocks.len() <= i {
+                        cache.blocks.push(Default::default());
+                    }
+                    let (keys, vals) = &mut cache.blocks[i];
+                    keys.extend_from_slice(&row[width..2 * width]);
+                    vals.extend_from_slice(&row[2 * width..]);
+                    self.attend(&row[..width], keys, vals)
+                })
+                .collect();
+            let attended = Tensor::<2>::from_data(TensorData::new(attended, [tokens.len(), width]), &device);
+            x = x + plain.linear(&block.projection, attended);
+            let h = plain.norm(&block.mlp_norm, x.clone());
+            let inner = gelu(plain.linear(&block.up, h));
+            x = x + plain.linear(&block.down, inner);
+        }
+        let h = plain.norm(&self.final_norm, x);
+        values(plain.linear(&self.head, h).into_data())
+    }
+
+    /// One position's multi-head attention over a sequence's keys and values.
+    fn attend(&self, query: &[f32], keys: &[f32], vals: &[f32]) -> Vec<f32> {
+        let width = query.len();
+        let dh = width / self.heads;
+        let scale = 1.0 / (dh as f32).sqrt();
+        let mut out = vec![0f32; width];
+        for head in 0..self.heads {
+            let part = head * dh..(head + 1) * dh;
+            let q = &query[part.clone()];
+            let scores: Vec<f32> = keys
+                .chunks(width)
+                .map(|k| k[part.clone()].iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale)
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f32 = weights.iter().sum();
+            for (w, v) in weights.iter().zip(vals.chunks(width)) {
+                for (o, x) in out[part.clone()].iter_mut().zip(&v[part.clone()]) {
+                    *o += w / total * x;
+                }
+            }
+        }
+        out
     }
 }
 

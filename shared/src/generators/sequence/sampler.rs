@@ -1,21 +1,26 @@
 //! Histories drawn from the trained transformer, token by token, with constrained
 //! decoding: at every step only the tokens the grammar allows there can be drawn, so every
 //! history parses and ends with EOH within the public row cap. A history longer than one
-//! window continues in a new window that begins, like the training windows, with MID, the
-//! statics and the last `context_rows` rows. Post-processing only.
+//! window continues in a new window that begins, like the training windows, with MID, its
+//! offset in the history, the statics and the last `context_rows` rows. Each history keeps its own cache of keys and
+//! values, so a token costs one position's pass, not the window's. Post-processing only.
 
+use rand::rngs::ChaCha20Rng;
 use rand::{Rng, RngExt};
 
-use super::model::{TokenBatch, Transformer};
+use super::model::{KvCache, Transformer};
 use super::task::SequenceModelSpec;
-use super::tokens::{BOS, Cursor, EOH, MID};
-use crate::dpsgd::ghost::Plain;
-use crate::dpsgd::params::values;
+use super::tokens::{BOS, Cursor, Start};
+use crate::generators::Sampler;
+use crate::output::{SyntheticUnits, SyntheticValue};
 
 /// One history being drawn.
 struct Draw<'a> {
-    /// The current window's tokens, and the grammar walked over them.
+    /// The current window's tokens, how many of them the model has been fed (its cache
+    /// holds their keys and values) and the grammar walked over them.
     tokens: Vec<u32>,
+    fed: usize,
+    cache: KvCache,
     cursor: Cursor<'a>,
     /// Rows of the history so far (values in domain order).
     rows: Vec<Vec<Option<f64>>>,
@@ -27,8 +32,73 @@ struct Draw<'a> {
     done: bool,
 }
 
-/// Draws `count` histories of at most `spec.layout.max_rows` rows.
+/// The trained transformer as a sampler of whole histories.
+pub struct SequenceSampler {
+    pub transformer: Transformer,
+    pub spec: SequenceModelSpec,
+}
+
+impl Sampler for SequenceSampler {
+    fn rows_per_draw(&self) -> usize {
+        self.spec.layout.max_rows
+    }
+
+    fn sample(&mut self, units: usize, rng: &mut ChaCha20Rng) -> SyntheticUnits {
+        let mut out = SyntheticUnits::default();
+        for history in sample_histories(&self.transformer, &self.spec, units, rng) {
+            out.push(synthetic_rows(&self.spec, &history));
+        }
+        out
+    }
+}
+
+/// Histories already drawn (and privately selected), written in order.
+pub struct SelectedHistories {
+    pub spec: SequenceModelSpec,
+    pub histories: std::vec::IntoIter<Vec<Vec<Option<f64>>>>,
+}
+
+impl Sampler for SelectedHistories {
+    fn rows_per_draw(&self) -> usize {
+        self.spec.layout.max_rows
+    }
+
+    fn sample(&mut self, units: usize, _: &mut ChaCha20Rng) -> SyntheticUnits {
+        let mut out = SyntheticUnits::default();
+        for history in self.histories.by_ref().take(units) {
+            out.push(synthetic_rows(&self.spec, &history));
+        }
+        out
+    }
+}
+
+/// A history's rows as output values.
+fn synthetic_rows<'a>(
+    spec: &'a SequenceModelSpec,
+    rows: &'a [Vec<Option<f64>>],
+) -> impl Iterator<Item = Vec<SyntheticValue>> + 'a {
+    rows.iter().map(|row| row.iter().zip(&spec.domain.columns).map(|(v, c)| c.synthetic(*v)).collect())
+}
+
+/// Draws `count` histories of at most `spec.layout.max_rows` rows, a batch at a time.
 pub fn sample_histories(
+    model: &Transformer,
+    spec: &SequenceModelSpec,
+    count: usize,
+    rng: &mut impl Rng,
+) -> Vec<Vec<Vec<Option<f64>>>> {
+    /// Histories decoded together (their caches bound the memory).
+    const BATCH: usize = 256;
+    let mut out = Vec::with_capacity(count);
+    while out.len() < count {
+        let n = (count - out.len()).min(BATCH);
+        out.extend(decode_batch(model, spec, n, rng));
+    }
+    out
+}
+
+/// Draws `count` histories together, a token of each per step.
+fn decode_batch(
     model: &Transformer,
     spec: &SequenceModelSpec,
     count: usize,
@@ -41,25 +111,28 @@ pub fn sample_histories(
     let start = |_| {
         let mut cursor = Cursor::new(layout, layout.max_rows);
         cursor.advance(BOS).expect("a history starts with BOS");
-        Draw { tokens: vec![BOS], cursor, rows: Vec::new(), window_first: 0, shift: 0.0, done: false }
+        let cache = KvCache::default();
+        Draw { tokens: vec![BOS], fed: 0, cache, cursor, rows: Vec::new(), window_first: 0, shift: 0.0, done: false }
     };
     let mut draws: Vec<Draw> = (0..count).map(start).collect();
-    while draws.iter().any(|d| !d.done) {
+    loop {
         let live: Vec<usize> = (0..count).filter(|&i| !draws[i].done).collect();
-        let length = live.iter().map(|&i| draws[i].tokens.len()).max().unwrap_or(1);
-        let mut tokens = vec![EOH; live.len() * length];
-        for (s, &i) in live.iter().enumerate() {
-            tokens[s * length..s * length + draws[i].tokens.len()].copy_from_slice(&draws[i].tokens);
+        if live.is_empty() {
+            break;
         }
-        let logits = values(
-            model.forward(&TokenBatch { tokens: &tokens, sequences: live.len(), length }, &mut Plain).into_data(),
-        );
-        for (s, &i) in live.iter().enumerate() {
+        let inputs: Vec<u32> = live.iter().map(|&i| draws[i].tokens[draws[i].fed]).collect();
+        let mut caches: Vec<KvCache> = live.iter().map(|&i| std::mem::take(&mut draws[i].cache)).collect();
+        let logits = model.step(&inputs, &mut caches);
+        for ((s, &i), cache) in live.iter().enumerate().zip(caches) {
             let d = &mut draws[i];
+            d.cache = cache;
+            d.fed += 1;
+            if d.fed < d.tokens.len() {
+                // Still feeding a new window's tokens.
+                continue;
+            }
             let cursor = &mut d.cursor;
-            let at = s * length + d.tokens.len() - 1;
-            let row = &logits[at * vocabulary..(at + 1) * vocabulary];
-            let token = draw_allowed(row, &cursor.allowed(), rng);
+            let token = draw_allowed(&logits[s * vocabulary..(s + 1) * vocabulary], &cursor.allowed(), rng);
             cursor.advance(token).expect("an allowed token");
             d.tokens.push(token);
             if cursor.is_done() || cursor.at_boundary() {
@@ -81,7 +154,8 @@ pub fn sample_histories(
             {
                 // The next row may not fit: continue in a new window.
                 d.window_first = d.rows.len().saturating_sub(spec.window.context_rows);
-                d.tokens = layout.encode(MID, &d.rows[0], &d.rows[d.window_first..], false);
+                let start = Start::Window { rows_before: d.window_first };
+                d.tokens = layout.encode(start, &d.rows[0], &d.rows[d.window_first..], false);
                 let mut replay = Cursor::new(layout, layout.max_rows - d.window_first);
                 for &t in &d.tokens {
                     replay.advance(t).expect("a re-encoded window follows the grammar");
@@ -90,6 +164,7 @@ pub fn sample_histories(
                 let last = order.and_then(|o| d.rows.iter().rev().find_map(|r| r[o]));
                 d.shift = last.map_or(0.0, |t| t - replay.clock());
                 d.cursor = replay;
+                (d.fed, d.cache) = (0, KvCache::default());
             }
         }
     }

@@ -81,3 +81,26 @@ impl SequenceModelSpec {
         Ok(Histories::from_rows(rows, &self.layout))
     }
 }
+
+/// The model as `SequenceModel` (`dpsynth.proto`).
+#[cfg(feature = "wire")]
+mod wire {
+    use dpsynth_proto::SequenceModel;
+
+    use super::SequenceModelSpec;
+    use crate::wire::{WireError, from_json, to_json};
+
+    impl From<&SequenceModelSpec> for SequenceModel {
+        fn from(spec: &SequenceModelSpec) -> Self {
+            Self { spec_json: to_json(spec) }
+        }
+    }
+
+    impl TryFrom<&SequenceModel> for SequenceModelSpec {
+        type Error = WireError;
+
+        fn try_from(wire: &SequenceModel) -> Result<Self, WireError> {
+            from_json("sequence model", &wire.spec_json)
+        }
+    }
+}

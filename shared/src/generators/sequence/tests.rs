@@ -5,14 +5,14 @@
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
-use super::model::{SequenceModel, TransformerConfig};
+use super::model::{KvCache, SequenceModel, TokenBatch, TransformerConfig};
 use super::task::{Histories, SequenceModelSpec};
-use super::tokens::{BOS, Cursor, EOH, Layout, gap_binning};
+use super::tokens::{Cursor, EOH, Layout, MID, Start, gap_binning};
 use super::window::{WindowSpec, window};
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::dpsgd::ghost::{GhostTape, Plain, clipped_sum};
 use crate::dpsgd::layers::Layer;
-use crate::dpsgd::params::TrainableLayers;
+use crate::dpsgd::params::{TrainableLayers, values};
 use crate::dpsgd::{DpModel, RoundSettings, clipped_gradient_sum, compute_device};
 use crate::spec::JobSpec;
 
@@ -75,7 +75,7 @@ fn histories_round_trip_within_a_refinement_cell() {
     let order = domain.index_of("charttime").unwrap();
     for _ in 0..50 {
         let rows = history(&domain, rng.random_range(1..40), &mut rng);
-        let tokens = layout.encode(BOS, &rows[0], &rows, true);
+        let tokens = layout.encode(Start::History, &rows[0], &rows, true);
         assert!(tokens.len() <= layout.max_tokens(rows.len()));
         let parsed = layout.parse(&tokens).unwrap();
         assert_eq!(parsed.len(), rows.len());
@@ -278,7 +278,7 @@ fn windows_split_where_the_round_seed_says() {
     let layout = layout(&domain, 100);
     let spec = WindowSpec { p_start: 0.25, context_rows: 2, window_rows: 3 };
     let rows = histories(&domain, &[20]).units.remove(0).1;
-    let quantized = layout.parse(&layout.encode(BOS, &rows[0], &rows, true)).unwrap();
+    let quantized = layout.parse(&layout.encode(Start::History, &rows[0], &rows, true)).unwrap();
     let order = domain.index_of("charttime").unwrap();
     let trials = 4000;
     let mut starts = 0;
@@ -297,6 +297,13 @@ fn windows_split_where_the_round_seed_says() {
         }
         if w.loss_from == 1 {
             starts += 1;
+        } else if w.tokens[0] == MID {
+            // A window inside the history names how many rows came before it.
+            let same = |r: &Vec<Option<f64>>| r.iter().enumerate().all(|(c, v)| c == order || *v == whole[0][c]);
+            let before = quantized.iter().position(same).unwrap();
+            assert!(before > 0);
+            let offset = layout.encode(Start::Window { rows_before: before }, &rows[0], &[], false)[1];
+            assert_eq!(w.tokens[1], offset);
         }
     }
     // k = 0 with probability p + (1 − p)·0 (k is otherwise uniform over 1..20): sd ≈ 27.
@@ -327,9 +334,49 @@ fn constrained_decoding_only_draws_histories_that_parse() {
         let times: Vec<f64> = rows.iter().filter_map(|r| r[order]).collect();
         assert!(times.windows(2).all(|w| w[1] >= w[0] - 1e-6), "{times:?}");
         // The history re-encodes to a sequence the grammar accepts.
-        let tokens = spec.layout.encode(BOS, &rows[0], rows, true);
+        let tokens = spec.layout.encode(Start::History, &rows[0], rows, true);
         assert_eq!(spec.layout.parse(&tokens).unwrap().len(), rows.len());
     }
     // Windows of three rows: histories longer than one window were drawn.
     assert!(lengths.iter().any(|&n| n > 3), "{lengths:?}");
+}
+
+/// Decoding a token at a time with each sequence's key/value cache gives the logits the
+/// full causal forward pass gives at every position, for sequences fed in lockstep and
+/// for one whose cache is reset mid-way (a new window).
+#[test]
+fn cached_decoding_gives_the_logits_of_the_full_forward_pass() {
+    let device = compute_device();
+    let domain = domain();
+    let window = WindowSpec { p_start: 0.5, context_rows: 1, window_rows: 3 };
+    let spec = spec(&domain, 16, window);
+    let model = SequenceModel::new(&spec, &device).transformer;
+    let vocabulary = spec.layout.vocabulary();
+    let mut rng = ChaCha8Rng::from_seed([29; 32]);
+    let (sequences, length) = (3, 24);
+    let tokens: Vec<u32> = (0..sequences * length).map(|_| rng.random_range(0..vocabulary as u32)).collect();
+    let full = values(model.forward(&TokenBatch { tokens: &tokens, sequences, length }, &mut Plain).into_data());
+    let mut caches = vec![KvCache::default(); sequences];
+    for t in 0..length {
+        let step: Vec<u32> = (0..sequences).map(|s| tokens[s * length + t]).collect();
+        let logits = model.step(&step, &mut caches);
+        for s in 0..sequences {
+            let want = &full[(s * length + t) * vocabulary..(s * length + t + 1) * vocabulary];
+            let got = &logits[s * vocabulary..(s + 1) * vocabulary];
+            let err = want.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-4, "sequence {s}, position {t}: max |Δ| {err}");
+        }
+    }
+    // A reset cache restarts at position 0: sequence 1's tokens from the start again,
+    // beside sequence 0, whose cache goes on.
+    caches[1] = KvCache::default();
+    let short = values(
+        model
+            .forward(&TokenBatch { tokens: &tokens[length..length + 1], sequences: 1, length: 1 }, &mut Plain)
+            .into_data(),
+    );
+    let logits = model.step(&[tokens[0], tokens[length]], &mut caches[..2]);
+    let err = short.iter().zip(&logits[vocabulary..]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(err < 1e-4, "a reset cache: max |Δ| {err}");
+    assert_eq!(caches[0].len(16), length + 1);
 }

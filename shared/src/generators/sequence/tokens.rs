@@ -1,8 +1,10 @@
 //! A unit's history as tokens, over a vocabulary built from the declared schema alone.
 //!
 //! A sequence is `START statics row* [EOH]`:
-//! - START is `BOS` when it begins the history, `MID` when it is a window of one begun
-//!   earlier;
+//! - START is `BOS` when it begins the history, `MID OFFSET` when it is a window of one
+//!   begun earlier, OFFSET one of [`Layout::offsets`] tokens for how many of the history's
+//!   rows came before the window (in equal buckets of the public row cap): without it a
+//!   window inside a history could not know how far in it is, and so when it should end;
 //! - the static columns appear once, the others once per row;
 //! - each value is a *field*: one token per bin of its column (the missing bin included),
 //!   then, for a numeric bin holding more than one value, one of [`Layout::fine`] shared
@@ -37,6 +39,15 @@ const SPECIAL: u32 = 3;
 pub struct ParseError {
     pub token: u32,
     pub position: usize,
+}
+
+/// How a sequence starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Start {
+    /// At the history's beginning (`BOS`).
+    History,
+    /// Inside the history, after `rows_before` of its rows (`MID OFFSET`).
+    Window { rows_before: usize },
 }
 
 /// One value's tokens: its bins and whether a bin is refined.
@@ -172,8 +183,14 @@ pub struct Layout {
     pub fine: u32,
     /// Most rows of a history.
     pub max_rows: usize,
+    /// Offset tokens (buckets of rows before a window), from id `offset_start`.
+    pub offsets: u32,
+    offset_start: u32,
     vocabulary: u32,
 }
+
+/// Most offset tokens (histories with more rows share buckets).
+const MAX_OFFSETS: usize = 32;
 
 impl Layout {
     /// `order`: the order column and its gap bins; `statics`: columns written once.
@@ -205,7 +222,16 @@ impl Layout {
         let order_index = order.as_ref().map(|(i, _)| *i);
         let row_columns =
             (0..domain.columns.len()).filter(|c| !statics.contains(c) && Some(*c) != order_index).collect();
-        Self { columns, statics: statics.to_vec(), row_columns, order, fine, max_rows, vocabulary: next }
+        let offsets = max_rows.clamp(1, MAX_OFFSETS) as u32;
+        let vocabulary = next + offsets;
+        let statics = statics.to_vec();
+        Self { columns, statics, row_columns, order, fine, max_rows, offsets, offset_start: next, vocabulary }
+    }
+
+    /// The offset token of a window after `rows_before` rows of its history.
+    fn offset_token(&self, rows_before: usize) -> u32 {
+        let bucket = rows_before.min(self.max_rows - 1) * self.offsets as usize / self.max_rows.max(1);
+        self.offset_start + bucket as u32
     }
 
     pub fn vocabulary(&self) -> usize {
@@ -224,10 +250,11 @@ impl Layout {
         order + self.row_columns.iter().map(|&c| field(&self.columns[c])).sum::<usize>()
     }
 
-    /// Most tokens a sequence of `rows` rows takes, START and EOH included.
+    /// Most tokens a sequence of `rows` rows takes, START (with its offset) and EOH
+    /// included.
     pub fn max_tokens(&self, rows: usize) -> usize {
         let statics: usize = self.statics.iter().map(|&c| 1 + usize::from(self.columns[c].binning.is_some())).sum();
-        2 + statics + rows * self.max_row_tokens()
+        3 + statics + rows * self.max_row_tokens()
     }
 
     /// The order column's domain index.
@@ -313,8 +340,11 @@ impl Layout {
 
     /// A sequence of whole rows: `start`, the static columns of `statics` (the history's
     /// first row), rows (values in domain order), and EOH when `end`.
-    pub fn encode(&self, start: u32, statics: &[Option<f64>], rows: &[Vec<Option<f64>>], end: bool) -> Vec<u32> {
-        let mut out = vec![start];
+    pub fn encode(&self, start: Start, statics: &[Option<f64>], rows: &[Vec<Option<f64>>], end: bool) -> Vec<u32> {
+        let mut out = match start {
+            Start::History => vec![BOS],
+            Start::Window { rows_before } => vec![MID, self.offset_token(rows_before)],
+        };
         out.extend(self.static_tokens(statics));
         let mut previous = None;
         let order = self.order.as_ref().map(|(i, _)| *i);
@@ -344,6 +374,8 @@ impl Layout {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Stage {
     Start,
+    /// After MID: the window's offset.
+    Offset,
     /// The i-th static field.
     Static(usize),
     /// Between rows (or before the first): a row's first token, or EOH.
@@ -416,6 +448,7 @@ impl<'a> Cursor<'a> {
     pub fn allowed(&self) -> Vec<Range<u32>> {
         match self.stage {
             Stage::Start => std::iter::once(BOS..MID + 1).collect(),
+            Stage::Offset => std::iter::once(self.layout.offset_start..self.layout.vocabulary).collect(),
             Stage::Static(_) | Stage::Row(_) => {
                 vec![self.layout.field_tokens(self.field(self.stage).expect("a field stage")).tokens()]
             }
@@ -477,10 +510,10 @@ impl<'a> Cursor<'a> {
         if !self.is_allowed(token) {
             return Err(ParseError { token, position: 0 });
         }
+        let first_field = if self.layout.statics.is_empty() { Stage::Boundary } else { Stage::Static(0) };
         match self.stage {
-            Stage::Start => {
-                self.stage = if self.layout.statics.is_empty() { Stage::Boundary } else { Stage::Static(0) };
-            }
+            Stage::Start if token == MID => self.stage = Stage::Offset,
+            Stage::Start | Stage::Offset => self.stage = first_field,
             Stage::Boundary if token == EOH => self.stage = Stage::Done,
             Stage::Boundary | Stage::Static(_) | Stage::Row(_) => {
                 let stage = if self.stage == Stage::Boundary {

@@ -9,7 +9,7 @@
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
-use super::tokens::{BOS, Cursor, Layout, MID};
+use super::tokens::{Cursor, Layout, Start};
 use crate::dpsgd::keyed_rng;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -26,11 +26,13 @@ impl WindowSpec {
     }
 }
 
-/// One example: its tokens, and the first token the loss counts.
+/// One example: its tokens, the first token the loss counts, and how many of the
+/// history's rows come before it (the grammar's row cap is what is left of `max_rows`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Window {
     pub tokens: Vec<u32>,
     pub loss_from: usize,
+    pub rows_before: usize,
 }
 
 /// The example of a unit's `rows` (ordered, values in domain order) in a round.
@@ -40,10 +42,10 @@ pub fn window(layout: &Layout, spec: &WindowSpec, rows: &[Vec<Option<f64>>], see
     let k = if len <= 1 || rng.random::<f64>() < spec.p_start { 0 } else { rng.random_range(1..len) };
     let first = k.saturating_sub(spec.context_rows);
     let end = len.min(k + spec.window_rows.max(1));
-    let start = if first == 0 { BOS } else { MID };
+    let start = if first == 0 { Start::History } else { Start::Window { rows_before: first } };
     let tokens = layout.encode(start, &rows[0], &rows[first..end], end == len);
     let loss_from = if k == 0 { 1 } else { layout.encode(start, &rows[0], &rows[first..k], false).len() };
-    Window { tokens, loss_from }
+    Window { tokens, loss_from, rows_before: first }
 }
 
 /// Windows padded to one length, as model inputs and next-token targets.
@@ -71,7 +73,7 @@ pub fn pad(layout: &Layout, windows: &[Window]) -> PaddedBatch {
         length,
     };
     for (s, w) in windows.iter().enumerate() {
-        let mut cursor = Cursor::new(layout, layout.max_rows);
+        let mut cursor = Cursor::new(layout, layout.max_rows - w.rows_before);
         cursor.advance(w.tokens[0]).expect("a window starts with BOS or MID");
         for i in 1..w.tokens.len() {
             let p = s * length + i - 1;

@@ -1,0 +1,238 @@
+//! What every generator trained by the DP-SGD engine shares on the coordinator: a DP
+//! unit count fixes the sampling rate, the run is charged before its first round and
+//! trained by `crate::training`, and the trained model becomes the sampler. A checkpoint
+//! of the charged run is written right after the charge and every `checkpoint_every`
+//! rounds; a coordinator restarted on the same job id resumes from it without charging
+//! again, once, under a resume lease.
+
+use dpsynth_privacy::ledger::{ChargeReceipt, Ledger};
+use dpsynth_privacy::release::Releases;
+use dpsynth_proto::gradient_sum::Model;
+use dpsynth_shared::accounting::accountant::AccountingOptions;
+use dpsynth_shared::accounting::mechanism::Mechanism;
+use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::dpsgd::optimizer::Optimizer;
+use dpsynth_shared::dpsgd::plan::RunPlan;
+use dpsynth_shared::generators::Sampler;
+use dpsynth_shared::spec::{GeneratorName, JobSpec};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Admission, Charged, Fitted, Generator};
+use crate::checkpoint::{self, ChargedRun, Checkpoint, Checkpointer};
+use crate::context::{JobContext, JobError, Partitions, release_count, set_stage};
+use crate::gather::Gather;
+use crate::training::{self, TrainingRun};
+
+/// The model on the wire in each round.
+pub(crate) type RoundModel<'a> = Box<dyn Fn(u64) -> Model + Send + Sync + 'a>;
+
+/// A generator whose model the DP-SGD engine trains.
+pub(crate) trait DpSgdGenerator {
+    const NAME: GeneratorName;
+    /// The model's configuration: what a checkpoint keeps and a worker rebuilds it from.
+    type Model: Clone + Serialize + DeserializeOwned + Send + Sync;
+
+    /// The model and the run, from the spec, the declared domain and the ledger's
+    /// accounting options.
+    fn plan(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<(Self::Model, RunPlan), JobError>;
+
+    fn domain(model: &Self::Model) -> &Domain;
+
+    /// The model's initial parameters, in the engine's flat layout.
+    fn initial_parameters(model: &Self::Model) -> Vec<f32>;
+
+    /// The model the workers train in each round of a run at rate `rate`.
+    fn round_model<'a>(model: &Self::Model, spec: &'a JobSpec, rate: f64) -> Result<RoundModel<'a>, JobError>;
+
+    /// The trained model as the job's sampler. What the run's charge paid for after its
+    /// rounds (`RunPlan::after_training`) is spent here.
+    async fn sampler(trained: Trained<'_, '_, Self::Model>) -> Result<Box<dyn Sampler>, JobError>;
+}
+
+/// A trained run, as its generator turns it into a sampler.
+pub(crate) struct Trained<'t, 'a, M> {
+    pub model: M,
+    pub parameters: Vec<f32>,
+    pub ctx: &'t JobContext<'a>,
+    /// The job's rounds, for rounds after training.
+    pub gather: &'t mut Gather<'a>,
+    pub partitions: &'t Partitions,
+    /// The run's charge, with what it paid for after training.
+    pub receipt: &'t ChargeReceipt,
+    pub plan: &'t RunPlan,
+    /// The released unit count.
+    pub released_units: u64,
+}
+
+/// A job of a DP-SGD generator: a new run, or a charged one resumed from its checkpoint.
+pub struct DpSgdJob<G: DpSgdGenerator> {
+    start: Start<G::Model>,
+}
+
+enum Start<M> {
+    /// Planned; nothing charged. Admitted with the run calibrated at a stand-in rate.
+    Fresh { model: M, plan: RunPlan, bound: Vec<Mechanism> },
+    /// Charged when it first started, as the ledger confirmed; this process holds its
+    /// resume lease.
+    Resumed(Box<Checkpoint<M>>),
+}
+
+impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
+    async fn plan(ctx: &JobContext<'_>, ledger: &Ledger) -> Result<Self, JobError> {
+        let (scratch, job_id) = (ctx.scratch, &ctx.request.job_id);
+        let start = match checkpoint::load::<G::Model>(scratch, job_id, G::NAME).await? {
+            Some(mut saved) => {
+                saved.run.receipt = checkpoint::verify_charged(ledger, job_id, &saved.run.charge, &saved.run.receipt)?;
+                if G::domain(&saved.run.model) != ctx.domain {
+                    return Err(JobError::Other(format!(
+                        "job {job_id} has a checkpoint for another schema; resubmit it unchanged or under a new job id"
+                    )));
+                }
+                // One coordinator resumes a checkpoint from a given round, and it takes the
+                // lease before it reads anything private.
+                checkpoint::take_resume_lease(scratch, job_id, saved.run.receipt.seq, saved.optimizer.step).await?;
+                tracing::info!(
+                    round = saved.optimizer.step,
+                    rounds = saved.run.steps,
+                    ledger_entry = saved.run.receipt.seq,
+                    "resuming the charged DP-SGD run from its checkpoint"
+                );
+                Start::Resumed(Box::new(saved))
+            }
+            None => {
+                let (model, plan) = G::plan(ctx.spec(), ctx.domain, ledger.options())?;
+                let provisional = plan.provisional_rate();
+                let cap = plan.calibrate(ctx.spec(), ledger.options(), provisional)?;
+                Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan }
+            }
+        };
+        Ok(Self { start })
+    }
+
+    /// A new run's mechanisms at a stand-in rate bound its cost, since a calibrated run
+    /// costs the job's (ε, δ) whatever the released count makes q.
+    fn admission(&self) -> Admission {
+        match &self.start {
+            Start::Fresh { bound, .. } => Admission::Bound(bound.clone()),
+            Start::Resumed(saved) => Admission::Charged { seq: saved.run.receipt.seq },
+        }
+    }
+
+    async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
+        let (scratch, job_id) = (ctx.scratch, ctx.request.job_id.as_str());
+        let Checkpoint { run, mut optimizer, mut parameters } = match self.start {
+            Start::Resumed(saved) => *saved,
+            Start::Fresh { model, plan, .. } => charge_run::<G>(ctx, ledger, partitions, model, plan).await?,
+        };
+        ctx.progress_mut().epsilon_spent = run.cost.epsilon;
+        set_stage(ctx.progress, "training (DP-SGD)");
+        ctx.progress_mut().tasks_total = run.steps as u32;
+        let training = TrainingRun {
+            partitions,
+            receipt: &run.receipt,
+            rate: run.rate,
+            clip: run.plan.clip,
+            noise_multiplier: run.sigma,
+            expected_batch: run.rate * run.noisy_units.max(1.0),
+            micro_batch: run.plan.micro_batch,
+            steps: run.steps,
+            epsilon: run.cost.epsilon,
+        };
+        let model = G::round_model(&run.model, ctx.spec(), run.rate)?;
+        let checkpointer = Checkpointer { scratch, job_id, run: &run };
+        // One gather for all of the job's rounds, so their task ids never repeat.
+        let mut gather = ctx.gather();
+        let trained =
+            training::train(ctx, &mut gather, &training, &mut parameters, &mut optimizer, model, &checkpointer).await;
+        // From here on the run is not resumable: a failed run stays charged and releases
+        // nothing; a finished one is about to release, and resuming it would add rounds the
+        // ledger never charged. A checkpoint that cannot be deleted stops the job before any
+        // release (the ledger also refuses to resume a released charge).
+        let deleted = checkpoint::delete(scratch, job_id).await;
+        trained?;
+        deleted?;
+
+        let parameters: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
+        let public_inputs = vec![
+            format!(
+                "privacy units: {} (Gaussian release, noise multiplier {}; charged in ledger entry {})",
+                run.noisy_units, run.plan.count_noise_multiplier, run.count_entry
+            ),
+            format!("DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps", run.rate, run.sigma, run.plan.clip, run.steps),
+        ];
+        // The released count is already rounded and at least 1.
+        let released_units = run.noisy_units as u64;
+        let ChargedRun { model, plan, receipt, cost, mechanisms, .. } = run;
+        let trained = Trained {
+            model,
+            parameters,
+            ctx,
+            gather: &mut gather,
+            partitions,
+            receipt: &receipt,
+            plan: &plan,
+            released_units,
+        };
+        let sampler = G::sampler(trained).await?;
+        Ok(Fitted {
+            sampler,
+            released_count: Some(released_units),
+            charged: Charged { receipt, cost, mechanisms, public_inputs },
+        })
+    }
+}
+
+/// Charges a new run: the unit count, released with Gaussian noise and charged on its own
+/// before anything derived from it (q, T, σ, a refusal, a log line) can leave, then the
+/// DP-SGD run at the rate it fixes. Checkpointed at once, so a restart resumes the charge.
+async fn charge_run<G: DpSgdGenerator>(
+    ctx: &JobContext<'_>,
+    ledger: &mut Ledger,
+    partitions: &Partitions,
+    model: G::Model,
+    plan: RunPlan,
+) -> Result<Checkpoint<G::Model>, JobError> {
+    let spec = ctx.spec();
+    let count_charge = ctx.charge_request(vec![plan.count_mechanism()]);
+    let count_receipt = ctx.charge(ledger, &count_charge).await?;
+    let noisy_units = release_count(&mut Releases::paid_by(&count_receipt)?, partitions, plan.count_noise_multiplier)?;
+    let rate = plan.rate(noisy_units);
+    let sigma = match plan.noise_multiplier {
+        Some(sigma) => sigma,
+        None => plan.calibrate(spec, ledger.options(), rate)?,
+    };
+    let mechanisms = plan.mechanisms(rate, sigma);
+    // A given σ must still fit the job's own ε (a calibrated one does by construction).
+    let cost = ledger.price(&ctx.charge_request(mechanisms.clone()))?;
+    if cost.epsilon > spec.privacy.epsilon * (1.0 + 1e-9) {
+        return Err(JobError::OverJobEpsilon {
+            cost: cost.epsilon,
+            delta: cost.delta,
+            epsilon: spec.privacy.epsilon,
+            count_entry: count_receipt.seq,
+        });
+    }
+    let charge = ctx.charge_request(plan.charged_with_run(rate, sigma));
+    let receipt = ctx.charge(ledger, &charge).await?;
+    let steps = plan.steps(rate);
+    tracing::info!(sigma, steps, epsilon = cost.epsilon, "DP-SGD run charged");
+    let parameters: Vec<f64> = G::initial_parameters(&model).into_iter().map(f64::from).collect();
+    let optimizer = Optimizer::new(plan.optimizer, plan.schedule, steps, parameters.len());
+    let run = ChargedRun {
+        generator: G::NAME,
+        model,
+        plan,
+        noisy_units,
+        rate,
+        sigma,
+        steps,
+        count_entry: count_receipt.seq,
+        mechanisms,
+        cost,
+        charge,
+        receipt,
+    };
+    checkpoint::save(ctx.scratch, &ctx.request.job_id, &run, &optimizer, &parameters).await?;
+    Ok(Checkpoint { run, optimizer, parameters })
+}

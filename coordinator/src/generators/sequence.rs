@@ -1,0 +1,162 @@
+//! The sequence generator on the coordinator: a DP-SGD generator (`super::dpsgd`) whose
+//! model configuration is fixed for the run, sampled by constrained decoding of whole
+//! histories; with `select_epsilon`, the output is the privately selected best of
+//! over-generated candidates (`generators::sequence::selection`), the vote release paid
+//! by the run's charge.
+
+use dpsynth_privacy::release::Releases;
+use dpsynth_proto::gradient_sum::Model;
+use dpsynth_proto::task::Work;
+use dpsynth_shared::accounting::accountant::AccountingOptions;
+use dpsynth_shared::accounting::mechanism::Mechanism;
+use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::dpsgd::compute_device;
+use dpsynth_shared::dpsgd::params::TrainableLayers;
+use dpsynth_shared::dpsgd::plan::RunPlan;
+use dpsynth_shared::entropy::os_rng;
+use dpsynth_shared::generators::Sampler;
+use dpsynth_shared::generators::sequence::sampler::{SelectedHistories, sample_histories};
+use dpsynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
+use dpsynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler};
+use dpsynth_shared::spec::{GeneratorName, JobSpec};
+use serde::{Deserialize, Serialize};
+
+use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
+use crate::context::{JobError, blocking, set_stage};
+use crate::gather::{Answer, Round};
+
+pub struct Sequence;
+
+/// What a sequence run is charged and checkpointed with: the model, and the selection's
+/// settings (so a resumed run selects as it was charged, whatever the resubmitted spec
+/// says).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SequenceRun {
+    model: SequenceModelSpec,
+    selection: Option<SelectionSpec>,
+}
+
+impl DpSgdGenerator for Sequence {
+    const NAME: GeneratorName = GeneratorName::Sequence;
+    type Model = SequenceRun;
+
+    fn plan(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<(SequenceRun, RunPlan), JobError> {
+        let plan = SequencePlan::new(spec, domain, options)?;
+        Ok((SequenceRun { model: plan.model, selection: plan.selection }, plan.run))
+    }
+
+    fn domain(run: &SequenceRun) -> &Domain {
+        &run.model.domain
+    }
+
+    fn initial_parameters(run: &SequenceRun) -> Vec<f32> {
+        SequenceModel::new(&run.model, &compute_device()).parameters()
+    }
+
+    /// The same model every round: encoded once.
+    fn round_model<'a>(run: &SequenceRun, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a>, JobError> {
+        let wire = dpsynth_proto::SequenceModel::from(&run.model);
+        Ok(Box::new(move |_| Model::Sequence(wire.clone())))
+    }
+
+    async fn sampler(mut trained: Trained<'_, '_, SequenceRun>) -> Result<Box<dyn Sampler>, JobError> {
+        let mut model = SequenceModel::new(&trained.model.model, &compute_device());
+        model.load_parameters(&trained.parameters).map_err(|e| JobError::Other(e.to_string()))?;
+        let sampler = SequenceSampler { transformer: model.transformer, spec: trained.model.model.clone() };
+        match (trained.plan.after_training.as_slice(), trained.model.selection.clone()) {
+            ([], None) => Ok(Box::new(sampler)),
+            ([mechanism], Some(selection)) => select(&mut trained, sampler, &mechanism.clone(), &selection).await,
+            _ => Err(JobError::Other("the run's charge and its selection settings disagree".into())),
+        }
+    }
+}
+
+/// The private selection: candidates drawn, votes gathered from the workers, released
+/// with the charged mechanism's own noise, and the most voted kept.
+async fn select(
+    trained: &mut Trained<'_, '_, SequenceRun>,
+    sampler: SequenceSampler,
+    mechanism: &Mechanism,
+    selection: &SelectionSpec,
+) -> Result<Box<dyn Sampler>, JobError> {
+    let neighbours = selection.neighbours;
+    let (l2_sensitivity, noise_multiplier) = vote_release(mechanism, neighbours)?;
+    // Public: the declared or released output size, and the charged settings.
+    let keep = trained.ctx.spec().output.units.unwrap_or(trained.released_units) as usize;
+    let count = ((keep as f64 * selection.candidates).ceil() as usize).max(keep).max(neighbours);
+    set_stage(trained.ctx.progress, "sampling candidates (private selection)");
+    tracing::info!(candidates = count, keep, "drawing the selection's candidates");
+    let (sampler, candidates) = blocking(move || -> Result<_, JobError> {
+        let mut rng = os_rng()?;
+        let candidates = sample_histories(&sampler.transformer, &sampler.spec, count, &mut rng);
+        Ok((sampler, candidates))
+    })
+    .await??;
+    let spec = sampler.spec;
+    let task = SelectionTask {
+        candidates: candidates.iter().flat_map(|h| features(&spec, h)).collect(),
+        model: spec,
+        neighbours,
+    };
+    let per_unit = task.votes_per_unit();
+    set_stage(trained.ctx.progress, "private selection (votes)");
+    let partitions = trained.partitions;
+    let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
+    let round = Round { work: Work::SelectionVotes((&task).into()), groups: &groups, tensor: "votes", len: count };
+    // A partition's own unit count caps the worker's claim of how many voted.
+    let check = |a: Answer<'_>| {
+        partitions.units_per_partition.check(|units| {
+            if a.claimed_units > units[a.group] {
+                return Err(format!("{} units voted in a partition of {}", a.claimed_units, units[a.group]));
+            }
+            check_votes(a.values, a.claimed_units, count, per_unit)
+        })
+    };
+    let votes = trained.gather.round(round, check, |_, _| {}).await?;
+    let noisy = Releases::paid_by(trained.receipt)?.gaussian(votes, l2_sensitivity, noise_multiplier)?;
+    let mut order: Vec<usize> = (0..count).collect();
+    order.sort_by(|&a, &b| noisy[b].total_cmp(&noisy[a]).then(a.cmp(&b)));
+    let mut chosen = vec![false; count];
+    order.iter().take(keep).for_each(|&i| chosen[i] = true);
+    let histories: Vec<_> = candidates.into_iter().zip(chosen).filter_map(|(h, c)| c.then_some(h)).collect();
+    tracing::info!(kept = histories.len(), of = count, "private selection released");
+    Ok(Box::new(SelectedHistories { spec: task.model, histories: histories.into_iter() }))
+}
+
+/// The vote release's (Δ, σ), from its charged mechanism, refused unless k votes per unit
+/// are the sensitivity it was charged for (√k): what is drawn is what was charged.
+fn vote_release(mechanism: &Mechanism, neighbours: usize) -> Result<(f64, f64), JobError> {
+    match *mechanism {
+        Mechanism::Gaussian { l2_sensitivity, noise_multiplier, releases: 1, .. }
+            if (neighbours as f64).sqrt() == l2_sensitivity =>
+        {
+            Ok((l2_sensitivity, noise_multiplier))
+        }
+        _ => Err(JobError::Other(format!(
+            "the selection's {neighbours} votes per unit are not what its charge ({mechanism:?}) paid for"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dpsynth_shared::accounting::mechanism::Adjacency;
+
+    use super::*;
+
+    /// A selection whose k is not the charged sensitivity's is refused, whatever the spec
+    /// of a resubmitted job says.
+    #[test]
+    fn votes_are_released_only_at_the_charged_sensitivity() {
+        let charged = |l2_sensitivity, releases| Mechanism::Gaussian {
+            l2_sensitivity,
+            noise_multiplier: 7.5,
+            releases,
+            adjacency: Adjacency::AddRemove,
+        };
+        assert_eq!(vote_release(&charged(2.0, 1), 4).unwrap(), (2.0, 7.5));
+        assert!(vote_release(&charged(2.0, 1), 400).is_err());
+        assert!(vote_release(&charged(2.0, 2), 4).is_err());
+        assert!(vote_release(&Mechanism::dp_sgd(0.1, 1.0, 10), 1).is_err());
+    }
+}

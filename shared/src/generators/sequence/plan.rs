@@ -1,0 +1,149 @@
+//! The model and the privacy parameters that do not depend on the data: the token layout
+//! from the declared schema, the transformer's sizes and the DP-SGD run's plan.
+
+use super::model::TransformerConfig;
+use super::selection::SelectionSpec;
+use super::task::SequenceModelSpec;
+use super::tokens::{Layout, gap_binning};
+use super::window::WindowSpec;
+use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
+use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::data::domain::{Domain, Encoding};
+use crate::dpsgd::plan::RunPlan;
+use crate::generators::{PlanError, require_columns, require_positive};
+use crate::spec::{ColumnKind, GeneratorSpec, JobSpec, SequenceParams};
+
+/// This generator's name in plan errors.
+const GENERATOR: &str = "sequence";
+
+fn invalid(message: impl Into<String>) -> PlanError {
+    PlanError::new(GENERATOR, message)
+}
+
+/// A sequence job's plan. The run's sampling rate depends on the DP unit count and is
+/// fixed later.
+#[derive(Clone, Debug)]
+pub struct SequencePlan {
+    pub model: SequenceModelSpec,
+    /// The private selection, when the spec asks for one (its release is the run's
+    /// `after_training` mechanism).
+    pub selection: Option<SelectionSpec>,
+    pub params: SequenceParams,
+    pub run: RunPlan,
+}
+
+impl SequencePlan {
+    /// `options`: the ledger's accounting options (the selection's noise is calibrated
+    /// under them).
+    pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {
+        let GeneratorSpec::Sequence(params) = spec.generator.clone() else {
+            return Err(invalid("the job's generator is another"));
+        };
+        let positive = [
+            ("epochs", params.epochs),
+            ("batch_size", params.batch_size),
+            ("clip", params.clip),
+            ("count_noise_multiplier", params.count_noise_multiplier),
+        ];
+        require_positive(GENERATOR, &positive)?;
+        if params.noise_multiplier.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+            return Err(invalid("noise_multiplier must be a positive number"));
+        }
+        if !(0.0..=1.0).contains(&params.p_start) {
+            return Err(invalid("p_start is a probability: need 0 ≤ p_start ≤ 1"));
+        }
+        let sizes = [params.max_rows, params.window_rows, params.width, params.heads, params.layers, params.mlp];
+        if sizes.contains(&0) || params.fine == 0 || params.gap_bins == 0 || params.micro_batch == 0 {
+            return Err(invalid(
+                "max_rows, window_rows, width, heads, layers, mlp, fine, gap_bins and micro_batch must be ≥ 1",
+            ));
+        }
+        if !params.width.is_multiple_of(params.heads) {
+            return Err(invalid(format!("width {} is not a multiple of heads {}", params.width, params.heads)));
+        }
+        require_columns(GENERATOR, domain)?;
+        let order = match &spec.schema.order_by {
+            None => None,
+            Some(name) => {
+                let index =
+                    domain.index_of(name).ok_or_else(|| invalid(format!("order_by '{name}' is not synthesised")))?;
+                let Encoding::Numeric { kind, min, max, .. } = &domain.columns[index].encoding else {
+                    return Err(invalid(format!("order_by '{name}' must be numeric or a datetime")));
+                };
+                Some((index, gap_binning(max - min, params.gap_bins, *kind == ColumnKind::Integer)))
+            }
+        };
+        let order_index = order.as_ref().map(|(i, _)| *i);
+        let statics = params
+            .static_columns
+            .iter()
+            .map(|name| match domain.index_of(name) {
+                Some(i) if Some(i) != order_index => Ok(i),
+                Some(_) => Err(invalid(format!("static column '{name}' is the order column"))),
+                None => Err(invalid(format!("static column '{name}' is not a synthesised column"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let layout = Layout::new(domain, order, &statics, params.fine, params.max_rows);
+        let window =
+            WindowSpec { p_start: params.p_start, context_rows: params.context_rows, window_rows: params.window_rows };
+        let transformer = TransformerConfig::new(
+            layout.vocabulary(),
+            layout.max_tokens(window.rows()),
+            params.width,
+            params.heads,
+            params.layers,
+            params.mlp,
+        );
+        let after_training = match params.select_epsilon {
+            None => Vec::new(),
+            Some(epsilon) => vec![selection_mechanism(spec, &params, epsilon, options)?],
+        };
+        let run = RunPlan {
+            epochs: params.epochs,
+            batch_size: params.batch_size,
+            clip: params.clip,
+            noise_multiplier: params.noise_multiplier,
+            count_noise_multiplier: params.count_noise_multiplier,
+            after_training,
+            optimizer: params.optimizer,
+            schedule: params.schedule,
+            micro_batch: params.micro_batch,
+            checkpoint_every: params.checkpoint_every,
+        };
+        let model = SequenceModelSpec { domain: domain.clone(), layout, transformer, window };
+        let selection = params
+            .select_epsilon
+            .map(|_| SelectionSpec { neighbours: params.select_neighbours, candidates: params.select_candidates });
+        Ok(Self { model, selection, params, run })
+    }
+}
+
+/// The selection's vote release: Gaussian, L2 sensitivity √k, its σ the smallest that
+/// costs `epsilon` alone at the job's δ.
+fn selection_mechanism(
+    spec: &JobSpec,
+    params: &SequenceParams,
+    epsilon: f64,
+    options: &AccountingOptions,
+) -> Result<Mechanism, PlanError> {
+    if !(epsilon.is_finite() && epsilon > 0.0 && epsilon < spec.privacy.epsilon) {
+        return Err(invalid(format!(
+            "select_epsilon must be positive and below the job's ε = {}, got {epsilon}",
+            spec.privacy.epsilon
+        )));
+    }
+    if params.select_neighbours == 0 || !(params.select_candidates.is_finite() && params.select_candidates >= 1.0) {
+        return Err(invalid("the selection needs select_neighbours ≥ 1 and select_candidates ≥ 1"));
+    }
+    let l2_sensitivity = (params.select_neighbours as f64).sqrt();
+    let gaussian = |noise_multiplier| Mechanism::Gaussian {
+        l2_sensitivity,
+        noise_multiplier,
+        releases: 1,
+        adjacency: Adjacency::AddRemove,
+    };
+    let privacy = &spec.privacy;
+    let sigma = calibrate_sigma(epsilon, privacy.delta, privacy.accountant, options, |s| vec![gaussian(s)])
+        .map_err(|e| invalid(format!("calibrating the selection's noise: {e}")))?;
+    Ok(gaussian(sigma))
+}
