@@ -607,9 +607,8 @@ async fn one_two_and_four_workers_cast_the_same_selection_votes() {
     use dpsynth_shared::accounting::accountant::AccountingOptions;
     use dpsynth_shared::data::domain::Domain;
     use dpsynth_shared::dpsgd::compute_device;
-    use dpsynth_shared::generators::sequence::sampler::sample_histories;
     use dpsynth_shared::generators::sequence::selection::{SelectionTask, features};
-    use dpsynth_shared::generators::sequence::{SequenceModel, SequencePlan};
+    use dpsynth_shared::generators::sequence::{SequenceModel, SequencePlan, SequenceSampler};
 
     let dir = tempfile::tempdir().unwrap();
     let spec = JobSpec::parse(&sequence_spec(dir.path(), 60, 12), "selection").unwrap();
@@ -618,8 +617,8 @@ async fn one_two_and_four_workers_cast_the_same_selection_votes() {
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
     // Candidates from an untrained model (any histories will do).
     let model = SequenceModel::new(&plan.model, &compute_device());
-    let mut rng = dpsynth_shared::entropy::os_rng().unwrap();
-    let candidates = sample_histories(&model.transformer, &plan.model, 40, &mut rng);
+    let sampler = SequenceSampler { transformer: model.transformer, spec: plan.model.clone(), temperature: 1.0 };
+    let candidates = sampler.histories(40, &mut dpsynth_shared::entropy::os_rng().unwrap());
     let features = candidates.iter().flat_map(|h| features(&plan.model, h)).collect();
     let task = SelectionTask { model: plan.model.clone(), candidates: features, neighbours: 3 };
     let mut reference: Option<Vec<f64>> = None;

@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Run the built-in demo: simulated ICU vitals, 2 local workers, output under ./dpsynth-out/.
     Demo(commands::job::DemoArgs),
+    /// Write a simulated ICU cohort (the demo's input) of any size, e.g. for benchmarks.
+    Simulate(commands::job::SimulateArgs),
     /// Run a job on a standalone cluster: the coordinator and N local workers in this process.
     Run(commands::job::RunArgs),
     /// Serve the coordinator over gRPC (workers connect with `dpsynth-worker`).
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => commands::job::demo(args),
+        Command::Simulate(args) => commands::job::simulate_command(args),
         Command::Run(args) => commands::job::run(args),
         Command::Serve(args) => commands::job::serve_command(args),
         Command::Submit(args) => commands::job::submit(args),

@@ -643,6 +643,9 @@ pub struct SequenceParams {
     pub micro_batch: usize,
     /// Rounds between coordinator checkpoints.
     pub checkpoint_every: u64,
+    /// Softmax temperature of sampling (post-processing; below 1 draws nearer the model's
+    /// modes, trading diversity for typicality).
+    pub temperature: f64,
     /// ε of the private selection among over-generated histories, part of the job's ε
     /// (its noise is calibrated to it alone; the run's σ to what is left); absent: none.
     pub select_epsilon: Option<f64>,
@@ -675,6 +678,7 @@ impl Default for SequenceParams {
             schedule: crate::dpsgd::optimizer::Schedule::Cosine,
             micro_batch: 64,
             checkpoint_every: 50,
+            temperature: 1.0,
             select_epsilon: None,
             select_candidates: 4.0,
             select_neighbours: 4,

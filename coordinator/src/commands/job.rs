@@ -31,6 +31,26 @@ const DEMO_INPUT: &str = "./dpsynth-out/demo/input/icu_vitals.csv";
 const DEMO_HOLDOUT: &str = "./dpsynth-out/demo/input/icu_vitals_holdout.csv";
 
 #[derive(Args)]
+pub struct SimulateArgs {
+    /// Where to write the CSV.
+    out: String,
+    /// Simulated patients (4–50 charted visits each).
+    #[arg(long, default_value_t = 400)]
+    patients: usize,
+    /// The simulator's seed (simulated data hold no person, so a fixed seed is fine).
+    #[arg(long, default_value_t = 2026)]
+    seed: u64,
+}
+
+/// Writes a simulated ICU cohort (the demo's private input, at any size).
+pub fn simulate_command(args: SimulateArgs) -> anyhow::Result<ExitCode> {
+    std::fs::write(&args.out, simulate::icu_vitals_csv(args.patients, args.seed))
+        .with_context(|| format!("writing {}", args.out))?;
+    eprintln!("simulated {} ICU patients' vital signs into {}", args.patients, args.out);
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
 pub struct DemoArgs {
     /// Simulated patients in the private input (4–50 charted visits each).
     #[arg(long, default_value_t = 400)]

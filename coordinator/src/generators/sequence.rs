@@ -15,10 +15,10 @@ use dpsynth_shared::dpsgd::params::TrainableLayers;
 use dpsynth_shared::dpsgd::plan::RunPlan;
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::Sampler;
-use dpsynth_shared::generators::sequence::sampler::{SelectedHistories, sample_histories};
+use dpsynth_shared::generators::sequence::sampler::SelectedHistories;
 use dpsynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
 use dpsynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler};
-use dpsynth_shared::spec::{GeneratorName, JobSpec};
+use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec};
 use serde::{Deserialize, Serialize};
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
@@ -62,7 +62,12 @@ impl DpSgdGenerator for Sequence {
     async fn sampler(mut trained: Trained<'_, '_, SequenceRun>) -> Result<Box<dyn Sampler>, JobError> {
         let mut model = SequenceModel::new(&trained.model.model, &compute_device());
         model.load_parameters(&trained.parameters).map_err(|e| JobError::Other(e.to_string()))?;
-        let sampler = SequenceSampler { transformer: model.transformer, spec: trained.model.model.clone() };
+        // Post-processing settings come from the spec as submitted.
+        let GeneratorSpec::Sequence(params) = &trained.ctx.spec().generator else {
+            return Err(JobError::Other("not a sequence job".into()));
+        };
+        let spec = trained.model.model.clone();
+        let sampler = SequenceSampler { transformer: model.transformer, spec, temperature: params.temperature };
         match (trained.plan.after_training.as_slice(), trained.model.selection.clone()) {
             ([], None) => Ok(Box::new(sampler)),
             ([mechanism], Some(selection)) => select(&mut trained, sampler, &mechanism.clone(), &selection).await,
@@ -88,7 +93,7 @@ async fn select(
     tracing::info!(candidates = count, keep, "drawing the selection's candidates");
     let (sampler, candidates) = blocking(move || -> Result<_, JobError> {
         let mut rng = os_rng()?;
-        let candidates = sample_histories(&sampler.transformer, &sampler.spec, count, &mut rng);
+        let candidates = sampler.histories(count, &mut rng);
         Ok((sampler, candidates))
     })
     .await??;

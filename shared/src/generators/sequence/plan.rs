@@ -49,6 +49,9 @@ impl SequencePlan {
         if params.noise_multiplier.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
             return Err(invalid("noise_multiplier must be a positive number"));
         }
+        if !(params.temperature.is_finite() && params.temperature > 0.0) {
+            return Err(invalid("temperature must be a positive number"));
+        }
         if !(0.0..=1.0).contains(&params.p_start) {
             return Err(invalid("p_start is a probability: need 0 ≤ p_start ≤ 1"));
         }

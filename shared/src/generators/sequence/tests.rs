@@ -6,6 +6,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
 use super::model::{KvCache, SequenceModel, TokenBatch, TransformerConfig};
+use super::sampler::SequenceSampler;
 use super::task::{Histories, SequenceModelSpec};
 use super::tokens::{Cursor, EOH, Layout, MID, Start, gap_binning};
 use super::window::{WindowSpec, window};
@@ -75,9 +76,9 @@ fn histories_round_trip_within_a_refinement_cell() {
     let order = domain.index_of("charttime").unwrap();
     for _ in 0..50 {
         let rows = history(&domain, rng.random_range(1..40), &mut rng);
-        let tokens = layout.encode(Start::History, &rows[0], &rows, true);
+        let tokens = layout.encode(Start::History, rows.len(), &rows[0], &rows, true);
         assert!(tokens.len() <= layout.max_tokens(rows.len()));
-        let parsed = layout.parse(&tokens).unwrap();
+        let parsed = layout.parse(&tokens, 0).unwrap();
         assert_eq!(parsed.len(), rows.len());
         for (original, back) in rows.iter().zip(&parsed) {
             for (c, column) in domain.columns.iter().enumerate() {
@@ -114,7 +115,7 @@ fn every_sequence_the_grammar_allows_parses() {
     let layout = layout(&domain, cap);
     let mut rng = ChaCha8Rng::from_seed([9; 32]);
     for walk in 0..400 {
-        let mut cursor = Cursor::new(&layout, cap);
+        let mut cursor = Cursor::new(&layout, 0);
         let mut tokens = Vec::new();
         while !cursor.is_done() {
             let allowed: Vec<u32> = cursor.allowed().into_iter().flatten().collect();
@@ -129,8 +130,11 @@ fn every_sequence_the_grammar_allows_parses() {
             tokens.push(token);
             assert!(tokens.len() <= layout.max_tokens(cap), "walk {walk} is longer than the cap allows");
         }
-        let rows = layout.parse(&tokens).unwrap();
-        assert!(rows.len() <= cap);
+        let rows = layout.parse(&tokens, 0).unwrap();
+        // The history ends inside the length bucket it named first.
+        let (shortest, longest) = layout.lengths(tokens[1 + usize::from(tokens[0] == MID)]);
+        assert!(rows.len() <= cap && longest <= cap);
+        assert!((shortest..=longest).contains(&rows.len()), "{} rows", rows.len());
         for row in &rows {
             for (v, column) in row.iter().zip(&domain.columns) {
                 let Some(v) = v else { continue };
@@ -146,12 +150,12 @@ fn every_sequence_the_grammar_allows_parses() {
         let mut wrong = tokens.clone();
         let last = wrong.len() - 1;
         wrong[last] = layout.vocabulary() as u32;
-        assert!(layout.parse(&wrong).is_err());
+        assert!(layout.parse(&wrong, 0).is_err());
     }
 }
 
-fn spec(domain: &Domain, width: usize, window: WindowSpec) -> SequenceModelSpec {
-    let layout = layout(domain, 600);
+fn spec(domain: &Domain, width: usize, window: WindowSpec, max_rows: usize) -> SequenceModelSpec {
+    let layout = layout(domain, max_rows);
     let transformer =
         TransformerConfig::new(layout.vocabulary(), layout.max_tokens(window.rows()), width, 2, 2, 2 * width);
     SequenceModelSpec { domain: domain.clone(), layout, transformer, window }
@@ -191,7 +195,7 @@ fn norm(v: &[f64]) -> f64 {
 fn check_against_naive(width: usize, window: WindowSpec) {
     let device = compute_device();
     let domain = domain();
-    let model = SequenceModel::new(&spec(&domain, width, window), &device);
+    let model = SequenceModel::new(&spec(&domain, width, window, 600), &device);
     let examples = histories(&domain, &[1, 7, 3, 12, 2, 30, 5, 9]);
     let seed = [21; 32];
     let tracked = model.tracked();
@@ -253,8 +257,10 @@ fn ghost_norms_of_every_parameter_equal_a_per_unit_loop_with_gram_matrices() {
 fn a_long_history_changes_the_clipped_sum_by_at_most_the_clip() {
     let device = compute_device();
     let domain = domain();
-    let model =
-        SequenceModel::new(&spec(&domain, 16, WindowSpec { p_start: 0.2, context_rows: 2, window_rows: 4 }), &device);
+    let model = SequenceModel::new(
+        &spec(&domain, 16, WindowSpec { p_start: 0.2, context_rows: 2, window_rows: 4 }, 600),
+        &device,
+    );
     let without = histories(&domain, &[4, 9, 2, 15, 6, 3]);
     let mut with = without.clone();
     with.units.extend(histories(&domain, &[500]).units.into_iter().map(|(_, rows)| ("long-stay".to_string(), rows)));
@@ -278,15 +284,15 @@ fn windows_split_where_the_round_seed_says() {
     let layout = layout(&domain, 100);
     let spec = WindowSpec { p_start: 0.25, context_rows: 2, window_rows: 3 };
     let rows = histories(&domain, &[20]).units.remove(0).1;
-    let quantized = layout.parse(&layout.encode(Start::History, &rows[0], &rows, true)).unwrap();
+    let quantized = layout.parse(&layout.encode(Start::History, rows.len(), &rows[0], &rows, true), 0).unwrap();
     let order = domain.index_of("charttime").unwrap();
     let trials = 4000;
     let mut starts = 0;
     for t in 0..trials {
         let seed = [(t % 251) as u8; 32];
         let w = window(&layout, &spec, &rows, &seed, &format!("unit-{t}"));
-        let whole = layout.parse(&w.tokens).unwrap();
-        let context = layout.parse(&w.tokens[..w.loss_from]).unwrap();
+        let whole = layout.parse(&w.tokens, w.rows_before).unwrap();
+        let context = layout.parse(&w.tokens[..w.loss_from], w.rows_before).unwrap();
         assert!(context.len() <= spec.context_rows && whole.len() - context.len() <= spec.window_rows);
         if w.tokens.last() == Some(&EOH) {
             // The window reached the history's last row.
@@ -302,7 +308,7 @@ fn windows_split_where_the_round_seed_says() {
             let same = |r: &Vec<Option<f64>>| r.iter().enumerate().all(|(c, v)| c == order || *v == whole[0][c]);
             let before = quantized.iter().position(same).unwrap();
             assert!(before > 0);
-            let offset = layout.encode(Start::Window { rows_before: before }, &rows[0], &[], false)[1];
+            let offset = layout.encode(Start::Window { rows_before: before }, rows.len(), &rows[0], &[], false)[1];
             assert_eq!(w.tokens[1], offset);
         }
     }
@@ -319,11 +325,11 @@ fn constrained_decoding_only_draws_histories_that_parse() {
     let device = compute_device();
     let domain = domain();
     let window = WindowSpec { p_start: 0.2, context_rows: 1, window_rows: 2 };
-    let mut spec = spec(&domain, 16, window);
-    spec.layout.max_rows = 9;
+    let spec = spec(&domain, 16, window, 9);
     let model = SequenceModel::new(&spec, &device);
     let mut rng = ChaCha8Rng::from_seed([17; 32]);
-    let histories = super::sampler::sample_histories(&model.transformer, &spec, 64, &mut rng);
+    let sampler = SequenceSampler { transformer: model.transformer, spec: spec.clone(), temperature: 1.0 };
+    let histories = sampler.histories(64, &mut rng);
     assert_eq!(histories.len(), 64);
     let (rhythm, order) = (domain.index_of("rhythm").unwrap(), domain.index_of("charttime").unwrap());
     let mut lengths = std::collections::BTreeSet::new();
@@ -334,8 +340,8 @@ fn constrained_decoding_only_draws_histories_that_parse() {
         let times: Vec<f64> = rows.iter().filter_map(|r| r[order]).collect();
         assert!(times.windows(2).all(|w| w[1] >= w[0] - 1e-6), "{times:?}");
         // The history re-encodes to a sequence the grammar accepts.
-        let tokens = spec.layout.encode(Start::History, &rows[0], rows, true);
-        assert_eq!(spec.layout.parse(&tokens).unwrap().len(), rows.len());
+        let tokens = spec.layout.encode(Start::History, rows.len(), &rows[0], rows, true);
+        assert_eq!(spec.layout.parse(&tokens, 0).unwrap().len(), rows.len());
     }
     // Windows of three rows: histories longer than one window were drawn.
     assert!(lengths.iter().any(|&n| n > 3), "{lengths:?}");
@@ -349,7 +355,7 @@ fn cached_decoding_gives_the_logits_of_the_full_forward_pass() {
     let device = compute_device();
     let domain = domain();
     let window = WindowSpec { p_start: 0.5, context_rows: 1, window_rows: 3 };
-    let spec = spec(&domain, 16, window);
+    let spec = spec(&domain, 16, window, 600);
     let model = SequenceModel::new(&spec, &device).transformer;
     let vocabulary = spec.layout.vocabulary();
     let mut rng = ChaCha8Rng::from_seed([29; 32]);

@@ -1,10 +1,14 @@
 //! A unit's history as tokens, over a vocabulary built from the declared schema alone.
 //!
-//! A sequence is `START statics row* [EOH]`:
+//! A sequence is `START LENGTH statics row* [EOH]`:
 //! - START is `BOS` when it begins the history, `MID OFFSET` when it is a window of one
 //!   begun earlier, OFFSET one of [`Layout::offsets`] tokens for how many of the history's
-//!   rows came before the window (in equal buckets of the public row cap): without it a
-//!   window inside a history could not know how far in it is, and so when it should end;
+//!   rows came before the window (in equal buckets of the public row cap), so a window
+//!   knows how far into its history it is;
+//! - LENGTH is the history's length, in the same number of equal buckets of the cap: the
+//!   model draws it first, as one categorical, and the grammar then ends the history
+//!   inside that bucket (a length learned as an end-of-history rate at every row comes out
+//!   geometric);
 //! - the static columns appear once, the others once per row;
 //! - each value is a *field*: one token per bin of its column (the missing bin included),
 //!   then, for a numeric bin holding more than one value, one of [`Layout::fine`] shared
@@ -183,13 +187,14 @@ pub struct Layout {
     pub fine: u32,
     /// Most rows of a history.
     pub max_rows: usize,
-    /// Offset tokens (buckets of rows before a window), from id `offset_start`.
+    /// Offset tokens (buckets of rows before a window) from id `offset_start`, then as many
+    /// length tokens (buckets of a history's rows).
     pub offsets: u32,
     offset_start: u32,
     vocabulary: u32,
 }
 
-/// Most offset tokens (histories with more rows share buckets).
+/// Most offset (and length) tokens: histories with more rows share buckets.
 const MAX_OFFSETS: usize = 32;
 
 impl Layout {
@@ -223,15 +228,36 @@ impl Layout {
         let row_columns =
             (0..domain.columns.len()).filter(|c| !statics.contains(c) && Some(*c) != order_index).collect();
         let offsets = max_rows.clamp(1, MAX_OFFSETS) as u32;
-        let vocabulary = next + offsets;
+        let vocabulary = next + 2 * offsets;
         let statics = statics.to_vec();
         Self { columns, statics, row_columns, order, fine, max_rows, offsets, offset_start: next, vocabulary }
     }
 
+    /// The bucket of `n` of `max_rows` (0 ≤ n < max_rows).
+    fn bucket(&self, n: usize) -> u32 {
+        (n.min(self.max_rows - 1) * self.offsets as usize / self.max_rows.max(1)) as u32
+    }
+
     /// The offset token of a window after `rows_before` rows of its history.
     fn offset_token(&self, rows_before: usize) -> u32 {
-        let bucket = rows_before.min(self.max_rows - 1) * self.offsets as usize / self.max_rows.max(1);
-        self.offset_start + bucket as u32
+        self.offset_start + self.bucket(rows_before)
+    }
+
+    fn length_start(&self) -> u32 {
+        self.offset_start + self.offsets
+    }
+
+    /// The length token of a history of `rows` rows (1 ≤ rows ≤ max_rows).
+    pub fn length_token(&self, rows: usize) -> u32 {
+        self.length_start() + self.bucket(rows.max(1) - 1)
+    }
+
+    /// The history lengths a length token stands for, as an inclusive range.
+    pub fn lengths(&self, token: u32) -> (usize, usize) {
+        let bucket = token - self.length_start();
+        let mut lengths = (1..=self.max_rows).filter(|&n| self.bucket(n - 1) == bucket);
+        let first = lengths.next().expect("every length bucket holds a length");
+        (first, lengths.next_back().unwrap_or(first))
     }
 
     pub fn vocabulary(&self) -> usize {
@@ -250,11 +276,11 @@ impl Layout {
         order + self.row_columns.iter().map(|&c| field(&self.columns[c])).sum::<usize>()
     }
 
-    /// Most tokens a sequence of `rows` rows takes, START (with its offset) and EOH
-    /// included.
+    /// Most tokens a sequence of `rows` rows takes, START (with its offset), LENGTH and
+    /// EOH included.
     pub fn max_tokens(&self, rows: usize) -> usize {
         let statics: usize = self.statics.iter().map(|&c| 1 + usize::from(self.columns[c].binning.is_some())).sum();
-        3 + statics + rows * self.max_row_tokens()
+        4 + statics + rows * self.max_row_tokens()
     }
 
     /// The order column's domain index.
@@ -338,13 +364,22 @@ impl Layout {
         }
     }
 
-    /// A sequence of whole rows: `start`, the static columns of `statics` (the history's
-    /// first row), rows (values in domain order), and EOH when `end`.
-    pub fn encode(&self, start: Start, statics: &[Option<f64>], rows: &[Vec<Option<f64>>], end: bool) -> Vec<u32> {
+    /// A sequence of whole rows of a history of `length` rows: `start`, the length, the
+    /// static columns of `statics` (the history's first row), rows (values in domain
+    /// order), and EOH when `end`.
+    pub fn encode(
+        &self,
+        start: Start,
+        length: usize,
+        statics: &[Option<f64>],
+        rows: &[Vec<Option<f64>>],
+        end: bool,
+    ) -> Vec<u32> {
         let mut out = match start {
             Start::History => vec![BOS],
             Start::Window { rows_before } => vec![MID, self.offset_token(rows_before)],
         };
+        out.push(self.length_token(length));
         out.extend(self.static_tokens(statics));
         let mut previous = None;
         let order = self.order.as_ref().map(|(i, _)| *i);
@@ -360,9 +395,10 @@ impl Layout {
         out
     }
 
-    /// Parses a whole sequence (START … EOH or a prefix of whole rows) into rows.
-    pub fn parse(&self, tokens: &[u32]) -> Result<Vec<Vec<Option<f64>>>, ParseError> {
-        let mut cursor = Cursor::new(self, self.max_rows);
+    /// Parses a sequence (START … EOH or a prefix of whole rows) that follows
+    /// `rows_before` rows of its history into rows.
+    pub fn parse(&self, tokens: &[u32], rows_before: usize) -> Result<Vec<Vec<Option<f64>>>, ParseError> {
+        let mut cursor = Cursor::new(self, rows_before);
         for (position, &token) in tokens.iter().enumerate() {
             cursor.advance(token).map_err(|_| ParseError { token, position })?;
         }
@@ -376,6 +412,8 @@ enum Stage {
     Start,
     /// After MID: the window's offset.
     Offset,
+    /// The history's length.
+    Length,
     /// The i-th static field.
     Static(usize),
     /// Between rows (or before the first): a row's first token, or EOH.
@@ -396,7 +434,10 @@ pub struct Cursor<'a> {
     stage: Stage,
     /// Stage to go to after a refinement token, and the field it refines.
     after_fine: Option<(Stage, Field, u32)>,
-    cap: usize,
+    /// Rows of the history before this sequence.
+    rows_before: usize,
+    /// The lengths the history may have (once its length token is read).
+    lengths: (usize, usize),
     statics: Vec<Option<f64>>,
     /// Rows read so far, in domain order (statics filled in when a row starts).
     pub rows: Vec<Vec<Option<f64>>>,
@@ -405,13 +446,14 @@ pub struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    /// A cursor at the start of a sequence of at most `cap` rows.
-    pub fn new(layout: &'a Layout, cap: usize) -> Self {
+    /// A cursor at the start of a sequence that follows `rows_before` rows of its history.
+    pub fn new(layout: &'a Layout, rows_before: usize) -> Self {
         Self {
             layout,
             stage: Stage::Start,
             after_fine: None,
-            cap,
+            rows_before,
+            lengths: (1, layout.max_rows),
             statics: vec![None; layout.width()],
             rows: Vec::new(),
             previous: None,
@@ -420,6 +462,11 @@ impl<'a> Cursor<'a> {
 
     pub fn is_done(&self) -> bool {
         self.stage == Stage::Done
+    }
+
+    /// The lengths the history may have: once its length token is read, that bucket's.
+    pub fn history_lengths(&self) -> (usize, usize) {
+        self.lengths
     }
 
     /// The order value the next gap counts from.
@@ -448,13 +495,19 @@ impl<'a> Cursor<'a> {
     pub fn allowed(&self) -> Vec<Range<u32>> {
         match self.stage {
             Stage::Start => std::iter::once(BOS..MID + 1).collect(),
-            Stage::Offset => std::iter::once(self.layout.offset_start..self.layout.vocabulary).collect(),
+            Stage::Offset => std::iter::once(self.layout.offset_start..self.layout.length_start()).collect(),
+            // A length of at least one row after those before.
+            Stage::Length => {
+                std::iter::once(self.layout.length_token(self.rows_before + 1)..self.layout.vocabulary).collect()
+            }
             Stage::Static(_) | Stage::Row(_) => {
                 vec![self.layout.field_tokens(self.field(self.stage).expect("a field stage")).tokens()]
             }
-            Stage::Boundary if self.rows.len() >= self.cap => std::iter::once(EOH..EOH + 1).collect(),
-            // A history has at least one row.
-            Stage::Boundary if self.rows.is_empty() => {
+            Stage::Boundary if self.rows_before + self.rows.len() >= self.lengths.1 => {
+                std::iter::once(EOH..EOH + 1).collect()
+            }
+            // A sequence has at least one row, a history at least its length's first.
+            Stage::Boundary if self.rows.is_empty() || self.rows_before + self.rows.len() < self.lengths.0 => {
                 std::iter::once(self.layout.field_tokens(self.first_row_field()).tokens()).collect()
             }
             Stage::Boundary => vec![EOH..EOH + 1, self.layout.field_tokens(self.first_row_field()).tokens()],
@@ -513,7 +566,11 @@ impl<'a> Cursor<'a> {
         let first_field = if self.layout.statics.is_empty() { Stage::Boundary } else { Stage::Static(0) };
         match self.stage {
             Stage::Start if token == MID => self.stage = Stage::Offset,
-            Stage::Start | Stage::Offset => self.stage = first_field,
+            Stage::Start | Stage::Offset => self.stage = Stage::Length,
+            Stage::Length => {
+                self.lengths = self.layout.lengths(token);
+                self.stage = first_field;
+            }
             Stage::Boundary if token == EOH => self.stage = Stage::Done,
             Stage::Boundary | Stage::Static(_) | Stage::Row(_) => {
                 let stage = if self.stage == Stage::Boundary {

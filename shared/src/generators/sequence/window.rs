@@ -26,8 +26,8 @@ impl WindowSpec {
     }
 }
 
-/// One example: its tokens, the first token the loss counts, and how many of the
-/// history's rows come before it (the grammar's row cap is what is left of `max_rows`).
+/// One example: its tokens, the first token the loss counts (from the length token when
+/// it starts the history), and how many of the history's rows come before it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Window {
     pub tokens: Vec<u32>,
@@ -43,8 +43,8 @@ pub fn window(layout: &Layout, spec: &WindowSpec, rows: &[Vec<Option<f64>>], see
     let first = k.saturating_sub(spec.context_rows);
     let end = len.min(k + spec.window_rows.max(1));
     let start = if first == 0 { Start::History } else { Start::Window { rows_before: first } };
-    let tokens = layout.encode(start, &rows[0], &rows[first..end], end == len);
-    let loss_from = if k == 0 { 1 } else { layout.encode(start, &rows[0], &rows[first..k], false).len() };
+    let tokens = layout.encode(start, len, &rows[0], &rows[first..end], end == len);
+    let loss_from = if k == 0 { 1 } else { layout.encode(start, len, &rows[0], &rows[first..k], false).len() };
     Window { tokens, loss_from, rows_before: first }
 }
 
@@ -73,7 +73,7 @@ pub fn pad(layout: &Layout, windows: &[Window]) -> PaddedBatch {
         length,
     };
     for (s, w) in windows.iter().enumerate() {
-        let mut cursor = Cursor::new(layout, layout.max_rows - w.rows_before);
+        let mut cursor = Cursor::new(layout, w.rows_before);
         cursor.advance(w.tokens[0]).expect("a window starts with BOS or MID");
         for i in 1..w.tokens.len() {
             let p = s * length + i - 1;
