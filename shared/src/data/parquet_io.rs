@@ -16,6 +16,7 @@ use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStream};
 use parquet::arrow::{AsyncArrowWriter, ParquetRecordBatchStreamBuilder};
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::properties::WriterProperties;
 
 fn external(e: object_store::Error) -> ParquetError {
     ParquetError::External(Box::new(e))
@@ -63,11 +64,17 @@ pub async fn open_stream(
     Ok((schema, builder.with_batch_size(batch_rows).build()?))
 }
 
+/// Rows per row group of what dpsynth writes: a writer buffers one row group, so this
+/// bounds its memory whatever the number of rows (the format's default, 2²⁰ rows, would
+/// buffer whole partitions of most data sets).
+const ROW_GROUP_ROWS: usize = 65_536;
+
 /// A streaming Parquet writer into one object.
 pub fn create_writer(
     store: Arc<dyn ObjectStore>,
     path: Path,
     schema: SchemaRef,
 ) -> Result<AsyncArrowWriter<BufWriter>> {
-    AsyncArrowWriter::try_new(BufWriter::new(store, path), schema, None)
+    let properties = WriterProperties::builder().set_max_row_group_row_count(Some(ROW_GROUP_ROWS)).build();
+    AsyncArrowWriter::try_new(BufWriter::new(store, path), schema, Some(properties))
 }
