@@ -39,17 +39,32 @@ impl Histories {
     /// Groups rows by unit (in first-seen order) and orders each unit's rows by the order
     /// column, missing values last, ties in file order.
     pub fn from_rows(rows: impl IntoIterator<Item = (String, Vec<Option<f64>>)>, layout: &Layout) -> Self {
-        let mut index: HashMap<String, usize> = HashMap::new();
-        let mut units: Vec<(String, Vec<Vec<Option<f64>>>)> = Vec::new();
+        let mut histories = Histories::default();
+        let mut index = HashMap::new();
         for (unit, row) in rows {
-            let i = *index.entry(unit.clone()).or_insert_with(|| {
-                units.push((unit, Vec::new()));
-                units.len() - 1
-            });
-            units[i].1.push(row);
+            histories.push(&mut index, &unit, row);
         }
-        if let Some(order) = layout.order_column() {
-            for (_, rows) in &mut units {
+        histories.ordered(layout)
+    }
+
+    /// Adds a row to its unit's history; `index` maps unit ids to positions (an id is
+    /// copied once per unit, not per row).
+    fn push(&mut self, index: &mut HashMap<String, usize>, unit: &str, row: Vec<Option<f64>>) {
+        let i = match index.get(unit) {
+            Some(&i) => i,
+            None => {
+                index.insert(unit.to_string(), self.units.len());
+                self.units.push((unit.to_string(), Vec::new()));
+                self.units.len() - 1
+            }
+        };
+        self.units[i].1.push(row);
+    }
+
+    /// Each unit's rows in order, the first `max_rows` of them.
+    fn ordered(mut self, layout: &Layout) -> Self {
+        for (_, rows) in &mut self.units {
+            if let Some(order) = layout.order_column() {
                 rows.sort_by(|a, b| match (a[order], b[order]) {
                     (Some(x), Some(y)) => x.total_cmp(&y),
                     (Some(_), None) => std::cmp::Ordering::Less,
@@ -57,28 +72,29 @@ impl Histories {
                     (None, None) => std::cmp::Ordering::Equal,
                 });
             }
-        }
-        for (_, rows) in &mut units {
             rows.truncate(layout.max_rows);
+            rows.shrink_to_fit();
         }
-        Self { units }
+        self
     }
 }
 
 impl SequenceModelSpec {
-    /// The worker's histories from its partitions (a unit's rows are in one partition).
+    /// The worker's histories from its partitions (a unit's rows are in one partition),
+    /// grouped as they are read.
     pub async fn load_histories(&self, urls: &[String]) -> Result<Histories, DataError> {
-        let mut rows = Vec::new();
+        let mut histories = Histories::default();
+        let mut index = HashMap::new();
         for url in urls {
             read_partition(url, &self.domain, |batch| {
                 for (r, unit) in batch.units.iter().enumerate() {
-                    rows.push((unit.clone(), batch.values.iter().map(|column| column[r]).collect()));
+                    histories.push(&mut index, unit, batch.values.iter().map(|column| column[r]).collect());
                 }
                 Ok(())
             })
             .await?;
         }
-        Ok(Histories::from_rows(rows, &self.layout))
+        Ok(histories.ordered(&self.layout))
     }
 }
 
