@@ -69,6 +69,13 @@ pub async fn open_stream(
 /// buffer whole partitions of most data sets).
 const ROW_GROUP_ROWS: usize = 65_536;
 
+/// Bytes an upload buffers before it turns multipart, and the size of each part: S3's
+/// smallest part. With [`UPLOAD_PARTS_IN_FLIGHT`] it bounds a writer's upload memory at
+/// 15 MiB (object_store's defaults, 10 MiB parts and 8 in flight, allow 90 MiB, and the
+/// coordinator holds one writer per partition).
+const UPLOAD_PART_BYTES: usize = 5 * 1024 * 1024;
+const UPLOAD_PARTS_IN_FLIGHT: usize = 2;
+
 /// A streaming Parquet writer into one object.
 pub fn create_writer(
     store: Arc<dyn ObjectStore>,
@@ -76,5 +83,6 @@ pub fn create_writer(
     schema: SchemaRef,
 ) -> Result<AsyncArrowWriter<BufWriter>> {
     let properties = WriterProperties::builder().set_max_row_group_row_count(Some(ROW_GROUP_ROWS)).build();
-    AsyncArrowWriter::try_new(BufWriter::new(store, path), schema, Some(properties))
+    let upload = BufWriter::with_capacity(store, path, UPLOAD_PART_BYTES).with_max_concurrency(UPLOAD_PARTS_IN_FLIGHT);
+    AsyncArrowWriter::try_new(upload, schema, Some(properties))
 }

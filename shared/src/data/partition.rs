@@ -41,11 +41,21 @@ impl PartitionKey {
 
     /// The partition (of `count`) that `unit` belongs to.
     pub fn partition_of(&self, unit: &str, count: u32) -> u32 {
+        Self::partition_of_digest(self.digest(unit), count)
+    }
+
+    /// The first 128 bits of the unit's keyed hash: what the partition writer remembers of a
+    /// unit to count it (16 bytes, whatever the id's length; a collision among 10⁹ units has
+    /// probability below 10⁻²⁰).
+    fn digest(&self, unit: &str) -> u128 {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
         mac.update(unit.as_bytes());
         let digest = mac.finalize().into_bytes();
-        let word = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
-        (word % u64::from(count)) as u32
+        u128::from_le_bytes(digest[..16].try_into().expect("16 bytes"))
+    }
+
+    fn partition_of_digest(digest: u128, count: u32) -> u32 {
+        ((digest as u64) % u64::from(count)) as u32
     }
 }
 
@@ -83,7 +93,9 @@ pub struct PartitionWriter {
     domain: Domain,
     writers: Vec<AsyncArrowWriter<BufWriter>>,
     urls: Vec<String>,
-    units: HashSet<String>,
+    /// The units seen so far, by keyed digest: the coordinator's only state that grows
+    /// with the data (16 bytes a unit, none per row), needed to count units exactly.
+    units: HashSet<u128>,
     units_per_partition: Vec<u64>,
 }
 
@@ -125,10 +137,10 @@ impl PartitionWriter {
         let count = self.writers.len() as u32;
         let mut split: Vec<EncodedBatch> = (0..count).map(|_| EncodedBatch::empty(self.domain.columns.len())).collect();
         for (i, unit) in batch.units.into_iter().enumerate() {
-            let partition = self.key.partition_of(&unit, count) as usize;
+            let digest = self.key.digest(&unit);
+            let partition = PartitionKey::partition_of_digest(digest, count) as usize;
             let target = &mut split[partition];
-            if !self.units.contains(&unit) {
-                self.units.insert(unit.clone());
+            if self.units.insert(digest) {
                 self.units_per_partition[partition] += 1;
             }
             for (d, values) in batch.values.iter().enumerate() {
