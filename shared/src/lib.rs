@@ -12,6 +12,7 @@ pub mod generators;
 pub mod logging;
 pub mod metrics;
 pub mod output;
+pub mod pgm;
 pub mod sampling;
 pub mod simulate;
 pub mod spec;

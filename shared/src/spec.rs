@@ -692,8 +692,9 @@ impl Default for SequenceParams {
 pub struct MarginalsParams {
     /// Rows a unit may contribute; a unit with more is subsampled inside its worker.
     pub max_rows_per_unit: u32,
-    /// Two-way marginals to measure, as a tree: `[parent, child]` pairs. Default: a star
-    /// around the target column, or a chain in column order without a target.
+    /// Two-way marginals to measure, as `[column, column]` pairs (any graph: the fitted
+    /// model handles cycles, within a clique-size limit). Default: a star around the
+    /// target column, or a chain in column order without a target.
     pub pairs: Option<Vec<[String; 2]>>,
     /// Bins for numeric columns without `bins` (integer columns with at most this many
     /// values get one bin per value).

@@ -7,7 +7,7 @@ use dpsynth_proto::task::Work;
 use dpsynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler};
 
 use super::{Admission, Charged, Fitted, Generator};
-use crate::context::{JobContext, JobError, Partitions, set_stage};
+use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
 use crate::gather::{Answer, Round};
 
 /// A planned marginals job: what it measures and the σ its one release is drawn with.
@@ -44,10 +44,12 @@ impl Generator for Marginals {
         let mechanisms = vec![plan.mechanism(sigma)];
         let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;
         set_stage(ctx.progress, "adding noise");
-        let noisy = Releases::paid_by(&receipt)?.gaussian(counts, task.sensitivity(), sigma)?;
-        let sampler = MarginalsSampler::new(plan, &noisy);
-        // The default size: the root table's noisy total, released by the same mechanism.
-        let released_rows = Some(sampler.noisy_total.round().max(1.0) as u64);
+        let sensitivity = task.sensitivity();
+        let noisy = Releases::paid_by(&receipt)?.gaussian(counts, sensitivity, sigma)?;
+        set_stage(ctx.progress, "fitting the model");
+        let sampler = blocking(move || MarginalsSampler::new(plan, &noisy, sigma * sensitivity)).await?;
+        // The default size: the tables' pooled noisy total, released by the same mechanism.
+        let released_rows = Some(sampler.noisy_total().round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
         let charged = Charged { receipt, cost, mechanisms, public_inputs: Vec::new() };
         Ok(Fitted { sampler: Box::new(sampler), released_count: released_rows, charged })

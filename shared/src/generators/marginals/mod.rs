@@ -1,9 +1,9 @@
 //! DP marginals: the baseline generator (also PATH's "Direct").
 //!
 //! What it measures: the 1-way marginal of every synthesised column and the 2-way
-//! marginals along a tree over the columns (a star around the target column by default,
-//! else a chain in column order, or the `pairs` the spec names). Numeric columns are
-//! counted on their public bins; a missing value is a bin of its own.
+//! marginals of the spec's `pairs` (a star around the target column by default, else a
+//! chain in column order). Numeric columns are counted on their public bins; a missing
+//! value is a bin of its own.
 //!
 //! Privacy: each unit contributes at most m = `max_rows_per_unit` rows (a unit with more
 //! is subsampled uniformly inside its worker with a CSPRNG). A row adds 1 to one cell of
@@ -12,12 +12,12 @@
 //! N(0, (σ·m·√K)²) to every cell, with σ calibrated so that this single Gaussian release
 //! meets the job's (ε, δ) under its accountant.
 //!
-//! Synthesis (post-processing): negative noisy counts are clamped to 0; the root column
-//! is drawn from its 1-way marginal and every other column from its noisy conditional
-//! given its parent (falling back to its own 1-way marginal when the parent's row is
-//! empty). Numeric values are drawn uniformly inside their bin. The default number of
-//! rows is the noisy total of the root's table — an estimate of the contributed rows
-//! released by the same mechanism, so it costs nothing extra.
+//! Synthesis (post-processing): the noisy tables disagree (each has its own noise, some
+//! cells are negative), so a graphical model is fitted to all of them at once by least
+//! squares weighted by their noise (Private-PGM, [`crate::pgm`]) and rows are drawn from
+//! it. Numeric values are drawn uniformly inside their bin. The default number of rows is
+//! the model's total — the tables' noisy sums pooled by their variance, an estimate of the
+//! contributed rows released by the same mechanism, so it costs nothing extra.
 
 pub mod plan;
 pub mod sampler;
@@ -26,3 +26,6 @@ pub mod task;
 pub use plan::MarginalsPlan;
 pub use sampler::MarginalsSampler;
 pub use task::MarginalsTask;
+
+#[cfg(test)]
+mod tests;

@@ -8,6 +8,7 @@ use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
 use crate::generators::{PlanError, require_columns};
+use crate::pgm::JunctionTree;
 use crate::spec::{GeneratorSpec, JobSpec};
 
 /// This generator's name in plan errors.
@@ -17,13 +18,15 @@ fn invalid(message: impl Into<String>) -> PlanError {
     PlanError::new(GENERATOR, message)
 }
 
-/// The measurement plan of a job.
+/// The most cells the fitted model's cliques may hold together (8 bytes each, a few
+/// copies while fitting, every fitting step a pass over them): pairs that form dense
+/// cycles need large cliques and are refused.
+pub const MAX_MODEL_CELLS: f64 = 1e6;
+
+/// The measurement plan of a job: every column's 1-way table, then the pairs'.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MarginalsPlan {
     pub task: MarginalsTask,
-    /// Tree edges (parent, child) in sampling order; `root` has no parent.
-    pub edges: Vec<(usize, usize)>,
-    pub root: usize,
 }
 
 impl MarginalsPlan {
@@ -37,42 +40,45 @@ impl MarginalsPlan {
             domain.index_of(name).ok_or_else(|| invalid(format!("pair names '{name}', not a synthesised column")))
         };
         let target = spec.schema.target.as_deref().and_then(|t| domain.index_of(t));
-        let (root, edges) = match &params.pairs {
+        let pairs: Vec<Vec<usize>> = match &params.pairs {
             Some(pairs) => {
-                let edges: Vec<(usize, usize)> =
-                    pairs.iter().map(|[p, c]| Ok((index(p)?, index(c)?))).collect::<Result<_, PlanError>>()?;
-                let root = edges.first().map_or(0, |e| e.0);
-                (root, edges)
+                pairs.iter().map(|[a, b]| Ok(vec![index(a)?, index(b)?])).collect::<Result<_, PlanError>>()?
             }
             None => match target {
-                Some(t) => (t, (0..n).filter(|c| *c != t).map(|c| (t, c)).collect()),
-                None => (0, (1..n).map(|c| (c - 1, c)).collect()),
+                Some(t) => (0..n).filter(|c| *c != t).map(|c| vec![t, c]).collect(),
+                None => (1..n).map(|c| vec![c - 1, c]).collect(),
             },
         };
-        // The edges must form a tree reaching every column from the root, parents first.
-        let mut reached = vec![false; n];
-        reached[root] = true;
-        for &(p, c) in &edges {
-            if !reached[p] || reached[c] {
-                return Err(invalid(format!(
-                    "pairs must form a tree listed parents first; ({}, {}) does not",
-                    domain.columns[p].name, domain.columns[c].name
-                )));
+        for (i, pair) in pairs.iter().enumerate() {
+            let name = |c: usize| &domain.columns[c].name;
+            if pair[0] == pair[1] {
+                return Err(invalid(format!("pair ({0}, {0}) names one column twice", name(pair[0]))));
             }
-            reached[c] = true;
+            if pairs[..i].iter().any(|p| p.iter().all(|c| pair.contains(c))) {
+                return Err(invalid(format!("pair ({}, {}) is listed twice", name(pair[0]), name(pair[1]))));
+            }
         }
-        if let Some(c) = reached.iter().position(|r| !r) {
-            return Err(invalid(format!("column '{}' is in no pair", domain.columns[c].name)));
+        let sizes: Vec<usize> = domain.columns.iter().map(|c| c.bins()).collect();
+        let model_cells = JunctionTree::new(&sizes, &pairs).cells(&sizes);
+        if model_cells > MAX_MODEL_CELLS {
+            return Err(invalid(format!(
+                "the pairs need a model of {model_cells:.0} clique cells (at most {MAX_MODEL_CELLS:.0}): \
+                 measure fewer pairs, pairs without cycles, or coarser bins"
+            )));
         }
         let mut tables: Vec<Vec<usize>> = (0..n).map(|c| vec![c]).collect();
-        tables.extend(edges.iter().map(|&(p, c)| vec![p, c]));
+        tables.extend(pairs);
         let task = MarginalsTask {
             domain: domain.clone(),
             tables,
             max_rows_per_unit: params.max_rows_per_unit,
             row_level: spec.schema.unit_column.is_none(),
         };
-        Ok(Self { task, edges, root })
+        // The summed tables live on the coordinator too: the same bound.
+        if task.cells() as f64 > MAX_MODEL_CELLS {
+            return Err(invalid(format!("the tables hold more than {MAX_MODEL_CELLS:.0} cells")));
+        }
+        Ok(Self { task })
     }
 
     /// The smallest σ for which the one release meets the job's (ε, δ).

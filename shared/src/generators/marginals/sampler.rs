@@ -1,7 +1,6 @@
-//! Rows drawn from the noisy tables: the root column from its 1-way marginal, every other
-//! column from its conditional given its parent. Post-processing only.
-
-use std::collections::HashMap;
+//! Rows drawn from the noisy tables. The tables disagree with one another (each carries
+//! its own noise), so the sampler first fits the graphical model that agrees with all of
+//! them best (Private-PGM, [`crate::pgm`]) and draws rows from it. Post-processing only.
 
 use rand::rngs::ChaCha20Rng;
 use rand::{Rng, RngExt};
@@ -10,73 +9,72 @@ use super::plan::MarginalsPlan;
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::generators::Sampler;
 use crate::output::{SyntheticUnits, SyntheticValue};
-use crate::sampling::pick;
+use crate::pgm::{GraphicalModel, Measurement};
 use crate::spec::ColumnKind;
 
-/// Noisy tables turned into sampling distributions (post-processing only).
+/// Mirror-descent steps of the fit (Private-PGM's default).
+const FIT_ITERATIONS: usize = 1000;
+
+/// The model fitted to the noisy tables (post-processing only).
 pub struct MarginalsSampler {
     plan: MarginalsPlan,
-    /// 1-way distributions per column.
-    marginals: Vec<Vec<f64>>,
-    /// Per edge child: P(child | parent) rows.
-    conditionals: HashMap<usize, (usize, Vec<Vec<f64>>)>,
-    /// Noisy total of the root's table (the default output size).
-    pub noisy_total: f64,
-}
-
-fn normalised(weights: &[f64]) -> Option<Vec<f64>> {
-    let clamped: Vec<f64> = weights.iter().map(|w| w.max(0.0)).collect();
-    let total: f64 = clamped.iter().sum();
-    (total > 0.0).then(|| clamped.iter().map(|w| w / total).collect())
+    model: GraphicalModel,
 }
 
 impl MarginalsSampler {
-    /// From the summed tables, after the coordinator has added the noise.
-    pub fn new(plan: MarginalsPlan, noisy: &[f64]) -> Self {
+    /// From the summed tables, after the coordinator has added noise of standard
+    /// deviation `noise` to every cell.
+    pub fn new(plan: MarginalsPlan, noisy: &[f64], noise: f64) -> Self {
         let task = &plan.task;
-        let sizes = task.table_sizes();
-        let mut offsets = vec![0];
-        for s in &sizes {
-            offsets.push(offsets.last().unwrap() + s);
-        }
-        let table = |t: usize| &noisy[offsets[t]..offsets[t + 1]];
-        let n = task.domain.columns.len();
-        let marginals: Vec<Vec<f64>> =
-            (0..n).map(|c| normalised(table(c)).unwrap_or_else(|| vec![1.0 / sizes[c] as f64; sizes[c]])).collect();
-        let mut conditionals = HashMap::new();
-        for (e, &(p, c)) in plan.edges.iter().enumerate() {
-            let (bp, bc) = (task.domain.columns[p].bins(), task.domain.columns[c].bins());
-            let joint = table(n + e);
-            let rows = (0..bp)
-                .map(|i| normalised(&joint[i * bc..(i + 1) * bc]).unwrap_or_else(|| marginals[c].clone()))
-                .collect();
-            conditionals.insert(c, (p, rows));
-        }
-        let noisy_total = table(plan.root).iter().sum();
-        Self { plan, marginals, conditionals, noisy_total }
+        let domain: Vec<usize> = task.domain.columns.iter().map(|c| c.bins()).collect();
+        let mut offset = 0;
+        let measurements = task
+            .tables
+            .iter()
+            .zip(task.table_sizes())
+            .map(|(columns, size)| {
+                let counts = &noisy[offset..offset + size];
+                offset += size;
+                measurement(columns, counts, &domain, noise)
+            })
+            .collect::<Vec<_>>();
+        let model = GraphicalModel::fit(&domain, &measurements, FIT_ITERATIONS);
+        Self { plan, model }
     }
 
-    /// Draws one synthetic row as bins per column.
-    fn sample_bins(&self, rng: &mut impl Rng) -> Vec<usize> {
-        let n = self.plan.task.domain.columns.len();
-        let mut bins = vec![0; n];
-        bins[self.plan.root] = pick(&self.marginals[self.plan.root], rng);
-        for &(_, c) in &self.plan.edges {
-            let (p, rows) = &self.conditionals[&c];
-            bins[c] = pick(&rows[bins[*p]], rng);
-        }
-        bins
+    /// The model's total: every table's noisy sum pooled by its variance, an estimate of
+    /// the contributed rows released by the same mechanism (the default output size).
+    pub fn noisy_total(&self) -> f64 {
+        self.model.total
     }
+}
+
+/// A table (cells in its columns' order) as a measurement over ascending variables.
+fn measurement(columns: &[usize], counts: &[f64], domain: &[usize], sigma: f64) -> Measurement {
+    let mut vars = columns.to_vec();
+    vars.sort_unstable();
+    if vars == columns {
+        return Measurement { vars, counts: counts.to_vec(), sigma };
+    }
+    // A pair listed (high, low): transpose.
+    let (a, b) = (domain[columns[0]], domain[columns[1]]);
+    let mut transposed = vec![0.0; counts.len()];
+    for i in 0..a {
+        for j in 0..b {
+            transposed[j * a + i] = counts[i * b + j];
+        }
+    }
+    Measurement { vars, counts: transposed, sigma }
 }
 
 impl Sampler for MarginalsSampler {
     fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> SyntheticUnits {
         let domain = &self.plan.task.domain;
-        let rows = (0..rows)
-            .map(|_| {
-                let bins = self.sample_bins(rng);
-                bins.iter().enumerate().map(|(c, &bin)| decode_bin(domain, c, bin, rng)).collect()
-            })
+        let rows = self
+            .model
+            .sample(rows, rng)
+            .into_iter()
+            .map(|bins| bins.iter().enumerate().map(|(c, &bin)| decode_bin(domain, c, bin, rng)).collect())
             .collect();
         SyntheticUnits::one_row_each(rows)
     }

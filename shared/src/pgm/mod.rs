@@ -1,0 +1,14 @@
+//! Graphical models over discrete columns fitted to noisy marginals (Private-PGM): what
+//! turns a set of released, mutually inconsistent noisy tables into one distribution that
+//! agrees with all of them as well as it can, and rows drawn from it.
+
+pub mod factor;
+pub mod junction;
+pub mod model;
+
+pub use factor::Factor;
+pub use junction::JunctionTree;
+pub use model::{GraphicalModel, Measurement};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+//! The graphical model that best explains noisy marginals, and rows drawn from it.
+//!
+//! Private-PGM's estimator (McKenna, Sheldon & Miklau 2019): among distributions of the
+//! junction tree's form, scaled to an estimated total, the one minimising
+//! Σᵢ ‖μ(rᵢ) − yᵢ‖² / σᵢ² over the measurements yᵢ of sets rᵢ with noise σᵢ; found by
+//! entropic mirror descent on the cliques' log potentials with a backtracking step.
+//! Everything here is post-processing of released measurements.
+
+use rand::{Rng, RngExt};
+
+use super::factor::Factor;
+use super::junction::JunctionTree;
+
+/// A released noisy marginal: counts over `vars` (ascending), drawn with noise σ.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    pub vars: Vec<usize>,
+    pub counts: Vec<f64>,
+    pub sigma: f64,
+}
+
+/// A fitted model: the tree, each clique's marginal (in counts) and the total.
+pub struct GraphicalModel {
+    tree: JunctionTree,
+    marginals: Vec<Factor>,
+    pub total: f64,
+}
+
+/// The measurements' squared error (weighted) and its gradient on every clique marginal.
+fn loss(tree: &JunctionTree, measured: &[(usize, &Measurement)], marginals: &[Factor]) -> (f64, Vec<Factor>) {
+    let mut gradient: Vec<Factor> =
+        marginals.iter().map(|m| Factor { values: vec![0.0; m.values.len()], ..m.clone() }).collect();
+    let mut total = 0.0;
+    for &(c, m) in measured {
+        let mut residual = marginals[c].sum_to(&m.vars);
+        let weight = 1.0 / (m.sigma * m.sigma);
+        for (r, y) in residual.values.iter_mut().zip(&m.counts) {
+            *r -= y;
+            total += weight * *r * *r;
+        }
+        gradient[c].add_broadcast(&residual, 2.0 * weight);
+    }
+    debug_assert_eq!(gradient.len(), tree.cliques.len());
+    (total, gradient)
+}
+
+fn dot(a: &[Factor], b: &[Factor], c: &[Factor]) -> f64 {
+    a.iter()
+        .zip(b.iter().zip(c))
+        .map(|(a, (b, c))| {
+            a.values.iter().zip(b.values.iter().zip(&c.values)).map(|(x, (y, z))| x * (y - z)).sum::<f64>()
+        })
+        .sum()
+}
+
+impl GraphicalModel {
+    /// Fits the model over variables with `domain[v]` values to the measurements, with at
+    /// most `iterations` mirror-descent steps.
+    pub fn fit(domain: &[usize], measurements: &[Measurement], iterations: usize) -> Self {
+        let sets: Vec<Vec<usize>> = measurements.iter().map(|m| m.vars.clone()).collect();
+        let tree = JunctionTree::new(domain, &sets);
+        let measured: Vec<(usize, &Measurement)> =
+            measurements.iter().map(|m| (tree.clique_of(&m.vars).expect("every set is in a clique"), m)).collect();
+        let total = estimated_total(measurements);
+        let mut theta: Vec<Factor> = tree.cliques.iter().map(|c| Factor::filled(c, domain, 0.0)).collect();
+        let mut marginals = tree.marginals(&theta, total);
+        let (mut current, mut gradient) = loss(&tree, &measured, &marginals);
+        // The step in log-potential units per unit of gradient (the gradient scales as
+        // 1/σ², the marginals as the total); doubled before each iteration, halved until
+        // the loss falls enough (Armijo).
+        let sigma = measurements.iter().map(|m| m.sigma).fold(f64::INFINITY, f64::min);
+        let mut step = if sigma.is_finite() { sigma * sigma / (total * total) } else { 1.0 };
+        for _ in 0..iterations {
+            step *= 2.0;
+            let mut accepted = false;
+            for _ in 0..30 {
+                let trial: Vec<Factor> = theta
+                    .iter()
+                    .zip(&gradient)
+                    .map(|(t, g)| {
+                        let mut t = t.clone();
+                        t.add_broadcast(g, -step);
+                        t
+                    })
+                    .collect();
+                let trial_marginals = tree.marginals(&trial, total);
+                let (trial_loss, trial_gradient) = loss(&tree, &measured, &trial_marginals);
+                if current - trial_loss >= 0.5 * dot(&gradient, &marginals, &trial_marginals) {
+                    (theta, marginals, current, gradient) = (trial, trial_marginals, trial_loss, trial_gradient);
+                    accepted = true;
+                    break;
+                }
+                step *= 0.5;
+            }
+            if !accepted {
+                // No step lowers the loss: at the optimum up to rounding, or stuck.
+                tracing::debug!(loss = current, "graphical model fit stopped early");
+                break;
+            }
+        }
+        Self { tree, marginals, total }
+    }
+
+    /// The model's marginal (in counts) of a set inside one of its cliques.
+    pub fn marginal(&self, vars: &[usize]) -> Option<Factor> {
+        self.tree.clique_of(vars).map(|c| self.marginals[c].sum_to(vars))
+    }
+
+    /// Draws `rows` rows (a value index per variable) from the model.
+    pub fn sample(&self, rows: usize, rng: &mut impl Rng) -> Vec<Vec<usize>> {
+        let variables = self.tree.cliques.iter().flatten().max().map_or(0, |v| v + 1);
+        let root = &self.marginals[0];
+        let mut plans = vec![CliqueDraw {
+            clique: 0,
+            separator: Vec::new(),
+            tables: vec![cumulative(root.values.iter().copied().enumerate())],
+        }];
+        for &(p, c) in &self.tree.edges {
+            let separator = self.tree.separator(p, c);
+            let clique = &self.marginals[c];
+            let cells = clique.cells_in(&separator);
+            let groups =
+                separator.iter().map(|v| clique.sizes[clique.vars.iter().position(|w| w == v).unwrap()]).product();
+            let mut by_separator: Vec<Vec<(usize, f64)>> = vec![Vec::new(); groups];
+            for (i, (&value, &s)) in clique.values.iter().zip(&cells).enumerate() {
+                by_separator[s].push((i, value));
+            }
+            let tables = by_separator.into_iter().map(|cells| cumulative(cells.into_iter())).collect();
+            plans.push(CliqueDraw { clique: c, separator, tables });
+        }
+        (0..rows)
+            .map(|_| {
+                let mut row = vec![0; variables];
+                for CliqueDraw { clique, separator, tables } in &plans {
+                    let clique = &self.marginals[*clique];
+                    let s = separator.iter().fold(0, |acc, &v| {
+                        let i = clique.vars.iter().position(|&w| w == v).unwrap();
+                        acc * clique.sizes[i] + row[v]
+                    });
+                    let cell = draw(&tables[s], rng);
+                    // The cell's index per variable (last fastest).
+                    let mut rest = cell;
+                    for (i, &v) in clique.vars.iter().enumerate().rev() {
+                        row[v] = rest % clique.sizes[i];
+                        rest /= clique.sizes[i];
+                    }
+                }
+                row
+            })
+            .collect()
+    }
+}
+
+/// How a clique's variables are drawn given those already drawn: per cell of its
+/// separator with its parent, the cumulative distribution over the clique's cells
+/// consistent with it.
+struct CliqueDraw {
+    clique: usize,
+    separator: Vec<usize>,
+    tables: Vec<Vec<(f64, usize)>>,
+}
+
+/// The total the measurements imply: each one's sum, weighted by the inverse of its
+/// variance (σ² per cell).
+fn estimated_total(measurements: &[Measurement]) -> f64 {
+    let (weighted, weights) = measurements.iter().fold((0.0, 0.0), |(s, w), m| {
+        let weight = 1.0 / (m.sigma * m.sigma * m.counts.len() as f64);
+        (s + weight * m.counts.iter().sum::<f64>(), w + weight)
+    });
+    if weights > 0.0 { (weighted / weights).max(1.0) } else { 1.0 }
+}
+
+/// The cells' cumulative probabilities (uniform if no cell has mass: a separator value
+/// whose probability underflowed).
+fn cumulative(cells: impl Iterator<Item = (usize, f64)>) -> Vec<(f64, usize)> {
+    let mut cells: Vec<(usize, f64)> = cells.map(|(i, w)| (i, w.max(0.0))).collect();
+    let mut total: f64 = cells.iter().map(|(_, w)| w).sum();
+    if !(total > 0.0) {
+        cells.iter_mut().for_each(|c| c.1 = 1.0);
+        total = cells.len() as f64;
+    }
+    let mut acc = 0.0;
+    cells
+        .into_iter()
+        .map(|(i, w)| {
+            acc += w / total;
+            (acc, i)
+        })
+        .collect()
+}
+
+fn draw(table: &[(f64, usize)], rng: &mut impl Rng) -> usize {
+    let u: f64 = rng.random();
+    let at = table.partition_point(|&(c, _)| c <= u).min(table.len().saturating_sub(1));
+    table.get(at).map_or(0, |&(_, i)| i)
+}

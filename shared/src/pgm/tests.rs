@@ -1,0 +1,95 @@
+use rand::SeedableRng;
+use rand::rngs::ChaCha20Rng;
+use rand_distr::{Distribution, Normal};
+
+use super::{Factor, GraphicalModel, Measurement};
+
+/// A joint distribution over `domain` (ascending cell weights, normalised), as counts.
+fn joint(domain: &[usize], total: f64) -> Factor {
+    let all: Vec<usize> = (0..domain.len()).collect();
+    let mut f = Factor::filled(&all, domain, 0.0);
+    f.values.iter_mut().enumerate().for_each(|(i, v)| *v = 1.0 + ((i * 37) % 17) as f64);
+    let sum: f64 = f.values.iter().sum();
+    f.values.iter_mut().for_each(|v| *v *= total / sum);
+    f
+}
+
+fn measure(truth: &Factor, vars: &[usize], sigma: f64, noise: &mut impl FnMut() -> f64) -> Measurement {
+    let counts = truth.sum_to(vars).values.into_iter().map(|c| c + sigma * noise()).collect();
+    Measurement { vars: vars.to_vec(), counts, sigma }
+}
+
+#[test]
+fn exact_measurements_are_reproduced() {
+    // A chain and a triangle (a cycle: the tree needs the clique {2, 3, 4}).
+    let domain = [3, 2, 4, 2, 3];
+    let truth = joint(&domain, 10_000.0);
+    let sets = [vec![0, 1], vec![1, 2], vec![2, 3], vec![3, 4], vec![2, 4]];
+    let measurements: Vec<Measurement> = sets.iter().map(|s| measure(&truth, s, 1.0, &mut || 0.0)).collect();
+    let model = GraphicalModel::fit(&domain, &measurements, 2000);
+    assert!((model.total - 10_000.0).abs() < 1e-6);
+    for m in &measurements {
+        let fitted = model.marginal(&m.vars).expect("measured sets are in cliques");
+        for (a, b) in fitted.values.iter().zip(&m.counts) {
+            // Consistent measurements are matched to well under a count.
+            assert!((a - b).abs() < 0.5, "{:?}: {a} vs {b}", m.vars);
+        }
+    }
+}
+
+#[test]
+fn reconciling_noisy_tables_beats_the_raw_one_way_table() {
+    // Column 0 measured alone and inside two pairs, all with the same σ: the fitted
+    // marginal pools three noisy views of it, so its error is well below one view's.
+    let domain = [4, 3, 3];
+    let truth = joint(&domain, 5_000.0);
+    let exact = truth.sum_to(&[0]);
+    let normal = Normal::new(0.0, 1.0).unwrap();
+    let mut rng = ChaCha20Rng::seed_from_u64(7);
+    let (mut raw, mut fitted) = (0.0, 0.0);
+    for _ in 0..100 {
+        let mut noise = || normal.sample(&mut rng);
+        let measurements = vec![
+            measure(&truth, &[0], 20.0, &mut noise),
+            measure(&truth, &[0, 1], 20.0, &mut noise),
+            measure(&truth, &[0, 2], 20.0, &mut noise),
+        ];
+        let model = GraphicalModel::fit(&domain, &measurements, 500);
+        let estimate = model.marginal(&[0]).unwrap();
+        for i in 0..4 {
+            raw += (measurements[0].counts[i] - exact.values[i]).powi(2);
+            fitted += (estimate.values[i] - exact.values[i]).powi(2);
+        }
+    }
+    // Least squares over the three views: a pair's view of a cell of column 0 sums three
+    // noisy cells (variance 3σ²), so the pooled variance is σ²/(1 + 1/3 + 1/3) = 0.6σ²
+    // against σ² raw. Each sum holds 400 squared errors (relative sd √(2/400) ≈ 0.07),
+    // so 0.8 is about three standard deviations of the ratio above 0.6.
+    assert!(fitted < raw * 0.8, "fitted {fitted} vs raw {raw}");
+}
+
+#[test]
+fn samples_follow_the_fitted_pairs() {
+    let domain = [3, 4, 2];
+    let truth = joint(&domain, 1.0);
+    let measurements: Vec<Measurement> =
+        [vec![0, 1], vec![1, 2]].iter().map(|s| measure(&truth, s, 1.0, &mut || 0.0)).collect();
+    let model = GraphicalModel::fit(&domain, &measurements, 2000);
+    let n = 40_000;
+    let rows = model.sample(n, &mut ChaCha20Rng::seed_from_u64(3));
+    for m in &measurements {
+        let expected = model.marginal(&m.vars).unwrap();
+        let total: f64 = expected.values.iter().sum();
+        for (cell, weight) in expected.values.iter().enumerate() {
+            let p = weight / total;
+            let (a, b) = (cell / domain[m.vars[1]], cell % domain[m.vars[1]]);
+            let seen = rows.iter().filter(|r| r[m.vars[0]] == a && r[m.vars[1]] == b).count() as f64 / n as f64;
+            // Five binomial standard errors.
+            assert!(
+                (seen - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt(),
+                "{:?} cell {cell}: {seen} vs {p}",
+                m.vars
+            );
+        }
+    }
+}
