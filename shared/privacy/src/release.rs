@@ -72,12 +72,16 @@ enum Paid {
     Gaussian { l2_sensitivity: f64, noise_multiplier: f64, left: u64 },
     GnMax { sigma: f64, classes: u32, left: u64 },
     DpSgd { noise_multiplier: f64, rate: f64, left: u64 },
+    Exponential { sensitivity: f64, epsilon: f64, left: u64 },
 }
 
 impl Paid {
     fn left(&mut self) -> &mut u64 {
         match self {
-            Paid::Gaussian { left, .. } | Paid::GnMax { left, .. } | Paid::DpSgd { left, .. } => left,
+            Paid::Gaussian { left, .. }
+            | Paid::GnMax { left, .. }
+            | Paid::DpSgd { left, .. }
+            | Paid::Exponential { left, .. } => left,
         }
     }
 
@@ -109,6 +113,9 @@ impl Releases {
                 Mechanism::SubsampledGaussian {
                     sampling: Sampling::Poisson { rate }, noise_multiplier, steps, ..
                 } => Paid::DpSgd { noise_multiplier, rate, left: steps },
+                Mechanism::Exponential { sensitivity, epsilon, selections } => {
+                    Paid::Exponential { sensitivity, epsilon, left: selections }
+                }
             };
             match paid.iter_mut().find(|p| p.same(&entry)) {
                 Some(p) => *p.left() += *entry.left(),
@@ -200,6 +207,26 @@ impl Releases {
         Ok(values)
     }
 
+    /// One draw of the exponential mechanism: the index of one of `scores` (each moved by
+    /// at most Δ = `sensitivity` by one unit), picked with probability ∝ exp(ε·score/(2Δ))
+    /// as the Gumbel-max of ε·score/(2Δ) + G with G standard Gumbel from the CSPRNG.
+    /// Floating-point caveat: the draw is on doubles, not Ilvento's (2020) exact base-2
+    /// sampler; only the index leaves.
+    pub fn exponential(&mut self, scores: Private<Vec<f64>>, sensitivity: f64, epsilon: f64) -> Result<usize, Unpaid> {
+        let what = || format!("an exponential-mechanism draw with Δ = {sensitivity}, ε = {epsilon}");
+        // How many candidates there are is public; a score's value is not, so no check
+        // on it may fail here (a NaN, a caller's bug, is never picked).
+        if scores.0.is_empty() {
+            return Err(Unpaid { what: what() });
+        }
+        let charged = |p: &Paid| matches!(*p, Paid::Exponential { sensitivity: d, epsilon: e, .. } if d == sensitivity && e == epsilon);
+        self.spend(1, what, charged)?;
+        let scale = epsilon / (2.0 * sensitivity);
+        let noisy =
+            scores.0.iter().map(|s| if s.is_nan() { f64::NEG_INFINITY } else { scale * s + self.noise.gumbel() });
+        Ok(noisy.enumerate().max_by(|a, b| a.1.total_cmp(&b.1)).map(|(i, _)| i).expect("non-empty"))
+    }
+
     /// Marks `steps` DP-SGD steps as already released (a run resumed from its checkpoint).
     pub fn resume_after(&mut self, steps: u64) -> Result<(), Unpaid> {
         self.spend(steps, || format!("{steps} DP-SGD steps"), |p| matches!(p, Paid::DpSgd { .. })).map(|_| ())
@@ -218,6 +245,12 @@ impl Noise<ChaCha20Rng> {
 }
 
 impl<R: CryptoRng> Noise<R> {
+    /// A standard Gumbel draw, −ln(−ln U) with U uniform on (0, 1).
+    fn gumbel(&mut self) -> f64 {
+        let u: f64 = self.rng.random::<f64>().max(f64::MIN_POSITIVE);
+        -(-u.ln()).ln()
+    }
+
     /// Adds independent N(0, std²) noise to every value (a DP-SGD step noises every
     /// parameter). Long slices are split across threads.
     fn add_gaussian(&mut self, values: &mut [f64], std: f64) {
@@ -307,6 +340,25 @@ mod tests {
     }
 
     #[test]
+    fn exponential_draws_follow_the_softmax_of_the_scaled_scores() {
+        let (n, scores) = (40_000, vec![0.0, 1.0, 2.0, 0.5]);
+        let paid = vec![Paid::Exponential { sensitivity: 2.0, epsilon: 4.0, left: n }];
+        let mut releases = seeded(paid, 5);
+        let mut seen = [0.0; 4];
+        for _ in 0..n {
+            seen[releases.exponential(Private::new(scores.clone()), 2.0, 4.0).unwrap()] += 1.0;
+        }
+        // P(i) ∝ exp(ε·score/(2Δ)) = exp(score).
+        let total: f64 = scores.iter().map(|s: &f64| s.exp()).sum();
+        for (s, count) in scores.iter().zip(seen) {
+            let p = s.exp() / total;
+            let f = count / n as f64;
+            assert!((f - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt(), "score {s}: {f} vs {p}");
+        }
+        assert!(releases.exponential(Private::new(scores), 2.0, 4.0).is_err(), "all draws used");
+    }
+
+    #[test]
     fn only_what_was_charged_is_drawn() {
         let receipt = ChargeReceipt::for_test(vec![
             Mechanism::Gaussian {
@@ -316,6 +368,7 @@ mod tests {
                 adjacency: Adjacency::AddRemove,
             },
             Mechanism::GnMax { sigma: 10.0, classes: 2, queries: 2 },
+            Mechanism::Exponential { sensitivity: 1.0, epsilon: 0.5, selections: 1 },
             Mechanism::SubsampledGaussian {
                 sampling: Sampling::Poisson { rate: 0.1 },
                 noise_multiplier: 1.1,
@@ -331,6 +384,9 @@ mod tests {
         assert!(releases.gnmax(Private::new(vec![1.0, 2.0, 3.0]), 2, 10.0).is_err(), "not whole histograms");
         assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 0.9, 0.1).is_err());
         assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1, 0.2).is_err(), "another rate");
+        assert!(releases.exponential(Private::new(vec![1.0, 2.0]), 1.0, 1.0).is_err(), "another ε");
+        assert!(releases.exponential(Private::new(vec![1.0, 2.0]), 2.0, 0.5).is_err(), "another Δ");
+        assert!(releases.exponential(Private::new(vec![]), 1.0, 0.5).is_err(), "no candidates");
         // What was charged is drawn, then no more.
         releases.gaussian(Private::new(vec![1.0; 4]), 1.0, 20.0).unwrap();
         releases.gaussian_each(Private::new(vec![1.0; 2]), 1.0, 20.0).unwrap();
@@ -340,6 +396,8 @@ mod tests {
         releases.resume_after(4).unwrap();
         releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1, 0.1).unwrap();
         assert!(releases.dp_sgd_step(Private::new(vec![0.0]), 1.0, 1.1, 0.1).is_err());
+        releases.exponential(Private::new(vec![1.0, 2.0]), 1.0, 0.5).unwrap();
+        assert!(releases.exponential(Private::new(vec![1.0, 2.0]), 1.0, 0.5).is_err());
     }
 
     /// PATE with a binary target charges two GNMax entries with the same σ and classes

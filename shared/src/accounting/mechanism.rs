@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::PrivacyError;
-use super::accountant::pld::{HockeyStick, Pld, SubsampledGaussian};
+use super::accountant::pld::{HockeyStick, Pld, RandomizedResponse, SubsampledGaussian};
 use super::accountant::rdp::{self, RdpCurve};
 
 /// What "neighbouring datasets" means for a guarantee.
@@ -56,6 +56,13 @@ pub enum Mechanism {
     /// N(0, σ²) on every count. One unit changes one teacher's vote: L2 sensitivity √2,
     /// under either adjacency. Charged data-independently: RDP α/σ² per answer.
     GnMax { sigma: f64, classes: u32, queries: u64 },
+    /// `selections` draws of the exponential mechanism: one candidate picked with
+    /// probability ∝ exp(ε·score / (2Δ)) from scores that one unit moves by at most Δ =
+    /// `sensitivity` (under the job's adjacency), so each draw is ε-DP and ε-bounded-range.
+    /// RDP: min(α·ε²/8 (bounded range, Cesar & Rogers 2021), randomized response's RDP
+    /// (any ε-DP mechanism)); PLD: randomized response's, which dominates any ε-DP
+    /// mechanism — sound, looser than the bounded-range analysis.
+    Exponential { sensitivity: f64, epsilon: f64, selections: u64 },
 }
 
 fn positive(name: &str, v: f64) -> Result<(), PrivacyError> {
@@ -102,6 +109,10 @@ impl Mechanism {
                 }
                 Ok(())
             }
+            Mechanism::Exponential { sensitivity, epsilon, .. } => {
+                positive("sensitivity", sensitivity)?;
+                positive("epsilon", epsilon)
+            }
         }
     }
 
@@ -112,7 +123,8 @@ impl Mechanism {
             Mechanism::SubsampledGaussian { sampling: Sampling::Poisson { .. }, .. } => {
                 adjacency == Adjacency::AddRemove
             }
-            Mechanism::GnMax { .. } => true,
+            // The caller states Δ under the job's adjacency; the map holds for either.
+            Mechanism::GnMax { .. } | Mechanism::Exponential { .. } => true,
         }
     }
 
@@ -126,6 +138,9 @@ impl Mechanism {
                 format!("DP-SGD {steps} steps, σ = {noise_multiplier}, {sampling:?}")
             }
             Mechanism::GnMax { sigma, queries, .. } => format!("GNMax ×{queries} (σ = {sigma})"),
+            Mechanism::Exponential { epsilon, selections, .. } => {
+                format!("exponential mechanism ×{selections} (ε = {epsilon})")
+            }
         }
     }
 
@@ -149,6 +164,10 @@ impl Mechanism {
             Mechanism::GnMax { sigma, queries, .. } => {
                 RdpCurve::from_fn(orders, |a| super::gnmax::rdp_data_independent(sigma, a)).times(queries)
             }
+            Mechanism::Exponential { epsilon, selections, .. } => {
+                RdpCurve::from_fn(orders, |a| (a * epsilon * epsilon / 8.0).min(rdp::randomized_response(epsilon, a)))
+                    .times(selections)
+            }
         })
     }
 
@@ -161,6 +180,10 @@ impl Mechanism {
             }
             Mechanism::GnMax { sigma, queries, .. } => {
                 pld.gaussian_mu_squared += queries as f64 * 2.0 / (sigma * sigma);
+            }
+            Mechanism::Exponential { epsilon, selections, .. } => {
+                let rr = RandomizedResponse { epsilon };
+                pld.push(Pld::from_directions(&rr, &rr, pld.interval)?.self_compose(selections))?;
             }
             Mechanism::SubsampledGaussian { sampling, noise_multiplier, steps, max_examples_per_unit } => {
                 let sigma = Self::unit_sigma(noise_multiplier, max_examples_per_unit);

@@ -91,6 +91,26 @@ impl HockeyStick for SubsampledGaussian {
     }
 }
 
+/// Randomized response with parameter ε: P = (p, 1−p), Q = (1−p, p), p = e^ε/(1+e^ε).
+/// It dominates every ε-DP mechanism in both directions (Kairouz, Oh & Viswanath 2015),
+/// so its PLD is a sound, if not tight, one for any of them.
+#[derive(Clone, Copy, Debug)]
+pub struct RandomizedResponse {
+    pub epsilon: f64,
+}
+
+impl HockeyStick for RandomizedResponse {
+    fn delta(&self, eps: f64) -> f64 {
+        let p = 1.0 / (1.0 + (-self.epsilon).exp());
+        let q = 1.0 - p;
+        ((p - eps.exp() * q).max(0.0) + (q - eps.exp() * p).max(0.0)).clamp(0.0, 1.0)
+    }
+
+    fn loss_range(&self) -> (f64, f64) {
+        (-self.epsilon, self.epsilon)
+    }
+}
+
 /// A discrete privacy-loss distribution on the grid `interval·(lower + i)`, plus mass at +∞.
 #[derive(Clone, Debug)]
 pub struct Pmf {

@@ -196,6 +196,18 @@ pub fn gaussian(sigma: f64, alpha: f64) -> f64 {
     alpha / (2.0 * sigma * sigma)
 }
 
+/// RDP of randomized response with parameter ε (P = (p, 1−p), Q = (1−p, p),
+/// p = e^ε/(1+e^ε)): every ε-DP mechanism is a post-processing of it (Kairouz, Oh &
+/// Viswanath 2015), so this bounds the RDP of any ε-DP mechanism at every order.
+pub fn randomized_response(epsilon: f64, alpha: f64) -> f64 {
+    let (ln_p, ln_q) = (-(-epsilon).exp().ln_1p(), -epsilon.exp().ln_1p());
+    if alpha.is_infinite() {
+        return epsilon;
+    }
+    let terms = log_add(alpha * ln_p + (1.0 - alpha) * ln_q, alpha * ln_q + (1.0 - alpha) * ln_p);
+    (terms / (alpha - 1.0)).min(epsilon)
+}
+
 /// JSON has no infinity: unbounded orders are stored as `null`.
 mod finite_or_infinite {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -1,0 +1,73 @@
+//! The exponential mechanism's privacy maps against closed forms: its PLD is randomized
+//! response's, whose k-fold composition has a binomial privacy loss; its RDP is the
+//! smaller of the bounded-range bound α·ε²/8 and randomized response's Rényi divergence.
+
+use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, rdp_curve};
+use dpsynth_shared::accounting::mechanism::Mechanism;
+
+fn selections(epsilon: f64, k: u64) -> Vec<Mechanism> {
+    vec![Mechanism::Exponential { sensitivity: 1.0, epsilon, selections: k }]
+}
+
+/// δ(ε′) of k-fold randomized response: the loss is ε·(2J − k), J ~ Binomial(k, p).
+fn binomial_delta(epsilon: f64, k: u64, target: f64) -> f64 {
+    let p = 1.0 / (1.0 + (-epsilon).exp());
+    let mut ln_choose = 0.0;
+    (0..=k)
+        .map(|j| {
+            if j > 0 {
+                ln_choose += ((k - j + 1) as f64).ln() - (j as f64).ln();
+            }
+            let loss = epsilon * (2.0 * j as f64 - k as f64);
+            let mass = (ln_choose + j as f64 * p.ln() + (k - j) as f64 * (1.0 - p).ln()).exp();
+            mass * (1.0 - (target - loss).exp()).max(0.0)
+        })
+        .sum()
+}
+
+/// The smallest ε′ with δ(ε′) ≤ δ, by bisection.
+fn binomial_epsilon(epsilon: f64, k: u64, delta: f64) -> f64 {
+    let (mut lo, mut hi) = (0.0, epsilon * k as f64);
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        if binomial_delta(epsilon, k, mid) > delta { lo = mid } else { hi = mid }
+    }
+    hi
+}
+
+#[test]
+fn pld_of_composed_selections_matches_the_binomial_closed_form() {
+    let options = AccountingOptions::default();
+    for (epsilon, k) in [(0.1, 30_u64), (0.5, 8), (0.02, 200), (0.123_45, 10)] {
+        let exact = binomial_epsilon(epsilon, k, 1e-5);
+        let pld = account(&selections(epsilon, k), Accountant::Pld, 1e-5, &options).unwrap().epsilon;
+        // Pessimistic discretisation: never below the exact value, and close to it
+        // (a grid of 1e-4 on each of k losses moves ε by at most about k·1e-4).
+        assert!(pld >= exact - 1e-9, "ε = {epsilon}, k = {k}: PLD {pld} below exact {exact}");
+        assert!(pld <= exact + k as f64 * 1e-4 + 1e-6, "ε = {epsilon}, k = {k}: PLD {pld} vs exact {exact}");
+        // And never above basic composition.
+        assert!(pld <= epsilon * k as f64 + 1e-9);
+    }
+}
+
+#[test]
+fn rdp_is_the_smaller_of_the_bounded_range_and_randomized_response_bounds() {
+    let orders = [1.5, 2.0, 8.0, 64.0];
+    for epsilon in [0.05, 1.0, 4.0] {
+        let curve = rdp_curve(&selections(epsilon, 3), &orders).unwrap();
+        let p: f64 = 1.0 / (1.0 + (-epsilon).exp());
+        for (&alpha, &value) in orders.iter().zip(&curve.values) {
+            let rr = ((p.powf(alpha) * (1.0 - p).powf(1.0 - alpha) + (1.0 - p).powf(alpha) * p.powf(1.0 - alpha)).ln()
+                / (alpha - 1.0))
+                .min(epsilon);
+            let expected = 3.0 * (alpha * epsilon * epsilon / 8.0).min(rr);
+            assert!(
+                (value - expected).abs() < 1e-9 * expected.max(1e-12),
+                "ε = {epsilon}, α = {alpha}: {value} vs {expected}"
+            );
+        }
+    }
+    // At ε = 4 and α = 2 randomized response is the tighter: ln(p²/q + q²/p) ≈ 3.982 < 4.
+    let curve = rdp_curve(&selections(4.0, 1), &[2.0]).unwrap();
+    assert!((curve.values[0] - 3.9819).abs() < 1e-3, "{}", curve.values[0]);
+}
