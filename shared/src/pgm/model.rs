@@ -21,6 +21,7 @@ pub struct Measurement {
 
 /// A fitted model: the tree, each clique's marginal (in counts) and the total.
 pub struct GraphicalModel {
+    domain: Vec<usize>,
     tree: JunctionTree,
     marginals: Vec<Factor>,
     pub total: f64,
@@ -98,12 +99,89 @@ impl GraphicalModel {
                 break;
             }
         }
-        Self { tree, marginals, total }
+        Self { domain: domain.to_vec(), tree, marginals, total }
     }
 
-    /// The model's marginal (in counts) of a set inside one of its cliques.
-    pub fn marginal(&self, vars: &[usize]) -> Option<Factor> {
-        self.tree.clique_of(vars).map(|c| self.marginals[c].sum_to(vars))
+    /// The model's marginal (in counts) of any set of variables (ascending). Inside a
+    /// clique it is that clique's marginal summed down; across cliques, the tree's
+    /// factorisation p = Π p_C / Π p_S over the smallest subtree covering the set, with
+    /// every other variable summed out leaf by leaf (a variable left in a subtree reaches
+    /// the rest only through the separator, by the running-intersection property).
+    pub fn marginal(&self, vars: &[usize]) -> Factor {
+        if let Some(c) = self.tree.clique_of(vars) {
+            return self.marginals[c].sum_to(vars);
+        }
+        let k = self.tree.cliques.len();
+        let mut parent = vec![usize::MAX; k];
+        for &(p, c) in &self.tree.edges {
+            parent[c] = p;
+        }
+        // The subtree: from each variable's first clique up to the root, then pruned of
+        // leaves that hold no needed clique.
+        let needed: Vec<usize> = vars
+            .iter()
+            .map(|v| self.tree.cliques.iter().position(|c| c.contains(v)).expect("every variable"))
+            .collect();
+        let mut inside = vec![false; k];
+        for &c in &needed {
+            let mut at = c;
+            while at != usize::MAX && !inside[at] {
+                inside[at] = true;
+                at = parent[at];
+            }
+        }
+        // The top of the subtree: the root's chain down to where needed paths branch.
+        let mut top = 0;
+        loop {
+            let children: Vec<usize> =
+                self.tree.edges.iter().filter(|e| e.0 == top && inside[e.1]).map(|e| e.1).collect();
+            if children.len() != 1 || needed.contains(&top) {
+                break;
+            }
+            inside[top] = false;
+            top = children[0];
+        }
+        let ln_total = self.total.ln();
+        let mut messages: Vec<Option<Factor>> = vec![None; k];
+        for &(p, c) in self.tree.edges.iter().rev() {
+            if !inside[c] || !inside[p] {
+                continue;
+            }
+            let belief = self.subtree_belief(c, &messages, vars);
+            let separator = self.tree.separator(p, c);
+            let mut sep = self.marginals[c].sum_to(&separator);
+            sep.values.iter_mut().for_each(|v| *v = v.ln() - ln_total);
+            let mut target: Vec<usize> =
+                separator.iter().chain(belief.vars.iter().filter(|v| vars.contains(v))).copied().collect();
+            target.sort_unstable();
+            target.dedup();
+            let mut belief = belief;
+            belief.add_broadcast(&sep, -1.0);
+            messages[c] = Some(belief.logsumexp_to(&target));
+        }
+        let mut root = self.subtree_belief(top, &messages, vars).logsumexp_to(vars);
+        root.values.iter_mut().for_each(|v| *v = self.total * v.exp());
+        root
+    }
+
+    /// A clique's log-probability table times its children's messages, over its
+    /// variables and the kept ones the messages carry.
+    fn subtree_belief(&self, c: usize, messages: &[Option<Factor>], keep: &[usize]) -> Factor {
+        let incoming: Vec<&Factor> =
+            self.tree.edges.iter().filter(|e| e.0 == c).filter_map(|e| messages[e.1].as_ref()).collect();
+        let mut vars = self.tree.cliques[c].clone();
+        vars.extend(incoming.iter().flat_map(|m| m.vars.iter().copied().filter(|v| keep.contains(v))));
+        vars.sort_unstable();
+        vars.dedup();
+        let mut belief = Factor::filled(&vars, &self.domain, 0.0);
+        let mut clique = self.marginals[c].clone();
+        let ln_total = self.total.ln();
+        clique.values.iter_mut().for_each(|v| *v = v.ln() - ln_total);
+        belief.add_broadcast(&clique, 1.0);
+        for m in incoming {
+            belief.add_broadcast(m, 1.0);
+        }
+        belief
     }
 
     /// Draws `rows` rows (a value index per variable) from the model.

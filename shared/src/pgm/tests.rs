@@ -29,7 +29,7 @@ fn exact_measurements_are_reproduced() {
     let model = GraphicalModel::fit(&domain, &measurements, 2000);
     assert!((model.total - 10_000.0).abs() < 1e-6);
     for m in &measurements {
-        let fitted = model.marginal(&m.vars).expect("measured sets are in cliques");
+        let fitted = model.marginal(&m.vars);
         for (a, b) in fitted.values.iter().zip(&m.counts) {
             // Consistent measurements are matched to well under a count.
             assert!((a - b).abs() < 0.5, "{:?}: {a} vs {b}", m.vars);
@@ -55,7 +55,7 @@ fn reconciling_noisy_tables_beats_the_raw_one_way_table() {
             measure(&truth, &[0, 2], 20.0, &mut noise),
         ];
         let model = GraphicalModel::fit(&domain, &measurements, 500);
-        let estimate = model.marginal(&[0]).unwrap();
+        let estimate = model.marginal(&[0]);
         for i in 0..4 {
             raw += (measurements[0].counts[i] - exact.values[i]).powi(2);
             fitted += (estimate.values[i] - exact.values[i]).powi(2);
@@ -78,7 +78,7 @@ fn samples_follow_the_fitted_pairs() {
     let n = 40_000;
     let rows = model.sample(n, &mut ChaCha20Rng::seed_from_u64(3));
     for m in &measurements {
-        let expected = model.marginal(&m.vars).unwrap();
+        let expected = model.marginal(&m.vars);
         let total: f64 = expected.values.iter().sum();
         for (cell, weight) in expected.values.iter().enumerate() {
             let p = weight / total;
@@ -90,6 +90,37 @@ fn samples_follow_the_fitted_pairs() {
                 "{:?} cell {cell}: {seen} vs {p}",
                 m.vars
             );
+        }
+    }
+}
+
+#[test]
+fn marginals_across_cliques_match_the_chain_they_came_from() {
+    // A Markov chain 0 → 1 → 2 → 3 → 4 is in the model family of its adjacent pairs, so
+    // fitting exact pair tables recovers it and every other marginal follows.
+    let domain = [2, 3, 2, 3, 2];
+    let all: Vec<usize> = (0..domain.len()).collect();
+    let mut truth = Factor::filled(&all, &domain, 0.0);
+    for (i, v) in truth.values.iter_mut().enumerate() {
+        let mut rest = i;
+        let mut x = [0; 5];
+        for d in (0..5).rev() {
+            x[d] = rest % domain[d];
+            rest /= domain[d];
+        }
+        // p(x0) Π p(x_{i+1} | x_i), each factor positive and uneven.
+        *v = (1.0 + x[0] as f64) * (1..5).map(|d| 1.0 + ((x[d - 1] * 2 + x[d] * 3 + d) % 5) as f64).product::<f64>();
+    }
+    let sum: f64 = truth.values.iter().sum();
+    truth.values.iter_mut().for_each(|v| *v *= 10_000.0 / sum);
+    let measurements: Vec<Measurement> = (0..4).map(|d| measure(&truth, &[d, d + 1], 1.0, &mut || 0.0)).collect();
+    let model = GraphicalModel::fit(&domain, &measurements, 3000);
+    for set in [vec![0, 2], vec![0, 4], vec![1, 3, 4], vec![0, 2, 4], vec![0, 1, 2, 3, 4]] {
+        let fitted = model.marginal(&set);
+        let exact = truth.sum_to(&set);
+        assert_eq!(fitted.vars, set);
+        for (a, b) in fitted.values.iter().zip(&exact.values) {
+            assert!((a - b).abs() < 1.0, "{set:?}: {a} vs {b}");
         }
     }
 }
