@@ -96,15 +96,26 @@ impl Paid {
 /// The releases one charge pays for, with the noise to draw them.
 pub struct Releases {
     paid: Vec<Paid>,
+    /// What is left of the charge's zCDP budgets (a privacy filter over adaptive releases).
+    zcdp_left: f64,
     noise: Noise,
 }
+
+/// Relative slack on a zCDP budget, so that a run spending exactly what is left (its
+/// last round computes that from the rest) is not refused over rounding.
+const ZCDP_SLACK: f64 = 1e-9;
 
 impl Releases {
     /// Everything `receipt`'s charge paid for.
     pub fn paid_by(receipt: &ChargeReceipt) -> Result<Self, dpsynth_shared::accounting::PrivacyError> {
         // Identical mechanisms pool their releases: which entry pays for a draw is immaterial.
         let mut paid: Vec<Paid> = Vec::new();
+        let mut zcdp_left = 0.0;
         for m in receipt.mechanisms() {
+            if let Mechanism::Zcdp { rho } = *m {
+                zcdp_left += rho;
+                continue;
+            }
             let mut entry = match *m {
                 Mechanism::Gaussian { l2_sensitivity, noise_multiplier, releases, .. } => {
                     Paid::Gaussian { l2_sensitivity, noise_multiplier, left: releases }
@@ -116,13 +127,14 @@ impl Releases {
                 Mechanism::Exponential { sensitivity, epsilon, selections } => {
                     Paid::Exponential { sensitivity, epsilon, left: selections }
                 }
+                Mechanism::Zcdp { .. } => unreachable!("taken above"),
             };
             match paid.iter_mut().find(|p| p.same(&entry)) {
                 Some(p) => *p.left() += *entry.left(),
                 None => paid.push(entry),
             }
         }
-        Ok(Self { paid, noise: Noise::from_os()? })
+        Ok(Self { paid, zcdp_left, noise: Noise::from_os()? })
     }
 
     /// Uses up `n` releases of the paid mechanism `matches` selects; returns it.
@@ -221,10 +233,51 @@ impl Releases {
         }
         let charged = |p: &Paid| matches!(*p, Paid::Exponential { sensitivity: d, epsilon: e, .. } if d == sensitivity && e == epsilon);
         self.spend(1, what, charged)?;
-        let scale = epsilon / (2.0 * sensitivity);
-        let noisy =
-            scores.0.iter().map(|s| if s.is_nan() { f64::NEG_INFINITY } else { scale * s + self.noise.gumbel() });
-        Ok(noisy.enumerate().max_by(|a, b| a.1.total_cmp(&b.1)).map(|(i, _)| i).expect("non-empty"))
+        Ok(self.noise.gumbel_max(&scores.0, epsilon / (2.0 * sensitivity)))
+    }
+
+    /// The zCDP budget not yet spent.
+    pub fn zcdp_left(&self) -> f64 {
+        self.zcdp_left
+    }
+
+    /// Takes `rho` from the charged zCDP budget, or refuses if less is left.
+    fn spend_zcdp(&mut self, rho: f64, what: impl Fn() -> String) -> Result<(), Unpaid> {
+        if !(rho > 0.0) || rho > self.zcdp_left * (1.0 + ZCDP_SLACK) {
+            return Err(Unpaid { what: what() });
+        }
+        self.zcdp_left = (self.zcdp_left - rho).max(0.0);
+        Ok(())
+    }
+
+    /// A Gaussian release paid from the zCDP budget: N(0, (σΔ)²) on every coordinate of a
+    /// query with L2 sensitivity Δ, costing 1/(2σ²).
+    pub fn zcdp_gaussian(
+        &mut self,
+        exact: Private<Vec<f64>>,
+        l2_sensitivity: f64,
+        noise_multiplier: f64,
+    ) -> Result<Vec<f64>, Unpaid> {
+        let what = || format!("a Gaussian release with σ = {noise_multiplier} within a zCDP budget");
+        self.spend_zcdp(1.0 / (2.0 * noise_multiplier * noise_multiplier), what)?;
+        let mut values = exact.0;
+        self.noise.add_gaussian(&mut values, noise_multiplier * l2_sensitivity);
+        Ok(values)
+    }
+
+    /// An exponential-mechanism draw paid from the zCDP budget, costing ε²/8.
+    pub fn zcdp_exponential(
+        &mut self,
+        scores: Private<Vec<f64>>,
+        sensitivity: f64,
+        epsilon: f64,
+    ) -> Result<usize, Unpaid> {
+        let what = || format!("an exponential-mechanism draw with ε = {epsilon} within a zCDP budget");
+        if scores.0.is_empty() || !(sensitivity > 0.0) {
+            return Err(Unpaid { what: what() });
+        }
+        self.spend_zcdp(epsilon * epsilon / 8.0, what)?;
+        Ok(self.noise.gumbel_max(&scores.0, epsilon / (2.0 * sensitivity)))
     }
 
     /// Marks `steps` DP-SGD steps as already released (a run resumed from its checkpoint).
@@ -245,10 +298,13 @@ impl Noise<ChaCha20Rng> {
 }
 
 impl<R: CryptoRng> Noise<R> {
-    /// A standard Gumbel draw, −ln(−ln U) with U uniform on (0, 1).
-    fn gumbel(&mut self) -> f64 {
-        let u: f64 = self.rng.random::<f64>().max(f64::MIN_POSITIVE);
-        -(-u.ln()).ln()
+    /// The index of the largest `scale·score + G`, G standard Gumbel (−ln(−ln U), U
+    /// uniform on (0, 1)): a draw ∝ exp(scale·score). A NaN score (a caller's bug) is
+    /// never picked. `scores` is not empty.
+    fn gumbel_max(&mut self, scores: &[f64], scale: f64) -> usize {
+        let mut gumbel = || -(-self.rng.random::<f64>().max(f64::MIN_POSITIVE).ln()).ln();
+        let noisy = scores.iter().map(|s| if s.is_nan() { f64::NEG_INFINITY } else { scale * s + gumbel() });
+        noisy.enumerate().max_by(|a, b| a.1.total_cmp(&b.1)).map(|(i, _)| i).expect("non-empty")
     }
 
     /// Adds independent N(0, std²) noise to every value (a DP-SGD step noises every
@@ -290,7 +346,7 @@ mod tests {
     use super::*;
 
     fn seeded(paid: Vec<Paid>, seed: u64) -> Releases {
-        Releases { paid, noise: Noise { rng: ChaCha20Rng::seed_from_u64(seed) } }
+        Releases { paid, zcdp_left: 0.0, noise: Noise { rng: ChaCha20Rng::seed_from_u64(seed) } }
     }
 
     fn mean_var(x: &[f64]) -> (f64, f64) {
@@ -356,6 +412,27 @@ mod tests {
             assert!((f - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt(), "score {s}: {f} vs {p}");
         }
         assert!(releases.exponential(Private::new(scores), 2.0, 4.0).is_err(), "all draws used");
+    }
+
+    #[test]
+    fn a_zcdp_budget_pays_for_adaptive_releases_until_it_is_spent() {
+        let receipt = ChargeReceipt::for_test(vec![Mechanism::Zcdp { rho: 0.5 }]);
+        let mut releases = Releases::paid_by(&receipt).unwrap();
+        // Four draws at ε = 1 (1/8 each) spend it all, up to rounding.
+        for _ in 0..3 {
+            releases.zcdp_exponential(Private::new(vec![1.0, 2.0]), 1.0, 1.0).unwrap();
+        }
+        assert!((releases.zcdp_left() - 0.125).abs() < 1e-12);
+        assert!(releases.zcdp_gaussian(Private::new(vec![0.0]), 1.0, 1.0).is_err(), "costs 0.5");
+        // The last round spends exactly what is left: σ = 1/√(2·left).
+        let sigma = 1.0 / (2.0 * releases.zcdp_left()).sqrt();
+        releases.zcdp_gaussian(Private::new(vec![0.0; 3]), 2.0, sigma).unwrap();
+        assert!(releases.zcdp_exponential(Private::new(vec![1.0]), 1.0, 1e-3).is_err(), "nothing left");
+        // No zCDP budget charged: nothing is paid from one.
+        let mut none =
+            Releases::paid_by(&ChargeReceipt::for_test(vec![Mechanism::GnMax { sigma: 10.0, classes: 2, queries: 1 }]))
+                .unwrap();
+        assert!(none.zcdp_gaussian(Private::new(vec![0.0]), 1.0, 100.0).is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The exponential mechanism's privacy maps against closed forms: its PLD is randomized
-//! response's, whose k-fold composition has a binomial privacy loss; its RDP is the
-//! smaller of the bounded-range bound α·ε²/8 and randomized response's Rényi divergence.
+//! The mechanisms of adaptive selection (AIM), against closed forms. The exponential
+//! mechanism's PLD is randomized response's, whose k-fold composition has a binomial
+//! privacy loss; its RDP is the smaller of the bounded-range bound α·ε²/8 and randomized
+//! response's Rényi divergence. A zCDP budget ρ is α·ρ at every order and has no PLD.
 
 use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, rdp_curve};
 use dpsynth_shared::accounting::mechanism::Mechanism;
@@ -70,4 +71,20 @@ fn rdp_is_the_smaller_of_the_bounded_range_and_randomized_response_bounds() {
     // At ε = 4 and α = 2 randomized response is the tighter: ln(p²/q + q²/p) ≈ 3.982 < 4.
     let curve = rdp_curve(&selections(4.0, 1), &[2.0]).unwrap();
     assert!((curve.values[0] - 3.9819).abs() < 1e-3, "{}", curve.values[0]);
+}
+
+#[test]
+fn a_zcdp_budget_is_linear_in_the_order_and_refused_by_the_pld_accountant() {
+    let orders = [1.25, 2.0, 10.0, 256.0];
+    let curve = rdp_curve(&[Mechanism::Zcdp { rho: 0.3 }], &orders).unwrap();
+    for (&alpha, &value) in orders.iter().zip(&curve.values) {
+        assert!((value - 0.3 * alpha).abs() < 1e-12, "α = {alpha}: {value}");
+    }
+    let options = AccountingOptions::default();
+    let pld = account(&[Mechanism::Zcdp { rho: 0.3 }], Accountant::Pld, 1e-6, &options);
+    assert!(pld.unwrap_err().to_string().contains("RDP"));
+    // Through RDP: never above the classic conversion ρ + 2√(ρ ln(1/δ)) at its best order.
+    let rdp = account(&[Mechanism::Zcdp { rho: 0.3 }], Accountant::Rdp, 1e-6, &options).unwrap().epsilon;
+    assert!(rdp <= 0.3 + 2.0 * (0.3 * 1e6_f64.ln()).sqrt() + 0.05, "{rdp}");
+    assert!(Mechanism::Zcdp { rho: 0.0 }.validate().is_err());
 }
