@@ -243,7 +243,8 @@ impl Releases {
 
     /// Takes `rho` from the charged zCDP budget, or refuses if less is left.
     fn spend_zcdp(&mut self, rho: f64, what: impl Fn() -> String) -> Result<(), Unpaid> {
-        if !(rho > 0.0) || rho > self.zcdp_left * (1.0 + ZCDP_SLACK) {
+        // NaN fails `rho > 0.0` and is refused with the rest.
+        if rho.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) || rho > self.zcdp_left * (1.0 + ZCDP_SLACK) {
             return Err(Unpaid { what: what() });
         }
         self.zcdp_left = (self.zcdp_left - rho).max(0.0);
@@ -273,7 +274,7 @@ impl Releases {
         epsilon: f64,
     ) -> Result<usize, Unpaid> {
         let what = || format!("an exponential-mechanism draw with ε = {epsilon} within a zCDP budget");
-        if scores.0.is_empty() || !(sensitivity > 0.0) {
+        if scores.0.is_empty() || sensitivity.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return Err(Unpaid { what: what() });
         }
         self.spend_zcdp(epsilon * epsilon / 8.0, what)?;
