@@ -156,6 +156,37 @@ async fn a_sequence_job_writes_whole_histories_under_fresh_ids() {
     }
 }
 
+/// AIM end to end on the demo cohort: the ledger holds exactly the run's zCDP budget,
+/// which spends the job's ε under RDP and no more, and the rows come out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aim_job_charges_exactly_its_zcdp_budget() {
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::generators::aim::AimPlan;
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = demo_spec(dir.path(), 120);
+    let (head, rest) = text.split_once("[generator]").unwrap();
+    let output = &rest[rest.find("[output]").unwrap()..];
+    let generator = r#"[generator]
+name = "aim"
+
+[generator.aim]
+max_rows_per_unit = 4
+workload = [["heart_rate", "spo2", "rhythm"], ["sbp", "dbp"]]
+rounds = 6
+"#;
+    let spec = JobSpec::parse(&format!("{head}{generator}\n{output}"), "aim").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+    let plan = AimPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
+    assert_eq!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await, vec![vec![plan.mechanism()]]);
+    let manifest = manifest(&dir.path().join("out")).expect("manifest written");
+    let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
+    assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon, "{epsilon}");
+    assert!(manifest["rows"].as_u64().unwrap() > 0);
+}
+
 /// The mechanisms of every charge in the ledger under `dir`, in ledger order.
 async fn charged_mechanisms(dir: &std::path::Path, dataset: &str) -> Vec<Vec<Mechanism>> {
     let store = storage::open(dir.join("ledger").to_str().unwrap()).unwrap();

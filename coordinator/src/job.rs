@@ -31,7 +31,7 @@ use dpsynth_shared::spec::{GeneratorSpec, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 use rand::rngs::ChaCha20Rng;
 
-use crate::generators::{Admission, Charged, DpSgdJob, FinDiff, Fitted, Generator, Marginals, Pate, Sequence};
+use crate::generators::{Admission, Aim, Charged, DpSgdJob, FinDiff, Fitted, Generator, Marginals, Pate, Sequence};
 use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
@@ -73,6 +73,7 @@ pub async fn run_job(
     // The registry: one line per generator.
     let released = match &spec.generator {
         GeneratorSpec::Marginals(_) => synthesize::<Marginals>(&ctx, &mut ledger).await,
+        GeneratorSpec::Aim(_) => synthesize::<Aim>(&ctx, &mut ledger).await,
         GeneratorSpec::Findiff(_) => synthesize::<DpSgdJob<FinDiff>>(&ctx, &mut ledger).await,
         GeneratorSpec::Pate(_) => synthesize::<Pate>(&ctx, &mut ledger).await,
         GeneratorSpec::Sequence(_) => synthesize::<DpSgdJob<Sequence>>(&ctx, &mut ledger).await,

@@ -269,6 +269,7 @@ fn default_accountant() -> Accountant {
 #[serde(rename_all = "snake_case")]
 pub enum GeneratorName {
     Marginals,
+    Aim,
     Findiff,
     Pate,
     Sequence,
@@ -278,6 +279,7 @@ impl GeneratorName {
     pub fn as_str(self) -> &'static str {
         match self {
             GeneratorName::Marginals => "marginals",
+            GeneratorName::Aim => "aim",
             GeneratorName::Findiff => "findiff",
             GeneratorName::Pate => "pate",
             GeneratorName::Sequence => "sequence",
@@ -292,6 +294,7 @@ impl GeneratorName {
 #[serde(try_from = "GeneratorSection", into = "GeneratorSection")]
 pub enum GeneratorSpec {
     Marginals(MarginalsParams),
+    Aim(AimParams),
     Findiff(FinDiffParams),
     Pate(PateParams),
     Sequence(SequenceParams),
@@ -305,6 +308,7 @@ impl GeneratorSpec {
     pub fn name(&self) -> GeneratorName {
         match self {
             GeneratorSpec::Marginals(_) => GeneratorName::Marginals,
+            GeneratorSpec::Aim(_) => GeneratorName::Aim,
             GeneratorSpec::Findiff(_) => GeneratorName::Findiff,
             GeneratorSpec::Pate(_) => GeneratorName::Pate,
             GeneratorSpec::Sequence(_) => GeneratorName::Sequence,
@@ -321,6 +325,7 @@ impl GeneratorSpec {
     pub fn default_bins(&self) -> u32 {
         match self {
             GeneratorSpec::Marginals(p) => p.default_bins,
+            GeneratorSpec::Aim(p) => p.default_bins,
             _ => DEFAULT_BINS,
         }
     }
@@ -333,6 +338,8 @@ struct GeneratorSection {
     name: GeneratorName,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     marginals: Option<MarginalsParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    aim: Option<AimParams>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     findiff: Option<FinDiffParams>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -347,6 +354,7 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
     fn try_from(s: GeneratorSection) -> Result<Self, String> {
         let given = [
             (GeneratorName::Marginals, s.marginals.is_some()),
+            (GeneratorName::Aim, s.aim.is_some()),
             (GeneratorName::Findiff, s.findiff.is_some()),
             (GeneratorName::Pate, s.pate.is_some()),
             (GeneratorName::Sequence, s.sequence.is_some()),
@@ -360,6 +368,7 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
         }
         Ok(match s.name {
             GeneratorName::Marginals => GeneratorSpec::Marginals(s.marginals.unwrap_or_default()),
+            GeneratorName::Aim => GeneratorSpec::Aim(s.aim.unwrap_or_default()),
             GeneratorName::Findiff => GeneratorSpec::Findiff(s.findiff.unwrap_or_default()),
             GeneratorName::Pate => GeneratorSpec::Pate(s.pate.unwrap_or_default()),
             GeneratorName::Sequence => GeneratorSpec::Sequence(s.sequence.unwrap_or_default()),
@@ -370,9 +379,11 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
 impl From<GeneratorSpec> for GeneratorSection {
     fn from(spec: GeneratorSpec) -> Self {
         let name = spec.name();
-        let mut section = GeneratorSection { name, marginals: None, findiff: None, pate: None, sequence: None };
+        let mut section =
+            GeneratorSection { name, marginals: None, aim: None, findiff: None, pate: None, sequence: None };
         match spec {
             GeneratorSpec::Marginals(p) => section.marginals = Some(p),
+            GeneratorSpec::Aim(p) => section.aim = Some(p),
             GeneratorSpec::Findiff(p) => section.findiff = Some(p),
             GeneratorSpec::Pate(p) => section.pate = Some(p),
             GeneratorSpec::Sequence(p) => section.sequence = Some(p),
@@ -707,6 +718,42 @@ impl Default for MarginalsParams {
     }
 }
 
+/// Parameters of the AIM generator (adaptive marginals with graphical-model inference).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AimParams {
+    /// Rows a unit may contribute; a unit with more is subsampled inside its worker.
+    pub max_rows_per_unit: u32,
+    /// The marginals the output should preserve (column sets); every subset is a
+    /// candidate measurement. Default: every set of three columns (two with two columns).
+    pub workload: Option<Vec<Vec<String>>>,
+    /// Selection rounds T at the start (annealing may end the run sooner); default 16·d.
+    pub rounds: Option<u32>,
+    /// Share of each round's budget spent on selection (the rest on measurement).
+    pub selection_share: f64,
+    /// The most cells the model's cliques may hold together once the budget is spent; a
+    /// candidate is eligible while the model with it stays within the spent share of it.
+    pub max_model_cells: f64,
+    /// Mirror-descent steps of each round's fit (the last fit takes ten times as many).
+    pub fit_iterations: u32,
+    /// Bins for numeric columns without `bins`.
+    pub default_bins: u32,
+}
+
+impl Default for AimParams {
+    fn default() -> Self {
+        Self {
+            max_rows_per_unit: 1,
+            workload: None,
+            rounds: None,
+            selection_share: 0.9,
+            max_model_cells: 1e6,
+            fit_iterations: 100,
+            default_bins: DEFAULT_BINS,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutputSpec {
@@ -878,6 +925,18 @@ impl JobSpec {
             && (m.max_rows_per_unit == 0 || m.default_bins < 2)
         {
             return Err("[generator.marginals] needs max_rows_per_unit ≥ 1 and default_bins ≥ 2".into());
+        }
+        if let GeneratorSpec::Aim(a) = &self.generator
+            && (a.max_rows_per_unit == 0
+                || a.default_bins < 2
+                || !(a.selection_share > 0.0 && a.selection_share < 1.0)
+                || !(a.max_model_cells >= 1.0)
+                || a.fit_iterations == 0
+                || a.rounds == Some(0))
+        {
+            return Err("[generator.aim] needs max_rows_per_unit ≥ 1, default_bins ≥ 2, 0 < selection_share < 1, \
+                        max_model_cells ≥ 1, fit_iterations ≥ 1 and rounds ≥ 1"
+                .into());
         }
         let histories = self.generator.draws_histories();
         if histories && self.output.rows.is_some() {

@@ -4,7 +4,7 @@
 //! response's Rényi divergence. A zCDP budget ρ is α·ρ at every order and has no PLD.
 
 use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, rdp_curve};
-use dpsynth_shared::accounting::mechanism::Mechanism;
+use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 
 fn selections(epsilon: f64, k: u64) -> Vec<Mechanism> {
     vec![Mechanism::Exponential { sensitivity: 1.0, epsilon, selections: k }]
@@ -76,15 +76,19 @@ fn rdp_is_the_smaller_of_the_bounded_range_and_randomized_response_bounds() {
 #[test]
 fn a_zcdp_budget_is_linear_in_the_order_and_refused_by_the_pld_accountant() {
     let orders = [1.25, 2.0, 10.0, 256.0];
-    let curve = rdp_curve(&[Mechanism::Zcdp { rho: 0.3 }], &orders).unwrap();
+    let curve = rdp_curve(&[Mechanism::Zcdp { rho: 0.3, adjacency: Adjacency::AddRemove }], &orders).unwrap();
     for (&alpha, &value) in orders.iter().zip(&curve.values) {
         assert!((value - 0.3 * alpha).abs() < 1e-12, "α = {alpha}: {value}");
     }
     let options = AccountingOptions::default();
-    let pld = account(&[Mechanism::Zcdp { rho: 0.3 }], Accountant::Pld, 1e-6, &options);
+    let pld =
+        account(&[Mechanism::Zcdp { rho: 0.3, adjacency: Adjacency::AddRemove }], Accountant::Pld, 1e-6, &options);
     assert!(pld.unwrap_err().to_string().contains("RDP"));
     // Through RDP: never above the classic conversion ρ + 2√(ρ ln(1/δ)) at its best order.
-    let rdp = account(&[Mechanism::Zcdp { rho: 0.3 }], Accountant::Rdp, 1e-6, &options).unwrap().epsilon;
+    let rdp =
+        account(&[Mechanism::Zcdp { rho: 0.3, adjacency: Adjacency::AddRemove }], Accountant::Rdp, 1e-6, &options)
+            .unwrap()
+            .epsilon;
     assert!(rdp <= 0.3 + 2.0 * (0.3 * 1e6_f64.ln()).sqrt() + 0.05, "{rdp}");
-    assert!(Mechanism::Zcdp { rho: 0.0 }.validate().is_err());
+    assert!(Mechanism::Zcdp { rho: 0.0, adjacency: Adjacency::AddRemove }.validate().is_err());
 }

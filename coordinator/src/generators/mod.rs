@@ -6,6 +6,7 @@
 //! sampler draws. Its plan, task and sampler live in the shared crate's
 //! `generators::<name>`, beside its worker side.
 
+pub mod aim;
 pub mod dpsgd;
 pub mod findiff;
 pub mod marginals;
@@ -17,6 +18,7 @@ use dpsynth_shared::accounting::accountant::PrivacyCost;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::generators::Sampler;
 
+pub use aim::Aim;
 pub use dpsgd::DpSgdJob;
 pub use findiff::FinDiff;
 pub use marginals::Marginals;

@@ -112,7 +112,7 @@ impl Releases {
         let mut paid: Vec<Paid> = Vec::new();
         let mut zcdp_left = 0.0;
         for m in receipt.mechanisms() {
-            if let Mechanism::Zcdp { rho } = *m {
+            if let Mechanism::Zcdp { rho, .. } = *m {
                 zcdp_left += rho;
                 continue;
             }
@@ -417,7 +417,7 @@ mod tests {
 
     #[test]
     fn a_zcdp_budget_pays_for_adaptive_releases_until_it_is_spent() {
-        let receipt = ChargeReceipt::for_test(vec![Mechanism::Zcdp { rho: 0.5 }]);
+        let receipt = ChargeReceipt::for_test(vec![Mechanism::Zcdp { rho: 0.5, adjacency: Adjacency::AddRemove }]);
         let mut releases = Releases::paid_by(&receipt).unwrap();
         // Four draws at ε = 1 (1/8 each) spend it all, up to rounding.
         for _ in 0..3 {

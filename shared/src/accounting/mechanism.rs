@@ -68,8 +68,9 @@ pub enum Mechanism {
     /// exponential-mechanism draws (ε²/8 each, bounded range), their parameters chosen as
     /// it goes (AIM's annealing). The release side is a privacy filter that stops at ρ, and
     /// fully adaptive composition holds for Rényi DP at every order (Feldman & Zrnic 2021),
-    /// so its RDP is α·ρ. The PLD accountant cannot analyse it.
-    Zcdp { rho: f64 },
+    /// so its RDP is α·ρ. The PLD accountant cannot analyse it. The releases' sensitivities
+    /// are stated under `adjacency`.
+    Zcdp { rho: f64, adjacency: Adjacency },
 }
 
 fn positive(name: &str, v: f64) -> Result<(), PrivacyError> {
@@ -120,7 +121,7 @@ impl Mechanism {
                 positive("sensitivity", sensitivity)?;
                 positive("epsilon", epsilon)
             }
-            Mechanism::Zcdp { rho } => positive("rho", rho),
+            Mechanism::Zcdp { rho, .. } => positive("rho", rho),
         }
     }
 
@@ -132,7 +133,8 @@ impl Mechanism {
                 adjacency == Adjacency::AddRemove
             }
             // The caller states Δ under the job's adjacency; the map holds for either.
-            Mechanism::GnMax { .. } | Mechanism::Exponential { .. } | Mechanism::Zcdp { .. } => true,
+            Mechanism::Zcdp { adjacency: a, .. } => *a == adjacency,
+            Mechanism::GnMax { .. } | Mechanism::Exponential { .. } => true,
         }
     }
 
@@ -149,7 +151,7 @@ impl Mechanism {
             Mechanism::Exponential { epsilon, selections, .. } => {
                 format!("exponential mechanism ×{selections} (ε = {epsilon})")
             }
-            Mechanism::Zcdp { rho } => format!("adaptive run within ρ = {rho} (zCDP)"),
+            Mechanism::Zcdp { rho, .. } => format!("adaptive run within ρ = {rho} (zCDP)"),
         }
     }
 
@@ -177,7 +179,7 @@ impl Mechanism {
                 RdpCurve::from_fn(orders, |a| (a * epsilon * epsilon / 8.0).min(rdp::randomized_response(epsilon, a)))
                     .times(selections)
             }
-            Mechanism::Zcdp { rho } => RdpCurve::from_fn(orders, |a| a * rho),
+            Mechanism::Zcdp { rho, .. } => RdpCurve::from_fn(orders, |a| a * rho),
         })
     }
 

@@ -6,6 +6,7 @@
 //! drawn from what was fitted to released values), beside the model's own modules. The
 //! coordinator's side (rounds, charges, releases) is `dpsynth_coordinator::generators`.
 
+pub mod aim;
 pub mod findiff;
 pub mod marginals;
 pub mod pate;
@@ -52,6 +53,7 @@ impl PlanError {
 pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
     match &spec.generator {
         GeneratorSpec::Marginals(_) => marginals::MarginalsPlan::new(spec, domain).map(drop),
+        GeneratorSpec::Aim(_) => aim::AimPlan::new(spec, domain, &AccountingOptions::default()).map(drop),
         GeneratorSpec::Findiff(_) => findiff::FinDiffPlan::new(spec, domain).map(drop),
         GeneratorSpec::Pate(_) => pate::PatePlan::new(spec, domain, &AccountingOptions::default()).map(drop),
         GeneratorSpec::Sequence(_) => {

@@ -23,8 +23,12 @@ pub struct Measurement {
 pub struct GraphicalModel {
     domain: Vec<usize>,
     tree: JunctionTree,
+    /// Log potentials per clique (where a refit starts).
+    potentials: Vec<Factor>,
     marginals: Vec<Factor>,
     pub total: f64,
+    /// The last accepted step size (where a refit's search starts).
+    step: f64,
 }
 
 /// The measurements' squared error (weighted) and its gradient on every clique marginal.
@@ -58,19 +62,39 @@ impl GraphicalModel {
     /// Fits the model over variables with `domain[v]` values to the measurements, with at
     /// most `iterations` mirror-descent steps.
     pub fn fit(domain: &[usize], measurements: &[Measurement], iterations: usize) -> Self {
-        let sets: Vec<Vec<usize>> = measurements.iter().map(|m| m.vars.clone()).collect();
+        Self::fit_from(domain, measurements, iterations, None)
+    }
+
+    /// Fits to `measurements` (this model's and more) starting from this model: its
+    /// cliques stay inside the new tree's, so its distribution is the starting point.
+    pub fn refit(&self, measurements: &[Measurement], iterations: usize) -> Self {
+        Self::fit_from(&self.domain, measurements, iterations, Some(self))
+    }
+
+    fn fit_from(domain: &[usize], measurements: &[Measurement], iterations: usize, start: Option<&Self>) -> Self {
+        let mut sets: Vec<Vec<usize>> = measurements.iter().map(|m| m.vars.clone()).collect();
+        sets.extend(start.iter().flat_map(|s| s.tree.cliques.iter().cloned()));
         let tree = JunctionTree::new(domain, &sets);
         let measured: Vec<(usize, &Measurement)> =
             measurements.iter().map(|m| (tree.clique_of(&m.vars).expect("every set is in a clique"), m)).collect();
         let total = estimated_total(measurements);
         let mut theta: Vec<Factor> = tree.cliques.iter().map(|c| Factor::filled(c, domain, 0.0)).collect();
+        if let Some(start) = start {
+            for (clique, potential) in start.tree.cliques.iter().zip(&start.potentials) {
+                theta[tree.clique_of(clique).expect("old cliques are covered")].add_broadcast(potential, 1.0);
+            }
+        }
         let mut marginals = tree.marginals(&theta, total);
         let (mut current, mut gradient) = loss(&tree, &measured, &marginals);
         // The step in log-potential units per unit of gradient (the gradient scales as
         // 1/σ², the marginals as the total); doubled before each iteration, halved until
         // the loss falls enough (Armijo).
         let sigma = measurements.iter().map(|m| m.sigma).fold(f64::INFINITY, f64::min);
-        let mut step = if sigma.is_finite() { sigma * sigma / (total * total) } else { 1.0 };
+        let mut step = match start {
+            Some(s) => s.step,
+            None if sigma.is_finite() => sigma * sigma / (total * total),
+            None => 1.0,
+        };
         for _ in 0..iterations {
             step *= 2.0;
             let mut accepted = false;
@@ -99,7 +123,19 @@ impl GraphicalModel {
                 break;
             }
         }
-        Self { domain: domain.to_vec(), tree, marginals, total }
+        Self { domain: domain.to_vec(), tree, potentials: theta, marginals, total, step }
+    }
+
+    /// Cells of the model's cliques together.
+    pub fn cells(&self) -> f64 {
+        self.tree.cells(&self.domain)
+    }
+
+    /// Cells of the cliques a model would need to hold these sets and this model's.
+    pub fn cells_with(&self, set: &[usize]) -> f64 {
+        let mut sets = self.tree.cliques.clone();
+        sets.push(set.to_vec());
+        JunctionTree::new(&self.domain, &sets).cells(&self.domain)
     }
 
     /// The model's marginal (in counts) of any set of variables (ascending). Inside a

@@ -15,9 +15,10 @@ use crate::spec::ColumnKind;
 /// Mirror-descent steps of the fit (Private-PGM's default).
 const FIT_ITERATIONS: usize = 1000;
 
-/// The model fitted to the noisy tables (post-processing only).
+/// Rows drawn from a graphical model fitted to noisy tables (post-processing only): this
+/// generator's and AIM's.
 pub struct MarginalsSampler {
-    plan: MarginalsPlan,
+    domain: Domain,
     model: GraphicalModel,
 }
 
@@ -39,7 +40,12 @@ impl MarginalsSampler {
             })
             .collect::<Vec<_>>();
         let model = GraphicalModel::fit(&domain, &measurements, FIT_ITERATIONS);
-        Self { plan, model }
+        Self { domain: plan.task.domain, model }
+    }
+
+    /// From a model already fitted over `domain`'s columns.
+    pub fn from_model(domain: Domain, model: GraphicalModel) -> Self {
+        Self { domain, model }
     }
 
     /// The model's total: every table's noisy sum pooled by its variance, an estimate of
@@ -69,7 +75,7 @@ fn measurement(columns: &[usize], counts: &[f64], domain: &[usize], sigma: f64) 
 
 impl Sampler for MarginalsSampler {
     fn sample(&mut self, rows: usize, rng: &mut ChaCha20Rng) -> SyntheticUnits {
-        let domain = &self.plan.task.domain;
+        let domain = &self.domain;
         let rows = self
             .model
             .sample(rows, rng)

@@ -1,0 +1,160 @@
+//! What an AIM job may measure and spend, planned from the spec and the declared domain.
+
+use serde::{Deserialize, Serialize};
+
+use crate::accounting::PrivacyError;
+use crate::accounting::accountant::{Accountant, AccountingOptions, calibrate_sigma};
+use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::data::domain::Domain;
+use crate::generators::marginals::MarginalsTask;
+use crate::generators::{PlanError, require_columns};
+use crate::spec::{AimParams, GeneratorSpec, JobSpec};
+
+/// This generator's name in plan errors.
+const GENERATOR: &str = "aim";
+
+/// The most cells the candidate tables may hold together: the workers count them all
+/// once and the coordinator keeps their sums (8 bytes a cell).
+pub const MAX_CANDIDATE_CELLS: f64 = 2e7;
+
+fn invalid(message: impl Into<String>) -> PlanError {
+    PlanError::new(GENERATOR, message)
+}
+
+/// An AIM job's plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AimPlan {
+    /// Every candidate table: each column's 1-way table first (in column order), then
+    /// the larger candidates; columns ascending within a table.
+    pub task: MarginalsTask,
+    /// Each table's workload weight: Σ over workload sets s of |r ∩ s|.
+    pub weights: Vec<f64>,
+    /// The run's zCDP budget.
+    pub rho: f64,
+    pub rounds: u32,
+    pub selection_share: f64,
+    pub max_model_cells: f64,
+    pub fit_iterations: u32,
+}
+
+impl AimPlan {
+    pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {
+        require_columns(GENERATOR, domain)?;
+        let GeneratorSpec::Aim(params) = &spec.generator else {
+            return Err(invalid("the job's generator is another"));
+        };
+        if spec.privacy.accountant != Accountant::Rdp {
+            return Err(invalid(
+                "AIM spends a zCDP budget, which only the RDP accountant analyses: accountant = \"rdp\"",
+            ));
+        }
+        let workload = workload(params, domain)?;
+        let sizes: Vec<usize> = domain.columns.iter().map(|c| c.bins()).collect();
+        let cells = |set: &[usize]| set.iter().map(|&c| sizes[c] as f64).product::<f64>();
+        // Every non-empty subset of a workload set, small enough to be measured alone.
+        let mut candidates: Vec<Vec<usize>> = (0..domain.columns.len()).map(|c| vec![c]).collect();
+        let mut larger: Vec<Vec<usize>> = workload
+            .iter()
+            .flat_map(|set| {
+                (1..1u32 << set.len()).map(move |mask| {
+                    set.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, &c)| c).collect::<Vec<_>>()
+                })
+            })
+            .filter(|r| r.len() > 1 && cells(r) <= params.max_model_cells)
+            .collect();
+        larger.sort_by(|a, b| a.len().cmp(&b.len()).then(a.cmp(b)));
+        larger.dedup();
+        candidates.extend(larger);
+        let weights = candidates
+            .iter()
+            .map(|r| workload.iter().map(|s| s.iter().filter(|c| r.contains(c)).count() as f64).sum())
+            .collect();
+        let total: f64 = candidates.iter().map(|r| cells(r)).sum();
+        if total > MAX_CANDIDATE_CELLS {
+            return Err(invalid(format!(
+                "the workload's candidate tables hold {total:.0} cells (at most {MAX_CANDIDATE_CELLS:.0}): \
+                 name a smaller workload or coarser bins"
+            )));
+        }
+        let rho = zcdp_budget(spec, options).map_err(|e| invalid(e.to_string()))?;
+        let task = MarginalsTask {
+            domain: domain.clone(),
+            tables: candidates,
+            max_rows_per_unit: params.max_rows_per_unit,
+            row_level: spec.schema.unit_column.is_none(),
+        };
+        Ok(Self {
+            task,
+            weights,
+            rho,
+            rounds: params.rounds.unwrap_or(16 * domain.columns.len() as u32),
+            selection_share: params.selection_share,
+            max_model_cells: params.max_model_cells,
+            fit_iterations: params.fit_iterations,
+        })
+    }
+
+    /// The one charge: the run's zCDP budget.
+    pub fn mechanism(&self) -> Mechanism {
+        Mechanism::Zcdp { rho: self.rho, adjacency: Adjacency::AddRemove }
+    }
+
+    /// L2 (and L1) sensitivity of one table: a unit moves at most m rows.
+    pub fn sensitivity(&self) -> f64 {
+        f64::from(self.task.max_rows_per_unit)
+    }
+}
+
+/// The workload as column sets (ascending): the spec's, or every set of three columns
+/// (of two, or the one column, when there are fewer).
+fn workload(params: &AimParams, domain: &Domain) -> Result<Vec<Vec<usize>>, PlanError> {
+    let n = domain.columns.len();
+    let mut sets: Vec<Vec<usize>> = match &params.workload {
+        Some(sets) => sets
+            .iter()
+            .map(|set| {
+                let mut columns = set
+                    .iter()
+                    .map(|name| {
+                        domain
+                            .index_of(name)
+                            .ok_or_else(|| invalid(format!("workload names '{name}', not a synthesised column")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                columns.sort_unstable();
+                columns.dedup();
+                if columns.is_empty() || columns.len() > 8 {
+                    return Err(invalid("a workload set names 1 to 8 columns"));
+                }
+                Ok(columns)
+            })
+            .collect::<Result<_, _>>()?,
+        None => {
+            let k = n.min(3);
+            let mut sets = Vec::new();
+            let mut set: Vec<usize> = (0..k).collect();
+            loop {
+                sets.push(set.clone());
+                // The next k-subset in lexicographic order.
+                let Some(i) = (0..k).rev().find(|&i| set[i] < n - k + i) else { break };
+                set[i] += 1;
+                for j in i + 1..k {
+                    set[j] = set[j - 1] + 1;
+                }
+            }
+            sets
+        }
+    };
+    sets.sort();
+    sets.dedup();
+    Ok(sets)
+}
+
+/// The largest ρ whose zCDP guarantee meets the job's (ε, δ) under RDP.
+fn zcdp_budget(spec: &JobSpec, options: &AccountingOptions) -> Result<f64, PrivacyError> {
+    let p = &spec.privacy;
+    let sigma = calibrate_sigma(p.epsilon, p.delta, Accountant::Rdp, options, |s| {
+        vec![Mechanism::Zcdp { rho: 1.0 / (2.0 * s * s), adjacency: Adjacency::AddRemove }]
+    })?;
+    Ok(1.0 / (2.0 * sigma * sigma))
+}
