@@ -930,12 +930,12 @@ impl JobSpec {
             && (a.max_rows_per_unit == 0
                 || a.default_bins < 2
                 || !(a.selection_share > 0.0 && a.selection_share < 1.0)
-                || !(a.max_model_cells >= 1.0)
-                || a.fit_iterations == 0
-                || a.rounds == Some(0))
+                || !(a.max_model_cells >= 1.0 && a.max_model_cells <= 1e7)
+                || !(1..=10_000).contains(&a.fit_iterations)
+                || a.rounds.is_some_and(|t| !(1..=10_000).contains(&t)))
         {
             return Err("[generator.aim] needs max_rows_per_unit ≥ 1, default_bins ≥ 2, 0 < selection_share < 1, \
-                        max_model_cells ≥ 1, fit_iterations ≥ 1 and rounds ≥ 1"
+                        1 ≤ max_model_cells ≤ 10⁷, 1 ≤ fit_iterations ≤ 10⁴ and 1 ≤ rounds ≤ 10⁴"
                 .into());
         }
         let histories = self.generator.draws_histories();

@@ -102,7 +102,8 @@ pub struct Releases {
 }
 
 /// Relative slack on a zCDP budget, so that a run spending exactly what is left (its
-/// last round computes that from the rest) is not refused over rounding.
+/// last round computes that from the rest) is not refused over rounding; the budget a
+/// charge pays for is ρ/(1 + slack), so slack included the spend stays within ρ.
 const ZCDP_SLACK: f64 = 1e-9;
 
 impl Releases {
@@ -113,7 +114,8 @@ impl Releases {
         let mut zcdp_left = 0.0;
         for m in receipt.mechanisms() {
             if let Mechanism::Zcdp { rho, .. } = *m {
-                zcdp_left += rho;
+                // Less the slack a spend may take, so the total never exceeds ρ.
+                zcdp_left += rho / (1.0 + ZCDP_SLACK);
                 continue;
             }
             let mut entry = match *m {
@@ -259,7 +261,11 @@ impl Releases {
         l2_sensitivity: f64,
         noise_multiplier: f64,
     ) -> Result<Vec<f64>, Unpaid> {
-        let what = || format!("a Gaussian release with σ = {noise_multiplier} within a zCDP budget");
+        let what =
+            || format!("a Gaussian release with Δ = {l2_sensitivity}, σ = {noise_multiplier} within a zCDP budget");
+        if !(l2_sensitivity.is_finite() && l2_sensitivity > 0.0) {
+            return Err(Unpaid { what: what() });
+        }
         self.spend_zcdp(1.0 / (2.0 * noise_multiplier * noise_multiplier), what)?;
         let mut values = exact.0;
         self.noise.add_gaussian(&mut values, noise_multiplier * l2_sensitivity);
@@ -274,7 +280,7 @@ impl Releases {
         epsilon: f64,
     ) -> Result<usize, Unpaid> {
         let what = || format!("an exponential-mechanism draw with ε = {epsilon} within a zCDP budget");
-        if scores.0.is_empty() || sensitivity.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+        if scores.0.is_empty() || !(sensitivity.is_finite() && sensitivity > 0.0) {
             return Err(Unpaid { what: what() });
         }
         self.spend_zcdp(epsilon * epsilon / 8.0, what)?;
@@ -419,14 +425,15 @@ mod tests {
     fn a_zcdp_budget_pays_for_adaptive_releases_until_it_is_spent() {
         let receipt = ChargeReceipt::for_test(vec![Mechanism::Zcdp { rho: 0.5, adjacency: Adjacency::AddRemove }]);
         let mut releases = Releases::paid_by(&receipt).unwrap();
-        // Four draws at ε = 1 (1/8 each) spend it all, up to rounding.
+        // Four draws at ε = 1 (1/8 each) spend it all, up to the slack.
         for _ in 0..3 {
             releases.zcdp_exponential(Private::new(vec![1.0, 2.0]), 1.0, 1.0).unwrap();
         }
-        assert!((releases.zcdp_left() - 0.125).abs() < 1e-12);
+        assert!((releases.zcdp_left() - 0.125).abs() < 1e-9 && releases.zcdp_left() < 0.125);
         assert!(releases.zcdp_gaussian(Private::new(vec![0.0]), 1.0, 1.0).is_err(), "costs 0.5");
         // The last round spends exactly what is left: σ = 1/√(2·left).
         let sigma = 1.0 / (2.0 * releases.zcdp_left()).sqrt();
+        assert!(releases.zcdp_gaussian(Private::new(vec![0.0; 3]), 0.0, sigma).is_err(), "Δ = 0");
         releases.zcdp_gaussian(Private::new(vec![0.0; 3]), 2.0, sigma).unwrap();
         assert!(releases.zcdp_exponential(Private::new(vec![1.0]), 1.0, 1e-3).is_err(), "nothing left");
         // No zCDP budget charged: nothing is paid from one.

@@ -52,8 +52,16 @@ impl Factor {
 
     /// The table summed down to `sub` (a subset of `vars`, ascending).
     pub fn sum_to(&self, sub: &[usize]) -> Factor {
+        if sub == self.vars {
+            return self.clone();
+        }
+        self.sum_mapped(sub, &self.cells_in(sub))
+    }
+
+    /// [`Self::sum_to`] with `cells = self.cells_in(sub)` computed once by the caller.
+    pub fn sum_mapped(&self, sub: &[usize], cells: &[usize]) -> Factor {
         let mut out = self.empty_over(sub);
-        for (value, cell) in self.values.iter().zip(self.cells_in(sub)) {
+        for (value, &cell) in self.values.iter().zip(cells) {
             out.values[cell] += value;
         }
         out
@@ -61,14 +69,18 @@ impl Factor {
 
     /// log Σ exp of the table (a log-space one) down to `sub`.
     pub fn logsumexp_to(&self, sub: &[usize]) -> Factor {
-        let cells = self.cells_in(sub);
+        self.logsumexp_mapped(sub, &self.cells_in(sub))
+    }
+
+    /// [`Self::logsumexp_to`] with `cells = self.cells_in(sub)` computed by the caller.
+    pub fn logsumexp_mapped(&self, sub: &[usize], cells: &[usize]) -> Factor {
         let mut top = self.empty_over(sub);
         top.values.fill(f64::NEG_INFINITY);
-        for (value, &cell) in self.values.iter().zip(&cells) {
+        for (value, &cell) in self.values.iter().zip(cells) {
             top.values[cell] = top.values[cell].max(*value);
         }
         let mut out = self.empty_over(sub);
-        for (value, &cell) in self.values.iter().zip(&cells) {
+        for (value, &cell) in self.values.iter().zip(cells) {
             if top.values[cell].is_finite() {
                 out.values[cell] += (value - top.values[cell]).exp();
             }
@@ -81,8 +93,19 @@ impl Factor {
 
     /// Adds `scale · other` (over a subset of `vars`) to every cell it covers.
     pub fn add_broadcast(&mut self, other: &Factor, scale: f64) {
+        if other.vars == self.vars {
+            // The same table shape (every fit step's update): cell by cell.
+            self.values.iter_mut().zip(&other.values).for_each(|(v, o)| *v += scale * o);
+            return;
+        }
         let cells = self.cells_in(&other.vars);
-        for (value, cell) in self.values.iter_mut().zip(cells) {
+        self.add_mapped(other, &cells, scale);
+    }
+
+    /// [`Self::add_broadcast`] with `cells = self.cells_in(&other.vars)` computed by the
+    /// caller.
+    pub fn add_mapped(&mut self, other: &Factor, cells: &[usize], scale: f64) {
+        for (value, &cell) in self.values.iter_mut().zip(cells) {
             *value += scale * other.values[cell];
         }
     }

@@ -15,6 +15,17 @@ pub struct JunctionTree {
     pub cliques: Vec<Vec<usize>>,
     /// (parent, child) pairs, parents first; every clique but 0 is a child once.
     pub edges: Vec<(usize, usize)>,
+    /// Per edge: its separator and, for the parent's and the child's cells, the
+    /// separator cell each falls in — made at the first message passing and reused at
+    /// every fit step (a tree built only to be sized never makes them).
+    links: std::sync::OnceLock<Vec<Link>>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Link {
+    separator: Vec<usize>,
+    parent_cells: Vec<usize>,
+    child_cells: Vec<usize>,
 }
 
 impl JunctionTree {
@@ -81,7 +92,23 @@ impl JunctionTree {
             in_tree[c] = true;
             edges.push((p, c));
         }
-        Self { cliques: maximal, edges }
+        Self { cliques: maximal, edges, links: std::sync::OnceLock::new() }
+    }
+
+    fn links(&self, theta: &[Factor]) -> &[Link] {
+        self.links.get_or_init(|| {
+            self.edges
+                .iter()
+                .map(|&(p, c)| {
+                    let separator = self.separator(p, c);
+                    Link {
+                        parent_cells: theta[p].cells_in(&separator),
+                        child_cells: theta[c].cells_in(&separator),
+                        separator,
+                    }
+                })
+                .collect()
+        })
     }
 
     /// Cells of all cliques together, over variables with `domain[v]` values.
@@ -106,29 +133,37 @@ impl JunctionTree {
         // Messages child → parent, then parent → child, each over the separator.
         let mut up: Vec<Option<Factor>> = vec![None; k];
         let mut down: Vec<Option<Factor>> = vec![None; k];
-        let children = |c: usize| self.edges.iter().filter(move |e| e.0 == c).map(|e| e.1);
-        for &(p, c) in self.edges.iter().rev() {
+        let links = self.links(theta);
+        // The edges to each clique's children, and to its parent.
+        let children = |c: usize| self.edges.iter().enumerate().filter(move |(_, e)| e.0 == c).map(|(i, e)| (i, e.1));
+        let mut to_parent = vec![usize::MAX; k];
+        for (i, &(_, c)) in self.edges.iter().enumerate() {
+            to_parent[c] = i;
+        }
+        for (i, &(_, c)) in self.edges.iter().enumerate().rev() {
             let mut belief = theta[c].clone();
-            for g in children(c) {
-                belief.add_broadcast(up[g].as_ref().expect("children first"), 1.0);
+            for (j, g) in children(c) {
+                belief.add_mapped(up[g].as_ref().expect("children first"), &links[j].parent_cells, 1.0);
             }
-            up[c] = Some(belief.logsumexp_to(&self.separator(p, c)));
+            let link = &links[i];
+            up[c] = Some(belief.logsumexp_mapped(&link.separator, &link.child_cells));
         }
         let mut beliefs: Vec<Option<Factor>> = vec![None; k];
         let mut order = vec![0];
         order.extend(self.edges.iter().map(|e| e.1));
         for &c in &order {
             let mut belief = theta[c].clone();
-            for g in children(c) {
-                belief.add_broadcast(up[g].as_ref().expect("computed"), 1.0);
+            for (j, g) in children(c) {
+                belief.add_mapped(up[g].as_ref().expect("computed"), &links[j].parent_cells, 1.0);
             }
             if let Some(message) = &down[c] {
-                belief.add_broadcast(message, 1.0);
+                belief.add_mapped(message, &links[to_parent[c]].child_cells, 1.0);
             }
-            for g in children(c) {
+            for (j, g) in children(c) {
+                let link = &links[j];
                 let mut without = belief.clone();
-                without.add_broadcast(up[g].as_ref().expect("computed"), -1.0);
-                down[g] = Some(without.logsumexp_to(&self.separator(c, g)));
+                without.add_mapped(up[g].as_ref().expect("computed"), &link.parent_cells, -1.0);
+                down[g] = Some(without.logsumexp_mapped(&link.separator, &link.parent_cells));
             }
             beliefs[c] = Some(belief);
         }

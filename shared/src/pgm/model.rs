@@ -31,19 +31,28 @@ pub struct GraphicalModel {
     step: f64,
 }
 
+/// A measurement, the clique that holds its set, and the cell of the measurement each of
+/// that clique's cells falls in.
+struct Measured<'a> {
+    clique: usize,
+    measurement: &'a Measurement,
+    cells: Vec<usize>,
+}
+
 /// The measurements' squared error (weighted) and its gradient on every clique marginal.
-fn loss(tree: &JunctionTree, measured: &[(usize, &Measurement)], marginals: &[Factor]) -> (f64, Vec<Factor>) {
+fn loss(tree: &JunctionTree, measured: &[Measured<'_>], marginals: &[Factor]) -> (f64, Vec<Factor>) {
     let mut gradient: Vec<Factor> =
         marginals.iter().map(|m| Factor { values: vec![0.0; m.values.len()], ..m.clone() }).collect();
     let mut total = 0.0;
-    for &(c, m) in measured {
-        let mut residual = marginals[c].sum_to(&m.vars);
+    for Measured { clique: c, measurement: m, cells } in measured {
+        let c = *c;
+        let mut residual = marginals[c].sum_mapped(&m.vars, cells);
         let weight = 1.0 / (m.sigma * m.sigma);
         for (r, y) in residual.values.iter_mut().zip(&m.counts) {
             *r -= y;
             total += weight * *r * *r;
         }
-        gradient[c].add_broadcast(&residual, 2.0 * weight);
+        gradient[c].add_mapped(&residual, cells, 2.0 * weight);
     }
     debug_assert_eq!(gradient.len(), tree.cliques.len());
     (total, gradient)
@@ -75,8 +84,14 @@ impl GraphicalModel {
         let mut sets: Vec<Vec<usize>> = measurements.iter().map(|m| m.vars.clone()).collect();
         sets.extend(start.iter().flat_map(|s| s.tree.cliques.iter().cloned()));
         let tree = JunctionTree::new(domain, &sets);
-        let measured: Vec<(usize, &Measurement)> =
-            measurements.iter().map(|m| (tree.clique_of(&m.vars).expect("every set is in a clique"), m)).collect();
+        let measured: Vec<Measured<'_>> = measurements
+            .iter()
+            .map(|measurement| {
+                let clique = tree.clique_of(&measurement.vars).expect("every set is in a clique");
+                let cells = Factor::filled(&tree.cliques[clique], domain, 0.0).cells_in(&measurement.vars);
+                Measured { clique, measurement, cells }
+            })
+            .collect();
         let total = estimated_total(measurements);
         let mut theta: Vec<Factor> = tree.cliques.iter().map(|c| Factor::filled(c, domain, 0.0)).collect();
         if let Some(start) = start {

@@ -14,8 +14,9 @@ use crate::spec::{AimParams, GeneratorSpec, JobSpec};
 const GENERATOR: &str = "aim";
 
 /// The most cells the candidate tables may hold together: the workers count them all
-/// once and the coordinator keeps their sums (8 bytes a cell).
-pub const MAX_CANDIDATE_CELLS: f64 = 2e7;
+/// once and the coordinator keeps their sums (8 bytes a cell), and one answer per
+/// partition while gathering.
+pub const MAX_CANDIDATE_CELLS: f64 = 5e6;
 
 fn invalid(message: impl Into<String>) -> PlanError {
     PlanError::new(GENERATOR, message)
@@ -76,6 +77,14 @@ impl AimPlan {
                  name a smaller workload or coarser bins"
             )));
         }
+        let rounds = params.rounds.unwrap_or(16 * domain.columns.len() as u32);
+        // The 1-way phase costs d·(1 − share)/T of the budget: at most half of it.
+        let d = domain.columns.len() as f64;
+        if 2.0 * d * (1.0 - params.selection_share) > f64::from(rounds) {
+            return Err(invalid(format!(
+                "{rounds} rounds cannot pay for the {d} one-way tables: need rounds ≥ 2·d·(1 − selection_share)"
+            )));
+        }
         let rho = zcdp_budget(spec, options).map_err(|e| invalid(e.to_string()))?;
         let task = MarginalsTask {
             domain: domain.clone(),
@@ -87,7 +96,7 @@ impl AimPlan {
             task,
             weights,
             rho,
-            rounds: params.rounds.unwrap_or(16 * domain.columns.len() as u32),
+            rounds,
             selection_share: params.selection_share,
             max_model_cells: params.max_model_cells,
             fit_iterations: params.fit_iterations,
