@@ -198,8 +198,8 @@ impl GraphicalModel {
             if !inside[c] || !inside[p] {
                 continue;
             }
-            let belief = self.subtree_belief(c, &messages, vars);
             let separator = self.tree.separator(p, c);
+            let belief = self.subtree_belief(c, &messages, vars, &separator);
             let mut sep = self.marginals[c].sum_to(&separator);
             sep.values.iter_mut().for_each(|v| *v = v.ln() - ln_total);
             let mut target: Vec<usize> =
@@ -210,22 +210,29 @@ impl GraphicalModel {
             belief.add_broadcast(&sep, -1.0);
             messages[c] = Some(belief.logsumexp_to(&target));
         }
-        let mut root = self.subtree_belief(top, &messages, vars).logsumexp_to(vars);
+        let mut root = self.subtree_belief(top, &messages, vars, &[]).logsumexp_to(vars);
         root.values.iter_mut().for_each(|v| *v = self.total * v.exp());
         root
     }
 
-    /// A clique's log-probability table times its children's messages, over its
-    /// variables and the kept ones the messages carry.
-    fn subtree_belief(&self, c: usize, messages: &[Option<Factor>], keep: &[usize]) -> Factor {
+    /// A clique's log-probability table times its children's messages. The clique's own
+    /// variables that are neither kept, nor in the separator to its parent, nor in a
+    /// message are summed out first (nothing else involves them), so the product is over
+    /// no more than what the message up needs.
+    fn subtree_belief(&self, c: usize, messages: &[Option<Factor>], keep: &[usize], parent: &[usize]) -> Factor {
         let incoming: Vec<&Factor> =
             self.tree.edges.iter().filter(|e| e.0 == c).filter_map(|e| messages[e.1].as_ref()).collect();
-        let mut vars = self.tree.cliques[c].clone();
+        let needed: Vec<usize> = self.tree.cliques[c]
+            .iter()
+            .copied()
+            .filter(|v| keep.contains(v) || parent.contains(v) || incoming.iter().any(|m| m.vars.contains(v)))
+            .collect();
+        let mut vars = needed.clone();
         vars.extend(incoming.iter().flat_map(|m| m.vars.iter().copied().filter(|v| keep.contains(v))));
         vars.sort_unstable();
         vars.dedup();
         let mut belief = Factor::filled(&vars, &self.domain, 0.0);
-        let mut clique = self.marginals[c].clone();
+        let mut clique = self.marginals[c].sum_to(&needed);
         let ln_total = self.total.ln();
         clique.values.iter_mut().for_each(|v| *v = v.ln() - ln_total);
         belief.add_broadcast(&clique, 1.0);

@@ -70,15 +70,22 @@ pub fn qualities(
     noise: f64,
 ) -> Vec<f64> {
     let expected_noise = (2.0 / std::f64::consts::PI).sqrt() * noise;
-    eligible
-        .iter()
-        .map(|&r| {
-            let estimate = model.marginal(&plan.task.tables[r]);
-            let truth = &exact[offsets[r]..offsets[r + 1]];
-            let error: f64 = truth.iter().zip(&estimate.values).map(|(a, b)| (a - b).abs()).sum();
-            plan.weights[r] * (error - expected_noise * truth.len() as f64)
-        })
-        .collect()
+    let quality = |r: usize| {
+        let estimate = model.marginal(&plan.task.tables[r]);
+        let truth = &exact[offsets[r]..offsets[r + 1]];
+        let error: f64 = truth.iter().zip(&estimate.values).map(|(a, b)| (a - b).abs()).sum();
+        plan.weights[r] * (error - expected_noise * truth.len() as f64)
+    };
+    // The model's marginals are the round's main cost: one share of the candidates per core.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = eligible.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = eligible
+            .chunks(share)
+            .map(|part| scope.spawn(move || part.iter().map(|&r| quality(r)).collect::<Vec<f64>>()))
+            .collect();
+        parts.into_iter().flat_map(|p| p.join().expect("a quality thread panicked")).collect()
+    })
 }
 
 /// The quality scores' sensitivity: a unit moves a table by at most m in L1, a score by
