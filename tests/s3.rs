@@ -190,3 +190,40 @@ async fn concurrent_charges_on_s3_never_exceed_the_budget() {
     assert_eq!(ledger.charges().len(), total);
     assert!(ledger.spent().unwrap().epsilon <= budget);
 }
+
+/// A Parquet object of several upload parts (the writers upload in 5 MiB parts, two in
+/// flight, to bound memory): it completes as one multipart upload and reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parquet_object_of_several_upload_parts_round_trips() {
+    use arrow_array::{ArrayRef, Float64Array, RecordBatch};
+    use dpsynth_shared::data::parquet_io::{create_writer, open_stream};
+    use futures::StreamExt;
+
+    let Some(s3) = S3::from_env() else { return };
+    let store = s3.store();
+    let path = Path::from(format!("{}/large.parquet", unique("parts")));
+    // Distinct values (no dictionary): about 8 bytes a row, 24 MB in all.
+    let (batches, rows) = (30, 100_000);
+    let batch = |b: usize| {
+        let values = Float64Array::from_iter_values((0..rows).map(|i| ((b * rows + i) as f64).sqrt() * 1.000_001));
+        RecordBatch::try_from_iter(vec![("x", Arc::new(values) as ArrayRef)]).unwrap()
+    };
+    let mut writer = create_writer(store.clone(), path.clone(), batch(0).schema()).unwrap();
+    for b in 0..batches {
+        writer.write(&batch(b)).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    let size = store.head(&path).await.unwrap().size;
+    assert!(size > 3 * 5 * 1024 * 1024, "{size} bytes: fewer than four parts");
+    let (_, mut stream) = open_stream(store.clone(), path, 65_536).await.unwrap();
+    let (mut seen, mut sum) = (0, 0.0);
+    while let Some(batch) = stream.next().await {
+        let batch = batch.unwrap();
+        let column = batch.column(0).as_any().downcast_ref::<Float64Array>().unwrap();
+        seen += column.len();
+        sum += column.values().iter().sum::<f64>();
+    }
+    let expected: f64 = (0..batches * rows).map(|i| (i as f64).sqrt() * 1.000_001).sum();
+    assert_eq!(seen, batches * rows);
+    assert!((sum - expected).abs() < 1e-6 * expected);
+}
