@@ -127,9 +127,7 @@ async fn synthesize<G: Generator>(
     let output = OutputWriter::create(storage::open(ctx.output_url)?).await?;
     let partitions = ctx.partition().await?;
     let Fitted { sampler, released_count, charged } = generator.fit(ctx, ledger, &partitions).await?;
-    let output_spec = &ctx.spec().output;
-    let declared = if ctx.spec().generator.draws_histories() { output_spec.units } else { output_spec.rows };
-    let units = declared.or(released_count).ok_or_else(|| {
+    let units = ctx.spec().declared_output_size().or(released_count).ok_or_else(|| {
         JobError::Other("the spec declares no output size and the generator released no count".into())
     })?;
 

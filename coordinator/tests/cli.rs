@@ -155,3 +155,19 @@ fn serve_without_authentication_is_loopback_only() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("loopback only"), "{stderr}");
 }
+
+/// `demo --spec` runs a spec on the cohort the demo simulates; a spec reading another file
+/// is refused before anything is simulated or read.
+#[test]
+fn demo_refuses_a_spec_that_reads_another_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pbcseq-sequence.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_dpsynth"))
+        .args(["demo", "--patients", "10", "--spec", spec.to_str().unwrap()])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reads the simulated cohort"));
+    assert!(!dir.path().join("dpsynth-out").exists(), "nothing simulated");
+}

@@ -849,6 +849,13 @@ impl ColumnSpec {
 }
 
 impl JobSpec {
+    /// The output size the spec declares, in the generator's own unit: histories for a
+    /// generator of histories (`[output] units`), rows otherwise (`rows`). Without it, a
+    /// job writes as many as its DP count released.
+    pub fn declared_output_size(&self) -> Option<u64> {
+        if self.generator.draws_histories() { self.output.units } else { self.output.rows }
+    }
+
     /// Parses and validates a spec; `path` names it in messages.
     pub fn parse(text: &str, path: &str) -> Result<Self, SpecError> {
         let spec: JobSpec =

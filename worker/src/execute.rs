@@ -39,6 +39,8 @@ pub struct Executor {
 
 impl Executor {
     pub async fn execute(&mut self, task: &Task) -> anyhow::Result<Aggregate> {
+        // Before any work reads the cached partitions or model: they may be another job's.
+        self.enter_job(task);
         match &task.work {
             Some(Work::CountTables(work)) => count_tables(task, work).await,
             Some(Work::GradientSum(work)) => self.gradient_sum(task, work).await,
@@ -62,7 +64,6 @@ impl Executor {
         F: Fn(String) -> Fut,
         Fut: std::future::Future<Output = Result<T, DataError>>,
     {
-        self.enter_job(task);
         let mut parts = Vec::new();
         for url in &task.partition_urls {
             if !self.partitions.contains_key(url) {
@@ -211,4 +212,25 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
     }
     let (counts, units) = counter.finish();
     Ok(Aggregate { units, tensors: vec![("counts".to_string(), counts)] })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task of another job resets the cache before its work runs, whatever the work:
+    /// a sequence round asks for the model before its partitions, and must not get the
+    /// previous job's.
+    #[tokio::test]
+    async fn a_new_jobs_task_forgets_the_previous_jobs_model_first() {
+        let mut executor = Executor { job: "a".into(), ..Executor::default() };
+        executor.model(|| 7u32).unwrap();
+        executor.partitions.insert("part".into(), Arc::new(1u8));
+        let task = Task { job_id: "b".into(), work: None, ..Task::default() };
+        assert!(executor.execute(&task).await.is_err(), "no work");
+        assert_eq!(executor.job, "b");
+        assert!(executor.model.is_none() && executor.partitions.is_empty());
+        // Another model type is now a fresh build, not "two kinds of model".
+        assert_eq!(*executor.model(|| 3u64).unwrap().lock().unwrap(), 3);
+    }
 }

@@ -44,10 +44,15 @@ pub struct SimulateArgs {
 
 /// Writes a simulated ICU cohort (the demo's private input, at any size).
 pub fn simulate_command(args: SimulateArgs) -> anyhow::Result<ExitCode> {
-    std::fs::write(&args.out, simulate::icu_vitals_csv(args.patients, args.seed))
-        .with_context(|| format!("writing {}", args.out))?;
-    eprintln!("simulated {} ICU patients' vital signs into {}", args.patients, args.out);
+    write_cohort(&args.out, args.patients, args.seed, "")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a simulated cohort of `patients` to `path` and says so (`what`: its role).
+fn write_cohort(path: &str, patients: usize, seed: u64, what: &str) -> anyhow::Result<()> {
+    std::fs::write(path, simulate::icu_vitals_csv(patients, seed)).with_context(|| format!("writing {path}"))?;
+    eprintln!("simulated {patients} ICU patients' vital signs into {path}{what}");
+    Ok(())
 }
 
 #[derive(Args)]
@@ -276,18 +281,19 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         Some(path) => JobSpec::load(path)?,
         None => JobSpec::parse(DEMO_SPEC, "examples/demo.toml (built in)")?,
     };
+    // The demo writes its cohort to one place; a spec reading another file would train on
+    // something the demo did not simulate.
+    if spec.input.urls != [DEMO_INPUT] {
+        anyhow::bail!("a demo spec reads the simulated cohort: [input] urls = [\"{DEMO_INPUT}\"]");
+    }
     if let Some(dir) = std::path::Path::new(DEMO_INPUT).parent() {
         std::fs::create_dir_all(dir)?;
     }
     let patients = args.patients.max(1);
     let holdout = (patients / 5).max(1);
     // Fixed seeds: the cohorts are simulated (no real person), so the demo is reproducible.
-    for (path, n, seed, what) in
-        [(DEMO_INPUT, patients, 2026, "private input"), (DEMO_HOLDOUT, holdout, 2027, "held-out cohort")]
-    {
-        std::fs::write(path, simulate::icu_vitals_csv(n, seed)).with_context(|| format!("writing {path}"))?;
-        eprintln!("simulated {n} ICU patients' vital signs into {path} (the demo's {what})");
-    }
+    write_cohort(DEMO_INPUT, patients, 2026, " (the demo's private input)")?;
+    write_cohort(DEMO_HOLDOUT, holdout, 2027, " (the demo's held-out cohort)")?;
     let job_id = new_job_id();
     let output = format!("{}/{job_id}", spec.output.url);
     let ledger_url = spec.privacy.ledger.clone().context("a demo spec names its ledger ([privacy] ledger)")?;

@@ -4,15 +4,14 @@
 
 use dpsynth_privacy::ledger::Ledger;
 use dpsynth_privacy::release::{Private, Releases, Unpaid};
-use dpsynth_proto::task::Work;
 use dpsynth_shared::generators::aim::AimPlan;
-use dpsynth_shared::generators::aim::rounds::{Schedule, eligible, offsets, qualities, quality_sensitivity};
+use dpsynth_shared::generators::aim::rounds::{Schedule, eligible, qualities, quality_sensitivity};
 use dpsynth_shared::generators::marginals::MarginalsSampler;
 use dpsynth_shared::pgm::{GraphicalModel, Measurement};
 
+use super::marginals::count_tables;
 use super::{Admission, Charged, Fitted, Generator};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
-use crate::gather::{Answer, Round};
 
 /// A planned AIM job.
 pub struct Aim {
@@ -30,16 +29,7 @@ impl Generator for Aim {
 
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
         let Self { plan } = self;
-        set_stage(ctx.progress, "aggregating on workers");
-        let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
-        let task = &plan.task;
-        let round =
-            Round { work: Work::CountTables(task.into()), groups: &groups, tensor: "counts", len: task.cells() };
-        ctx.progress_mut().tasks_total = groups.len() as u32;
-        let check = |a: Answer<'_>| {
-            partitions.units_per_partition.check(|units| task.validate(a.values, a.claimed_units.min(units[a.group])))
-        };
-        let exact = ctx.gather().round(round, check, ctx.round_progress()).await?;
+        let exact = count_tables(ctx, partitions, &plan.task).await?;
 
         let mechanisms = vec![plan.mechanism()];
         let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;
@@ -63,7 +53,7 @@ impl Generator for Aim {
 /// spent (or no candidate fits the model's size limit), the model refitted after each.
 fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, mut releases: Releases) -> Result<GraphicalModel, Unpaid> {
     let sizes: Vec<usize> = plan.task.domain.columns.iter().map(|c| c.bins()).collect();
-    let offsets = offsets(plan);
+    let offsets = plan.task.offsets();
     let m = plan.sensitivity();
     let table = |r: usize| exact.map(|counts| counts[offsets[r]..offsets[r + 1]].to_vec());
     let iterations = plan.fit_iterations as usize;

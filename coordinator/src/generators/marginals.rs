@@ -2,9 +2,9 @@
 //! charged once summed, then one Gaussian release of all of them, sampled from.
 
 use dpsynth_privacy::ledger::Ledger;
-use dpsynth_privacy::release::Releases;
+use dpsynth_privacy::release::{Private, Releases};
 use dpsynth_proto::task::Work;
-use dpsynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler};
+use dpsynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler, MarginalsTask};
 
 use super::{Admission, Charged, Fitted, Generator};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
@@ -14,6 +14,24 @@ use crate::gather::{Answer, Round};
 pub struct Marginals {
     plan: MarginalsPlan,
     sigma: f64,
+}
+
+/// One round of contingency tables from the workers, a task per partition, each answer
+/// checked against its partition's own unit count (a worker's claim is not trusted); the
+/// exact sums stay private. AIM counts its candidates the same way.
+pub(crate) async fn count_tables(
+    ctx: &JobContext<'_>,
+    partitions: &Partitions,
+    task: &MarginalsTask,
+) -> Result<Private<Vec<f64>>, JobError> {
+    set_stage(ctx.progress, "aggregating on workers");
+    let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
+    let round = Round { work: Work::CountTables(task.into()), groups: &groups, tensor: "counts", len: task.cells() };
+    ctx.progress_mut().tasks_total = groups.len() as u32;
+    let check = |a: Answer<'_>| {
+        partitions.units_per_partition.check(|units| task.validate(a.values, a.claimed_units.min(units[a.group])))
+    };
+    ctx.gather().round(round, check, ctx.round_progress()).await
 }
 
 impl Generator for Marginals {
@@ -29,17 +47,8 @@ impl Generator for Marginals {
 
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
         let Self { plan, sigma } = self;
-        set_stage(ctx.progress, "aggregating on workers");
-        let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
         let task = &plan.task;
-        let round =
-            Round { work: Work::CountTables(task.into()), groups: &groups, tensor: "counts", len: task.cells() };
-        ctx.progress_mut().tasks_total = groups.len() as u32;
-        // The partition's own unit count caps the worker's claim.
-        let check = |a: Answer<'_>| {
-            partitions.units_per_partition.check(|units| task.validate(a.values, a.claimed_units.min(units[a.group])))
-        };
-        let counts = ctx.gather().round(round, check, ctx.round_progress()).await?;
+        let counts = count_tables(ctx, partitions, task).await?;
 
         let mechanisms = vec![plan.mechanism(sigma)];
         let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;

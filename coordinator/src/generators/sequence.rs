@@ -87,7 +87,7 @@ async fn select(
     let neighbours = selection.neighbours;
     let (l2_sensitivity, noise_multiplier) = vote_release(mechanism, neighbours)?;
     // Public: the declared or released output size, and the charged settings.
-    let keep = trained.ctx.spec().output.units.unwrap_or(trained.released_units) as usize;
+    let keep = trained.ctx.spec().declared_output_size().unwrap_or(trained.released_units) as usize;
     let count = ((keep as f64 * selection.candidates).ceil() as usize).max(keep).max(neighbours);
     set_stage(trained.ctx.progress, "sampling candidates (private selection)");
     tracing::info!(candidates = count, keep, "drawing the selection's candidates");

@@ -180,9 +180,7 @@ impl Releases {
             matches!(*p, Paid::Gaussian { l2_sensitivity: d, noise_multiplier: s, .. }
                 if d == l2_sensitivity && s == noise_multiplier)
         })?;
-        let mut values = exact.0;
-        self.noise.add_gaussian(&mut values, noise_multiplier * l2_sensitivity);
-        Ok(values)
+        Ok(self.noise.noised(exact, noise_multiplier * l2_sensitivity))
     }
 
     /// GNMax's noisy histograms: `histograms` holds one query's `classes` vote counts after
@@ -198,9 +196,7 @@ impl Releases {
             what,
             |p| matches!(*p, Paid::GnMax { sigma: s, classes: k, .. } if s == sigma && k == classes),
         )?;
-        let mut values = histograms.0;
-        self.noise.add_gaussian(&mut values, sigma);
-        Ok(values)
+        Ok(self.noise.noised(histograms, sigma))
     }
 
     /// One DP-SGD step at Poisson rate `rate`: the sum of clipped per-example gradients
@@ -216,9 +212,7 @@ impl Releases {
         let what = || format!("a DP-SGD step with σ = {noise_multiplier} at rate {rate}");
         let charged = |p: &Paid| matches!(*p, Paid::DpSgd { noise_multiplier: s, rate: q, .. } if s == noise_multiplier && q == rate);
         self.spend(1, what, charged)?;
-        let mut values = sum.0;
-        self.noise.add_gaussian(&mut values, noise_multiplier * clip);
-        Ok(values)
+        Ok(self.noise.noised(sum, noise_multiplier * clip))
     }
 
     /// One draw of the exponential mechanism: the index of one of `scores` (each moved by
@@ -267,9 +261,7 @@ impl Releases {
             return Err(Unpaid { what: what() });
         }
         self.spend_zcdp(1.0 / (2.0 * noise_multiplier * noise_multiplier), what)?;
-        let mut values = exact.0;
-        self.noise.add_gaussian(&mut values, noise_multiplier * l2_sensitivity);
-        Ok(values)
+        Ok(self.noise.noised(exact, noise_multiplier * l2_sensitivity))
     }
 
     /// An exponential-mechanism draw paid from the zCDP budget, costing ε²/8.
@@ -305,6 +297,13 @@ impl Noise<ChaCha20Rng> {
 }
 
 impl<R: CryptoRng> Noise<R> {
+    /// The private values with N(0, std²) added to each: now they may be released.
+    fn noised(&mut self, exact: Private<Vec<f64>>, std: f64) -> Vec<f64> {
+        let mut values = exact.0;
+        self.add_gaussian(&mut values, std);
+        values
+    }
+
     /// The index of the largest `scale·score + G`, G standard Gumbel (−ln(−ln U), U
     /// uniform on (0, 1)): a draw ∝ exp(scale·score). A NaN score (a caller's bug) is
     /// never picked. `scores` is not empty.

@@ -11,6 +11,46 @@ use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::spec::JobSpec;
 
+/// The checked [`RunPlan`] of a DP-SGD generator's parameters, whose sections share the
+/// training fields by name: epochs, batch, clip and count noise positive, σ positive when
+/// declared, micro-batches of at least one unit; nothing after training yet.
+/// `run_plan!(GENERATOR, params)` → `Result<RunPlan, PlanError>`.
+macro_rules! run_plan {
+    ($generator:expr, $params:expr) => {{
+        let p = &$params;
+        let positive = [
+            ("epochs", p.epochs),
+            ("batch_size", p.batch_size),
+            ("clip", p.clip),
+            ("count_noise_multiplier", p.count_noise_multiplier),
+        ];
+        $crate::generators::require_positive($generator, &positive).and_then(|()| {
+            if p.noise_multiplier.is_some_and(|s: f64| !(s.is_finite() && s > 0.0)) {
+                return Err($crate::generators::PlanError::new(
+                    $generator,
+                    "noise_multiplier must be a positive number",
+                ));
+            }
+            if p.micro_batch == 0 {
+                return Err($crate::generators::PlanError::new($generator, "micro_batch must be ≥ 1"));
+            }
+            Ok($crate::dpsgd::plan::RunPlan {
+                epochs: p.epochs,
+                batch_size: p.batch_size,
+                clip: p.clip,
+                noise_multiplier: p.noise_multiplier,
+                count_noise_multiplier: p.count_noise_multiplier,
+                after_training: Vec::new(),
+                optimizer: p.optimizer.clone(),
+                schedule: p.schedule.clone(),
+                micro_batch: p.micro_batch,
+                checkpoint_every: p.checkpoint_every,
+            })
+        })
+    }};
+}
+pub(crate) use run_plan;
+
 /// A DP-SGD run as planned from the spec (a checkpoint keeps it, so a resumed run trains
 /// as charged).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

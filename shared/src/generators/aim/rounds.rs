@@ -44,15 +44,6 @@ impl Schedule {
     }
 }
 
-/// Each table's offset in the concatenated counts, and the end.
-pub fn offsets(plan: &AimPlan) -> Vec<usize> {
-    let mut offsets = vec![0];
-    for size in plan.task.table_sizes() {
-        offsets.push(offsets.last().unwrap() + size);
-    }
-    offsets
-}
-
 /// The candidates (table indices) the model can take on within `limit` cells.
 pub fn eligible(plan: &AimPlan, model: &GraphicalModel, limit: f64) -> Vec<usize> {
     (0..plan.task.tables.len()).filter(|&r| model.cells_with(&plan.task.tables[r]) <= limit).collect()

@@ -4,7 +4,7 @@ use super::encoding::TabularEncoding;
 use super::model::DenoiserConfig;
 use super::task::FinDiffModelSpec;
 use crate::data::domain::Domain;
-use crate::dpsgd::plan::RunPlan;
+use crate::dpsgd::plan::{RunPlan, run_plan};
 use crate::entropy::os_seed;
 use crate::generators::{PlanError, require_columns, require_positive};
 use crate::spec::{FinDiffParams, GeneratorSpec, JobSpec};
@@ -29,18 +29,8 @@ impl FinDiffPlan {
         let GeneratorSpec::Findiff(params) = spec.generator.clone() else {
             return Err(invalid("the job's generator is another"));
         };
-        let positive = [
-            ("epochs", params.epochs),
-            ("batch_size", params.batch_size),
-            ("clip", params.clip),
-            ("count_noise_multiplier", params.count_noise_multiplier),
-            ("beta_start", params.beta_start),
-            ("beta_end", params.beta_end),
-        ];
-        require_positive(GENERATOR, &positive)?;
-        if params.noise_multiplier.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
-            return Err(invalid("noise_multiplier must be a positive number"));
-        }
+        let run = run_plan!(GENERATOR, params)?;
+        require_positive(GENERATOR, &[("beta_start", params.beta_start), ("beta_end", params.beta_end)])?;
         if params.beta_end >= 1.0 || params.beta_start > params.beta_end {
             return Err(invalid("need 0 < beta_start ≤ beta_end < 1"));
         }
@@ -66,18 +56,6 @@ impl FinDiffPlan {
             beta_start: params.beta_start,
             beta_end: params.beta_end,
             max_rows_per_unit: params.max_rows_per_unit,
-        };
-        let run = RunPlan {
-            epochs: params.epochs,
-            batch_size: params.batch_size,
-            clip: params.clip,
-            noise_multiplier: params.noise_multiplier,
-            count_noise_multiplier: params.count_noise_multiplier,
-            after_training: Vec::new(),
-            optimizer: params.optimizer,
-            schedule: params.schedule,
-            micro_batch: params.micro_batch,
-            checkpoint_every: params.checkpoint_every,
         };
         Ok(Self { model, params, run })
     }

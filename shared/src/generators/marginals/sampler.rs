@@ -28,17 +28,13 @@ impl MarginalsSampler {
     pub fn new(plan: MarginalsPlan, noisy: &[f64], noise: f64) -> Self {
         let task = &plan.task;
         let domain: Vec<usize> = task.domain.columns.iter().map(|c| c.bins()).collect();
-        let mut offset = 0;
-        let measurements = task
+        let offsets = task.offsets();
+        let measurements: Vec<Measurement> = task
             .tables
             .iter()
-            .zip(task.table_sizes())
-            .map(|(columns, size)| {
-                let counts = &noisy[offset..offset + size];
-                offset += size;
-                measurement(columns, counts, &domain, noise)
-            })
-            .collect::<Vec<_>>();
+            .enumerate()
+            .map(|(t, columns)| measurement(columns, &noisy[offsets[t]..offsets[t + 1]], &domain, noise))
+            .collect();
         let model = GraphicalModel::fit(&domain, &measurements, FIT_ITERATIONS);
         Self { domain: plan.task.domain, model }
     }

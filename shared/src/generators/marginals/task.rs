@@ -29,6 +29,15 @@ impl MarginalsTask {
         self.tables.iter().map(|t| t.iter().map(|&c| self.domain.columns[c].bins()).product()).collect()
     }
 
+    /// Each table's first cell in the concatenated counts, then the end.
+    pub fn offsets(&self) -> Vec<usize> {
+        let mut offsets = vec![0];
+        for size in self.table_sizes() {
+            offsets.push(offsets.last().unwrap() + size);
+        }
+        offsets
+    }
+
     pub fn cells(&self) -> usize {
         self.table_sizes().iter().sum()
     }

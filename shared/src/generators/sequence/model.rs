@@ -133,10 +133,6 @@ impl KvCache {
     pub fn len(&self, width: usize) -> usize {
         self.blocks.first().map_or(0, |(keys, _)| keys.len() / width)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.blocks.first().is_none_or(|(keys, _)| keys.is_empty())
-    }
 }
 
 impl Transformer {

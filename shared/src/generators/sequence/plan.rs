@@ -9,8 +9,8 @@ use super::window::WindowSpec;
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::{Domain, Encoding};
-use crate::dpsgd::plan::RunPlan;
-use crate::generators::{PlanError, require_columns, require_positive};
+use crate::dpsgd::plan::{RunPlan, run_plan};
+use crate::generators::{PlanError, require_columns};
 use crate::spec::{ColumnKind, GeneratorSpec, JobSpec, SequenceParams};
 
 /// This generator's name in plan errors.
@@ -28,7 +28,6 @@ pub struct SequencePlan {
     /// The private selection, when the spec asks for one (its release is the run's
     /// `after_training` mechanism).
     pub selection: Option<SelectionSpec>,
-    pub params: SequenceParams,
     pub run: RunPlan,
 }
 
@@ -39,16 +38,7 @@ impl SequencePlan {
         let GeneratorSpec::Sequence(params) = spec.generator.clone() else {
             return Err(invalid("the job's generator is another"));
         };
-        let positive = [
-            ("epochs", params.epochs),
-            ("batch_size", params.batch_size),
-            ("clip", params.clip),
-            ("count_noise_multiplier", params.count_noise_multiplier),
-        ];
-        require_positive(GENERATOR, &positive)?;
-        if params.noise_multiplier.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
-            return Err(invalid("noise_multiplier must be a positive number"));
-        }
+        let mut run = run_plan!(GENERATOR, params)?;
         if !(params.temperature.is_finite() && params.temperature > 0.0) {
             return Err(invalid("temperature must be a positive number"));
         }
@@ -56,10 +46,8 @@ impl SequencePlan {
             return Err(invalid("p_start is a probability: need 0 ≤ p_start ≤ 1"));
         }
         let sizes = [params.max_rows, params.window_rows, params.width, params.heads, params.layers, params.mlp];
-        if sizes.contains(&0) || params.fine == 0 || params.gap_bins == 0 || params.micro_batch == 0 {
-            return Err(invalid(
-                "max_rows, window_rows, width, heads, layers, mlp, fine, gap_bins and micro_batch must be ≥ 1",
-            ));
+        if sizes.contains(&0) || params.fine == 0 || params.gap_bins == 0 {
+            return Err(invalid("max_rows, window_rows, width, heads, layers, mlp, fine and gap_bins must be ≥ 1"));
         }
         if !params.width.is_multiple_of(params.heads) {
             return Err(invalid(format!("width {} is not a multiple of heads {}", params.width, params.heads)));
@@ -97,27 +85,14 @@ impl SequencePlan {
             params.layers,
             params.mlp,
         );
-        let after_training = match params.select_epsilon {
-            None => Vec::new(),
-            Some(epsilon) => vec![selection_mechanism(spec, &params, epsilon, options)?],
-        };
-        let run = RunPlan {
-            epochs: params.epochs,
-            batch_size: params.batch_size,
-            clip: params.clip,
-            noise_multiplier: params.noise_multiplier,
-            count_noise_multiplier: params.count_noise_multiplier,
-            after_training,
-            optimizer: params.optimizer,
-            schedule: params.schedule,
-            micro_batch: params.micro_batch,
-            checkpoint_every: params.checkpoint_every,
-        };
+        if let Some(epsilon) = params.select_epsilon {
+            run.after_training = vec![selection_mechanism(spec, &params, epsilon, options)?];
+        }
         let model = SequenceModelSpec { domain: domain.clone(), layout, transformer, window };
         let selection = params
             .select_epsilon
             .map(|_| SelectionSpec { neighbours: params.select_neighbours, candidates: params.select_candidates });
-        Ok(Self { model, selection, params, run })
+        Ok(Self { model, selection, run })
     }
 }
 
