@@ -24,6 +24,7 @@ async fn a_table_against_itself_scores_perfectly() {
     let report = eval::evaluate(&spec, &domain, &table, &table, &table, None);
     assert!((report.fidelity.hist - 1.0).abs() < 1e-12, "HIST {}", report.fidelity.hist);
     assert!((report.fidelity.pair - 1.0).abs() < 1e-12, "Pair {}", report.fidelity.pair);
+    assert!((report.fidelity.triple - 1.0).abs() < 1e-12, "Triple {}", report.fidelity.triple);
     assert_eq!(report.fidelity.cor_acc, 1.0);
     assert!(report.fidelity.columns.iter().all(|c| c.w1.unwrap_or(0.0) == 0.0 && c.js.unwrap_or(0.0) == 0.0));
     assert_eq!(report.privacy.exact_copy_rate, 1.0);
@@ -249,6 +250,7 @@ async fn the_report_states_what_its_caps_sampled() {
         attack_reference: 20,
         fidelity_rows: 30,
         fidelity_pairs: 4,
+        fidelity_triples: 3,
         utility_fit_rows: 60,
         utility_test_rows: 40,
         tdcr_queries: 3,
@@ -268,6 +270,7 @@ async fn the_report_states_what_its_caps_sampled() {
         ("membership attack reference", "synthetic", 20, rows),
         ("Pair, CorAcc", "train", 30, rows),
         ("Pair, CorAcc", "column pairs", 4, d * (d - 1) / 2),
+        ("Triple", "column triples", 3, d * (d - 1) * (d - 2) / 6),
         ("HIST, W1, JS", "synthetic", rows, rows),
         ("utility: fitted", "train", 60, rows),
         ("utility: scored", "test", 40, rows),

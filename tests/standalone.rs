@@ -666,34 +666,50 @@ async fn one_two_and_four_workers_cast_the_same_selection_votes() {
     assert_eq!(task.votes(&all).0, reference.unwrap());
 }
 
-/// Contingency tables gathered from 1, 2 and 4 workers: the same counts, bit for bit, and
-/// every row counted once in every table.
+/// Contingency tables gathered from 1, 2 and 4 workers, for the marginals generator's
+/// star of pairs and for AIM's candidates (every column, pair and triple): the same
+/// counts, bit for bit, and every row counted once in every table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_count_the_same_marginals() {
     use dpsynth_proto::task::Work;
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
     use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::generators::aim::AimPlan;
     use dpsynth_shared::generators::marginals::MarginalsPlan;
 
     let dir = tempfile::tempdir().unwrap();
     // Every row of a patient kept: no random subsampling, so all runs count the same rows.
     let text = demo_spec(dir.path(), 50).replace("max_rows_per_unit = 8", "max_rows_per_unit = 100000");
     let spec = JobSpec::parse(&text, "marginals").unwrap();
-    let plan = MarginalsPlan::new(&spec, &Domain::from_spec(&spec)).unwrap();
+    let domain = Domain::from_spec(&spec);
+    let (head, rest) = text.split_once("[generator]").unwrap();
+    let output = &rest[rest.find("[output]").unwrap()..];
+    let aim = format!("{head}[generator]\nname = \"aim\"\n\n[generator.aim]\nmax_rows_per_unit = 100000\n{output}");
+    let aim = JobSpec::parse(&aim, "aim").unwrap();
+    let tasks = [
+        MarginalsPlan::new(&spec, &domain).unwrap().task,
+        AimPlan::new(&aim, &domain, &AccountingOptions::default()).unwrap().task,
+    ];
+    let d = domain.columns.len();
+    assert_eq!(tasks[1].tables.len(), d + d * (d - 1) / 2 + d * (d - 1) * (d - 2) / 6);
     let rows = std::fs::read_to_string(dir.path().join("icu_vitals.csv")).unwrap().lines().count() - 1;
     let urls = partition(&spec, dir.path(), 4).await;
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
-    let mut reference: Option<Vec<f64>> = None;
-    for workers in [1, 2, 4] {
-        let work = Work::CountTables((&plan.task).into());
-        let counts = one_round(workers, work, &groups, "counts", plan.task.cells()).await;
-        let mut offset = 0;
-        for size in plan.task.table_sizes() {
-            assert_eq!(counts[offset..offset + size].iter().sum::<f64>(), rows as f64);
-            offset += size;
-        }
-        match &reference {
-            None => reference = Some(counts),
-            Some(r) => assert!(r.iter().zip(&counts).all(|(a, b)| a.to_bits() == b.to_bits()), "{workers} workers"),
+    for task in &tasks {
+        let mut reference: Option<Vec<f64>> = None;
+        for workers in [1, 2, 4] {
+            let counts = one_round(workers, Work::CountTables(task.into()), &groups, "counts", task.cells()).await;
+            let mut offset = 0;
+            for size in task.table_sizes() {
+                assert_eq!(counts[offset..offset + size].iter().sum::<f64>(), rows as f64);
+                offset += size;
+            }
+            match &reference {
+                None => reference = Some(counts),
+                Some(r) => {
+                    assert!(r.iter().zip(&counts).all(|(a, b)| a.to_bits() == b.to_bits()), "{workers} workers")
+                }
+            }
         }
     }
 }

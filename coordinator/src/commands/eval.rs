@@ -36,9 +36,10 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(eval::run(&spec, &train, &args.test, &args.synthetic, &args.out))?;
     eprintln!(
-        "HIST {:.4}, Pair {:.4}, CorAcc {:.4}; DCR median synthetic {:.4} vs held-out {:.4}; MIA AUC {:.3}. Report: {}/report.html",
+        "HIST {:.4}, Pair {:.4}, Triple {:.4}, CorAcc {:.4}; DCR median synthetic {:.4} vs held-out {:.4}; MIA AUC {:.3}. Report: {}/report.html",
         report.fidelity.hist,
         report.fidelity.pair,
+        report.fidelity.triple,
         report.fidelity.cor_acc,
         report.privacy.dcr_synthetic_median,
         report.privacy.dcr_holdout_median,
@@ -59,6 +60,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         "out": args.out,
         "hist": report.fidelity.hist,
         "pair": report.fidelity.pair,
+        "triple": report.fidelity.triple,
         "cor_acc": report.fidelity.cor_acc,
         "dcr_synthetic_median": report.privacy.dcr_synthetic_median,
         "dcr_holdout_median": report.privacy.dcr_holdout_median,

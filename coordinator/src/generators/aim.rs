@@ -3,7 +3,7 @@
 //! threads, each release paid from the budget.
 
 use dpsynth_privacy::ledger::Ledger;
-use dpsynth_privacy::release::{Private, Releases, Unpaid};
+use dpsynth_privacy::release::{Private, Releases, Unpaid, ZcdpRelease};
 use dpsynth_shared::generators::aim::AimPlan;
 use dpsynth_shared::generators::aim::rounds::{Schedule, eligible, qualities, quality_sensitivity};
 use dpsynth_shared::generators::marginals::MarginalsSampler;
@@ -34,9 +34,9 @@ impl Generator for Aim {
         let mechanisms = vec![plan.mechanism()];
         let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;
         set_stage(ctx.progress, "selecting and measuring marginals");
-        let releases = Releases::paid_by(&receipt)?;
+        let mut releases = Releases::paid_by(&receipt)?;
         let domain = plan.task.domain.clone();
-        let model = blocking(move || run_rounds(&plan, exact, releases)).await??;
+        let model = blocking(move || run_rounds(&plan, exact, &mut releases)).await??;
         // The default size: the model's total, pooled from the released measurements.
         let released_rows = Some(model.total.round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
@@ -51,7 +51,7 @@ impl Generator for Aim {
 
 /// The rounds: every 1-way table, then selections and measurements until the budget is
 /// spent (or no candidate fits the model's size limit), the model refitted after each.
-fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, mut releases: Releases) -> Result<GraphicalModel, Unpaid> {
+fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases) -> Result<GraphicalModel, Unpaid> {
     let sizes: Vec<usize> = plan.task.domain.columns.iter().map(|c| c.bins()).collect();
     let offsets = plan.task.offsets();
     let m = plan.sensitivity();
@@ -99,5 +99,106 @@ fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, mut releases: Releases) 
             break;
         }
     }
+    let run = releases.zcdp_released();
+    tracing::info!(
+        measurements = measurements.len(),
+        selections = run.len() - measurements.len(),
+        rho_spent = run.iter().map(ZcdpRelease::rho).sum::<f64>(),
+        rho = plan.rho,
+        "AIM: rounds done"
+    );
     Ok(model.refit(&measurements, 10 * iterations))
+}
+
+#[cfg(test)]
+mod tests {
+    use dpsynth_privacy::ledger::{ChargeRequest, Ledger};
+    use dpsynth_privacy::release::{Private, Releases, ZcdpRelease};
+    use dpsynth_shared::accounting::Budget;
+    use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+    use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::generators::aim::AimPlan;
+    use dpsynth_shared::spec::JobSpec;
+    use rand::{RngExt, SeedableRng};
+
+    const DEMO: &str = include_str!("../../../examples/demo.toml");
+
+    /// A whole AIM run on exact tables of made-up rows, paid by a real ledger charge: the
+    /// charge is the plan's ρ, what was run spends it (never more), and the RDP accountant's
+    /// composition of exactly the releases that were run — each Gaussian measurement and each
+    /// exponential draw as the mechanism it is — costs no more than the charge, and nearly
+    /// all of it (the exponential draws are cheaper as bounded-range mechanisms than their
+    /// ε²/8 share of ρ only at some orders).
+    #[tokio::test]
+    async fn the_ledger_charge_is_the_composition_of_what_the_run_released() {
+        let (head, rest) = DEMO.split_once("[generator]").unwrap();
+        let output = &rest[rest.find("[output]").unwrap()..];
+        let text = format!(
+            "{head}[generator]\nname = \"aim\"\n\n[generator.aim]\nmax_rows_per_unit = 1\nrounds = 40\n{output}"
+        );
+        let spec = JobSpec::parse(&text, "demo.toml").unwrap();
+        let options = AccountingOptions::default();
+        let plan = AimPlan::new(&spec, &Domain::from_spec(&spec), &options).unwrap();
+
+        // Exact tables of 2000 rows with some structure (test data: a seeded RNG).
+        let sizes: Vec<usize> = plan.task.domain.columns.iter().map(|c| c.bins()).collect();
+        let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(7);
+        let rows: Vec<Vec<usize>> = (0..2000)
+            .map(|_| {
+                let base = rng.random_range(0..sizes[0]);
+                sizes.iter().map(|&n| if rng.random_bool(0.6) { base % n } else { rng.random_range(0..n) }).collect()
+            })
+            .collect();
+        let mut exact = Vec::new();
+        for vars in &plan.task.tables {
+            let mut table = vec![0.0; vars.iter().map(|&v| sizes[v]).product()];
+            for row in &rows {
+                table[vars.iter().fold(0, |cell, &v| cell * sizes[v] + row[v])] += 1.0;
+            }
+            exact.extend(table);
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = dpsynth_shared::storage::open(dir.path().to_str().unwrap()).unwrap();
+        let budget = Budget { epsilon: 10.0, delta: 1e-5 };
+        let mut ledger = Ledger::init(&store, "aim-test", budget, Adjacency::AddRemove, options.clone()).await.unwrap();
+        let request = ChargeRequest {
+            job_id: "aim".into(),
+            mechanisms: vec![plan.mechanism()],
+            accountant: Accountant::Rdp,
+            delta: spec.privacy.delta,
+        };
+        let receipt = ledger.charge(&request).await.unwrap();
+        assert_eq!(receipt.mechanisms(), [Mechanism::Zcdp { rho: plan.rho, adjacency: Adjacency::AddRemove }]);
+        let mut releases = Releases::paid_by(&receipt).unwrap();
+        let model = super::run_rounds(&plan, Private::new(exact), &mut releases).unwrap();
+        assert!((model.total - 2000.0).abs() < 200.0, "total {}", model.total);
+
+        let run = releases.zcdp_released().to_vec();
+        let spent: f64 = run.iter().map(ZcdpRelease::rho).sum();
+        assert!(spent <= plan.rho && spent > plan.rho * (1.0 - 1e-6), "spent {spent} of {}", plan.rho);
+        let gaussians = run.iter().filter(|r| matches!(r, ZcdpRelease::Gaussian { .. })).count();
+        assert_eq!(gaussians, sizes.len() + (run.len() - gaussians), "a measurement per column and per selection");
+        let as_run: Vec<Mechanism> = run
+            .iter()
+            .map(|r| match *r {
+                ZcdpRelease::Gaussian { l2_sensitivity, noise_multiplier } => Mechanism::Gaussian {
+                    l2_sensitivity,
+                    noise_multiplier,
+                    releases: 1,
+                    adjacency: Adjacency::AddRemove,
+                },
+                ZcdpRelease::Exponential { sensitivity, epsilon } => {
+                    Mechanism::Exponential { sensitivity, epsilon, selections: 1 }
+                }
+            })
+            .collect();
+        let delta = spec.privacy.delta;
+        let run_epsilon = account(&as_run, Accountant::Rdp, delta, &options).unwrap().epsilon;
+        let charged = receipt.admission.cost.epsilon;
+        assert!(run_epsilon <= charged * (1.0 + 1e-9), "run ε {run_epsilon} > charged ε {charged}");
+        assert!(run_epsilon > 0.95 * charged, "run ε {run_epsilon} far below the charge {charged}");
+        assert!((charged - spec.privacy.epsilon).abs() < 1e-6 * spec.privacy.epsilon, "charged ε {charged}");
+    }
 }

@@ -93,11 +93,34 @@ impl Paid {
     }
 }
 
+/// One release paid from a zCDP budget, as it was run: kept so that what a run did can be
+/// composed and set against what was charged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ZcdpRelease {
+    /// N(0, (σΔ)²) on every coordinate of a query with L2 sensitivity Δ.
+    Gaussian { l2_sensitivity: f64, noise_multiplier: f64 },
+    /// One exponential-mechanism draw over scores with the given sensitivity.
+    Exponential { sensitivity: f64, epsilon: f64 },
+}
+
+impl ZcdpRelease {
+    /// Its zCDP cost: 1/(2σ²) for the Gaussian, ε²/8 for the exponential mechanism
+    /// (Cesar & Rogers 2021).
+    pub fn rho(&self) -> f64 {
+        match *self {
+            ZcdpRelease::Gaussian { noise_multiplier, .. } => 1.0 / (2.0 * noise_multiplier * noise_multiplier),
+            ZcdpRelease::Exponential { epsilon, .. } => epsilon * epsilon / 8.0,
+        }
+    }
+}
+
 /// The releases one charge pays for, with the noise to draw them.
 pub struct Releases {
     paid: Vec<Paid>,
     /// What is left of the charge's zCDP budgets (a privacy filter over adaptive releases).
     zcdp_left: f64,
+    /// The releases paid from the zCDP budget so far, in order.
+    zcdp_released: Vec<ZcdpRelease>,
     noise: Noise,
 }
 
@@ -136,7 +159,7 @@ impl Releases {
                 None => paid.push(entry),
             }
         }
-        Ok(Self { paid, zcdp_left, noise: Noise::from_os()? })
+        Ok(Self { paid, zcdp_left, zcdp_released: Vec::new(), noise: Noise::from_os()? })
     }
 
     /// Uses up `n` releases of the paid mechanism `matches` selects; returns it.
@@ -237,13 +260,20 @@ impl Releases {
         self.zcdp_left
     }
 
-    /// Takes `rho` from the charged zCDP budget, or refuses if less is left.
-    fn spend_zcdp(&mut self, rho: f64, what: impl Fn() -> String) -> Result<(), Unpaid> {
+    /// The releases paid from the zCDP budget so far, in order.
+    pub fn zcdp_released(&self) -> &[ZcdpRelease] {
+        &self.zcdp_released
+    }
+
+    /// Takes `release`'s cost from the charged zCDP budget, or refuses if less is left.
+    fn spend_zcdp(&mut self, release: ZcdpRelease, what: impl Fn() -> String) -> Result<(), Unpaid> {
+        let rho = release.rho();
         // NaN fails `rho > 0.0` and is refused with the rest.
         if rho.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) || rho > self.zcdp_left * (1.0 + ZCDP_SLACK) {
             return Err(Unpaid { what: what() });
         }
         self.zcdp_left = (self.zcdp_left - rho).max(0.0);
+        self.zcdp_released.push(release);
         Ok(())
     }
 
@@ -260,7 +290,7 @@ impl Releases {
         if !(l2_sensitivity.is_finite() && l2_sensitivity > 0.0) {
             return Err(Unpaid { what: what() });
         }
-        self.spend_zcdp(1.0 / (2.0 * noise_multiplier * noise_multiplier), what)?;
+        self.spend_zcdp(ZcdpRelease::Gaussian { l2_sensitivity, noise_multiplier }, what)?;
         Ok(self.noise.noised(exact, noise_multiplier * l2_sensitivity))
     }
 
@@ -275,7 +305,7 @@ impl Releases {
         if scores.0.is_empty() || !(sensitivity.is_finite() && sensitivity > 0.0) {
             return Err(Unpaid { what: what() });
         }
-        self.spend_zcdp(epsilon * epsilon / 8.0, what)?;
+        self.spend_zcdp(ZcdpRelease::Exponential { sensitivity, epsilon }, what)?;
         Ok(self.noise.gumbel_max(&scores.0, epsilon / (2.0 * sensitivity)))
     }
 
@@ -352,7 +382,12 @@ mod tests {
     use super::*;
 
     fn seeded(paid: Vec<Paid>, seed: u64) -> Releases {
-        Releases { paid, zcdp_left: 0.0, noise: Noise { rng: ChaCha20Rng::seed_from_u64(seed) } }
+        Releases {
+            paid,
+            zcdp_left: 0.0,
+            zcdp_released: Vec::new(),
+            noise: Noise { rng: ChaCha20Rng::seed_from_u64(seed) },
+        }
     }
 
     fn mean_var(x: &[f64]) -> (f64, f64) {
@@ -435,6 +470,11 @@ mod tests {
         assert!(releases.zcdp_gaussian(Private::new(vec![0.0; 3]), 0.0, sigma).is_err(), "Δ = 0");
         releases.zcdp_gaussian(Private::new(vec![0.0; 3]), 2.0, sigma).unwrap();
         assert!(releases.zcdp_exponential(Private::new(vec![1.0]), 1.0, 1e-3).is_err(), "nothing left");
+        // What was run, refusals left out, spends the budget.
+        let run = releases.zcdp_released();
+        assert_eq!(run.len(), 4);
+        assert_eq!(run[3], ZcdpRelease::Gaussian { l2_sensitivity: 2.0, noise_multiplier: sigma });
+        assert!((run.iter().map(ZcdpRelease::rho).sum::<f64>() - 0.5).abs() < 1e-9);
         // No zCDP budget charged: nothing is paid from one.
         let mut none =
             Releases::paid_by(&ChargeReceipt::for_test(vec![Mechanism::GnMax { sigma: 10.0, classes: 2, queries: 1 }]))

@@ -79,6 +79,8 @@ pub struct EvalLimits {
     pub fidelity_rows: usize,
     /// Pair and CorAcc: column pairs (sampled when the schema has more).
     pub fidelity_pairs: usize,
+    /// Triple: column triples (sampled when the schema has more).
+    pub fidelity_triples: usize,
     /// Utility: rows a model is fitted on (synthetic, real training; each).
     pub utility_fit_rows: usize,
     /// Utility: held-out rows scored.
@@ -104,6 +106,7 @@ impl Default for EvalLimits {
             attack_reference: 8_000,
             fidelity_rows: 200_000,
             fidelity_pairs: 2_000,
+            fidelity_triples: 500,
             utility_fit_rows: 50_000,
             utility_test_rows: 100_000,
             tdcr_queries: 5_000,
@@ -119,7 +122,7 @@ impl Default for EvalLimits {
 pub struct SampleUse {
     /// The metric and its part, e.g. "DCR reference".
     pub metric: String,
-    /// Which table: "train", "test" (held-out), "synthetic", or "column pairs".
+    /// Which table: "train", "test" (held-out), "synthetic", or "column pairs" or "column triples".
     pub table: String,
     pub used: usize,
     pub available: usize,

@@ -165,7 +165,8 @@ pub fn html(report: &EvalReport) -> String {
     body.push_str("<h2>Fidelity</h2>");
     body.push_str(&metric_table(&[
         ("HIST", format!("{:.4}", f.hist), "mean per-column histogram intersection (1 = identical)"),
-        ("Pair", format!("{:.4}", f.pair), "mean 2-way histogram intersection"),
+        ("Pair", format!("{:.4}", f.pair), "mean 2-way histogram intersection (1 − mean 2-way TVD)"),
+        ("Triple", format!("{:.4}", f.triple), "mean 3-way histogram intersection (1 − mean 3-way TVD)"),
         ("CorAcc", format!("{:.4}", f.cor_acc), "share of column pairs with the same association level"),
     ]));
     body.push_str("<table><tr><th>column</th><th>HIST</th><th>W1 (scaled)</th><th>JS distance</th></tr>");

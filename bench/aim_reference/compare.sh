@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# dpsynth's AIM and marginals generators beside private-pgm's AIM, on the same split
+# (adult.data to train, adult.test to score) and the same discretisation (the spec's
+# declared bins), each scored by the same `dpsynth eval`. Prints, per generator: wall time
+# of the fit, mean 2-way TVD over all column pairs, mean 3-way TVD over sampled triples,
+# and train-on-synthetic ROC-AUC (logistic regression, gradient-boosted trees).
+#   cargo build --release --bins && bench/aim_reference/compare.sh [RUNS]
+# The reference is installed in a venv (pinned in requirements.txt; $AIM_REF_VENV, default
+# bench/aim_reference/.venv). Its AIM takes tens of minutes on 2 cores: a benchmark, not a
+# test. Every run writes under a fresh temporary directory and a ledger of its own.
+set -euo pipefail
+runs=${1:-1}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+bin=$root/target/release
+venv=${AIM_REF_VENV:-$here/.venv}
+test_data=$root/../shared/data/adult/adult.test
+[ -f "$test_data" ] || { echo "needs ../shared/data/adult (adult.data, adult.test)" >&2; exit 2; }
+[ -x "$bin/dpsynth" ] || { echo "build first: cargo build --release --bins" >&2; exit 2; }
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet -r "$here/requirements.txt"
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$root"
+
+# seconds of a command, its output to a log
+timed() { local log=$1; shift; local t0; t0=$(date +%s.%N); "$@" > "$log" 2>&1; python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')"; }
+
+evaluate() { # spec synthetic report-dir
+  "$bin/dpsynth" eval --spec "$1" --test "$test_data" --synthetic "$2" --out "$3" > /dev/null 2>> "$work/eval.log"
+}
+
+row() { # name seconds report.json
+  python3 - "$1" "$2" "$3" <<'EOF'
+import json, sys
+name, seconds, path = sys.argv[1:]
+r = json.load(open(path))
+f, scores = r["fidelity"], {s["model"]: s["roc_auc"] for s in r["utility"]["scores"] if s["trained_on"] == "synthetic"}
+print(f"| {name} | {seconds} | {1 - f['pair']:.4f} | {1 - f['triple']:.4f} | "
+      f"{scores['logistic regression']:.3f} | {scores['gradient-boosted trees']:.3f} |")
+EOF
+}
+
+echo "| generator | fit (s) | 2-way TVD | 3-way TVD | ROC-AUC (LR) | ROC-AUC (GBT) |"
+echo "| --- | --- | --- | --- | --- | --- |"
+for run in $(seq "$runs"); do
+  for example in adult-aim adult-marginals; do
+    out=$work/$example-$run
+    seconds=$(timed "$work/$example-$run.log" "$bin/dpsynth" run "examples/$example.toml" \
+      --output "$out/synthetic" --ledger "$out/ledger" --scratch "$out/scratch" --diagnostics "$out/diagnostics")
+    evaluate "examples/$example.toml" "$out/synthetic" "$out/report"
+    row "dpsynth ${example#adult-}" "$seconds" "$out/report/report.json"
+  done
+  out=$work/reference-$run
+  mkdir -p "$out"
+  seconds=$(timed "$out/aim.log" "$venv/bin/python" "$here/aim.py" --spec examples/adult-aim.toml --out "$out/synthetic.csv")
+  evaluate examples/adult-aim.toml "$out/synthetic.csv" "$out/report"
+  row "private-pgm AIM (mbi $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("mbi"))'))" \
+    "$seconds" "$out/report/report.json"
+  grep -h '"rho"' "$out/aim.log" | sed 's/^/  reference: /'
+  grep -ho 'Zcdp { rho: [0-9.e-]*' "$work/adult-aim-$run.log" | head -1 | sed 's/^/  dpsynth: /' || true
+done
