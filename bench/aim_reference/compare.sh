@@ -19,7 +19,7 @@ test_data=$root/../shared/data/adult/adult.test
 [ -x "$bin/dpsynth" ] || { echo "build first: cargo build --release --bins" >&2; exit 2; }
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet -r "$here/requirements.txt"
+  "$venv/bin/pip" install --quiet --require-hashes -r "$here/requirements.txt"
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -287,7 +287,8 @@ impl Releases {
     ) -> Result<Vec<f64>, Unpaid> {
         let what =
             || format!("a Gaussian release with Δ = {l2_sensitivity}, σ = {noise_multiplier} within a zCDP budget");
-        if !(l2_sensitivity.is_finite() && l2_sensitivity > 0.0) {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !(positive(l2_sensitivity) && positive(noise_multiplier)) {
             return Err(Unpaid { what: what() });
         }
         self.spend_zcdp(ZcdpRelease::Gaussian { l2_sensitivity, noise_multiplier }, what)?;
@@ -302,7 +303,8 @@ impl Releases {
         epsilon: f64,
     ) -> Result<usize, Unpaid> {
         let what = || format!("an exponential-mechanism draw with ε = {epsilon} within a zCDP budget");
-        if scores.0.is_empty() || !(sensitivity.is_finite() && sensitivity > 0.0) {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if scores.0.is_empty() || !(positive(sensitivity) && positive(epsilon)) {
             return Err(Unpaid { what: what() });
         }
         self.spend_zcdp(ZcdpRelease::Exponential { sensitivity, epsilon }, what)?;
@@ -468,6 +470,8 @@ mod tests {
         // The last round spends exactly what is left: σ = 1/√(2·left).
         let sigma = 1.0 / (2.0 * releases.zcdp_left()).sqrt();
         assert!(releases.zcdp_gaussian(Private::new(vec![0.0; 3]), 0.0, sigma).is_err(), "Δ = 0");
+        assert!(releases.zcdp_gaussian(Private::new(vec![0.0; 3]), 2.0, -sigma).is_err(), "σ < 0");
+        assert!(releases.zcdp_exponential(Private::new(vec![1.0]), 1.0, -1e-3).is_err(), "ε < 0");
         releases.zcdp_gaussian(Private::new(vec![0.0; 3]), 2.0, sigma).unwrap();
         assert!(releases.zcdp_exponential(Private::new(vec![1.0]), 1.0, 1e-3).is_err(), "nothing left");
         // What was run, refusals left out, spends the budget.

@@ -243,25 +243,62 @@ fn column_pairs(columns: usize, cap: usize, sampling: &mut Sampling) -> Vec<(usi
     sampling.sample("Pair, CorAcc", "column pairs", all.len(), cap).into_iter().map(|k| all[k]).collect()
 }
 
-/// Every column triple (i < j < k), or a uniform sample of `cap` of them, in order.
+/// Every column triple (i < j < k), or a uniform sample of `cap` of them, in order. The
+/// sample is drawn by rank, so a schema of many columns never lists all C(d, 3) triples.
 fn column_triples(columns: usize, cap: usize, sampling: &mut Sampling) -> Vec<[usize; 3]> {
-    let all: Vec<[usize; 3]> = (0..columns)
-        .flat_map(|i| (i + 1..columns).flat_map(move |j| (j + 1..columns).map(move |k| [i, j, k])))
-        .collect();
-    sampling.sample("Triple", "column triples", all.len(), cap).into_iter().map(|k| all[k]).collect()
+    let pairs_after = |i: usize| (columns - 1 - i) * (columns.saturating_sub(2 + i)) / 2;
+    let all = if columns < 3 { 0 } else { columns * (columns - 1) * (columns - 2) / 6 };
+    let triple = |mut rank: usize| {
+        let mut i = 0;
+        while rank >= pairs_after(i) {
+            rank -= pairs_after(i);
+            i += 1;
+        }
+        let mut j = i + 1;
+        while rank >= columns - 1 - j {
+            rank -= columns - 1 - j;
+            j += 1;
+        }
+        [i, j, j + 1 + rank]
+    };
+    sampling.sample("Triple", "column triples", all, cap).into_iter().map(triple).collect()
 }
 
-/// The normalised joint histogram of `set`'s 10-bin buckets (row-major, first column
-/// slowest).
-fn joint(domain: &Domain, buckets_of: &[Vec<u32>], set: &[usize]) -> Vec<f64> {
-    let sizes: Vec<usize> = set.iter().map(|&c| buckets(&domain.columns[c], 10)).collect();
-    let mut cells = vec![0usize; buckets_of[set[0]].len()];
-    for (&c, &n) in set.iter().zip(&sizes) {
-        cells.iter_mut().zip(&buckets_of[c]).for_each(|(cell, &b)| *cell = *cell * n + b as usize);
+/// The joint distribution of `set`'s 10-bin buckets as sorted (cell, share) pairs: sparse,
+/// so its size follows the rows whatever the columns' domains (three columns of thousands
+/// of categories would not fit densely).
+fn joint(domain: &Domain, buckets_of: &[Vec<u32>], set: &[usize]) -> Vec<(u128, f64)> {
+    let mut cells = vec![0u128; buckets_of[set[0]].len()];
+    for &c in set {
+        let n = buckets(&domain.columns[c], 10) as u128;
+        cells.iter_mut().zip(&buckets_of[c]).for_each(|(cell, &b)| *cell = *cell * n + u128::from(b));
     }
-    let mut h = vec![0.0; sizes.iter().product()];
-    cells.into_iter().for_each(|cell| h[cell] += 1.0);
-    normalise(h)
+    cells.sort_unstable();
+    let share = 1.0 / cells.len().max(1) as f64;
+    let mut out: Vec<(u128, f64)> = Vec::new();
+    for cell in cells {
+        match out.last_mut() {
+            Some((last, p)) if *last == cell => *p += share,
+            _ => out.push((cell, share)),
+        }
+    }
+    out
+}
+
+/// Σ min(p, q) over two sparse distributions from [`joint`].
+fn sparse_intersection(p: &[(u128, f64)], q: &[(u128, f64)]) -> f64 {
+    let (mut a, mut b, mut sum) = (0, 0, 0.0);
+    while a < p.len() && b < q.len() {
+        match p[a].0.cmp(&q[b].0) {
+            std::cmp::Ordering::Less => a += 1,
+            std::cmp::Ordering::Greater => b += 1,
+            std::cmp::Ordering::Equal => {
+                sum += p[a].1.min(q[b].1);
+                (a, b) = (a + 1, b + 1);
+            }
+        }
+    }
+    sum
 }
 
 pub fn evaluate(
@@ -314,14 +351,15 @@ pub fn evaluate(
     let (real_buckets, synthetic_buckets) = (buckets_of(&real), buckets_of(&synthetic));
     let scores = par_map(&pairs, |&(i, j)| {
         let (ci, cj) = (&domain.columns[i], &domain.columns[j]);
-        let pair = intersection(&joint(domain, &real_buckets, &[i, j]), &joint(domain, &synthetic_buckets, &[i, j]));
+        let pair =
+            sparse_intersection(&joint(domain, &real_buckets, &[i, j]), &joint(domain, &synthetic_buckets, &[i, j]));
         let ar = association(ci, &real.columns[i], cj, &real.columns[j]);
         let as_ = association(ci, &synthetic.columns[i], cj, &synthetic.columns[j]);
         (pair, level(ar) == level(as_))
     });
     let triples = column_triples(domain.columns.len(), limits.fidelity_triples, sampling);
     let triple_scores = par_map(&triples, |set| {
-        intersection(&joint(domain, &real_buckets, set), &joint(domain, &synthetic_buckets, set))
+        sparse_intersection(&joint(domain, &real_buckets, set), &joint(domain, &synthetic_buckets, set))
     });
     let pair_sum: f64 = scores.iter().map(|s| s.0).sum();
     let agree = scores.iter().filter(|s| s.1).count();
@@ -382,5 +420,18 @@ mod tests {
         assert!((f.pair - 1.0).abs() < 1e-12, "Pair {}", f.pair);
         assert!((f.triple - 0.5).abs() < 1e-12, "Triple {}", f.triple);
         assert!(sampling.uses.iter().any(|u| u.metric == "Triple" && u.used == 1 && u.available == 1));
+    }
+
+    /// Triples drawn by rank are the lexicographic list's, all of them or a sample.
+    #[test]
+    fn triples_by_rank_are_the_listed_ones() {
+        for d in [0, 2, 3, 4, 7] {
+            let listed: Vec<[usize; 3]> =
+                (0..d).flat_map(|i| (i + 1..d).flat_map(move |j| (j + 1..d).map(move |k| [i, j, k]))).collect();
+            assert_eq!(column_triples(d, usize::MAX, &mut Sampling::new(0)), listed, "d = {d}");
+        }
+        let sample = column_triples(2000, 5, &mut Sampling::new(0));
+        assert_eq!(sample.len(), 5);
+        assert!(sample.iter().all(|t| t[0] < t[1] && t[1] < t[2] && t[2] < 2000));
     }
 }
