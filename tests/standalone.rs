@@ -165,18 +165,11 @@ async fn an_aim_job_charges_exactly_its_zcdp_budget() {
     use dpsynth_shared::generators::aim::AimPlan;
 
     let dir = tempfile::tempdir().unwrap();
-    let text = demo_spec(dir.path(), 120);
-    let (head, rest) = text.split_once("[generator]").unwrap();
-    let output = &rest[rest.find("[output]").unwrap()..];
-    let generator = r#"[generator]
-name = "aim"
-
-[generator.aim]
-max_rows_per_unit = 4
+    let section = r#"max_rows_per_unit = 4
 workload = [["heart_rate", "spo2", "rhythm"], ["sbp", "dbp"]]
 rounds = 6
 "#;
-    let spec = JobSpec::parse(&format!("{head}{generator}\n{output}"), "aim").unwrap();
+    let spec = JobSpec::parse(&as_aim(&demo_spec(dir.path(), 120), section), "aim").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_eq!(state, SUCCEEDED, "{message}");
     let plan = AimPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
@@ -682,10 +675,7 @@ async fn one_two_and_four_workers_count_the_same_marginals() {
     let text = demo_spec(dir.path(), 50).replace("max_rows_per_unit = 8", "max_rows_per_unit = 100000");
     let spec = JobSpec::parse(&text, "marginals").unwrap();
     let domain = Domain::from_spec(&spec);
-    let (head, rest) = text.split_once("[generator]").unwrap();
-    let output = &rest[rest.find("[output]").unwrap()..];
-    let aim = format!("{head}[generator]\nname = \"aim\"\n\n[generator.aim]\nmax_rows_per_unit = 100000\n{output}");
-    let aim = JobSpec::parse(&aim, "aim").unwrap();
+    let aim = JobSpec::parse(&as_aim(&text, "max_rows_per_unit = 100000"), "aim").unwrap();
     let tasks = [
         MarginalsPlan::new(&spec, &domain).unwrap().task,
         AimPlan::new(&aim, &domain, &AccountingOptions::default()).unwrap().task,

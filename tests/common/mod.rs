@@ -50,6 +50,14 @@ pub fn demo_spec(dir: &Path, patients: usize) -> String {
         .replace("./dpsynth-out/demo/synthetic", dir.join("out").to_str().unwrap())
 }
 
+/// A demo spec's text (from [`demo_spec`]) as an AIM job with `section` under
+/// `[generator.aim]`.
+pub fn as_aim(text: &str, section: &str) -> String {
+    let (head, rest) = text.split_once("[generator]").unwrap();
+    let output = &rest[rest.find("[output]").unwrap()..];
+    format!("{head}[generator]\nname = \"aim\"\n\n[generator.aim]\n{section}\n{output}")
+}
+
 /// A child process that is killed when dropped; its stderr lines are forwarded.
 pub struct Proc {
     pub child: Child,

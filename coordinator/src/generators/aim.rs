@@ -128,7 +128,8 @@ mod tests {
     /// charge is the plan's ρ, what was run spends it (never more), and the RDP accountant's
     /// composition of exactly the releases that were run — each Gaussian measurement and each
     /// exponential draw as the mechanism it is, at the sensitivity m = 3 rows per unit —
-    /// costs no more than the charge, and all of it to within 0.1%.
+    /// costs no more than the charge, while the same releases at their zCDP costs compose
+    /// to the charge itself.
     #[tokio::test]
     async fn the_ledger_charge_is_the_composition_of_what_the_run_released() {
         let (head, rest) = DEMO.split_once("[generator]").unwrap();
@@ -172,9 +173,13 @@ mod tests {
         assert_eq!(receipt.mechanisms(), [Mechanism::Zcdp { rho: plan.rho, adjacency: Adjacency::AddRemove }]);
         let mut releases = Releases::paid_by(&receipt).unwrap();
         let model = super::run_rounds(&plan, Private::new(exact), &mut releases).unwrap();
-        assert!((model.total - 2000.0).abs() < 200.0, "total {}", model.total);
-
         let run = releases.zcdp_released().to_vec();
+        // The total is pooled by inverse variance; the 1-way tables alone (column c's total
+        // has variance n_c·(σm)²) bound its standard deviation by σm / √Σ 1/n_c. Five of them.
+        let ZcdpRelease::Gaussian { noise_multiplier, l2_sensitivity } = run[0] else { panic!("1-way first") };
+        let std = noise_multiplier * l2_sensitivity / sizes.iter().map(|&n| 1.0 / n as f64).sum::<f64>().sqrt();
+        assert!((model.total - 2000.0).abs() < 5.0 * std, "total {} (std ≤ {std})", model.total);
+
         let spent: f64 = run.iter().map(ZcdpRelease::rho).sum();
         assert!(spent <= plan.rho && spent > plan.rho * (1.0 - 1e-6), "spent {spent} of {}", plan.rho);
         let gaussians = run.iter().filter(|r| matches!(r, ZcdpRelease::Gaussian { .. })).count();
@@ -208,7 +213,18 @@ mod tests {
         let run_epsilon = account(&as_run, Accountant::Rdp, delta, &options).unwrap().epsilon;
         let charged = receipt.admission.cost.epsilon;
         assert!(run_epsilon <= charged * (1.0 + 1e-9), "run ε {run_epsilon} > charged ε {charged}");
-        assert!(run_epsilon > 0.999 * charged, "run ε {run_epsilon} below the charge {charged}");
+        // The filter's own account — each release at its zCDP cost — is the charge; the
+        // exponential draws may cost less as bounded-range mechanisms at large ε (where
+        // randomized response's RDP is the smaller), so the run's true ε lies between the
+        // Gaussian measurements' alone and the charge.
+        let at_cost: Vec<Mechanism> =
+            run.iter().map(|r| Mechanism::Zcdp { rho: r.rho(), adjacency: Adjacency::AddRemove }).collect();
+        let filter_epsilon = account(&at_cost, Accountant::Rdp, delta, &options).unwrap().epsilon;
+        assert!((filter_epsilon - charged).abs() < 1e-5 * charged, "filter ε {filter_epsilon} vs charged {charged}");
+        let measurements: Vec<Mechanism> =
+            as_run.iter().filter(|m| matches!(m, Mechanism::Gaussian { .. })).cloned().collect();
+        let measured_epsilon = account(&measurements, Accountant::Rdp, delta, &options).unwrap().epsilon;
+        assert!(run_epsilon >= measured_epsilon, "run ε {run_epsilon} below its measurements' {measured_epsilon}");
         assert!((charged - spec.privacy.epsilon).abs() < 1e-6 * spec.privacy.epsilon, "charged ε {charged}");
     }
 }

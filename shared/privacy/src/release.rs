@@ -104,6 +104,18 @@ pub enum ZcdpRelease {
 }
 
 impl ZcdpRelease {
+    /// Whether every parameter is a positive finite number (anything else is refused
+    /// unpaid: a zero or negative Δ, σ or ε prices nothing real).
+    fn is_valid(&self) -> bool {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        match *self {
+            ZcdpRelease::Gaussian { l2_sensitivity, noise_multiplier } => {
+                positive(l2_sensitivity) && positive(noise_multiplier)
+            }
+            ZcdpRelease::Exponential { sensitivity, epsilon } => positive(sensitivity) && positive(epsilon),
+        }
+    }
+
     /// Its zCDP cost: 1/(2σ²) for the Gaussian, ε²/8 for the exponential mechanism
     /// (Cesar & Rogers 2021).
     pub fn rho(&self) -> f64 {
@@ -265,11 +277,11 @@ impl Releases {
         &self.zcdp_released
     }
 
-    /// Takes `release`'s cost from the charged zCDP budget, or refuses if less is left.
+    /// Takes `release`'s cost from the charged zCDP budget, or refuses if its parameters
+    /// are not positive or less is left.
     fn spend_zcdp(&mut self, release: ZcdpRelease, what: impl Fn() -> String) -> Result<(), Unpaid> {
         let rho = release.rho();
-        // NaN fails `rho > 0.0` and is refused with the rest.
-        if rho.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) || rho > self.zcdp_left * (1.0 + ZCDP_SLACK) {
+        if !release.is_valid() || rho > self.zcdp_left * (1.0 + ZCDP_SLACK) {
             return Err(Unpaid { what: what() });
         }
         self.zcdp_left = (self.zcdp_left - rho).max(0.0);
@@ -287,10 +299,6 @@ impl Releases {
     ) -> Result<Vec<f64>, Unpaid> {
         let what =
             || format!("a Gaussian release with Δ = {l2_sensitivity}, σ = {noise_multiplier} within a zCDP budget");
-        let positive = |x: f64| x.is_finite() && x > 0.0;
-        if !(positive(l2_sensitivity) && positive(noise_multiplier)) {
-            return Err(Unpaid { what: what() });
-        }
         self.spend_zcdp(ZcdpRelease::Gaussian { l2_sensitivity, noise_multiplier }, what)?;
         Ok(self.noise.noised(exact, noise_multiplier * l2_sensitivity))
     }
@@ -303,8 +311,7 @@ impl Releases {
         epsilon: f64,
     ) -> Result<usize, Unpaid> {
         let what = || format!("an exponential-mechanism draw with ε = {epsilon} within a zCDP budget");
-        let positive = |x: f64| x.is_finite() && x > 0.0;
-        if scores.0.is_empty() || !(positive(sensitivity) && positive(epsilon)) {
+        if scores.0.is_empty() {
             return Err(Unpaid { what: what() });
         }
         self.spend_zcdp(ZcdpRelease::Exponential { sensitivity, epsilon }, what)?;
