@@ -12,6 +12,7 @@ use dpsynth_proto::gradient_sum::Model;
 use dpsynth_proto::task::Work;
 use dpsynth_proto::{CountTables, GradientSum, SelectionVotes, Task, TeacherVotes};
 use dpsynth_shared::data::DataError;
+use dpsynth_shared::data::EncodedBatch;
 use dpsynth_shared::data::partition::read_partition;
 use dpsynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
 use dpsynth_shared::entropy::os_rng;
@@ -200,23 +201,121 @@ where
 }
 
 /// Contingency tables of bounded per-unit contributions over the task's partitions.
+/// Counting is CPU work (every row into every table): it runs on a blocking thread, fed a
+/// partition at a time, so the runtime keeps heartbeating (a standalone run shares it
+/// with the coordinator) however long the count takes.
 async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggregate> {
-    let spec = MarginalsTask::try_from(work)?;
-    let mut counter = spec.counter()?;
+    let spec = Arc::new(MarginalsTask::try_from(work)?);
+    let (partitions, mut incoming) = tokio::sync::mpsc::channel::<Vec<EncodedBatch>>(1);
+    let counting = {
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Aggregate> {
+            let mut counter = spec.counter()?;
+            while let Some(batches) = incoming.blocking_recv() {
+                batches.iter().for_each(|batch| counter.add(batch));
+            }
+            let (counts, units) = counter.finish();
+            Ok(Aggregate { units, tensors: vec![("counts".to_string(), counts)] })
+        })
+    };
     for url in &task.partition_urls {
+        let mut batches = Vec::new();
         read_partition(url, &spec.domain, |batch| {
-            counter.add(&batch);
+            batches.push(batch);
             Ok(())
         })
         .await?;
+        if partitions.send(batches).await.is_err() {
+            // The counter stopped: its error is the task's.
+            break;
+        }
     }
-    let (counts, units) = counter.finish();
-    Ok(Aggregate { units, tensors: vec![("counts".to_string(), counts)] })
+    drop(partitions);
+    counting.await?
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use dpsynth_shared::data::domain::{ColumnDomain, Domain, Encoding};
+    use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
+    use dpsynth_shared::storage;
+
     use super::*;
+
+    /// A long count (one batch into every triple of 32 columns: 4960 tables) leaves the
+    /// runtime free: on a one-thread runtime a ticker meant to tick every 2 ms is never
+    /// held up for long, as a heartbeat must not be (a standalone run's coordinator and
+    /// workers share one runtime; a count on it stalled their heartbeats past the
+    /// worker timeout, and the coordinator redid the task again and again).
+    #[tokio::test(flavor = "current_thread")]
+    async fn counting_tables_leaves_the_runtime_free() {
+        let columns = 32;
+        let domain = Domain {
+            columns: (0..columns)
+                .map(|c| ColumnDomain {
+                    name: format!("c{c}"),
+                    encoding: Encoding::Categorical {
+                        categories: (0..4).map(|v| v.to_string()).collect(),
+                        other: false,
+                    },
+                    missing: false,
+                })
+                .collect(),
+        };
+        let rows = 8000;
+        let batch = EncodedBatch {
+            units: (0..rows).map(|r| format!("u{r}")).collect(),
+            values: (0..columns).map(|c| (0..rows).map(|r| Some(((r * (c + 1)) % 4) as f64)).collect()).collect(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = storage::open(dir.path().to_str().unwrap()).unwrap();
+        let mut writer =
+            PartitionWriter::new(&scratch, "count", &domain, 1, PartitionKey::generate().unwrap()).unwrap();
+        writer.write(batch).await.unwrap();
+        let urls = writer.finish().await.unwrap().urls;
+        let mut tables = Vec::new();
+        for a in 0..columns {
+            for b in a + 1..columns {
+                tables.extend((b + 1..columns).map(|c| vec![a, b, c]));
+            }
+        }
+        let spec = MarginalsTask { domain, tables, max_rows_per_unit: 1, row_level: true };
+        let task = Task { partition_urls: urls, ..Task::default() };
+
+        // The longest gap between ticks, in microseconds.
+        let longest = Arc::new(AtomicU64::new(0));
+        let ticker = tokio::spawn({
+            let longest = longest.clone();
+            async move {
+                let mut last = Instant::now();
+                loop {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    longest.fetch_max(last.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    last = Instant::now();
+                }
+            }
+        });
+        // The ticker starts its first sleep before the count, and ends one after it.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = Instant::now();
+        let aggregate = count_tables(&task, &CountTables::from(&spec)).await.unwrap();
+        let took = started.elapsed();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        ticker.abort();
+        let longest = Duration::from_micros(longest.load(Ordering::Relaxed));
+        // Every table sums to the rows.
+        let counts = &aggregate.tensors[0].1;
+        assert_eq!(counts.len(), spec.cells());
+        assert_eq!(counts[..64].iter().sum::<f64>(), rows as f64);
+        // The count takes a while (unoptimised, a few seconds), and the ticker is never
+        // held up for more than a small share of it.
+        assert!(took > Duration::from_millis(200), "the count took {took:?}: too quick to tell");
+        assert!(longest > Duration::ZERO, "the ticker ticked");
+        assert!(longest < took / 10, "the runtime was held for {longest:?} of a {took:?} count");
+    }
 
     /// A task of another job resets the cache before its work runs, whatever the work:
     /// a sequence round asks for the model before its partitions, and must not get the

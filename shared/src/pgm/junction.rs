@@ -32,67 +32,33 @@ impl JunctionTree {
     /// The tree of the model over `domain.len()` variables in which every set of `sets`
     /// lies inside one clique (a variable in no set gets a clique of its own).
     pub fn new(domain: &[usize], sets: &[Vec<usize>]) -> Self {
-        let n = domain.len();
-        let mut neighbours = vec![std::collections::BTreeSet::new(); n];
-        for set in sets {
-            for &a in set {
-                neighbours[a].extend(set.iter().copied().filter(|&b| b != a));
-            }
-        }
-        let mut eliminated = vec![false; n];
-        let mut cliques: Vec<Vec<usize>> = Vec::new();
-        for _ in 0..n {
-            let cost = |v: usize| {
-                let around: Vec<usize> = neighbours[v].iter().copied().collect();
-                let fill = around
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(i, &a)| around[i + 1..].iter().map(move |&b| (a, b)))
-                    .filter(|&(a, b)| !neighbours[a].contains(&b))
-                    .count();
-                let cells: f64 = around.iter().chain([&v]).map(|&u| domain[u] as f64).product();
-                (fill, cells)
-            };
-            let v = (0..n)
-                .filter(|&v| !eliminated[v])
-                .map(|v| (cost(v), v))
-                .min_by(|(a, _), (b, _)| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)))
-                .expect("a variable is left")
-                .1;
-            let mut clique: Vec<usize> = neighbours[v].iter().copied().chain([v]).collect();
-            clique.sort_unstable();
-            let around: Vec<usize> = neighbours[v].iter().copied().collect();
-            for &a in &around {
-                neighbours[a].remove(&v);
-                neighbours[a].extend(around.iter().copied().filter(|&b| b != a));
-            }
-            eliminated[v] = true;
-            cliques.push(clique);
-        }
-        // Maximal cliques only, larger first (so clique 0, the root, is a large one).
-        cliques.sort_by_key(|c| std::cmp::Reverse(c.len()));
-        let mut maximal: Vec<Vec<usize>> = Vec::new();
-        for c in cliques {
-            if !maximal.iter().any(|m| c.iter().all(|v| m.contains(v))) {
-                maximal.push(c);
-            }
-        }
-        // Prim's algorithm on separator sizes (0 joins separate components).
-        let k = maximal.len();
-        let shared = |a: usize, b: usize| maximal[a].iter().filter(|v| maximal[b].contains(v)).count();
+        let cliques = maximal_cliques(domain, sets);
+        // Prim's algorithm on separator sizes (0 joins separate components): per clique
+        // outside the tree, its best link into it (most shared variables, then the
+        // latest clique joined).
+        let k = cliques.len();
+        let members: Vec<Bits> = cliques.iter().map(|c| Bits::of(domain.len(), c)).collect();
+        let mut best: Vec<Option<(u32, usize)>> = vec![None; k];
         let mut in_tree = vec![false; k];
+        let mut edges = Vec::with_capacity(k.saturating_sub(1));
+        let mut joined = 0;
         in_tree[0] = true;
-        let mut edges = Vec::new();
         for _ in 1..k {
-            let (p, c) = (0..k)
-                .filter(|&p| in_tree[p])
-                .flat_map(|p| (0..k).filter(|&c| !in_tree[c]).map(move |c| (p, c)))
-                .max_by_key(|&(p, c)| (shared(p, c), std::cmp::Reverse(c)))
+            for c in (0..k).filter(|&c| !in_tree[c]) {
+                let shared = members[joined].shared(&members[c]);
+                if best[c].is_none_or(|(s, _)| shared >= s) {
+                    best[c] = Some((shared, joined));
+                }
+            }
+            let c = (0..k)
+                .filter(|&c| !in_tree[c])
+                .max_by_key(|&c| (best[c].map(|b| b.0), std::cmp::Reverse(c)))
                 .expect("a clique is left");
             in_tree[c] = true;
-            edges.push((p, c));
+            edges.push((best[c].expect("linked").1, c));
+            joined = c;
         }
-        Self { cliques: maximal, edges, links: std::sync::OnceLock::new() }
+        Self { cliques, edges, links: std::sync::OnceLock::new() }
     }
 
     fn links(&self, theta: &[Factor]) -> &[Link] {
@@ -113,7 +79,12 @@ impl JunctionTree {
 
     /// Cells of all cliques together, over variables with `domain[v]` values.
     pub fn cells(&self, domain: &[usize]) -> f64 {
-        self.cliques.iter().map(|c| c.iter().map(|&v| domain[v] as f64).product::<f64>()).sum()
+        cells(domain, &self.cliques)
+    }
+
+    /// The cells a tree over `sets` would hold, without building it (its cliques only).
+    pub fn cells_for(domain: &[usize], sets: &[Vec<usize>]) -> f64 {
+        cells(domain, &maximal_cliques(domain, sets))
     }
 
     /// The variables two joined cliques share.
@@ -148,6 +119,10 @@ impl JunctionTree {
             let link = &links[i];
             up[c] = Some(belief.logsumexp_mapped(&link.separator, &link.child_cells));
         }
+        // Downward, each clique's belief is exponentiated once (shifted by its largest
+        // cell): a child's message is the belief summed to the separator, in log space,
+        // less the child's own message up (a function of the separator alone, so it
+        // divides out of the sum).
         let mut beliefs: Vec<Option<Factor>> = vec![None; k];
         let mut order = vec![0];
         order.extend(self.edges.iter().map(|e| e.1));
@@ -159,23 +134,126 @@ impl JunctionTree {
             if let Some(message) = &down[c] {
                 belief.add_mapped(message, &links[to_parent[c]].child_cells, 1.0);
             }
+            let top = belief.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            belief.values.iter_mut().for_each(|v| *v = if top.is_finite() { (*v - top).exp() } else { 0.0 });
             for (j, g) in children(c) {
                 let link = &links[j];
-                let mut without = belief.clone();
-                without.add_mapped(up[g].as_ref().expect("computed"), &link.parent_cells, -1.0);
-                down[g] = Some(without.logsumexp_mapped(&link.separator, &link.parent_cells));
+                let mut message = belief.sum_mapped(&link.separator, &link.parent_cells);
+                let own = up[g].as_ref().expect("computed");
+                for (m, u) in message.values.iter_mut().zip(&own.values) {
+                    *m = top + m.ln() - u;
+                }
+                down[g] = Some(message);
             }
+            let sum: f64 = belief.values.iter().sum();
+            belief.values.iter_mut().for_each(|v| *v *= if sum > 0.0 { total / sum } else { 0.0 });
             beliefs[c] = Some(belief);
         }
-        beliefs
-            .into_iter()
-            .map(|b| {
-                let mut b = b.expect("every clique is reached");
-                let log_z = b.logsumexp_to(&[]).values[0];
-                b.values.iter_mut().for_each(|v| *v = total * (*v - log_z).exp());
-                b
+        beliefs.into_iter().map(|b| b.expect("every clique is reached")).collect()
+    }
+}
+
+fn cells(domain: &[usize], cliques: &[Vec<usize>]) -> f64 {
+    cliques.iter().map(|c| c.iter().map(|&v| domain[v] as f64).product::<f64>()).sum()
+}
+
+/// The maximal cliques, larger first, of the sets' interaction graph triangulated by
+/// greedy elimination: each step eliminates the variable adding the fewest fill edges,
+/// then the one with the fewest cells around it, then the lowest.
+fn maximal_cliques(domain: &[usize], sets: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let n = domain.len();
+    let mut neighbours = vec![Bits::empty(n); n];
+    for set in sets {
+        for &a in set {
+            for &b in set.iter().filter(|&&b| b != a) {
+                neighbours[a].insert(b);
+            }
+        }
+    }
+    let mut left = Bits::of(n, &(0..n).collect::<Vec<_>>());
+    let mut cliques: Vec<Vec<usize>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let cost = |v: usize| {
+            let around = &neighbours[v];
+            // Pairs of neighbours not yet joined, each counted from both ends.
+            let missing: u32 = around.iter().map(|a| around.count_outside(&neighbours[a]) - 1).sum();
+            let cells: f64 = around.iter().chain([v]).map(|u| domain[u] as f64).product();
+            (missing / 2, cells)
+        };
+        let v = left
+            .iter()
+            .map(|v| (cost(v), v))
+            .min_by(|(a, _), (b, _)| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)))
+            .expect("a variable is left")
+            .1;
+        let around: Vec<usize> = neighbours[v].iter().collect();
+        for &a in &around {
+            neighbours[a].remove(v);
+            for &b in around.iter().filter(|&&b| b != a) {
+                neighbours[a].insert(b);
+            }
+        }
+        left.remove(v);
+        let mut clique = around;
+        clique.push(v);
+        clique.sort_unstable();
+        cliques.push(clique);
+    }
+    // Maximal cliques only, larger first (so clique 0, the root, is a large one).
+    cliques.sort_by_key(|c| std::cmp::Reverse(c.len()));
+    let mut maximal: Vec<(Vec<usize>, Bits)> = Vec::new();
+    for c in cliques {
+        let bits = Bits::of(n, &c);
+        if !maximal.iter().any(|(_, m)| bits.count_outside(m) == 0) {
+            maximal.push((c, bits));
+        }
+    }
+    maximal.into_iter().map(|(c, _)| c).collect()
+}
+
+/// A set of variables as a bitset: the triangulation runs once per candidate per round.
+#[derive(Clone, Debug)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn empty(n: usize) -> Self {
+        Bits(vec![0; n.div_ceil(64)])
+    }
+
+    fn of(n: usize, members: &[usize]) -> Self {
+        let mut bits = Self::empty(n);
+        members.iter().for_each(|&v| bits.insert(v));
+        bits
+    }
+
+    fn insert(&mut self, v: usize) {
+        self.0[v / 64] |= 1 << (v % 64);
+    }
+
+    fn remove(&mut self, v: usize) {
+        self.0[v / 64] &= !(1 << (v % 64));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().flat_map(|(w, &word)| {
+            let mut rest = word;
+            std::iter::from_fn(move || {
+                (rest != 0).then(|| {
+                    let bit = rest.trailing_zeros() as usize;
+                    rest &= rest - 1;
+                    w * 64 + bit
+                })
             })
-            .collect()
+        })
+    }
+
+    /// Members of `self` that `other` lacks.
+    fn count_outside(&self, other: &Bits) -> u32 {
+        self.0.iter().zip(&other.0).map(|(a, b)| (a & !b).count_ones()).sum()
+    }
+
+    fn shared(&self, other: &Bits) -> u32 {
+        self.0.iter().zip(&other.0).map(|(a, b)| (a & b).count_ones()).sum()
     }
 }
 

@@ -2,6 +2,7 @@
 //! turns a set of released, mutually inconsistent noisy tables into one distribution that
 //! agrees with all of them as well as it can, and rows drawn from it.
 
+mod conditioning;
 pub mod factor;
 pub mod junction;
 pub mod model;

@@ -8,6 +8,7 @@
 
 use rand::{Rng, RngExt};
 
+use super::conditioning;
 use super::factor::Factor;
 use super::junction::JunctionTree;
 
@@ -148,9 +149,25 @@ impl GraphicalModel {
 
     /// Cells of the cliques a model would need to hold these sets and this model's.
     pub fn cells_with(&self, set: &[usize]) -> f64 {
+        if self.tree.clique_of(set).is_some() {
+            return self.cells();
+        }
         let mut sets = self.tree.cliques.clone();
         sets.push(set.to_vec());
-        JunctionTree::new(&self.domain, &sets).cells(&self.domain)
+        JunctionTree::cells_for(&self.domain, &sets)
+    }
+
+    /// Whether [`Self::marginals_of`] reaches `set`: it lies in one clique but for at most
+    /// one variable.
+    pub fn reaches(&self, set: &[usize]) -> bool {
+        conditioning::reach(&self.tree, &self.domain, set).is_some()
+    }
+
+    /// The model's marginals (in counts) of many sets at once, each exact, at a cost
+    /// bounded by the model's cells times the values of the variables joined, plus one
+    /// sum per set; `None` for a set it does not [reach](Self::reaches).
+    pub fn marginals_of(&self, sets: &[Vec<usize>]) -> Vec<Option<Factor>> {
+        conditioning::marginals_of(&self.tree, &self.marginals, &self.domain, sets)
     }
 
     /// The model's marginal (in counts) of any set of variables (ascending). Inside a

@@ -124,3 +124,42 @@ fn marginals_across_cliques_match_the_chain_they_came_from() {
         }
     }
 }
+
+#[test]
+fn joined_marginals_equal_variable_elimination_and_reach_every_pair() {
+    // A cycle 0-1-2-3-0 (a chord is added), a triple {3, 4, 5}, and 6 measured alone:
+    // several cliques, separators of one and two variables, and an empty one.
+    let domain = [2, 3, 2, 4, 2, 3, 3];
+    let truth = joint(&domain, 10_000.0);
+    let sets = [vec![0, 1], vec![1, 2], vec![2, 3], vec![0, 3], vec![3, 4, 5], vec![6]];
+    let measurements: Vec<Measurement> = sets.iter().map(|s| measure(&truth, s, 1.0, &mut || 0.0)).collect();
+    let model = GraphicalModel::fit(&domain, &measurements, 50);
+    let n = domain.len();
+    let mut asked: Vec<Vec<usize>> = Vec::new();
+    for a in 0..n {
+        for b in a + 1..n {
+            asked.push(vec![a, b]);
+            asked.extend((b + 1..n).map(|c| vec![a, b, c]));
+        }
+    }
+    let answers = model.marginals_of(&asked);
+    let mut unreached = 0;
+    for (set, answer) in asked.iter().zip(answers) {
+        let Some(answer) = answer else {
+            // Only a triple none of whose pairs shares a clique is left out.
+            assert_eq!(set.len(), 3, "{set:?}");
+            assert!(!model.reaches(set));
+            unreached += 1;
+            continue;
+        };
+        assert!(model.reaches(set));
+        let expected = model.marginal(set);
+        assert_eq!(answer.vars, expected.vars);
+        for (a, b) in answer.values.iter().zip(&expected.values) {
+            assert!((a - b).abs() < 1e-9 * model.total, "{set:?}: {a} vs {b}");
+        }
+    }
+    // {1, 4, 6}: 1 shares no clique with 4 or 6, nor 4 with 6.
+    assert!(!model.reaches(&[1, 4, 6]));
+    assert!(unreached > 0);
+}

@@ -44,9 +44,31 @@ impl Schedule {
     }
 }
 
-/// The candidates (table indices) the model can take on within `limit` cells.
+/// The candidates (table indices) the model can take on within `limit` cells and can
+/// score at a bounded cost: each within one variable of a clique (every pair always; a
+/// triple once one of its pairs shares a clique — measuring a triple with none would
+/// join three cliques, the model's largest growth). This depends on the model alone.
+/// Sizing every candidate's model is the round's second cost: one share per core.
 pub fn eligible(plan: &AimPlan, model: &GraphicalModel, limit: f64) -> Vec<usize> {
-    (0..plan.task.tables.len()).filter(|&r| model.cells_with(&plan.task.tables[r]) <= limit).collect()
+    let candidates: Vec<usize> = (0..plan.task.tables.len()).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = candidates
+            .chunks(candidates.len().div_ceil(threads).max(1))
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .copied()
+                        .filter(|&r| {
+                            let set = &plan.task.tables[r];
+                            model.reaches(set) && model.cells_with(set) <= limit
+                        })
+                        .collect::<Vec<usize>>()
+                })
+            })
+            .collect();
+        parts.into_iter().flat_map(|p| p.join().expect("a sizing thread panicked")).collect()
+    })
 }
 
 /// AIM's quality of each eligible candidate: w_r·(‖M_r(D) − M_r(p̂)‖₁ − √(2/π)·noise·n_r),
@@ -61,22 +83,18 @@ pub fn qualities(
     noise: f64,
 ) -> Vec<f64> {
     let expected_noise = (2.0 / std::f64::consts::PI).sqrt() * noise;
-    let quality = |r: usize| {
-        let estimate = model.marginal(&plan.task.tables[r]);
-        let truth = &exact[offsets[r]..offsets[r + 1]];
-        let error: f64 = truth.iter().zip(&estimate.values).map(|(a, b)| (a - b).abs()).sum();
-        plan.weights[r] * (error - expected_noise * truth.len() as f64)
-    };
-    // The model's marginals are the round's main cost: one share of the candidates per core.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let share = eligible.len().div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
-        let parts: Vec<_> = eligible
-            .chunks(share)
-            .map(|part| scope.spawn(move || part.iter().map(|&r| quality(r)).collect::<Vec<f64>>()))
-            .collect();
-        parts.into_iter().flat_map(|p| p.join().expect("a quality thread panicked")).collect()
-    })
+    let sets: Vec<Vec<usize>> = eligible.iter().map(|&r| plan.task.tables[r].clone()).collect();
+    let estimates = model.marginals_of(&sets);
+    eligible
+        .iter()
+        .zip(estimates)
+        .map(|(&r, estimate)| {
+            let estimate = estimate.expect("an eligible candidate is reached");
+            let truth = &exact[offsets[r]..offsets[r + 1]];
+            let error: f64 = truth.iter().zip(&estimate.values).map(|(a, b)| (a - b).abs()).sum();
+            plan.weights[r] * (error - expected_noise * truth.len() as f64)
+        })
+        .collect()
 }
 
 /// The quality scores' sensitivity: a unit moves a table by at most m in L1, a score by
