@@ -159,6 +159,25 @@ impl Datasets {
         Ok(())
     }
 
+    /// What `dpsynth schema draft` reads and charges for a declared dataset: its input (one
+    /// CSV file), its unit column and its ledger store — never a caller's.
+    pub fn draft_source(&self, id: &str) -> Result<(String, Option<String>, String), DatasetsError> {
+        let dataset = self.by_id.get(id).ok_or_else(|| DatasetsError::Unknown(id.to_string()))?;
+        let [url] = dataset.input.urls.as_slice() else {
+            return Err(DatasetsError::Ledger {
+                dataset: id.to_string(),
+                message: "a schema draft reads one CSV file; this dataset declares several inputs".into(),
+            });
+        };
+        if dataset.input.format.unwrap_or_else(|| Format::detect(url)) != Format::Csv {
+            return Err(DatasetsError::Ledger {
+                dataset: id.to_string(),
+                message: "a schema draft reads a CSV file; this dataset's input is Parquet".into(),
+            });
+        }
+        Ok((url.clone(), dataset.unit_column.clone(), self.ledger_url(dataset)))
+    }
+
     /// Binds a submitted job to its declared dataset: refuses what only the operator may
     /// set, then fills in the input, unit column, held-out files and ledger.
     pub fn bind(&self, request: &mut JobRequest) -> Result<(), DatasetsError> {

@@ -31,6 +31,10 @@ enum Command {
     /// Data owner's check: read a job's input with its schema and report every row that
     /// breaks it (file, column, row; never the value). Row-level output: keep it private.
     Validate(commands::validate::ValidateArgs),
+    /// Draft a job spec from a CSV file: domains released with DP (--epsilon, charged), or
+    /// the data's own, marked private.
+    #[command(subcommand)]
+    Schema(commands::schema::SchemaCommand),
     /// Evaluate synthetic data against real training and held-out data (HTML + JSON report).
     Eval(commands::eval::EvalArgs),
     /// Create a submitter bearer token: the token for the submitter, its hash for `serve
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => commands::job::serve_command(args),
         Command::Submit(args) => commands::job::submit(args),
         Command::Validate(args) => commands::validate::run(args),
+        Command::Schema(cmd) => commands::schema::run(cmd),
         Command::Eval(args) => commands::eval::run(args),
         Command::Token => commands::token::run(),
         Command::Privacy(cmd) => commands::privacy::run(cmd),

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod output;
 pub mod pgm;
 pub mod sampling;
+pub mod schema_draft;
 pub mod simulate;
 pub mod spec;
 pub mod storage;

@@ -92,3 +92,40 @@ fn a_zcdp_budget_is_linear_in_the_order_and_refused_by_the_pld_accountant() {
     assert!(rdp <= 0.3 + 2.0 * (0.3 * 1e6_f64.ln()).sqrt() + 0.05, "{rdp}");
     assert!(Mechanism::Zcdp { rho: 0.0, adjacency: Adjacency::AddRemove }.validate().is_err());
 }
+
+/// Partition selection is the Gaussian mechanism on the keys both neighbours hold, plus
+/// δ_τ outright for the keys one unit alone holds: under both accountants its ε at δ is
+/// the Gaussian's at δ − δ_τ, composed alongside other mechanisms too; a δ_τ that takes
+/// all of δ is refused; its threshold makes a lone key pass with probability δ_τ/L.
+#[test]
+fn partition_selection_costs_the_gaussian_at_the_delta_its_threshold_leaves() {
+    let options = AccountingOptions::default();
+    let selection = Mechanism::PartitionSelection { max_partitions: 3, noise_multiplier: 2.0, threshold_delta: 4e-7 };
+    let gaussian = |releases| Mechanism::Gaussian {
+        l2_sensitivity: 1.0,
+        noise_multiplier: 2.0,
+        releases,
+        adjacency: Adjacency::AddRemove,
+    };
+    for accountant in [Accountant::Rdp, Accountant::Pld] {
+        let cost = |m: &[Mechanism], delta| account(m, accountant, delta, &options).unwrap();
+        let alone = cost(std::slice::from_ref(&selection), 1e-6);
+        assert_eq!(alone.epsilon, cost(&[gaussian(1)], 6e-7).epsilon, "{accountant}");
+        assert_eq!(alone.delta, 1e-6, "the cost is stated at the δ asked for");
+        let both = cost(&[selection.clone(), selection.clone(), gaussian(3)], 1e-6).epsilon;
+        assert_eq!(both, cost(&[gaussian(5)], 1e-6 - 8e-7).epsilon, "{accountant}");
+        let all_of_delta =
+            account(&[selection.clone(), selection.clone(), selection.clone()], accountant, 1e-6, &options);
+        assert!(all_of_delta.unwrap_err().to_string().contains("outright"), "{accountant}");
+    }
+    // τ = 1 + σ√L·z with P[Z > z] = δ_τ/L: a count of 1 plus N(0, (σ√L)²) passes with
+    // probability exactly δ_τ/L.
+    let tau = Mechanism::selection_threshold(3, 2.0, 4e-7);
+    let pass = dpsynth_shared::accounting::math::normal_sf((tau - 1.0) / (2.0 * 3f64.sqrt()));
+    assert!((pass / (4e-7 / 3.0) - 1.0).abs() < 1e-9, "{pass}");
+    assert!(
+        Mechanism::PartitionSelection { max_partitions: 0, noise_multiplier: 1.0, threshold_delta: 1e-7 }
+            .validate()
+            .is_err()
+    );
+}

@@ -4,6 +4,7 @@ pub mod eval;
 pub mod job;
 pub mod ledger;
 pub mod privacy;
+pub mod schema;
 pub mod token;
 pub mod validate;
 

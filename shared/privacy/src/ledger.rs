@@ -39,7 +39,7 @@ use sha2::{Digest, Sha256};
 pub use dpsynth_shared::accounting::Budget;
 use dpsynth_shared::accounting::PrivacyError;
 use dpsynth_shared::accounting::accountant::{
-    Accountant, AccountingOptions, Conversion, PrivacyCost, RdpCurve, account, rdp_curve,
+    Accountant, AccountingOptions, Conversion, PrivacyCost, RdpCurve, account, delta_left, rdp_curve,
 };
 use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism, PldComposition};
 use dpsynth_shared::storage::StoreLocation;
@@ -255,14 +255,21 @@ pub struct Ledger {
 struct Totals {
     rdp: Result<RdpCurve, String>,
     pld: Result<PldComposition, String>,
+    /// δ the charged mechanisms add outright (partition selection's thresholds).
+    added_delta: f64,
 }
 
 impl Totals {
     fn new(options: &AccountingOptions) -> Self {
-        Self { rdp: Ok(RdpCurve::zero(&options.orders)), pld: Ok(PldComposition::new(options.pld_interval)) }
+        Self {
+            rdp: Ok(RdpCurve::zero(&options.orders)),
+            pld: Ok(PldComposition::new(options.pld_interval)),
+            added_delta: 0.0,
+        }
     }
 
     fn add(&mut self, mechanisms: &[Mechanism], orders: &[f64]) {
+        self.added_delta += mechanisms.iter().map(Mechanism::added_delta).sum::<f64>();
         if let Ok(curve) = &self.rdp {
             self.rdp = rdp_curve(mechanisms, orders).and_then(|c| curve.compose(&c)).map_err(|e| e.to_string());
         }
@@ -275,8 +282,9 @@ impl Totals {
 
     /// The total at δ_B: the smaller ε of the accountants that can analyse every charge.
     fn spent(&self, budget: Budget, conversion: Conversion) -> Result<Spent, LedgerError> {
-        let rdp = self.rdp.as_ref().ok().map(|c| c.epsilon(budget.delta, conversion)).transpose()?;
-        let pld = self.pld.as_ref().ok().map(|c| c.clone().epsilon(budget.delta)).transpose()?;
+        let delta = delta_left(self.added_delta, budget.delta)?;
+        let rdp = self.rdp.as_ref().ok().map(|c| c.epsilon(delta, conversion)).transpose()?;
+        let pld = self.pld.as_ref().ok().map(|c| c.clone().epsilon(delta)).transpose()?;
         let candidates = [rdp.map(|r| (r.epsilon, Accountant::Rdp)), pld.map(|p| (p, Accountant::Pld))];
         let Some((epsilon, accountant)) = candidates.into_iter().flatten().min_by(|a, b| a.0.total_cmp(&b.0)) else {
             return Err(PrivacyError::Unsupported(format!(

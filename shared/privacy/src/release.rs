@@ -73,6 +73,7 @@ enum Paid {
     GnMax { sigma: f64, classes: u32, left: u64 },
     DpSgd { noise_multiplier: f64, rate: f64, left: u64 },
     Exponential { sensitivity: f64, epsilon: f64, left: u64 },
+    PartitionSelection { max_partitions: u32, noise_multiplier: f64, threshold_delta: f64, left: u64 },
 }
 
 impl Paid {
@@ -81,7 +82,8 @@ impl Paid {
             Paid::Gaussian { left, .. }
             | Paid::GnMax { left, .. }
             | Paid::DpSgd { left, .. }
-            | Paid::Exponential { left, .. } => left,
+            | Paid::Exponential { left, .. }
+            | Paid::PartitionSelection { left, .. } => left,
         }
     }
 
@@ -163,6 +165,9 @@ impl Releases {
                 } => Paid::DpSgd { noise_multiplier, rate, left: steps },
                 Mechanism::Exponential { sensitivity, epsilon, selections } => {
                     Paid::Exponential { sensitivity, epsilon, left: selections }
+                }
+                Mechanism::PartitionSelection { max_partitions, noise_multiplier, threshold_delta } => {
+                    Paid::PartitionSelection { max_partitions, noise_multiplier, threshold_delta, left: 1 }
                 }
                 Mechanism::Zcdp { .. } => unreachable!("taken above"),
             };
@@ -265,6 +270,29 @@ impl Releases {
         let charged = |p: &Paid| matches!(*p, Paid::Exponential { sensitivity: d, epsilon: e, .. } if d == sensitivity && e == epsilon);
         self.spend(1, what, charged)?;
         Ok(self.noise.gumbel_max(&scores.0, epsilon / (2.0 * sensitivity)))
+    }
+
+    /// Partition selection over keys whose exact distinct-unit counts are `counts` (each
+    /// unit counted once per key, in at most L = `max_partitions` keys): per key, its
+    /// noisy count if that passed the threshold, else `None` — a key that did not pass
+    /// must not leave, nor anything about it.
+    pub fn partition_selection(
+        &mut self,
+        counts: Private<Vec<f64>>,
+        max_partitions: u32,
+        noise_multiplier: f64,
+        threshold_delta: f64,
+    ) -> Result<Vec<Option<f64>>, Unpaid> {
+        let what = || {
+            format!("partition selection with σ = {noise_multiplier}, L = {max_partitions}, δ_τ = {threshold_delta}")
+        };
+        self.spend(1, what, |p| {
+            matches!(*p, Paid::PartitionSelection { max_partitions: l, noise_multiplier: s, threshold_delta: d, .. }
+                if l == max_partitions && s == noise_multiplier && d == threshold_delta)
+        })?;
+        let threshold = Mechanism::selection_threshold(max_partitions, noise_multiplier, threshold_delta);
+        let noisy = self.noise.noised(counts, noise_multiplier * f64::from(max_partitions).sqrt());
+        Ok(noisy.into_iter().map(|c| (c > threshold).then_some(c)).collect())
     }
 
     /// The zCDP budget not yet spent.
@@ -422,6 +450,31 @@ mod tests {
         assert!((var - std * std).abs() < 5.0 * std * std * (2.0 / n).sqrt(), "var {var}");
         let d = ks_statistic(x, |v| normal_cdf(v / std));
         assert!(d < 1.949 / n.sqrt(), "KS {d}");
+    }
+
+    /// A key held by one unit passes at rate δ_τ/L (here 0.1, within 5 binomial standard
+    /// errors over 200,000 keys); a key of 40 units passes always, with its count noised
+    /// by σ√L; a key that did not pass gives nothing back.
+    #[test]
+    fn partition_selection_passes_a_lone_key_at_its_rate() {
+        let (n, l, sigma, delta) = (200_000, 2, 1.0, 0.2);
+        let paid = vec![Paid::PartitionSelection {
+            max_partitions: l,
+            noise_multiplier: sigma,
+            threshold_delta: delta,
+            left: 1,
+        }];
+        let mut releases = seeded(paid, 5);
+        let mut counts = vec![1.0; n];
+        counts.extend(vec![40.0; n]);
+        let passed = releases.partition_selection(Private::new(counts), l, sigma, delta).unwrap();
+        let lone = passed[..n].iter().filter(|c| c.is_some()).count() as f64 / n as f64;
+        let p = delta / f64::from(l);
+        assert!((lone - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt(), "lone keys passed at {lone}");
+        let mut common: Vec<f64> = passed[n..].iter().map(|c| c.expect("a common key passes") - 40.0).collect();
+        assert_standard_normal(&mut common, sigma * f64::from(l).sqrt());
+        // Paid once: a second selection is refused.
+        assert!(releases.partition_selection(Private::new(vec![1.0]), l, sigma, delta).is_err());
     }
 
     #[test]

@@ -519,3 +519,26 @@ async fn torn_and_altered_entries_are_detected() {
     let err = open(dir.path()).await.err().expect("missing entry must fail the load");
     assert!(err.to_string().contains("missing"), "{err}");
 }
+
+/// A partition selection's δ_τ is taken from the budget's δ before the dataset's total is
+/// stated: the ledger's total equals the Gaussian's at δ_B − Σ δ_τ, and a charge whose
+/// δ_τ would exhaust δ_B fails and leaves the ledger as it was.
+#[tokio::test]
+async fn partition_selection_takes_its_delta_from_the_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = init(dir.path(), 100.0, DELTA).await;
+    let selection =
+        Mechanism::PartitionSelection { max_partitions: 1, noise_multiplier: 3.0, threshold_delta: 0.4 * DELTA };
+    ledger.charge(&request("select", selection.clone(), Accountant::Rdp, DELTA)).await.unwrap();
+    let options = AccountingOptions::default();
+    let expected = |delta| {
+        let cost = |a| account(&[gaussian(3.0)], a, delta, &options).unwrap().epsilon;
+        cost(Accountant::Rdp).min(cost(Accountant::Pld))
+    };
+    assert_eq!(ledger.spent().unwrap().epsilon, expected(0.6 * DELTA));
+    let before = snapshot(dir.path());
+    let big = Mechanism::PartitionSelection { max_partitions: 1, noise_multiplier: 3.0, threshold_delta: 0.7 * DELTA };
+    assert!(ledger.charge(&request("exhausts δ", big, Accountant::Rdp, 1e-3)).await.is_err());
+    assert_eq!(snapshot(dir.path()), before);
+    assert_eq!(open(dir.path()).await.unwrap().spent().unwrap().epsilon, expected(0.6 * DELTA));
+}

@@ -52,6 +52,18 @@ pub fn normal_cdf(z: f64) -> f64 {
     normal_sf(-z)
 }
 
+/// The z with `P[Z > z] = p` (0 < p < 1), by bisection on ln P[Z > z] (finite far into
+/// the tail, where P itself underflows); the upper end, so P[Z > z] ≤ p.
+pub fn normal_isf(p: f64) -> f64 {
+    let target = p.ln();
+    let (mut lo, mut hi) = (-40.0, 1e3);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if log_normal_sf(mid) > target { lo = mid } else { hi = mid }
+    }
+    hi
+}
+
 /// `ln C(n, k)` for real `n ≥ k ≥ 0`, via log-gamma.
 pub fn log_binom(n: f64, k: f64) -> f64 {
     libm::lgamma(n + 1.0) - libm::lgamma(k + 1.0) - libm::lgamma(n - k + 1.0)
@@ -81,6 +93,10 @@ mod tests {
     fn normal_tails() {
         assert!((normal_cdf(1.96) - 0.975_002_104_851_780).abs() < 1e-12);
         assert!((log_normal_sf(40.0) - (-804.608_442_013_754)).abs() < 1e-6);
+        // The inverse, also where erfc(z/√2) underflows to 0 (z > 38.5).
+        assert!((normal_isf(0.025) - 1.959_963_984_540_054).abs() < 1e-9);
+        let deep = normal_isf(1e-320);
+        assert!(deep > 38.0 && (log_normal_sf(deep) - 1e-320f64.ln()).abs() < 1e-6, "{deep}");
     }
 
     #[test]

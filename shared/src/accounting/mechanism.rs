@@ -71,6 +71,15 @@ pub enum Mechanism {
     /// so its RDP is α·ρ. The PLD accountant cannot analyse it. The releases' sensitivities
     /// are stated under `adjacency`.
     Zcdp { rho: f64, adjacency: Adjacency },
+    /// Gaussian partition selection: the keys (e.g. a column's values) whose count of
+    /// distinct units, plus N(0, (σ√L)²), exceeds τ = 1 + σ√L·Φ⁻¹(1 − δ_τ/L), each unit
+    /// counted once per key in at most L = `max_partitions` keys. On the keys both
+    /// neighbours hold it is the Gaussian mechanism with L2 sensitivity √L (RDP α/(2σ²));
+    /// each of the ≤ L keys only one neighbour holds (count 1) passes with probability at
+    /// most δ_τ/L, so the mechanism adds δ_τ = `threshold_delta` to the δ at which the
+    /// composition is stated (Gopi et al. 2020; Google's DP library, Gaussian thresholding).
+    /// Add/remove adjacency only.
+    PartitionSelection { max_partitions: u32, noise_multiplier: f64, threshold_delta: f64 },
 }
 
 fn positive(name: &str, v: f64) -> Result<(), PrivacyError> {
@@ -122,7 +131,31 @@ impl Mechanism {
                 positive("epsilon", epsilon)
             }
             Mechanism::Zcdp { rho, .. } => positive("rho", rho),
+            Mechanism::PartitionSelection { max_partitions, noise_multiplier, threshold_delta } => {
+                positive("noise_multiplier", noise_multiplier)?;
+                if max_partitions == 0 || !(threshold_delta > 0.0 && threshold_delta < 1.0) {
+                    return Err(PrivacyError::InvalidParameter(
+                        "partition selection needs max_partitions ≥ 1 and 0 < threshold_delta < 1".into(),
+                    ));
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// The δ this mechanism adds outright to a composition's (its event of failure): the
+    /// accountants state the rest at δ less the sum of these.
+    pub fn added_delta(&self) -> f64 {
+        match *self {
+            Mechanism::PartitionSelection { threshold_delta, .. } => threshold_delta,
+            _ => 0.0,
+        }
+    }
+
+    /// Partition selection's threshold τ on a key's noisy unit count.
+    pub fn selection_threshold(max_partitions: u32, noise_multiplier: f64, threshold_delta: f64) -> f64 {
+        let l = f64::from(max_partitions);
+        1.0 + noise_multiplier * l.sqrt() * super::math::normal_isf(threshold_delta / l)
     }
 
     /// Whether this mechanism's analysis holds under `adjacency`.
@@ -135,6 +168,7 @@ impl Mechanism {
             // The caller states Δ under the job's adjacency; the map holds for either.
             Mechanism::Zcdp { adjacency: a, .. } => *a == adjacency,
             Mechanism::GnMax { .. } | Mechanism::Exponential { .. } => true,
+            Mechanism::PartitionSelection { .. } => adjacency == Adjacency::AddRemove,
         }
     }
 
@@ -152,6 +186,9 @@ impl Mechanism {
                 format!("exponential mechanism ×{selections} (ε = {epsilon})")
             }
             Mechanism::Zcdp { rho, .. } => format!("adaptive run within ρ = {rho} (zCDP)"),
+            Mechanism::PartitionSelection { max_partitions, noise_multiplier, threshold_delta } => format!(
+                "partition selection (σ = {noise_multiplier}, ≤ {max_partitions} keys a unit, δ_τ = {threshold_delta})"
+            ),
         }
     }
 
@@ -180,6 +217,9 @@ impl Mechanism {
                     .times(selections)
             }
             Mechanism::Zcdp { rho, .. } => RdpCurve::from_fn(orders, |a| a * rho),
+            Mechanism::PartitionSelection { noise_multiplier, .. } => {
+                RdpCurve::from_fn(orders, |a| rdp::gaussian(noise_multiplier, a))
+            }
         })
     }
 
@@ -189,6 +229,9 @@ impl Mechanism {
         match *self {
             Mechanism::Gaussian { noise_multiplier, releases, .. } => {
                 pld.gaussian_mu_squared += releases as f64 / (noise_multiplier * noise_multiplier);
+            }
+            Mechanism::PartitionSelection { noise_multiplier, .. } => {
+                pld.gaussian_mu_squared += 1.0 / (noise_multiplier * noise_multiplier);
             }
             Mechanism::GnMax { sigma, queries, .. } => {
                 pld.gaussian_mu_squared += queries as f64 * 2.0 / (sigma * sigma);

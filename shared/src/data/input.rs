@@ -435,6 +435,14 @@ fn csv_err(file: &str, e: &arrow_schema::ArrowError) -> DataError {
 }
 
 /// Reads up to the end of the header line; returns the column names and the bytes after it.
+/// The column names on a CSV file's header line, reading no further than that line.
+pub async fn csv_header(url: &str, options: &CsvOptions) -> Result<Vec<String>, DataError> {
+    let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
+    let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
+    let mut stream = location.store.get(&path).await.map_err(|e| read_err(&e))?.into_stream();
+    Ok(read_header(&mut stream, options, url).await?.0)
+}
+
 async fn read_header(
     stream: &mut (impl futures::Stream<Item = object_store::Result<Bytes>> + Unpin),
     options: &CsvOptions,

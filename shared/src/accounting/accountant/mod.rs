@@ -83,6 +83,8 @@ pub fn account(
     if !(0.0..1.0).contains(&delta) {
         return Err(PrivacyError::InvalidParameter(format!("delta must be in [0, 1), got {delta}")));
     }
+    let stated = delta;
+    let delta = delta_left(mechanisms.iter().map(Mechanism::added_delta).sum(), delta)?;
     match accountant {
         Accountant::Rdp => {
             let curve = rdp_curve(mechanisms, &options.orders)?;
@@ -90,7 +92,7 @@ pub fn account(
             Ok(PrivacyCost {
                 accountant,
                 epsilon: e.epsilon,
-                delta,
+                delta: stated,
                 order: e.order.is_finite().then_some(e.order),
                 rdp: Some(curve),
             })
@@ -100,9 +102,23 @@ pub fn account(
             for m in mechanisms {
                 m.compose_into(&mut composition)?;
             }
-            Ok(PrivacyCost { accountant, epsilon: composition.epsilon(delta)?, delta, order: None, rdp: None })
+            Ok(PrivacyCost { accountant, epsilon: composition.epsilon(delta)?, delta: stated, order: None, rdp: None })
         }
     }
+}
+
+/// The δ left for the accountants' analysis once mechanisms that add δ outright
+/// (`added`, e.g. partition selection's threshold) have taken theirs from `delta`.
+pub fn delta_left(added: f64, delta: f64) -> Result<f64, PrivacyError> {
+    if added == 0.0 {
+        return Ok(delta);
+    }
+    if added >= delta {
+        return Err(PrivacyError::Unreachable(format!(
+            "the mechanisms add δ = {added} outright, no less than the δ = {delta} of the guarantee"
+        )));
+    }
+    Ok(delta - added)
 }
 
 /// The composed RDP curve of `mechanisms`.

@@ -1,0 +1,108 @@
+use super::profile::{Shape, profile};
+use super::*;
+use crate::spec::JobSpec;
+
+/// A file of 30 patients with 1 to 3 visits: an id, an integer age (20 + p), a decimal
+/// score, a colour (red twice as common as blue), a note only one row holds.
+fn write_visits(dir: &std::path::Path) -> String {
+    let mut text = String::from("patient,age,score,colour,note\n");
+    for p in 0..30 {
+        for v in 0..(1 + p % 3) {
+            let colour = if p % 3 == 0 { "blue" } else { "red" };
+            let note = if p == 7 && v == 0 { "unique remark" } else { "" };
+            text.push_str(&format!("p{p},{},{}.5,{colour},{note}\n", 20 + p, p % 7));
+        }
+    }
+    let path = dir.join("visits.csv");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_units_rows_are_bounded_and_counted_once_per_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = write_visits(dir.path());
+    let profile = profile(&url, &names(), Some("patient"), 1).await.unwrap();
+    let names: Vec<&str> = profile.columns.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["age", "score", "colour", "note"]);
+    // One row a patient: 30 rows whatever the visits.
+    let age = &profile.columns[0];
+    assert_eq!(age.shapes, [30.0, 0.0, 0.0, 0.0]);
+    assert_eq!(age.numbers.len(), 30);
+    assert_eq!(profile.columns[1].shapes[Shape::Decimal as usize], 30.0);
+    let colour = &profile.columns[2].values;
+    assert_eq!((colour["blue"], colour["red"]), (10.0, 20.0));
+    // Patient 7 has two visits: the kept one holds the note or not.
+    assert!(profile.columns[3].shapes[Shape::Missing as usize] >= 29.0);
+
+    // Without a unit column every row is a unit.
+    let rows = profile_rows(&url).await;
+    assert_eq!(rows.columns[1].shapes[Shape::Integer as usize], 60.0, "patient is then a column");
+}
+
+async fn profile_rows(url: &str) -> Profile {
+    profile(url, &names(), None, 1).await.unwrap()
+}
+
+/// A row with another number of fields and a row without a unit id are left out, and
+/// say nothing (no error): leaving them out depends on them alone.
+#[tokio::test]
+async fn rows_that_do_not_parse_or_name_no_unit_are_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("odd.csv");
+    std::fs::write(&path, "patient,age,score,colour,note\np1,30,1.5,red,\np2,31,2.5\n,99,9.5,blue,x\nNA,98,9.5,blue,x\n\"p3\",32,3.5,\"green, light\",\n")
+        .unwrap();
+    let profile = profile(path.to_str().unwrap(), &names(), Some("patient"), 1).await.unwrap();
+    let age = &profile.columns[0];
+    let mut ages = age.numbers.clone();
+    ages.sort_by(f64::total_cmp);
+    assert_eq!(ages, [30.0, 32.0]);
+    assert_eq!(age.shapes[Shape::Integer as usize], 2.0, "p1 and p3 only");
+    assert!(profile.columns[2].values.contains_key("green, light"), "quoted fields keep their commas");
+}
+
+fn names() -> Vec<String> {
+    ["patient", "age", "score", "colour", "note"].map(String::from).to_vec()
+}
+
+#[tokio::test]
+async fn an_exact_draft_holds_the_data_as_it_is_and_parses_only_once_unmarked() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = write_visits(dir.path());
+    let profile = profile(&url, &names(), Some("patient"), 3).await.unwrap();
+    let draft = draft(&profile, Some("patient"), &mut Exact, &DraftOptions::default()).unwrap();
+    assert!(
+        matches!(&draft.columns[0], DraftColumn::Numeric { integer: true, min, max, .. } if *min == 20.0 && *max == 49.0)
+    );
+    let DraftColumn::Numeric { bins: Some(edges), .. } = &draft.columns[0] else { panic!("age has bins") };
+    assert_eq!((edges[0], *edges.last().unwrap()), (20.0, 49.0));
+    assert!(edges.windows(2).all(|w| w[0] < w[1]), "{edges:?}");
+    assert!(
+        matches!(&draft.columns[1], DraftColumn::Numeric { integer: false, min, max, .. } if *min == 0.5 && *max == 6.5)
+    );
+    assert_eq!(
+        draft.columns[2],
+        DraftColumn::Categorical { name: "colour".into(), categories: vec!["blue".into(), "red".into()], other: false }
+    );
+    let text = render(&draft, &url, "visits", &Provenance::Exact);
+    assert!(text.contains("PRIVATE"), "{text}");
+    // It is not a spec until the marker is deleted, deliberately.
+    let refused = JobSpec::parse(&text, "draft").unwrap_err().to_string();
+    assert!(refused.contains(PRIVATE_MARKER), "{refused}");
+    let edited: String = text.lines().filter(|l| !l.starts_with(PRIVATE_MARKER)).map(|l| format!("{l}\n")).collect();
+    let spec = JobSpec::parse(&edited, "draft").unwrap_or_else(|e| panic!("{e}\n{edited}"));
+    assert_eq!(spec.schema.unit_column.as_deref(), Some("patient"));
+    assert_eq!(spec.schema.columns.len(), 5);
+}
+
+#[test]
+fn bins_fall_at_the_grids_quantiles() {
+    // Uniform over [0, 256): four bins at 64, 128, 192.
+    assert_eq!(quantile_edges(&[1.0; GRID_CELLS], 0.0, 256.0, 4, true), vec![0.0, 64.0, 128.0, 192.0, 256.0]);
+    // Everything in the first cell: the quantiles collapse onto one edge.
+    let mut grid = vec![0.0; GRID_CELLS];
+    grid[0] = 100.0;
+    assert_eq!(quantile_edges(&grid, 0.0, 256.0, 4, true), vec![0.0, 1.0, 256.0]);
+    assert_eq!(grid_cell(-5.0, 0.0, 10.0), 0);
+    assert_eq!(grid_cell(10.0, 0.0, 10.0), GRID_CELLS - 1);
+}
