@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use dpsynth_privacy::ledger::{Budget, Ledger, LedgerError};
 use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::accounting::mechanism::Adjacency;
-use dpsynth_shared::spec::{BadRows, ColumnKind, Format, InputSpec, validate_id};
+use dpsynth_shared::spec::{BadRows, ColumnKind, CsvOptions, Format, InputSpec, validate_id};
 use dpsynth_shared::storage;
 use serde::Deserialize;
 
@@ -160,8 +160,9 @@ impl Datasets {
     }
 
     /// What `dpsynth schema draft` reads and charges for a declared dataset: its input (one
-    /// CSV file), its unit column and its ledger store — never a caller's.
-    pub fn draft_source(&self, id: &str) -> Result<(String, Option<String>, String), DatasetsError> {
+    /// CSV file, read with its declared options), its unit column and its ledger store —
+    /// never a caller's.
+    pub fn draft_source(&self, id: &str) -> Result<(String, CsvOptions, Option<String>, String), DatasetsError> {
         let dataset = self.by_id.get(id).ok_or_else(|| DatasetsError::Unknown(id.to_string()))?;
         let [url] = dataset.input.urls.as_slice() else {
             return Err(DatasetsError::Ledger {
@@ -175,7 +176,7 @@ impl Datasets {
                 message: "a schema draft reads a CSV file; this dataset's input is Parquet".into(),
             });
         }
-        Ok((url.clone(), dataset.unit_column.clone(), self.ledger_url(dataset)))
+        Ok((url.clone(), dataset.input.csv.clone(), dataset.unit_column.clone(), self.ledger_url(dataset)))
     }
 
     /// Binds a submitted job to its declared dataset: refuses what only the operator may

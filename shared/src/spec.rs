@@ -150,6 +150,21 @@ impl Default for CsvOptions {
     }
 }
 
+impl CsvOptions {
+    /// A cell's text as every reader of this file takes it (trimmed, suffix stripped),
+    /// `None` when it spells a missing value.
+    pub fn normalise<'a>(&self, cell: &'a str) -> Option<&'a str> {
+        let mut v = cell;
+        if self.trim {
+            v = v.trim();
+        }
+        if let Some(suffix) = &self.strip_suffix {
+            v = v.strip_suffix(suffix.as_str()).unwrap_or(v);
+        }
+        if self.null_values.iter().any(|n| n == v) { None } else { Some(v) }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchemaSpec {

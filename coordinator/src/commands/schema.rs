@@ -16,8 +16,7 @@ use dpsynth_coordinator::service::new_job_id;
 use dpsynth_privacy::ledger::{ChargeRequest, Ledger, LedgerError};
 use dpsynth_privacy::release::Releases;
 use dpsynth_shared::accounting::accountant::Accountant;
-use dpsynth_shared::data::input::csv_header;
-use dpsynth_shared::schema_draft::profile::profile;
+use dpsynth_shared::schema_draft::profile::{header, profile};
 use dpsynth_shared::schema_draft::{DraftOptions, Exact, Provenance, draft, render};
 use dpsynth_shared::spec::CsvOptions;
 use dpsynth_shared::storage;
@@ -88,9 +87,10 @@ pub fn run(cmd: SchemaCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// What a draft reads and whom it charges.
+/// What a draft reads, how, and whom it charges.
 struct Source {
     data: String,
+    csv: CsvOptions,
     unit: Option<String>,
     ledger: Option<String>,
 }
@@ -99,14 +99,17 @@ struct Source {
 fn source(args: &DraftArgs) -> anyhow::Result<Source> {
     if let (Some(path), Some(id)) = (&args.datasets, &args.dataset) {
         let datasets = Datasets::load(path, args.store.as_deref().unwrap_or_default())?;
-        let (data, unit, ledger) = datasets.draft_source(id)?;
+        let (data, csv, unit, ledger) = datasets.draft_source(id)?;
         if ledger.is_empty() {
             bail!("dataset '{id}' names no ledger store: pass --store, as to `serve --ledger`");
         }
-        return Ok(Source { data, unit, ledger: Some(ledger) });
+        if !csv.has_header {
+            bail!("dataset '{id}' declares a CSV file without a header line: a draft needs its column names");
+        }
+        return Ok(Source { data, csv, unit, ledger: Some(ledger) });
     }
     let data = args.data.clone().expect("clap requires DATA without --datasets");
-    Ok(Source { data, unit: args.unit_column.clone(), ledger: args.store.clone() })
+    Ok(Source { data, csv: CsvOptions::default(), unit: args.unit_column.clone(), ledger: args.store.clone() })
 }
 
 async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
@@ -124,16 +127,16 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
         min_share: args.min_share,
         ..DraftOptions::default()
     };
-    let Source { data, unit, ledger: store } = source(&args)?;
+    let Source { data, csv, unit, ledger: store } = source(&args)?;
     let unit = unit.as_deref();
     if unit.is_none() && args.max_rows_per_unit != 1 {
         bail!("--max-rows-per-unit bounds a unit's rows: without a unit column every row is a unit (m = 1)");
     }
     let dataset_id = args.dataset.clone().unwrap_or_else(|| stem(&data));
     // The header names the columns: metadata, read before the check; no row is.
-    let names = csv_header(&data, &CsvOptions::default()).await?;
+    let names = header(&data, &csv).await?;
     let Some(epsilon) = args.epsilon else {
-        let profile = profile(&data, &names, unit, args.max_rows_per_unit).await?;
+        let profile = profile(&data, &names, &csv, unit, args.max_rows_per_unit).await?;
         let draft = draft(&profile, unit, &mut Exact, &options).unwrap_or_else(|never| match never {});
         let text = render(&draft, &data, &dataset_id, &Provenance::Exact);
         let written = emit(&text, args.out.as_deref())?;
@@ -174,7 +177,7 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
         other => other?,
     };
     // No error below depends on the rows: rows that do not parse are left out.
-    let profile = profile(&data, &names, unit, args.max_rows_per_unit).await?;
+    let profile = profile(&data, &names, &csv, unit, args.max_rows_per_unit).await?;
     let receipt = match ledger.charge(&request).await {
         Err(e @ LedgerError::BudgetExceeded { .. }) => return refused(e),
         other => other?,

@@ -155,14 +155,7 @@ impl<'a> Encoder<'a> {
         if array.is_null(i) {
             return None;
         }
-        let mut v = array.value(i);
-        if self.options.trim {
-            v = v.trim();
-        }
-        if let Some(suffix) = &self.options.strip_suffix {
-            v = v.strip_suffix(suffix.as_str()).unwrap_or(v);
-        }
-        if self.options.null_values.iter().any(|n| n == v) { None } else { Some(v) }
+        self.options.normalise(array.value(i))
     }
 
     /// Encodes a batch, handing each bad value to `on_bad` (see [`OnBadValue`]).
@@ -435,14 +428,6 @@ fn csv_err(file: &str, e: &arrow_schema::ArrowError) -> DataError {
 }
 
 /// Reads up to the end of the header line; returns the column names and the bytes after it.
-/// The column names on a CSV file's header line, reading no further than that line.
-pub async fn csv_header(url: &str, options: &CsvOptions) -> Result<Vec<String>, DataError> {
-    let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
-    let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
-    let mut stream = location.store.get(&path).await.map_err(|e| read_err(&e))?.into_stream();
-    Ok(read_header(&mut stream, options, url).await?.0)
-}
-
 async fn read_header(
     stream: &mut (impl futures::Stream<Item = object_store::Result<Bytes>> + Unpin),
     options: &CsvOptions,

@@ -254,7 +254,7 @@ pub fn render(draft: &Draft, input_url: &str, dataset_id: &str, provenance: &Pro
         match column {
             DraftColumn::Categorical { name, categories, other } => {
                 let list: Vec<String> = categories.iter().map(|c| quote(c)).collect();
-                let _ = writeln!(out, "[[schema.columns]]\nname = {}\nkind = \"categorical\"", quote(name));
+                let _ = writeln!(out, "[[schema.columns]]\nname = {}\nkind = \"categorical\"{mark}", quote(name));
                 let _ = writeln!(out, "categories = [{}]{mark}", list.join(", "));
                 if *other {
                     let _ = writeln!(out, "unknown = \"other\"  # values not listed go to __other__");
@@ -262,7 +262,7 @@ pub fn render(draft: &Draft, input_url: &str, dataset_id: &str, provenance: &Pro
             }
             DraftColumn::Numeric { name, integer, min, max, bins } => {
                 let kind = if *integer { "integer" } else { "continuous" };
-                let _ = writeln!(out, "[[schema.columns]]\nname = {}\nkind = \"{kind}\"", quote(name));
+                let _ = writeln!(out, "[[schema.columns]]\nname = {}\nkind = \"{kind}\"{mark}", quote(name));
                 let _ = writeln!(out, "min = {}{mark}\nmax = {}{mark}", number(*min, *integer), number(*max, *integer));
                 if let Some(edges) = bins {
                     let edges: Vec<String> = edges.iter().map(|e| number(*e, *integer)).collect();
@@ -270,12 +270,12 @@ pub fn render(draft: &Draft, input_url: &str, dataset_id: &str, provenance: &Pro
                 }
             }
             DraftColumn::Identifier { name } => {
-                let _ = writeln!(
-                    out,
-                    "# No value of '{name}' is shared by enough units to be released: free text or an id.\n\
-                     [[schema.columns]]\nname = {}\nkind = \"identifier\"",
-                    quote(name)
-                );
+                let why = if private {
+                    format!("'{name}' holds no value")
+                } else {
+                    format!("No value of '{name}' is shared by enough units to be released: free text or an id")
+                };
+                let _ = writeln!(out, "# {why}.\n[[schema.columns]]\nname = {}\nkind = \"identifier\"", quote(name));
             }
         }
     }

@@ -4,11 +4,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+
 use crate::data::DataError;
 use crate::entropy::os_rng;
 use crate::sampling::Reservoir;
+use crate::spec::CsvOptions;
 use crate::storage;
-use object_store::ObjectStoreExt;
 
 /// What one cell holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,13 +23,13 @@ pub enum Shape {
 }
 
 impl Shape {
-    /// Trimmed: empty and `NA` are missing (the job reader's defaults).
-    pub fn of(cell: &str) -> Shape {
+    /// A normalised cell (`None`: missing).
+    pub fn of(cell: Option<&str>) -> Shape {
         match cell {
-            "" | "NA" => Shape::Missing,
-            _ if cell.parse::<i64>().is_ok() => Shape::Integer,
-            _ if cell.parse::<f64>().is_ok_and(f64::is_finite) => Shape::Decimal,
-            _ => Shape::Text,
+            None => Shape::Missing,
+            Some(c) if c.parse::<i64>().is_ok() => Shape::Integer,
+            Some(c) if c.parse::<f64>().is_ok_and(f64::is_finite) => Shape::Decimal,
+            Some(_) => Shape::Text,
         }
     }
 }
@@ -50,6 +53,68 @@ pub struct Profile {
     pub columns: Vec<ColumnProfile>,
 }
 
+/// The longest header line read before the ledger check.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The column names on the file's first line, reading no further than that line (at most
+/// 64 KiB, else refused: column names are metadata, and nothing past them is read before
+/// the ledger's check).
+pub async fn header(url: &str, options: &CsvOptions) -> Result<Vec<String>, DataError> {
+    let read_err = |message: String| DataError::Read { file: url.to_string(), message };
+    let (location, path) = storage::open_file(url).map_err(|e| read_err(e.to_string()))?;
+    let mut stream = location.store.get(&path).await.map_err(|e| read_err(e.to_string()))?.into_stream();
+    let mut head = Vec::new();
+    let line = loop {
+        if let Some(line) = first_line(&head).filter(|l| l.len() <= MAX_HEADER_BYTES) {
+            break line.to_vec();
+        }
+        if head.len() > MAX_HEADER_BYTES {
+            return Err(read_err(format!("no header line ends within its first {MAX_HEADER_BYTES} bytes")));
+        }
+        match stream.next().await {
+            Some(chunk) => head.extend_from_slice(&chunk.map_err(|e| read_err(e.to_string()))?),
+            None => return Err(read_err("no header line".into())),
+        }
+    };
+    let names: Vec<String> = fields(&line, options)
+        .ok_or_else(|| read_err("the header line is not UTF-8 or leaves a quote open".into()))?
+        .into_iter()
+        .map(|n| n.trim_start_matches('\u{feff}').trim().to_string())
+        .collect();
+    if names.iter().any(String::is_empty) {
+        return Err(read_err("the header line names an empty column".into()));
+    }
+    Ok(names)
+}
+
+/// The first non-empty line of `head`, once its end is in `head`.
+fn first_line(head: &[u8]) -> Option<&[u8]> {
+    let end_of_line = |b: &u8| *b == b'\n' || *b == b'\r';
+    let start = head.iter().position(|b| !end_of_line(b))?;
+    let len = head[start..].iter().position(end_of_line)?;
+    Some(&head[start..start + len])
+}
+
+/// The file's lines, split at `\n`, `\r\n` or `\r`; empty lines dropped. A row is one
+/// line: a quoted field may not span lines, so what one line holds cannot change how
+/// another is read.
+fn lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    bytes.split(|b| *b == b'\n' || *b == b'\r').filter(|l| !l.is_empty())
+}
+
+/// One line's fields, or `None` when it cannot be a row on its own: not UTF-8, or a quote
+/// left open.
+fn fields(line: &[u8], options: &CsvOptions) -> Option<Vec<String>> {
+    let text = std::str::from_utf8(line).ok()?;
+    if text.bytes().filter(|&b| b == b'"').count() % 2 == 1 {
+        return None;
+    }
+    let mut reader =
+        csv::ReaderBuilder::new().has_headers(false).delimiter(options.delimiter as u8).from_reader(text.as_bytes());
+    let record = reader.records().next()?.ok()?;
+    Some(record.iter().map(str::to_string).collect())
+}
+
 async fn read(url: &str) -> Result<bytes::Bytes, DataError> {
     let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
     let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
@@ -57,15 +122,17 @@ async fn read(url: &str) -> Result<bytes::Bytes, DataError> {
     get.bytes().await.map_err(|e| read_err(&e))
 }
 
-/// Reads every row of the CSV at `url` (a header line naming `names`, then rows). Rows
-/// with another number of fields, or with no unit id, are left out: leaving a row out
-/// depends on that row alone, and no reading error depends on the rows. With
-/// `unit_column`, each unit's rows are bounded to `max_rows_per_unit` by a reservoir
-/// (OS-keyed randomness: which rows are kept is private); without, every row is its own
-/// unit.
+/// Reads every row of the CSV at `url` (the header line naming `names`, then one row a
+/// line), each cell normalised as the job reader does (`options`). A line that is not a
+/// row on its own (not UTF-8, a quote left open, another number of fields, a comment) or
+/// that names no unit is left out: that depends on the line alone, and nothing about the
+/// rows makes an error. With `unit_column`, each unit's rows are bounded to
+/// `max_rows_per_unit` by a reservoir (OS-keyed randomness: which rows are kept is
+/// private); without, every row is its own unit.
 pub async fn profile(
     url: &str,
     names: &[String],
+    options: &CsvOptions,
     unit_column: Option<&str>,
     max_rows_per_unit: u32,
 ) -> Result<Profile, DataError> {
@@ -77,23 +144,20 @@ pub async fn profile(
         None => None,
     };
     let bytes = read(url).await?;
-    let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(bytes.as_ref());
     let kept_columns: Vec<usize> = (0..names.len()).filter(|&c| Some(c) != unit).collect();
-    let mut units: HashMap<String, Reservoir<Vec<String>>> = HashMap::new();
-    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut units: HashMap<String, Reservoir<Vec<Option<String>>>> = HashMap::new();
+    let mut rows: Vec<Vec<Option<String>>> = Vec::new();
     let mut rng = os_rng().map_err(|e| DataError::Internal(e.to_string()))?;
-    for record in reader.byte_records() {
-        // Reading from memory, a record only fails on I/O: never on its content.
-        let record = record.map_err(|e| DataError::Read { file: url.into(), message: e.to_string() })?;
-        if record.len() != names.len() {
+    for line in lines(&bytes).skip(1) {
+        if options.comment.is_some_and(|c| line.starts_with(c.to_string().as_bytes())) {
             continue;
         }
-        let cell = |c: usize| String::from_utf8_lossy(&record[c]).trim().to_string();
-        let row: Vec<String> = kept_columns.iter().map(|&c| cell(c)).collect();
+        let Some(record) = fields(line, options).filter(|r| r.len() == names.len()) else { continue };
+        let cell = |c: usize| options.normalise(&record[c]).map(str::to_string);
+        let row: Vec<Option<String>> = kept_columns.iter().map(|&c| cell(c)).collect();
         match unit {
             Some(u) => {
-                let id = cell(u);
-                if Shape::of(&id) != Shape::Missing {
+                if let Some(id) = cell(u) {
                     units.entry(id).or_default().offer(row, max_rows_per_unit as usize, &mut rng);
                 }
             }
@@ -102,7 +166,7 @@ pub async fn profile(
     }
     let mut columns: Vec<ColumnProfile> =
         kept_columns.iter().map(|&c| ColumnProfile { name: names[c].clone(), ..ColumnProfile::default() }).collect();
-    let per_unit: Box<dyn Iterator<Item = Vec<Vec<String>>>> = match unit {
+    let per_unit: Box<dyn Iterator<Item = Vec<Vec<Option<String>>>>> = match unit {
         Some(_) => Box::new(units.into_values().map(Reservoir::into_kept)),
         None => Box::new(rows.into_iter().map(|row| vec![row])),
     };
@@ -110,14 +174,14 @@ pub async fn profile(
         for (c, column) in columns.iter_mut().enumerate() {
             let mut held = BTreeSet::new();
             for row in &kept {
-                let shape = Shape::of(&row[c]);
+                let value = row[c].as_deref();
+                let shape = Shape::of(value);
                 column.shapes[shape as usize] += 1.0;
-                match shape {
-                    Shape::Missing => continue,
-                    Shape::Integer | Shape::Decimal => column.numbers.push(row[c].parse().expect("a number")),
-                    Shape::Text => {}
+                let Some(value) = value else { continue };
+                if matches!(shape, Shape::Integer | Shape::Decimal) {
+                    column.numbers.push(value.parse().expect("a number"));
                 }
-                held.insert(row[c].as_str());
+                held.insert(value);
             }
             for value in held {
                 *column.values.entry(value.to_string()).or_default() += 1.0;

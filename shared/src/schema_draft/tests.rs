@@ -1,6 +1,6 @@
-use super::profile::{Shape, profile};
+use super::profile::{Shape, header, profile};
 use super::*;
-use crate::spec::JobSpec;
+use crate::spec::{CsvOptions, JobSpec};
 
 /// A file of 30 patients with 1 to 3 visits: an id, an integer age (20 + p), a decimal
 /// score, a colour (red twice as common as blue), a note only one row holds.
@@ -22,7 +22,7 @@ fn write_visits(dir: &std::path::Path) -> String {
 async fn a_units_rows_are_bounded_and_counted_once_per_value() {
     let dir = tempfile::tempdir().unwrap();
     let url = write_visits(dir.path());
-    let profile = profile(&url, &names(), Some("patient"), 1).await.unwrap();
+    let profile = profile(&url, &names(), &CsvOptions::default(), Some("patient"), 1).await.unwrap();
     let names: Vec<&str> = profile.columns.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["age", "score", "colour", "note"]);
     // One row a patient: 30 rows whatever the visits.
@@ -41,24 +41,45 @@ async fn a_units_rows_are_bounded_and_counted_once_per_value() {
 }
 
 async fn profile_rows(url: &str) -> Profile {
-    profile(url, &names(), None, 1).await.unwrap()
+    profile(url, &names(), &CsvOptions::default(), None, 1).await.unwrap()
 }
 
-/// A row with another number of fields and a row without a unit id are left out, and
-/// say nothing (no error): leaving them out depends on them alone.
+/// A line that is not a row on its own (another number of fields, a quote left open, not
+/// UTF-8) and a row without a unit id (as the options spell missing) are left out, with no
+/// error, and leave every other line as it was: an open quote does not swallow the lines
+/// after it. Lines may end in \n, \r\n or \r.
 #[tokio::test]
-async fn rows_that_do_not_parse_or_name_no_unit_are_left_out() {
+async fn a_line_left_out_leaves_the_others_as_they_are() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("odd.csv");
-    std::fs::write(&path, "patient,age,score,colour,note\np1,30,1.5,red,\np2,31,2.5\n,99,9.5,blue,x\nNA,98,9.5,blue,x\n\"p3\",32,3.5,\"green, light\",\n")
-        .unwrap();
-    let profile = profile(path.to_str().unwrap(), &names(), Some("patient"), 1).await.unwrap();
-    let age = &profile.columns[0];
-    let mut ages = age.numbers.clone();
+    let mut text: Vec<u8> = b"patient,age,score,colour,note\r\np1,30,1.5,red,\np2,31,2.5\r".to_vec();
+    text.extend_from_slice(b"p4,\"oops,9,9.5,blue,x\n,99,9.5,blue,x\n?,98,9.5,blue,x\np5,97,\xff,blue,x\n");
+    text.extend_from_slice(b"\"p3\",32,3.5,\"green, light\",\rp6.,33,1.0,red,\n");
+    std::fs::write(&path, text).unwrap();
+    let options = CsvOptions {
+        null_values: vec![String::new(), "?".into()],
+        strip_suffix: Some(".".into()),
+        ..CsvOptions::default()
+    };
+    let url = path.to_str().unwrap();
+    assert_eq!(header(url, &options).await.unwrap(), names());
+    let profile = profile(url, &names(), &options, Some("patient"), 1).await.unwrap();
+    let mut ages = profile.columns[0].numbers.clone();
     ages.sort_by(f64::total_cmp);
-    assert_eq!(ages, [30.0, 32.0]);
-    assert_eq!(age.shapes[Shape::Integer as usize], 2.0, "p1 and p3 only");
+    assert_eq!(ages, [30.0, 32.0, 33.0], "p1, p3 and p6 only");
     assert!(profile.columns[2].values.contains_key("green, light"), "quoted fields keep their commas");
+}
+
+#[tokio::test]
+async fn a_header_line_is_read_alone_and_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wide.csv");
+    std::fs::write(&path, format!("{}\n1\n", "x".repeat(70 * 1024))).unwrap();
+    let refused = header(path.to_str().unwrap(), &CsvOptions::default()).await.unwrap_err().to_string();
+    assert!(refused.contains("no header line ends within"), "{refused}");
+    // A byte-order mark is not part of the first name.
+    std::fs::write(&path, "\u{feff}a,b\n1,2\n").unwrap();
+    assert_eq!(header(path.to_str().unwrap(), &CsvOptions::default()).await.unwrap(), ["a", "b"]);
 }
 
 fn names() -> Vec<String> {
@@ -69,7 +90,7 @@ fn names() -> Vec<String> {
 async fn an_exact_draft_holds_the_data_as_it_is_and_parses_only_once_unmarked() {
     let dir = tempfile::tempdir().unwrap();
     let url = write_visits(dir.path());
-    let profile = profile(&url, &names(), Some("patient"), 3).await.unwrap();
+    let profile = profile(&url, &names(), &CsvOptions::default(), Some("patient"), 3).await.unwrap();
     let draft = draft(&profile, Some("patient"), &mut Exact, &DraftOptions::default()).unwrap();
     assert!(
         matches!(&draft.columns[0], DraftColumn::Numeric { integer: true, min, max, .. } if *min == 20.0 && *max == 49.0)
