@@ -753,6 +753,10 @@ pub struct AimParams {
     pub fit_iterations: u32,
     /// Bins for numeric columns without `bins`.
     pub default_bins: u32,
+    /// Share of ρ spent, before the adaptive rounds, on measuring every pair of the
+    /// schema's target with another column (the downstream use the spec declares).
+    /// Default: 0.2 with a target, else 0.
+    pub target_share: Option<f64>,
 }
 
 impl Default for AimParams {
@@ -765,6 +769,7 @@ impl Default for AimParams {
             max_model_cells: 1e6,
             fit_iterations: 100,
             default_bins: DEFAULT_BINS,
+            target_share: None,
         }
     }
 }
@@ -954,10 +959,12 @@ impl JobSpec {
                 || !(a.selection_share > 0.0 && a.selection_share < 1.0)
                 || !(a.max_model_cells >= 1.0 && a.max_model_cells <= 1e7)
                 || !(1..=10_000).contains(&a.fit_iterations)
-                || a.rounds.is_some_and(|t| !(1..=10_000).contains(&t)))
+                || a.rounds.is_some_and(|t| !(1..=10_000).contains(&t))
+                || a.target_share.is_some_and(|s| !(0.0..=0.5).contains(&s)))
         {
             return Err("[generator.aim] needs max_rows_per_unit ≥ 1, default_bins ≥ 2, 0 < selection_share < 1, \
-                        1 ≤ max_model_cells ≤ 10⁷, 1 ≤ fit_iterations ≤ 10⁴ and 1 ≤ rounds ≤ 10⁴"
+                        1 ≤ max_model_cells ≤ 10⁷, 1 ≤ fit_iterations ≤ 10⁴, 1 ≤ rounds ≤ 10⁴ and \
+                        0 ≤ target_share ≤ 0.5"
                 .into());
         }
         let histories = self.generator.draws_histories();

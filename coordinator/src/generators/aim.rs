@@ -49,8 +49,9 @@ impl Generator for Aim {
     }
 }
 
-/// The rounds: every 1-way table, then selections and measurements until the budget is
-/// spent (or no candidate fits the model's size limit), the model refitted after each.
+/// The rounds: every 1-way table, the target's pairs, then selections and measurements
+/// until the budget is spent (or no candidate fits the model's size limit), the model
+/// refitted after each.
 fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases) -> Result<GraphicalModel, Unpaid> {
     let sizes: Vec<usize> = plan.task.domain.columns.iter().map(|c| c.bins()).collect();
     let offsets = plan.task.offsets();
@@ -62,6 +63,14 @@ fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases)
     for c in 0..sizes.len() {
         let counts = releases.zcdp_gaussian(table(c), m, schedule.sigma)?;
         measurements.push(Measurement { vars: vec![c], counts, sigma: schedule.sigma * m });
+    }
+    // The target's pairs, each with an equal part of target_share·ρ.
+    if !plan.target_pairs.is_empty() {
+        let sigma = (plan.target_pairs.len() as f64 / (2.0 * plan.target_share * plan.rho)).sqrt();
+        for &r in &plan.target_pairs {
+            let counts = releases.zcdp_gaussian(table(r), m, sigma)?;
+            measurements.push(Measurement { vars: plan.task.tables[r].clone(), counts, sigma: sigma * m });
+        }
     }
     let mut model = GraphicalModel::fit(&sizes, &measurements, iterations);
     let mut round = 0;
@@ -130,9 +139,19 @@ mod tests {
     /// exponential draw as the mechanism it is, at the sensitivity m = 3 rows per unit —
     /// costs no more than the charge, while the same releases at their zCDP costs compose
     /// to the charge itself.
+    /// With a target, its pairs are measured first, with a fifth of ρ among them.
     #[tokio::test]
     async fn the_ledger_charge_is_the_composition_of_what_the_run_released() {
+        composes_to_the_charge(None).await;
+        composes_to_the_charge(Some("rhythm")).await;
+    }
+
+    async fn composes_to_the_charge(target: Option<&str>) {
         let (head, rest) = DEMO.split_once("[generator]").unwrap();
+        let head = match target {
+            Some(t) => head.replacen("[schema]\n", &format!("[schema]\ntarget = \"{t}\"\n"), 1),
+            None => head.to_string(),
+        };
         let output = &rest[rest.find("[output]").unwrap()..];
         let text = format!(
             "{head}[generator]\nname = \"aim\"\n\n[generator.aim]\nmax_rows_per_unit = 3\nrounds = 40\n{output}"
@@ -183,7 +202,15 @@ mod tests {
         let spent: f64 = run.iter().map(ZcdpRelease::rho).sum();
         assert!(spent <= plan.rho && spent > plan.rho * (1.0 - 1e-6), "spent {spent} of {}", plan.rho);
         let gaussians = run.iter().filter(|r| matches!(r, ZcdpRelease::Gaussian { .. })).count();
-        assert_eq!(gaussians, sizes.len() + (run.len() - gaussians), "a measurement per column and per selection");
+        let pairs = plan.target_pairs.len();
+        assert_eq!(pairs, if target.is_some() { sizes.len() - 1 } else { 0 });
+        assert_eq!(
+            gaussians,
+            sizes.len() + pairs + (run.len() - gaussians),
+            "a measurement per column, per target pair and per selection"
+        );
+        let target_rho: f64 = run[sizes.len()..sizes.len() + pairs].iter().map(ZcdpRelease::rho).sum();
+        assert!((target_rho - 0.2 * plan.rho * (pairs.min(1) as f64)).abs() < 1e-12, "{target_rho}");
         // Each release at its unit's sensitivity: m rows move a table by m, and a score by
         // m times the largest workload weight.
         let weight = plan.weights.iter().copied().fold(0.0, f64::max);
