@@ -113,8 +113,9 @@ fn source(args: &DraftArgs) -> anyhow::Result<Source> {
 }
 
 async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
-    if args.max_rows_per_unit == 0 || args.bins < 2 || !(0.0..1.0).contains(&args.min_share) {
-        bail!("--max-rows-per-unit must be ≥ 1, --bins ≥ 2 and --min-share in [0, 1)");
+    if args.max_rows_per_unit == 0 || args.bins < 2 || args.max_categories == 0 || !(0.0..1.0).contains(&args.min_share)
+    {
+        bail!("--max-rows-per-unit must be ≥ 1, --bins ≥ 2, --max-categories ≥ 1 and --min-share in [0, 1)");
     }
     if let Some(out) = &args.out
         && out.exists()

@@ -157,8 +157,10 @@ fn draft_column<M: Measure>(
     released.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let total: f64 = released.iter().map(|(_, c)| c.max(0.0)).sum();
     let all = released.len();
-    released.retain(|(_, c)| *c >= options.min_share * total);
-    released.truncate(options.max_categories);
+    // Sorted by count, the values at or above the share are a prefix; the most common
+    // value always stays (a column lists at least one).
+    let common = released.iter().filter(|(_, c)| *c >= options.min_share * total).count();
+    released.truncate(common.clamp(1, options.max_categories.max(1)));
     let other = released.len() < all || !measure.lists_every_value();
     let mut categories: Vec<String> = released.into_iter().map(|(v, _)| v).collect();
     categories.sort();

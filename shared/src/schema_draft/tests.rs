@@ -1,4 +1,4 @@
-use super::profile::{Shape, header, profile};
+use super::profile::{ColumnProfile, Shape, header, profile};
 use super::*;
 use crate::spec::{CsvOptions, JobSpec};
 
@@ -126,4 +126,30 @@ fn bins_fall_at_the_grids_quantiles() {
     assert_eq!(quantile_edges(&grid, 0.0, 256.0, 4, true), vec![0.0, 1.0, 256.0]);
     assert_eq!(grid_cell(-5.0, 0.0, 10.0), 0);
     assert_eq!(grid_cell(10.0, 0.0, 10.0), GRID_CELLS - 1);
+}
+
+/// Compression keeps the values at or above the share, at most `max_categories`, and
+/// always the most common one; whatever it drops goes to `__other__`.
+#[test]
+fn rare_values_go_to_other_and_the_most_common_stays() {
+    let column = |counts: &[(&str, f64)]| ColumnProfile {
+        name: "c".into(),
+        shapes: [0.0, 0.0, counts.iter().map(|(_, c)| c).sum(), 0.0],
+        values: counts.iter().map(|(v, c)| (v.to_string(), *c)).collect(),
+        numbers: Vec::new(),
+    };
+    let profile = Profile { columns: vec![column(&[("a", 60.0), ("b", 30.0), ("c", 9.0), ("d", 1.0)])] };
+    let drafted = |min_share, max_categories| {
+        let options = DraftOptions { min_share, max_categories, ..DraftOptions::default() };
+        draft(&profile, None, &mut Exact, &options).unwrap().columns.remove(0)
+    };
+    let categorical = |list: &[&str], other| DraftColumn::Categorical {
+        name: "c".into(),
+        categories: list.iter().map(|v| v.to_string()).collect(),
+        other,
+    };
+    assert_eq!(drafted(0.0, 100), categorical(&["a", "b", "c", "d"], false));
+    assert_eq!(drafted(0.05, 100), categorical(&["a", "b", "c"], true));
+    assert_eq!(drafted(0.05, 2), categorical(&["a", "b"], true));
+    assert_eq!(drafted(0.99, 100), categorical(&["a"], true));
 }
