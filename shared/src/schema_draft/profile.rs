@@ -148,8 +148,9 @@ pub async fn profile(
     let mut units: HashMap<String, Reservoir<Vec<Option<String>>>> = HashMap::new();
     let mut rows: Vec<Vec<Option<String>>> = Vec::new();
     let mut rng = os_rng().map_err(|e| DataError::Internal(e.to_string()))?;
+    let comment = options.comment.map(String::from);
     for line in lines(&bytes).skip(1) {
-        if options.comment.is_some_and(|c| line.starts_with(c.to_string().as_bytes())) {
+        if comment.as_ref().is_some_and(|c| line.starts_with(c.as_bytes())) {
             continue;
         }
         let Some(record) = fields(line, options).filter(|r| r.len() == names.len()) else { continue };

@@ -78,7 +78,8 @@ impl AimPlan {
             None => 0.0,
         };
         if let Some(t) = target.filter(|_| target_share > 0.0) {
-            larger.extend((0..domain.columns.len()).filter(|&c| c != t).map(|c| vec![c.min(t), c.max(t)]));
+            let pairs = (0..domain.columns.len()).filter(|&c| c != t).map(|c| vec![c.min(t), c.max(t)]);
+            larger.extend(pairs.filter(|r| cells(r) <= params.max_model_cells));
         }
         larger.sort_by(|a, b| a.len().cmp(&b.len()).then(a.cmp(b)));
         larger.dedup();

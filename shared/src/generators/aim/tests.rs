@@ -70,3 +70,33 @@ fn the_schedule_spends_the_budget_evenly_then_exactly_what_is_left() {
     schedule.anneal();
     assert!((schedule.round_cost() - 4.0 * before.round_cost()).abs() < 1e-9 * before.round_cost());
 }
+
+/// With a target, its pairs with every other column are candidates measured first —
+/// whatever the workload, but never one larger than the model may hold.
+#[test]
+fn the_targets_pairs_are_measured_first_within_the_model_limit() {
+    let with_target = |section: &str| {
+        let mut spec = job(section);
+        spec.schema.target = Some("rhythm".into());
+        let domain = Domain::from_spec(&spec);
+        let plan = AimPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
+        let rhythm = domain.index_of("rhythm").unwrap();
+        (plan, domain, rhythm)
+    };
+    let (plan, domain, rhythm) = with_target(r#"workload = [["heart_rate", "spo2"]]"#);
+    assert_eq!(plan.target_share, 0.2);
+    assert_eq!(plan.target_pairs.len(), domain.columns.len() - 1);
+    assert!(plan.target_pairs.iter().all(|&r| plan.task.tables[r].len() == 2 && plan.task.tables[r].contains(&rhythm)));
+    // A limit below every pair's cells leaves none to measure first.
+    let smallest = (0..domain.columns.len()).map(|c| domain.columns[c].bins()).min().unwrap();
+    let limit = (domain.columns[rhythm].bins() * smallest) as f64 - 1.0;
+    let (plan, _, _) = with_target(&format!("max_model_cells = {limit}"));
+    assert!(
+        plan.target_pairs.iter().all(|&r| plan.task.tables[r]
+            .iter()
+            .map(|&c| domain.columns[c].bins() as f64)
+            .product::<f64>()
+            <= limit)
+    );
+    assert!(plan.target_pairs.len() < domain.columns.len() - 1);
+}
