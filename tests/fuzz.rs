@@ -117,8 +117,8 @@ fn check_accepted(spec: &JobSpec) -> Result<(), TestCaseError> {
         }
     }
     // Plans may refuse a spec, never panic on one.
-    let _ = MarginalsPlan::new(spec, &domain);
-    let _ = FinDiffPlan::new(spec, &domain);
+    let _ = MarginalsPlan::new(spec, &domain, &AccountingOptions::default());
+    let _ = FinDiffPlan::new(spec, &domain, &AccountingOptions::default());
     let _ = PatePlan::new(spec, &domain, &AccountingOptions::default());
     Ok(())
 }
@@ -443,7 +443,7 @@ proptest! {
     ) {
         let spec = JobSpec::parse(DEMO, "demo.toml").unwrap();
         let domain = Domain::from_spec(&spec);
-        let task = MarginalsPlan::new(&spec, &domain).unwrap().task;
+        let task = MarginalsPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap().task;
         // Either the real size, or the fuzzed vector.
         let counts = if counts.len() % 2 == 0 {
             (0..task.cells()).map(|i| counts.get(i % counts.len().max(1)).copied().unwrap_or(0.0)).collect()

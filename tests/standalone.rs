@@ -173,7 +173,7 @@ rounds = 6
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_eq!(state, SUCCEEDED, "{message}");
     let plan = AimPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
-    assert_eq!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await, vec![vec![plan.mechanism()]]);
+    assert_eq!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await, vec![plan.mechanisms()]);
     let manifest = manifest(&dir.path().join("out")).expect("manifest written");
     let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
     assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon, "{epsilon}");
@@ -579,6 +579,7 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
     use dpsynth_shared::data::domain::Domain;
     use dpsynth_shared::dpsgd::params::TrainableLayers;
     use dpsynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
@@ -589,7 +590,7 @@ async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
     let text = findiff_spec(dir.path(), 60, 1.0).replace("max_rows_per_unit = 8", "max_rows_per_unit = 100000");
     let spec = JobSpec::parse(&text, "round").unwrap();
     let domain = Domain::from_spec(&spec);
-    let plan = FinDiffPlan::new(&spec, &domain).unwrap();
+    let plan = FinDiffPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
     let urls = partition(&spec, dir.path(), 6).await;
     let device = compute_device();
     let model = FinDiffModel::new(&plan.model, &device);
@@ -677,7 +678,7 @@ async fn one_two_and_four_workers_count_the_same_marginals() {
     let domain = Domain::from_spec(&spec);
     let aim = JobSpec::parse(&as_aim(&text, "max_rows_per_unit = 100000"), "aim").unwrap();
     let tasks = [
-        MarginalsPlan::new(&spec, &domain).unwrap().task,
+        MarginalsPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap().task,
         AimPlan::new(&aim, &domain, &AccountingOptions::default()).unwrap().task,
     ];
     let d = domain.columns.len();
@@ -805,4 +806,87 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
     let charges = ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0;
     assert_eq!(charges, 2, "the unit count and the run, charged before round 1");
     assert!(!dir.path().join("scratch/checkpoints/hostile").exists(), "a failed run is not resumable");
+}
+
+/// Calibration: a barely trained DP-FinDiff job misses the 1-way marginals; with
+/// `[calibration]` its output is raked to noisy 1-way tables counted on the workers,
+/// released with the calibration's share of ρ and charged in the run's own entry, and the
+/// job still costs no more than its ε. Raking matches the last table it fits exactly on the
+/// pool where the pool reaches every cell (`pain`: the generator draws all its values), so
+/// that column's shares are off only by the targets' noise (σΔ per cell over N rows) and the
+/// resampling (binomial over the n rows written): within five of each per cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calibrated_job_matches_the_one_way_marginals_within_its_charge() {
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::generators::findiff::FinDiffPlan;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut mean_tv = Vec::new();
+    for (name, calibration) in [("plain", ""), ("calibrated", "\n[calibration]\nepsilon_share = 0.3\n")] {
+        let sub = dir.path().join(name);
+        std::fs::create_dir_all(&sub).unwrap();
+        // Rows as units (the calibration counts one row each: Δ = √d).
+        let text = findiff_spec(&sub, 200, 1.0).replace("unit_column = \"patient_id\"\n", "") + calibration;
+        let spec = JobSpec::parse(&text, name).unwrap();
+        let (state, message) = run(spec.clone(), &sub.join("scratch")).await;
+        assert_eq!(state, SUCCEEDED, "{message}");
+        let out = sub.join("out");
+        let m = manifest(&out).unwrap();
+        let epsilon = m["privacy"]["epsilon"].as_f64().unwrap();
+        assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9), "{epsilon}");
+        let real = histograms(&spec, spec.input.urls.clone(), Format::Csv).await;
+        let synthetic = histograms(&spec, parts(&out, &m), Format::Parquet).await;
+        let tvs: Vec<f64> = real.iter().zip(&synthetic).map(|(a, b)| tv(a, b)).collect();
+        eprintln!("{name}: 1-way TV per column {tvs:.4?}");
+        mean_tv.push(tvs.iter().sum::<f64>() / tvs.len() as f64);
+
+        let charged = charged_mechanisms(&sub, &spec.job.dataset_id).await;
+        let domain = Domain::from_spec(&spec);
+        let plan = FinDiffPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
+        let Some(calibration) = plan.run.calibration else {
+            assert_eq!(charged[1].len(), 1, "{:?}", charged[1]);
+            continue;
+        };
+        assert_eq!(calibration.task.sensitivity(), (domain.columns.len() as f64).sqrt());
+        assert_eq!(charged.len(), 2, "the unit count, then the run");
+        assert_eq!(charged[1].len(), 2, "{:?}", charged[1]);
+        assert_eq!(charged[1][1], calibration.mechanism(), "the calibration in the run's own entry");
+        let last = domain.columns.len() - 1;
+        assert_eq!(domain.columns[last].name, "pain");
+        let written = m["rows"].as_f64().unwrap();
+        let input_rows = std::fs::read_to_string(&spec.input.urls[0]).unwrap().lines().count() as f64 - 1.0;
+        let noise = calibration.noise_multiplier * calibration.task.sensitivity() / input_rows;
+        let bound: f64 = real[last].iter().map(|p| 5.0 * ((p * (1.0 - p) / written).sqrt() + noise)).sum::<f64>() / 2.0;
+        assert!(tvs[last] <= bound, "pain: TV {} above {bound}", tvs[last]);
+    }
+    eprintln!("mean 1-way TV: plain {:.4}, calibrated {:.4}", mean_tv[0], mean_tv[1]);
+    assert!(mean_tv[1] < mean_tv[0], "{mean_tv:?}");
+}
+
+/// A calibrated PATE job: its vote tasks group several teachers' partitions, which only a
+/// worker holding them all may run; the calibration's tables (one partition a task) are
+/// counted after the votes have placed the partitions, so the job finishes (counted first,
+/// they split each group's partitions between the workers and the votes never ran). The
+/// calibration is charged in the run's one entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calibrated_pate_job_runs_its_votes_and_charges_the_calibration() {
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::generators::pate::PatePlan;
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = pate_spec(dir.path(), 60, 4).replace("[generator.pate]\n", "[generator.pate]\nteachers_per_task = 2\n")
+        + "\n[calibration]\nepsilon_share = 0.2\n";
+    let spec = JobSpec::parse(&text, "pate-calibrated").unwrap();
+    let scratch = dir.path().join("scratch");
+    let finished = tokio::time::timeout(Duration::from_secs(120), run(spec.clone(), &scratch));
+    let (state, message) = finished.await.expect("the job finishes");
+    assert_eq!(state, SUCCEEDED, "{message}");
+    assert_eq!(manifest(&dir.path().join("out")).expect("manifest written")["rows"], 50);
+    let plan = PatePlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
+    let calibration = plan.calibration.as_ref().expect("planned").mechanism();
+    let charged = charged_mechanisms(dir.path(), &spec.job.dataset_id).await;
+    assert_eq!(charged, vec![plan.mechanisms()]);
+    assert_eq!(charged[0].last(), Some(&calibration));
 }

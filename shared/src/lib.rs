@@ -4,6 +4,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
 pub mod accounting;
+pub mod calibration;
 pub mod data;
 pub mod dpsgd;
 pub mod entropy;

@@ -45,6 +45,32 @@ pub struct JobSpec {
     pub output: OutputSpec,
     #[serde(default)]
     pub evaluation: Option<EvaluationSpec>,
+    #[serde(default)]
+    pub calibration: Option<CalibrationSpec>,
+}
+
+/// Marginal calibration (`[calibration]`; absent: off): a share of the job's ε buys noisy
+/// 1-way tables (and the target's pairs) counted on the workers, and the generator's output
+/// is reweighted to match them, then resampled. Charged in the generator's own entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CalibrationSpec {
+    /// The tables' Gaussian release costs this share of ρ, the zCDP budget that meets the
+    /// job's (ε, δ) (Gaussian releases add up on that scale); the generator's noise is
+    /// calibrated so that both compose to the job's (ε, δ).
+    pub epsilon_share: f64,
+    /// With a declared target, also its pair with every other column.
+    pub target_pairs: bool,
+    /// Units drawn per unit written: the pool the weights are fitted on.
+    pub pool: u32,
+    /// Rows a unit contributes to the tables (a reservoir in the worker).
+    pub max_rows_per_unit: u32,
+}
+
+impl Default for CalibrationSpec {
+    fn default() -> Self {
+        Self { epsilon_share: 0.1, target_pairs: true, pool: 4, max_rows_per_unit: 1 }
+    }
 }
 
 /// Evaluate the output at the end of the job (`report.json`, `report.html` beside it).
@@ -966,6 +992,17 @@ impl JobSpec {
                         1 ≤ max_model_cells ≤ 10⁷, 1 ≤ fit_iterations ≤ 10⁴, 1 ≤ rounds ≤ 10⁴ and \
                         0 ≤ target_share ≤ 0.5"
                 .into());
+        }
+        if let Some(c) = &self.calibration {
+            let valid = c.epsilon_share > 0.0
+                && c.epsilon_share <= 0.5
+                && (1..=64).contains(&c.pool)
+                && c.max_rows_per_unit > 0;
+            if !valid {
+                return Err(
+                    "[calibration] needs 0 < epsilon_share ≤ 0.5, 1 ≤ pool ≤ 64 and max_rows_per_unit ≥ 1".into()
+                );
+            }
         }
         let histories = self.generator.draws_histories();
         if histories && self.output.rows.is_some() {

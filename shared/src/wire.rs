@@ -67,7 +67,7 @@ mod tests {
     #[test]
     fn count_tables_round_trip_and_refuse_columns_outside_the_domain_or_too_many_cells() {
         let spec = JobSpec::parse(DEMO, "demo.toml").unwrap();
-        let task = MarginalsPlan::new(&spec, &Domain::from_spec(&spec)).unwrap().task;
+        let task = MarginalsPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap().task;
         let wire = dpsynth_proto::CountTables::from(&task);
         assert_eq!(MarginalsTask::try_from(&wire).unwrap(), task);
         let columns = task.domain.columns.len() as u32;
@@ -86,7 +86,7 @@ mod tests {
     #[test]
     fn gradient_sums_round_trip_and_refuse_bad_rates_clips_and_seeds() {
         let spec = job("[generator]\nname = \"findiff\"");
-        let plan = FinDiffPlan::new(&spec, &Domain::from_spec(&spec)).unwrap();
+        let plan = FinDiffPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
         let settings = RoundSettings { round: 3, rate: 0.25, clip: 1.5, seed: [4; 32], micro_batch: 64 };
         let round = FinDiffRound { model: plan.model, timestep_exponent: 0.5 };
         let wire = settings.task(Model::Findiff((&round).into()), vec![1.0, -2.0]);

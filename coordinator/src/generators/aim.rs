@@ -10,7 +10,7 @@ use dpsynth_shared::generators::marginals::MarginalsSampler;
 use dpsynth_shared::pgm::{GraphicalModel, Measurement};
 
 use super::marginals::count_tables;
-use super::{Admission, Charged, Fitted, Generator};
+use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
 
 /// A planned AIM job.
@@ -24,28 +24,30 @@ impl Generator for Aim {
     }
 
     fn admission(&self) -> Admission {
-        Admission::Cost(vec![self.plan.mechanism()])
+        Admission::Cost(self.plan.mechanisms())
     }
 
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
         let Self { plan } = self;
-        let exact = count_tables(ctx, partitions, &plan.task).await?;
+        let mut gather = ctx.gather();
+        let exact = count_tables(ctx, &mut gather, partitions, &plan.task).await?;
 
-        let mechanisms = vec![plan.mechanism()];
+        let mechanisms = plan.mechanisms();
         let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;
-        set_stage(ctx.progress, "selecting and measuring marginals");
         let mut releases = Releases::paid_by(&receipt)?;
+        let calibration =
+            calibration::release(ctx, &mut gather, partitions, &mut releases, plan.calibration.as_ref()).await?;
+        set_stage(ctx.progress, "selecting and measuring marginals");
         let domain = plan.task.domain.clone();
         let model = blocking(move || run_rounds(&plan, exact, &mut releases)).await??;
         // The default size: the model's total, pooled from the released measurements.
         let released_rows = Some(model.total.round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
-        let charged = Charged { receipt, cost, mechanisms, public_inputs: Vec::new() };
-        Ok(Fitted {
-            sampler: Box::new(MarginalsSampler::from_model(domain, model)),
-            released_count: released_rows,
-            charged,
-        })
+        let mut public_inputs = Vec::new();
+        let sampler = Box::new(MarginalsSampler::from_model(domain, model));
+        let sampler = calibration::apply(calibration, sampler, &mut public_inputs);
+        let charged = Charged { receipt, cost, mechanisms, public_inputs };
+        Ok(Fitted { sampler, released_count: released_rows, charged })
     }
 }
 
@@ -184,7 +186,7 @@ mod tests {
         let mut ledger = Ledger::init(&store, "aim-test", budget, Adjacency::AddRemove, options.clone()).await.unwrap();
         let request = ChargeRequest {
             job_id: "aim".into(),
-            mechanisms: vec![plan.mechanism()],
+            mechanisms: plan.mechanisms(),
             accountant: Accountant::Rdp,
             delta: spec.privacy.delta,
         };

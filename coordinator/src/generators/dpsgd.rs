@@ -18,7 +18,7 @@ use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Admission, Charged, Fitted, Generator};
+use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::checkpoint::{self, ChargedRun, Checkpoint, Checkpointer};
 use crate::context::{JobContext, JobError, Partitions, release_count, set_stage};
 use crate::gather::Gather;
@@ -154,7 +154,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         deleted?;
 
         let parameters: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
-        let public_inputs = vec![
+        let mut public_inputs = vec![
             format!(
                 "privacy units: {} (Gaussian release, noise multiplier {}; charged in ledger entry {})",
                 run.noisy_units, run.plan.count_noise_multiplier, run.count_entry
@@ -175,6 +175,15 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
             released_units,
         };
         let sampler = G::sampler(trained).await?;
+        let calibration = calibration::release(
+            ctx,
+            &mut gather,
+            partitions,
+            &mut Releases::paid_by(&receipt)?,
+            plan.calibration.as_deref(),
+        )
+        .await?;
+        let sampler = calibration::apply(calibration, sampler, &mut public_inputs);
         Ok(Fitted {
             sampler,
             released_count: Some(released_units),

@@ -29,8 +29,12 @@ impl DpSgdGenerator for FinDiff {
     const NAME: GeneratorName = GeneratorName::Findiff;
     type Model = FinDiffModelSpec;
 
-    fn plan(spec: &JobSpec, domain: &Domain, _: &AccountingOptions) -> Result<(FinDiffModelSpec, RunPlan), JobError> {
-        let plan = FinDiffPlan::new(spec, domain)?;
+    fn plan(
+        spec: &JobSpec,
+        domain: &Domain,
+        options: &AccountingOptions,
+    ) -> Result<(FinDiffModelSpec, RunPlan), JobError> {
+        let plan = FinDiffPlan::new(spec, domain, options)?;
         Ok((plan.model, plan.run))
     }
 

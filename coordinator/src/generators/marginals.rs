@@ -6,9 +6,9 @@ use dpsynth_privacy::release::{Private, Releases};
 use dpsynth_proto::task::Work;
 use dpsynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler, MarginalsTask};
 
-use super::{Admission, Charged, Fitted, Generator};
+use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
-use crate::gather::{Answer, Round};
+use crate::gather::{Answer, Gather, Round};
 
 /// A planned marginals job: what it measures and the σ its one release is drawn with.
 pub struct Marginals {
@@ -21,6 +21,7 @@ pub struct Marginals {
 /// exact sums stay private. AIM counts its candidates the same way.
 pub(crate) async fn count_tables(
     ctx: &JobContext<'_>,
+    gather: &mut Gather<'_>,
     partitions: &Partitions,
     task: &MarginalsTask,
 ) -> Result<Private<Vec<f64>>, JobError> {
@@ -31,36 +32,42 @@ pub(crate) async fn count_tables(
     let check = |a: Answer<'_>| {
         partitions.units_per_partition.check(|units| task.validate(a.values, a.claimed_units.min(units[a.group])))
     };
-    ctx.gather().round(round, check, ctx.round_progress()).await
+    gather.round(round, check, ctx.round_progress()).await
 }
 
 impl Generator for Marginals {
     async fn plan(ctx: &JobContext<'_>, ledger: &Ledger) -> Result<Self, JobError> {
-        let plan = MarginalsPlan::new(ctx.spec(), ctx.domain)?;
+        let plan = MarginalsPlan::new(ctx.spec(), ctx.domain, ledger.options())?;
         let sigma = plan.calibrate(ctx.spec(), ledger.options())?;
         Ok(Self { plan, sigma })
     }
 
     fn admission(&self) -> Admission {
-        Admission::Cost(vec![self.plan.mechanism(self.sigma)])
+        Admission::Cost(self.plan.mechanisms(self.sigma))
     }
 
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
         let Self { plan, sigma } = self;
         let task = &plan.task;
-        let counts = count_tables(ctx, partitions, task).await?;
+        let mut gather = ctx.gather();
+        let counts = count_tables(ctx, &mut gather, partitions, task).await?;
 
-        let mechanisms = vec![plan.mechanism(sigma)];
+        let mechanisms = plan.mechanisms(sigma);
         let receipt = ctx.charge(ledger, &ctx.charge_request(mechanisms.clone())).await?;
         set_stage(ctx.progress, "adding noise");
         let sensitivity = task.sensitivity();
-        let noisy = Releases::paid_by(&receipt)?.gaussian(counts, sensitivity, sigma)?;
+        let mut releases = Releases::paid_by(&receipt)?;
+        let noisy = releases.gaussian(counts, sensitivity, sigma)?;
+        let calibration =
+            calibration::release(ctx, &mut gather, partitions, &mut releases, plan.calibration.as_ref()).await?;
         set_stage(ctx.progress, "fitting the model");
         let sampler = blocking(move || MarginalsSampler::new(plan, &noisy, sigma * sensitivity)).await?;
         // The default size: the tables' pooled noisy total, released by the same mechanism.
         let released_rows = Some(sampler.noisy_total().round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
-        let charged = Charged { receipt, cost, mechanisms, public_inputs: Vec::new() };
-        Ok(Fitted { sampler: Box::new(sampler), released_count: released_rows, charged })
+        let mut public_inputs = Vec::new();
+        let sampler = calibration::apply(calibration, Box::new(sampler), &mut public_inputs);
+        let charged = Charged { receipt, cost, mechanisms, public_inputs };
+        Ok(Fitted { sampler, released_count: released_rows, charged })
     }
 }

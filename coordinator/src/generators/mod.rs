@@ -7,6 +7,7 @@
 //! `generators::<name>`, beside its worker side.
 
 pub mod aim;
+pub(crate) mod calibration;
 pub mod dpsgd;
 pub mod findiff;
 pub mod marginals;

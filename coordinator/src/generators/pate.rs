@@ -27,7 +27,7 @@ use dpsynth_shared::generators::pate::teacher::TargetModel;
 use dpsynth_shared::generators::pate::{PatePlan, PateSampler, Question, VoteTask};
 use dpsynth_shared::spec::PateRelease;
 
-use super::{Admission, Charged, Fitted, Generator};
+use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::context::{JobContext, JobError, Partitions, blocking, release_count, set_stage};
 use crate::gather::{Answer, Gather, Round};
 
@@ -50,8 +50,9 @@ struct VoteSummary {
 
 /// Runs every planned iteration, then the label queries; returns the trained models (the
 /// label model when the plan has label queries).
-async fn train(
-    ctx: &JobContext<'_>,
+async fn train<'a>(
+    ctx: &JobContext<'a>,
+    gather: &mut Gather<'a>,
     run: &VoteRun<'_>,
     releases: &mut Releases,
     mut gan: PateGan,
@@ -62,7 +63,7 @@ async fn train(
     let width = plan.encoding.width;
     let mut rounds = VoteRounds {
         plan,
-        gather: ctx.gather(),
+        gather,
         groups: run.partitions.chunks(params.teachers_per_task as usize).map(<[String]>::to_vec).collect(),
     };
     let mut released_x: Vec<f32> = Vec::with_capacity(plan.queries() as usize * width);
@@ -173,13 +174,13 @@ fn confidence(
 }
 
 /// Sends vote rounds to the teachers and collects their counts.
-struct VoteRounds<'a> {
-    plan: &'a PatePlan,
-    gather: Gather<'a>,
+struct VoteRounds<'p, 'g, 'a> {
+    plan: &'p PatePlan,
+    gather: &'g mut Gather<'a>,
     groups: Vec<Vec<String>>,
 }
 
-impl VoteRounds<'_> {
+impl VoteRounds<'_, '_, '_> {
     /// One round: every group of teachers answers `question` on `generated` (`fake_rows`
     /// rows to train against, then the queries); returns the vote counts summed over all
     /// teachers, each task's counts checked.
@@ -253,12 +254,17 @@ impl Generator for Pate {
             None
         };
 
+        let mut gather = ctx.gather();
         set_stage(ctx.progress, "teachers voting (PATE)");
         // The label queries are one more round of tasks.
         ctx.progress_mut().tasks_total = plan.iterations + u32::from(plan.label_queries > 0);
         let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), compute_device().autodiff(), os_seed()?);
         let run = VoteRun { partitions: &partitions.urls, plan: &plan, epsilon: receipt.admission.cost.epsilon };
-        let (gan, labels, summary) = train(ctx, &run, &mut releases, gan).await?;
+        let (gan, labels, summary) = train(ctx, &mut gather, &run, &mut releases, gan).await?;
+        // After the votes: a task of several teachers' partitions can only run on the worker
+        // holding them all, so the vote rounds place the partitions first.
+        let calibration =
+            calibration::release(ctx, &mut gather, partitions, &mut releases, plan.calibration.as_ref()).await?;
         tracing::info!(
             asked = plan.queries(),
             released = summary.released,
@@ -281,10 +287,11 @@ impl Generator for Pate {
             plan.params.queries_per_iteration,
             plan.label_queries
         ));
-        let sampler = PateSampler { gan, labels, encoding: plan.encoding };
+        let sampler = Box::new(PateSampler { gan, labels, encoding: plan.encoding });
+        let sampler = calibration::apply(calibration, sampler, &mut public_inputs);
         let cost = receipt.admission.cost.clone();
         Ok(Fitted {
-            sampler: Box::new(sampler),
+            sampler,
             released_count: released_rows,
             charged: Charged { receipt, cost, mechanisms, public_inputs },
         })

@@ -92,6 +92,26 @@ impl ColumnDomain {
         }
     }
 
+    /// Bin of a synthetic value, as a worker would bin it once encoded: numbers clamped to
+    /// the bounds, an undeclared category in `__other__`. `None`: a value this column
+    /// cannot hold (missing where missing values are dropped, an unknown category without
+    /// `__other__`, another kind).
+    pub fn bin_of(&self, value: &SyntheticValue) -> Option<usize> {
+        match (value, &self.encoding) {
+            (SyntheticValue::Missing, _) => self.missing.then(|| self.value_bins()),
+            (SyntheticValue::Category(name), Encoding::Categorical { categories, other }) => {
+                categories.iter().position(|c| c == name).or_else(|| other.then_some(categories.len()))
+            }
+            (SyntheticValue::Integer(v) | SyntheticValue::Datetime(v), Encoding::Numeric { min, max, binning, .. }) => {
+                Some(binning.bin((*v as f64).clamp(*min, *max)))
+            }
+            (SyntheticValue::Real(v), Encoding::Numeric { min, max, binning, .. }) if !v.is_nan() => {
+                Some(binning.bin(v.clamp(*min, *max)))
+            }
+            _ => None,
+        }
+    }
+
     /// Display label of a bin (reports and tests).
     pub fn bin_label(&self, bin: usize) -> String {
         if bin == self.value_bins() {
@@ -213,5 +233,40 @@ mod tests {
     fn real_bins_close_the_last_one() {
         let b = real_binning(0.0, 1.0, &Some(Bins::Count(4)), 10);
         assert_eq!((b.bin(0.0), b.bin(0.25), b.bin(0.99), b.bin(1.0)), (0, 1, 3, 3));
+    }
+
+    /// A synthetic value falls in the bin its encoded form would: numbers clamped, an
+    /// undeclared category in `__other__` (or nowhere without it), missing in its own bin
+    /// (or nowhere where missing values are refused).
+    #[test]
+    fn synthetic_values_bin_as_encoded_ones() {
+        let numeric = ColumnDomain {
+            name: "age".into(),
+            encoding: Encoding::Numeric {
+                kind: ColumnKind::Integer,
+                min: 0.0,
+                max: 9.0,
+                binning: integer_binning(0, 9, &Some(Bins::Count(3)), 10),
+            },
+            missing: true,
+        };
+        let bin = |v: SyntheticValue| numeric.bin_of(&v);
+        assert_eq!(bin(SyntheticValue::Integer(-5)), Some(0));
+        assert_eq!(bin(SyntheticValue::Integer(4)), Some(1));
+        assert_eq!(bin(SyntheticValue::Real(99.5)), Some(2));
+        assert_eq!(bin(SyntheticValue::Real(f64::NAN)), None);
+        assert_eq!(bin(SyntheticValue::Missing), Some(3));
+        assert_eq!(bin(SyntheticValue::Category("x".into())), None);
+        let colours = |other| ColumnDomain {
+            name: "colour".into(),
+            encoding: Encoding::Categorical { categories: vec!["red".into(), "blue".into()], other },
+            missing: false,
+        };
+        let blue = SyntheticValue::Category("blue".into());
+        let green = SyntheticValue::Category("green".into());
+        assert_eq!(colours(false).bin_of(&blue), Some(1));
+        assert_eq!(colours(true).bin_of(&green), Some(2));
+        assert_eq!(colours(false).bin_of(&green), None);
+        assert_eq!(colours(false).bin_of(&SyntheticValue::Missing), None);
     }
 }

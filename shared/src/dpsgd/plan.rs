@@ -9,6 +9,7 @@ use super::optimizer::{OptimizerSpec, Schedule};
 use crate::accounting::PrivacyError;
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::spec::JobSpec;
 
 /// The checked [`RunPlan`] of a DP-SGD generator's parameters, whose sections share the
@@ -41,6 +42,7 @@ macro_rules! run_plan {
                 noise_multiplier: p.noise_multiplier,
                 count_noise_multiplier: p.count_noise_multiplier,
                 after_training: Vec::new(),
+                calibration: None,
                 optimizer: p.optimizer.clone(),
                 schedule: p.schedule.clone(),
                 micro_batch: p.micro_batch,
@@ -67,6 +69,9 @@ pub struct RunPlan {
     pub count_noise_multiplier: f64,
     /// Mechanisms charged with the run after its rounds (e.g. a private selection).
     pub after_training: Vec<Mechanism>,
+    /// The output's marginal calibration, charged with the run and released after it.
+    #[serde(default)]
+    pub calibration: Option<Box<CalibrationPlan>>,
     pub optimizer: OptimizerSpec,
     pub schedule: Schedule,
     /// Units per backward pass on a worker (memory only).
@@ -93,12 +98,11 @@ impl RunPlan {
     }
 
     /// The unit count (sensitivity 1 under add/remove of a unit), then the run: each unit
-    /// is one example.
+    /// is one example; then what follows it, and the calibration.
     pub fn mechanisms(&self, rate: f64, sigma: f64) -> Vec<Mechanism> {
-        vec![self.count_mechanism(), self.run_mechanism(rate, sigma)]
-            .into_iter()
-            .chain(self.after_training.clone())
-            .collect()
+        let mut mechanisms = vec![self.count_mechanism(), self.run_mechanism(rate, sigma)];
+        mechanisms.extend(self.after_training.iter().cloned());
+        with_calibration(mechanisms, self.calibration.as_deref())
     }
 
     /// The unit-count release that fixes q (charged as its own ledger entry as soon as it

@@ -52,9 +52,11 @@ impl PlanError {
 /// runs, with its ledger's accounting options.)
 pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
     match &spec.generator {
-        GeneratorSpec::Marginals(_) => marginals::MarginalsPlan::new(spec, domain).map(drop),
+        GeneratorSpec::Marginals(_) => {
+            marginals::MarginalsPlan::new(spec, domain, &AccountingOptions::default()).map(drop)
+        }
         GeneratorSpec::Aim(_) => aim::AimPlan::new(spec, domain, &AccountingOptions::default()).map(drop),
-        GeneratorSpec::Findiff(_) => findiff::FinDiffPlan::new(spec, domain).map(drop),
+        GeneratorSpec::Findiff(_) => findiff::FinDiffPlan::new(spec, domain, &AccountingOptions::default()).map(drop),
         GeneratorSpec::Pate(_) => pate::PatePlan::new(spec, domain, &AccountingOptions::default()).map(drop),
         GeneratorSpec::Sequence(_) => {
             sequence::SequencePlan::new(spec, domain, &AccountingOptions::default()).map(drop)

@@ -10,7 +10,7 @@ pub mod rdp;
 use serde::{Deserialize, Serialize};
 
 use super::PrivacyError;
-use super::mechanism::{Mechanism, PldComposition};
+use super::mechanism::{Adjacency, Mechanism, PldComposition};
 pub use rdp::{Conversion, RdpCurve};
 
 /// Which analysis turns mechanisms into (ε, δ).
@@ -119,6 +119,15 @@ pub fn delta_left(added: f64, delta: f64) -> Result<f64, PrivacyError> {
         )));
     }
     Ok(delta - added)
+}
+
+/// The largest ρ whose zCDP guarantee meets (ε, δ) under RDP: the budget in the units in
+/// which Gaussian releases add up (each costs 1/(2σ²)).
+pub fn zcdp_budget(epsilon: f64, delta: f64, options: &AccountingOptions) -> Result<f64, PrivacyError> {
+    let sigma = calibrate_sigma(epsilon, delta, Accountant::Rdp, options, |s| {
+        vec![Mechanism::Zcdp { rho: 1.0 / (2.0 * s * s), adjacency: Adjacency::AddRemove }]
+    })?;
+    Ok(1.0 / (2.0 * sigma * sigma))
 }
 
 /// The composed RDP curve of `mechanisms`.

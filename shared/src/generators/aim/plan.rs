@@ -2,9 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::accounting::PrivacyError;
-use crate::accounting::accountant::{Accountant, AccountingOptions, calibrate_sigma};
+use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
 use crate::generators::marginals::MarginalsTask;
 use crate::generators::{PlanError, require_columns};
@@ -44,6 +44,7 @@ pub struct AimPlan {
     /// the target with another column, with `target_share` of ρ among them.
     pub target_pairs: Vec<usize>,
     pub target_share: f64,
+    pub calibration: Option<CalibrationPlan>,
 }
 
 impl AimPlan {
@@ -113,13 +114,12 @@ impl AimPlan {
         if d * (1.0 - params.selection_share) / f64::from(rounds) + target_share > 0.8 {
             return Err(invalid("the one-way tables and target_share leave under a fifth of ρ for the rounds"));
         }
-        let rho = zcdp_budget(spec, options).map_err(|e| invalid(e.to_string()))?;
-        let task = MarginalsTask {
-            domain: domain.clone(),
-            tables: candidates,
-            max_rows_per_unit: params.max_rows_per_unit,
-            row_level: spec.schema.unit_column.is_none(),
-        };
+        let calibration = CalibrationPlan::new(spec, domain, options)?;
+        let budget =
+            zcdp_budget(spec.privacy.epsilon, spec.privacy.delta, options).map_err(|e| invalid(e.to_string()))?;
+        // Calibration's Gaussian release takes its share of ρ: both compose to the budget.
+        let rho = budget - calibration.as_ref().map_or(0.0, CalibrationPlan::rho);
+        let task = MarginalsTask::new(spec, domain, candidates, params.max_rows_per_unit);
         Ok(Self {
             task,
             weights,
@@ -130,12 +130,14 @@ impl AimPlan {
             fit_iterations: params.fit_iterations,
             target_pairs,
             target_share,
+            calibration,
         })
     }
 
-    /// The one charge: the run's zCDP budget.
-    pub fn mechanism(&self) -> Mechanism {
-        Mechanism::Zcdp { rho: self.rho, adjacency: Adjacency::AddRemove }
+    /// The one charge: the run's zCDP budget, and its calibration's release.
+    pub fn mechanisms(&self) -> Vec<Mechanism> {
+        let run = Mechanism::Zcdp { rho: self.rho, adjacency: Adjacency::AddRemove };
+        with_calibration(vec![run], self.calibration.as_ref())
     }
 
     /// L2 (and L1) sensitivity of one table: a unit moves at most m rows.
@@ -187,13 +189,4 @@ fn workload(params: &AimParams, domain: &Domain) -> Result<Vec<Vec<usize>>, Plan
     sets.sort();
     sets.dedup();
     Ok(sets)
-}
-
-/// The largest ρ whose zCDP guarantee meets the job's (ε, δ) under RDP.
-fn zcdp_budget(spec: &JobSpec, options: &AccountingOptions) -> Result<f64, PrivacyError> {
-    let p = &spec.privacy;
-    let sigma = calibrate_sigma(p.epsilon, p.delta, Accountant::Rdp, options, |s| {
-        vec![Mechanism::Zcdp { rho: 1.0 / (2.0 * s * s), adjacency: Adjacency::AddRemove }]
-    })?;
-    Ok(1.0 / (2.0 * sigma * sigma))
 }

@@ -32,7 +32,7 @@ fn candidates_are_the_workloads_subsets_with_their_weights() {
     assert_eq!(plan.weights[pair], (2 * (n - 2) + (n - 2) * (n - 3)) as f64);
     assert_eq!(plan.rounds, 16 * n as u32);
     // ρ spends the job's ε under RDP.
-    let epsilon = account(&[plan.mechanism()], Accountant::Rdp, spec.privacy.delta, &AccountingOptions::default())
+    let epsilon = account(&plan.mechanisms(), Accountant::Rdp, spec.privacy.delta, &AccountingOptions::default())
         .unwrap()
         .epsilon;
     assert!(epsilon <= spec.privacy.epsilon && epsilon > 0.999 * spec.privacy.epsilon, "{epsilon}");

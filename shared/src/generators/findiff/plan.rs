@@ -3,6 +3,8 @@
 use super::encoding::TabularEncoding;
 use super::model::DenoiserConfig;
 use super::task::FinDiffModelSpec;
+use crate::accounting::accountant::AccountingOptions;
+use crate::calibration::CalibrationPlan;
 use crate::data::domain::Domain;
 use crate::dpsgd::plan::{RunPlan, run_plan};
 use crate::entropy::os_seed;
@@ -25,11 +27,12 @@ pub struct FinDiffPlan {
 }
 
 impl FinDiffPlan {
-    pub fn new(spec: &JobSpec, domain: &Domain) -> Result<Self, PlanError> {
+    pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {
         let GeneratorSpec::Findiff(params) = spec.generator.clone() else {
             return Err(invalid("the job's generator is another"));
         };
-        let run = run_plan!(GENERATOR, params)?;
+        let mut run = run_plan!(GENERATOR, params)?;
+        run.calibration = CalibrationPlan::new(spec, domain, options)?.map(Box::new);
         require_positive(GENERATOR, &[("beta_start", params.beta_start), ("beta_end", params.beta_end)])?;
         if params.beta_end >= 1.0 || params.beta_start > params.beta_end {
             return Err(invalid("need 0 < beta_start ≤ beta_end < 1"));

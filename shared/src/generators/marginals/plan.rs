@@ -6,6 +6,7 @@ use super::task::MarginalsTask;
 use crate::accounting::PrivacyError;
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
 use crate::generators::{PlanError, require_columns};
 use crate::pgm::JunctionTree;
@@ -27,10 +28,11 @@ pub const MAX_MODEL_CELLS: f64 = 1e6;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MarginalsPlan {
     pub task: MarginalsTask,
+    pub calibration: Option<CalibrationPlan>,
 }
 
 impl MarginalsPlan {
-    pub fn new(spec: &JobSpec, domain: &Domain) -> Result<Self, PlanError> {
+    pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {
         require_columns(GENERATOR, domain)?;
         let n = domain.columns.len();
         let GeneratorSpec::Marginals(params) = &spec.generator else {
@@ -68,23 +70,24 @@ impl MarginalsPlan {
         }
         let mut tables: Vec<Vec<usize>> = (0..n).map(|c| vec![c]).collect();
         tables.extend(pairs);
-        let task = MarginalsTask {
-            domain: domain.clone(),
-            tables,
-            max_rows_per_unit: params.max_rows_per_unit,
-            row_level: spec.schema.unit_column.is_none(),
-        };
+        let task = MarginalsTask::new(spec, domain, tables, params.max_rows_per_unit);
         // The summed tables live on the coordinator too: the same bound.
         if task.cells() as f64 > MAX_MODEL_CELLS {
             return Err(invalid(format!("the tables hold more than {MAX_MODEL_CELLS:.0} cells")));
         }
-        Ok(Self { task })
+        Ok(Self { task, calibration: CalibrationPlan::new(spec, domain, options)? })
     }
 
-    /// The smallest σ for which the one release meets the job's (ε, δ).
+    /// The smallest σ for which the release (and its calibration's) meets the job's (ε, δ).
     pub fn calibrate(&self, spec: &JobSpec, options: &AccountingOptions) -> Result<f64, PrivacyError> {
         let p = &spec.privacy;
-        calibrate_sigma(p.epsilon, p.delta, p.accountant, options, |s| vec![self.mechanism(s)])
+        calibrate_sigma(p.epsilon, p.delta, p.accountant, options, |s| self.mechanisms(s))
+    }
+
+    /// What the job is charged for: the tables' release with noise multiplier `sigma`, then
+    /// its calibration's.
+    pub fn mechanisms(&self, sigma: f64) -> Vec<Mechanism> {
+        with_calibration(vec![self.mechanism(sigma)], self.calibration.as_ref())
     }
 
     /// The single Gaussian release this plan makes, with noise multiplier `sigma`.

@@ -11,6 +11,7 @@ use crate::data::domain::Domain;
 use crate::data::{DataError, EncodedBatch};
 use crate::entropy::os_rng;
 use crate::sampling::Reservoir;
+use crate::spec::JobSpec;
 
 /// What a worker computes over its partitions (`CountTables` on the wire).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -24,6 +25,12 @@ pub struct MarginalsTask {
 }
 
 impl MarginalsTask {
+    /// `tables` of `domain` counted over the units `spec` declares (rows, without a unit
+    /// column), at most `max_rows_per_unit` rows from each.
+    pub fn new(spec: &JobSpec, domain: &Domain, tables: Vec<Vec<usize>>, max_rows_per_unit: u32) -> Self {
+        Self { domain: domain.clone(), tables, max_rows_per_unit, row_level: spec.schema.unit_column.is_none() }
+    }
+
     /// Cells of each table.
     pub fn table_sizes(&self) -> Vec<usize> {
         self.tables.iter().map(|t| t.iter().map(|&c| self.domain.columns[c].bins()).product()).collect()

@@ -2,6 +2,7 @@ use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;
 
 use super::{MarginalsPlan, MarginalsSampler};
+use crate::accounting::accountant::AccountingOptions;
 use crate::data::domain::Domain;
 use crate::generators::Sampler;
 use crate::output::SyntheticValue;
@@ -22,7 +23,7 @@ const TRIANGLE: &str = r#"[["heart_rate", "sbp"], ["sbp", "dbp"], ["dbp", "heart
 fn pairs_may_form_cycles_but_not_oversized_cliques() {
     let spec = job(TRIANGLE);
     let domain = Domain::from_spec(&spec);
-    let plan = MarginalsPlan::new(&spec, &domain).unwrap();
+    let plan = MarginalsPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
     assert_eq!(plan.task.tables.len(), domain.columns.len() + 3);
     // Every pair of columns: the model would need one clique over all of them.
     let names: Vec<&str> = domain.columns.iter().map(|c| c.name.as_str()).collect();
@@ -32,10 +33,16 @@ fn pairs_may_form_cycles_but_not_oversized_cliques() {
         .flat_map(|(i, a)| names[i + 1..].iter().map(move |b| format!(r#"["{a}", "{b}"]"#)))
         .collect();
     let spec = job(&format!("[{}]", all.join(", ")));
-    let error = MarginalsPlan::new(&spec, &Domain::from_spec(&spec)).unwrap_err().to_string();
+    let error =
+        MarginalsPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap_err().to_string();
     assert!(error.contains("clique"), "{error}");
     let spec = job(r#"[["sbp", "dbp"], ["dbp", "sbp"]]"#);
-    assert!(MarginalsPlan::new(&spec, &Domain::from_spec(&spec)).unwrap_err().to_string().contains("twice"));
+    assert!(
+        MarginalsPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("twice")
+    );
 }
 
 #[test]
@@ -44,7 +51,7 @@ fn rows_follow_consistent_tables_of_a_cycle() {
     // model is their 3-way clique, and rows drawn from it reproduce every pair.
     let spec = job(TRIANGLE);
     let domain = Domain::from_spec(&spec);
-    let plan = MarginalsPlan::new(&spec, &domain).unwrap();
+    let plan = MarginalsPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
     let [hr, sbp, dbp] = ["heart_rate", "sbp", "dbp"].map(|n| domain.index_of(n).unwrap());
     let rows: Vec<Vec<usize>> = (0..6000)
         .map(|i| {

@@ -5,6 +5,7 @@ use super::encoding::PateEncoding;
 use super::teacher::TeacherConfig;
 use crate::accounting::accountant::{AccountingOptions, account};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
 use crate::generators::{PlanError, require_columns, require_positive};
 use crate::spec::{JobSpec, PateParams, PateRelease};
@@ -29,6 +30,7 @@ pub struct PatePlan {
     pub label_queries: u64,
     /// Whether the unit count is released to size the output (no `[output] rows`).
     pub count: bool,
+    pub calibration: Option<CalibrationPlan>,
 }
 
 impl PatePlan {
@@ -97,6 +99,7 @@ impl PatePlan {
             iterations: 0,
             label_queries: 0,
             count: spec.output.rows.is_none(),
+            calibration: CalibrationPlan::new(spec, domain, options)?,
         };
         plan.iterations = plan.affordable_iterations(spec, options)?;
         plan.label_queries = plan.label_queries_for(plan.iterations);
@@ -181,7 +184,7 @@ impl PatePlan {
                 adjacency: Adjacency::AddRemove,
             },
         });
-        out
+        with_calibration(out, self.calibration.as_ref())
     }
 
     /// Noise multiplier of a vote-share release (σ/√2 on the real count: GNMax's cost).
@@ -190,7 +193,7 @@ impl PatePlan {
     }
 
     /// What the whole run is charged: [unit count,] [confidence checks,] [target labels,]
-    /// real-or-generated answers.
+    /// real-or-generated answers[, calibration].
     pub fn mechanisms(&self) -> Vec<Mechanism> {
         self.mechanisms_for(self.iterations)
     }

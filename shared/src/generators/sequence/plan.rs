@@ -8,6 +8,7 @@ use super::tokens::{Layout, gap_binning};
 use super::window::WindowSpec;
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::calibration::CalibrationPlan;
 use crate::data::domain::{Domain, Encoding};
 use crate::dpsgd::plan::{RunPlan, run_plan};
 use crate::generators::{PlanError, require_columns};
@@ -87,6 +88,12 @@ impl SequencePlan {
         );
         if let Some(epsilon) = params.select_epsilon {
             run.after_training = vec![selection_mechanism(spec, &params, epsilon, options)?];
+        }
+        run.calibration = CalibrationPlan::new(spec, domain, options)?.map(Box::new);
+        if run.calibration.is_some() && params.select_epsilon.is_some() {
+            return Err(invalid(
+                "[calibration] and select_epsilon both choose the output among drawn histories: use one",
+            ));
         }
         let model = SequenceModelSpec { domain: domain.clone(), layout, transformer, window };
         let selection = params
