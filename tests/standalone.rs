@@ -864,11 +864,10 @@ async fn a_calibrated_job_matches_the_one_way_marginals_within_its_charge() {
     assert!(mean_tv[1] < mean_tv[0], "{mean_tv:?}");
 }
 
-/// A calibrated PATE job: its vote tasks group several teachers' partitions, which only a
-/// worker holding them all may run; the calibration's tables (one partition a task) are
-/// counted after the votes have placed the partitions, so the job finishes (counted first,
-/// they split each group's partitions between the workers and the votes never ran). The
-/// calibration is charged in the run's one entry.
+/// A calibrated PATE job: its vote tasks group several teachers' partitions, which rounds
+/// of one partition a task (the calibration's count, or any other) may have placed on
+/// different workers; the job still finishes (it once hung: no worker held a whole group).
+/// The calibration is charged in the run's one entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_calibrated_pate_job_runs_its_votes_and_charges_the_calibration() {
     use dpsynth_shared::accounting::accountant::AccountingOptions;

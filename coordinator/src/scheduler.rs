@@ -75,17 +75,27 @@ impl Inner {
     }
 
     /// Whether `worker` may take `task`: it owns all its partitions, or they are unowned
-    /// and no live worker owns fewer partitions than it does.
+    /// and no live worker owns fewer partitions than it does. A task whose partitions
+    /// different workers hold (a round grouping them otherwise than an earlier one) goes to
+    /// the one holding most of them (the first by id on a tie), which then holds them all:
+    /// otherwise no worker could ever take it.
     fn may_take(&self, worker: &str, task: &TaskDef) -> bool {
+        let mut held: HashMap<&str, usize> = HashMap::new();
         let mut unowned = false;
         for url in &task.partition_urls {
             match self.owners.get(&(task.job_id.clone(), url.clone())) {
-                Some(owner) if owner != worker => return false,
-                Some(_) => {}
+                Some(owner) => *held.entry(owner.as_str()).or_default() += 1,
                 None => unowned = true,
             }
         }
-        !unowned || self.workers.keys().all(|w| self.owned_by(w) >= self.owned_by(worker))
+        match held.len() {
+            0 => self.workers.keys().all(|w| self.owned_by(w) >= self.owned_by(worker)),
+            1 => {
+                held.contains_key(worker)
+                    && (!unowned || self.workers.keys().all(|w| self.owned_by(w) >= self.owned_by(worker)))
+            }
+            _ => held.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))).is_some_and(|(w, _)| *w == worker),
+        }
     }
 }
 
@@ -273,5 +283,39 @@ impl Scheduler {
         if requeued {
             self.queued.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(task_id: u64, partitions: &[&str]) -> TaskDef {
+        TaskDef {
+            job_id: "j".into(),
+            task_id,
+            work: Arc::new(Work::CountTables(Default::default())),
+            partition_urls: partitions.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    /// One-partition tasks place p0 and p1 on different workers; a later task over both
+    /// still runs (on one of them), and its worker then holds both.
+    #[test]
+    fn a_task_over_partitions_of_several_workers_still_runs() {
+        let scheduler = Scheduler::new(Duration::from_secs(60));
+        let a = scheduler.register("a", Capabilities::default());
+        let b = scheduler.register("b", Capabilities::default());
+        scheduler.enqueue(vec![task(0, &["p0"]), task(1, &["p1"])]);
+        let first = scheduler.poll(&a).expect("a takes one").0;
+        let second = scheduler.poll(&b).expect("b takes the other").0;
+        assert_ne!(first.partition_urls, second.partition_urls);
+        scheduler.enqueue(vec![task(2, &["p0", "p1"])]);
+        let taken = [scheduler.poll(&a), scheduler.poll(&b)];
+        let takers: Vec<usize> = (0..2).filter(|&i| taken[i].is_some()).collect();
+        assert_eq!(takers.len(), 1, "exactly one worker takes it");
+        let owner = [&a, &b][takers[0]];
+        let inner = scheduler.lock();
+        assert!(["p0", "p1"].iter().all(|p| inner.owners[&("j".to_string(), p.to_string())] == *owner));
     }
 }

@@ -261,8 +261,6 @@ impl Generator for Pate {
         let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), compute_device().autodiff(), os_seed()?);
         let run = VoteRun { partitions: &partitions.urls, plan: &plan, epsilon: receipt.admission.cost.epsilon };
         let (gan, labels, summary) = train(ctx, &mut gather, &run, &mut releases, gan).await?;
-        // After the votes: a task of several teachers' partitions can only run on the worker
-        // holding them all, so the vote rounds place the partitions first.
         let calibration =
             calibration::release(ctx, &mut gather, partitions, &mut releases, plan.calibration.as_ref()).await?;
         tracing::info!(
