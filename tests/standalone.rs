@@ -82,7 +82,6 @@ async fn demo_spec_job_writes_a_verifiable_output_and_charges_once() {
 async fn a_sequence_job_writes_whole_histories_under_fresh_ids() {
     use dpsynth_shared::accounting::accountant::AccountingOptions;
     use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::data::input::InputReader;
     use dpsynth_shared::generators::sequence::SequencePlan;
 
     let select = Some("select_epsilon = 0.5\nselect_candidates = 2.0\nselect_neighbours = 3\n");
@@ -111,33 +110,9 @@ async fn a_sequence_job_writes_whole_histories_under_fresh_ids() {
             .next()
             .expect("the released unit count is a public input");
 
-        let mut read = spec.clone();
-        read.input.urls = parts(&out, &manifest);
-        read.input.format = Some(Format::Parquet);
-        let domain = Domain::from_spec(&read);
-        let order = domain.index_of("charttime").unwrap();
-        let mut reader = InputReader::new(&read, &domain);
-        let mut histories: Vec<(String, Vec<Option<f64>>)> = Vec::new();
-        while let Some(batch) = reader.next_batch().await.unwrap() {
-            for (r, unit) in batch.units.iter().enumerate() {
-                match histories.last_mut() {
-                    Some((id, times)) if id == unit => times.push(batch.values[order][r]),
-                    _ => histories.push((unit.clone(), vec![batch.values[order][r]])),
-                }
-            }
-        }
-        assert!(reader.skipped().is_none_or(|s| s.rows == 0), "every synthetic row fits the declared schema");
-        // A unit's rows are contiguous and its id is never reused.
-        let ids: std::collections::HashSet<&str> = histories.iter().map(|(id, _)| id.as_str()).collect();
-        assert_eq!(ids.len(), histories.len());
+        let histories = whole_histories(&spec, &out, &manifest, max_rows).await;
         assert_eq!(histories.len() as u64, units.unwrap_or(released));
-        assert!(ids.iter().all(|id| id.starts_with("syn-")));
-        for (id, times) in &histories {
-            assert!((1..=max_rows).contains(&times.len()), "{id}: {} rows", times.len());
-            let known: Vec<f64> = times.iter().flatten().copied().collect();
-            assert!(known.windows(2).all(|w| w[1] >= w[0]), "{id}: {known:?}");
-        }
-        assert!(max_rows == 1 || histories.iter().any(|(_, t)| t.len() > 1), "histories, not rows");
+        assert!(max_rows == 1 || histories.iter().any(|t| t.len() > 1), "histories, not rows");
 
         let charged = charged_mechanisms(dir.path(), &spec.job.dataset_id).await;
         assert_eq!(charged.len(), 2, "the unit count, then the run");
@@ -154,6 +129,90 @@ async fn a_sequence_job_writes_whole_histories_under_fresh_ids() {
         let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
         assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon);
     }
+}
+
+/// The synthetic histories under `out`, as their charttimes, after checking what every
+/// generator of histories promises: every row fits the declared schema, a unit's rows are
+/// contiguous under a fresh id never reused, at most `max_rows` of them, in time order.
+async fn whole_histories(
+    spec: &JobSpec,
+    out: &std::path::Path,
+    manifest: &serde_json::Value,
+    max_rows: usize,
+) -> Vec<Vec<Option<f64>>> {
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::data::input::InputReader;
+
+    let mut read = spec.clone();
+    read.input.urls = parts(out, manifest);
+    read.input.format = Some(Format::Parquet);
+    let domain = Domain::from_spec(&read);
+    let order = domain.index_of("charttime").unwrap();
+    let mut reader = InputReader::new(&read, &domain);
+    let mut histories: Vec<(String, Vec<Option<f64>>)> = Vec::new();
+    while let Some(batch) = reader.next_batch().await.unwrap() {
+        for (r, unit) in batch.units.iter().enumerate() {
+            match histories.last_mut() {
+                Some((id, times)) if id == unit => times.push(batch.values[order][r]),
+                _ => histories.push((unit.clone(), vec![batch.values[order][r]])),
+            }
+        }
+    }
+    assert!(reader.skipped().is_none_or(|s| s.rows == 0), "every synthetic row fits the declared schema");
+    let ids: std::collections::HashSet<&str> = histories.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids.len(), histories.len());
+    assert!(ids.iter().all(|id| id.starts_with("syn-")));
+    for (id, times) in &histories {
+        assert!((1..=max_rows).contains(&times.len()), "{id}: {} rows", times.len());
+        let known: Vec<f64> = times.iter().flatten().copied().collect();
+        assert!(known.windows(2).all(|w| w[1] >= w[0]), "{id}: {known:?}");
+    }
+    histories.into_iter().map(|(_, times)| times).collect()
+}
+
+/// PATH's Direct baseline end to end: the marginals generator over each patient's first
+/// L visits flattened writes whole histories (the released number of them, in time order,
+/// mostly L visits long as the cohort's are), and its one charge is the plan's Gaussian
+/// release of K = 1 + L·d + (L − 1)·d tables at sensitivity √K.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_history_job_writes_whole_histories_and_charges_its_tables() {
+    use dpsynth_shared::accounting::accountant::AccountingOptions;
+    use dpsynth_shared::data::domain::Domain;
+    use dpsynth_shared::generators::marginals::MarginalsPlan;
+
+    const STEPS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let text = demo_spec(dir.path(), 400);
+    let section = &text[text.find("[generator.marginals]").unwrap()..text.find("[output]").unwrap()];
+    let text = text.replace(section, &format!("[generator.marginals]\nhistory_rows = {STEPS}\n\n"));
+    let spec = JobSpec::parse(&text, "direct").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+
+    let domain = Domain::from_spec(&spec);
+    let options = AccountingOptions::default();
+    let plan = MarginalsPlan::new(&spec, &domain, &options).unwrap();
+    let d = domain.columns.len();
+    let tables = 1 + STEPS * d + (STEPS - 1) * d;
+    assert_eq!(plan.task.tables.len(), tables);
+    let sigma = plan.calibrate(&spec, &options).unwrap();
+    let charged = charged_mechanisms(dir.path(), &spec.job.dataset_id).await;
+    assert_eq!(charged, vec![plan.mechanisms(sigma)]);
+    assert!(matches!(charged[0][0], Mechanism::Gaussian { l2_sensitivity, .. }
+        if (l2_sensitivity - (tables as f64).sqrt()).abs() < 1e-12));
+
+    let out = dir.path().join("out");
+    let manifest = manifest(&out).expect("manifest written");
+    let histories = whole_histories(&spec, &out, &manifest, STEPS).await;
+    // The demo's patients have at least 4 visits: nearly all are L long once cut to L.
+    // The length table's noise (σ·√K ≈ 40 per cell here) against 400 units leaves L the
+    // most common length by a wide margin.
+    let mut lengths = [0; STEPS + 1];
+    histories.iter().for_each(|h| lengths[h.len()] += 1);
+    assert_eq!((1..=STEPS).max_by_key(|&l| lengths[l]), Some(STEPS), "{lengths:?}");
+    // Their number is the tables' pooled noisy total: 400 within a few times σ·√K·√(cells
+    // per table / K) ≈ 16.
+    assert!((300..=500).contains(&histories.len()), "{} histories", histories.len());
 }
 
 /// AIM end to end on the demo cohort: the ledger holds exactly the run's zCDP budget,
@@ -661,8 +720,9 @@ async fn one_two_and_four_workers_cast_the_same_selection_votes() {
 }
 
 /// Contingency tables gathered from 1, 2 and 4 workers, for the marginals generator's
-/// star of pairs and for AIM's candidates (every column, pair and triple): the same
-/// counts, bit for bit, and every row counted once in every table.
+/// star of pairs, AIM's candidates (every column, pair and triple) and flattened
+/// histories (12 steps, a static column, pairs at every step): the same counts, bit for bit, and
+/// every row (every patient) counted once in every table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_count_the_same_marginals() {
     use dpsynth_proto::task::Work;
@@ -677,22 +737,34 @@ async fn one_two_and_four_workers_count_the_same_marginals() {
     let spec = JobSpec::parse(&text, "marginals").unwrap();
     let domain = Domain::from_spec(&spec);
     let aim = JobSpec::parse(&as_aim(&text, "max_rows_per_unit = 100000"), "aim").unwrap();
+    let pairs = &text[text.find("pairs = ").unwrap()..];
+    let pairs = &pairs[..pairs.find('\n').unwrap()];
+    let direct = text
+        .replace("max_rows_per_unit = 100000", "history_rows = 12\nstatic_columns = [\"rhythm\"]")
+        .replace(pairs, r#"pairs = [["sbp", "dbp"], ["rhythm", "pain"]]"#);
+    let direct = JobSpec::parse(&direct, "direct").unwrap();
     let tasks = [
         MarginalsPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap().task,
         AimPlan::new(&aim, &domain, &AccountingOptions::default()).unwrap().task,
+        MarginalsPlan::new(&direct, &domain, &AccountingOptions::default()).unwrap().task,
     ];
     let d = domain.columns.len();
     assert_eq!(tasks[1].tables.len(), d + d * (d - 1) / 2 + d * (d - 1) * (d - 2) / 6);
-    let rows = std::fs::read_to_string(dir.path().join("icu_vitals.csv")).unwrap().lines().count() - 1;
+    let input = std::fs::read_to_string(dir.path().join("icu_vitals.csv")).unwrap();
+    let rows = input.lines().count() - 1;
+    let patients =
+        input.lines().skip(1).map(|l| l.split(',').next().unwrap()).collect::<std::collections::HashSet<_>>();
     let urls = partition(&spec, dir.path(), 4).await;
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
     for task in &tasks {
+        // A flattened history counts each patient once.
+        let counted = if task.history.is_some() { patients.len() } else { rows };
         let mut reference: Option<Vec<f64>> = None;
         for workers in [1, 2, 4] {
             let counts = one_round(workers, Work::CountTables(task.into()), &groups, "counts", task.cells()).await;
             let mut offset = 0;
             for size in task.table_sizes() {
-                assert_eq!(counts[offset..offset + size].iter().sum::<f64>(), rows as f64);
+                assert_eq!(counts[offset..offset + size].iter().sum::<f64>(), counted as f64);
                 offset += size;
             }
             match &reference {

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use dpsynth_shared::data::domain::{Domain, Encoding};
+use dpsynth_shared::data::domain::{Binning, Domain, Encoding};
 use dpsynth_shared::data::examples::Examples;
 use dpsynth_shared::dpsgd::ghost::Plain;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
@@ -16,7 +16,7 @@ use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
 use dpsynth_shared::generators::findiff::model::DenoiserConfig;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec};
 use dpsynth_shared::generators::sequence::{
-    self, Histories, Layout, SequenceModel, SequenceModelSpec, TransformerConfig, WindowSpec, tokens::gap_binning,
+    self, Histories, Layout, SequenceModel, SequenceModelSpec, TransformerConfig, WindowSpec,
 };
 use dpsynth_shared::spec::JobSpec;
 use rand::rngs::ChaCha8Rng;
@@ -82,7 +82,7 @@ fn transformer() {
         Encoding::Numeric { min, max, .. } => max - min,
         _ => unreachable!(),
     };
-    let layout = Layout::new(&domain, Some((order, gap_binning(range, 16, false))), &[], 8, 50);
+    let layout = Layout::new(&domain, Some((order, Binning::gaps(range, 16, false))), &[], 8, 50);
     let window = WindowSpec { p_start: 0.2, context_rows: 2, window_rows: 4 };
     let units = 64;
     let examples = icu_histories(&domain, &layout, units, 20);

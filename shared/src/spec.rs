@@ -359,7 +359,11 @@ impl GeneratorSpec {
     /// Whether the generator draws whole histories (its output is counted in units), not
     /// rows.
     pub fn draws_histories(&self) -> bool {
-        matches!(self, GeneratorSpec::Sequence(_))
+        match self {
+            GeneratorSpec::Sequence(_) => true,
+            GeneratorSpec::Marginals(p) => p.history_rows.is_some(),
+            _ => false,
+        }
     }
 
     /// Bins of numeric columns that declare none (the public domain's discretisation).
@@ -746,18 +750,41 @@ pub struct MarginalsParams {
     pub max_rows_per_unit: u32,
     /// Two-way marginals to measure, as `[column, column]` pairs (any graph: the fitted
     /// model handles cycles, within a clique-size limit). Default: a star around the
-    /// target column, or a chain in column order without a target.
+    /// target column, or a chain in column order without a target; with `history_rows`,
+    /// none (a pair is then measured within every step).
     pub pairs: Option<Vec<[String; 2]>>,
     /// Bins for numeric columns without `bins` (integer columns with at most this many
     /// values get one bin per value).
     pub default_bins: u32,
+    /// PATH's "Direct" baseline: each unit's first `history_rows` rows (in `order_by`
+    /// order) as one flattened row, measured as every step's 1-way tables and each
+    /// column's table of adjacent steps; the output is whole histories.
+    pub history_rows: Option<u32>,
+    /// With `history_rows`: columns holding one value per unit, measured once (from its
+    /// first row) and written on every row of a history.
+    pub static_columns: Vec<String>,
+    /// With `history_rows`: geometric bins of the gap between consecutive order values.
+    pub gap_bins: u32,
 }
 
 impl Default for MarginalsParams {
     fn default() -> Self {
-        Self { max_rows_per_unit: 1, pairs: None, default_bins: DEFAULT_BINS }
+        Self {
+            max_rows_per_unit: 1,
+            pairs: None,
+            default_bins: DEFAULT_BINS,
+            history_rows: None,
+            static_columns: Vec::new(),
+            gap_bins: 20,
+        }
     }
 }
+
+/// Most steps a flattened history may have (`history_rows`).
+pub const MAX_HISTORY_ROWS: u32 = 1000;
+
+/// Most bins of the gap between consecutive order values (`gap_bins`).
+pub const MAX_GAP_BINS: u32 = 64;
 
 /// Parameters of the AIM generator (adaptive marginals with graphical-model inference).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -975,9 +1002,27 @@ impl JobSpec {
             }
         }
         if let GeneratorSpec::Marginals(m) = &self.generator
-            && (m.max_rows_per_unit == 0 || m.default_bins < 2)
+            && (m.max_rows_per_unit == 0 || m.default_bins < 2 || !(1..=MAX_GAP_BINS).contains(&m.gap_bins))
         {
-            return Err("[generator.marginals] needs max_rows_per_unit ≥ 1 and default_bins ≥ 2".into());
+            return Err(
+                "[generator.marginals] needs max_rows_per_unit ≥ 1, default_bins ≥ 2 and 1 ≤ gap_bins ≤ 64".into()
+            );
+        }
+        if let GeneratorSpec::Marginals(m) = &self.generator {
+            match m.history_rows {
+                Some(rows) if !(1..=MAX_HISTORY_ROWS).contains(&rows) => {
+                    return Err(format!("[generator.marginals] history_rows must be between 1 and {MAX_HISTORY_ROWS}"));
+                }
+                Some(_) if m.max_rows_per_unit != 1 => {
+                    return Err("[generator.marginals] with history_rows a unit is one flattened history: \
+                                max_rows_per_unit does not apply"
+                        .into());
+                }
+                None if !m.static_columns.is_empty() => {
+                    return Err("[generator.marginals] static_columns needs history_rows".into());
+                }
+                _ => {}
+            }
         }
         if let GeneratorSpec::Aim(a) = &self.generator
             && (a.max_rows_per_unit == 0
@@ -1006,13 +1051,13 @@ impl JobSpec {
         }
         let histories = self.generator.draws_histories();
         if histories && self.output.rows.is_some() {
-            return Err("[output] rows: the sequence generator draws whole histories; declare [output] units".into());
+            return Err("[output] rows: the generator draws whole histories; declare [output] units".into());
         }
         if !histories && self.output.units.is_some() {
             return Err("[output] units is for generators of whole histories; declare [output] rows".into());
         }
         if histories && self.schema.unit_column.is_none() {
-            return Err("the sequence generator models each unit's history: [schema] needs a unit_column".into());
+            return Err("a generator of histories models each unit's history: [schema] needs a unit_column".into());
         }
         if self.output.rows_per_part == 0 {
             return Err("[output] rows_per_part must be at least 1".into());
@@ -1068,6 +1113,17 @@ mod tests {
         assert_eq!(JobSpec::parse(&format!("{sequence}units = 100\n"), "ok").unwrap().output.units, Some(100));
         refused(&format!("{DEMO}units = 100\n"), "declare [output] rows");
         refused(&sequence.replace("unit_column = \"patient_id\"\n", ""), "needs a unit_column");
+        // The marginals generator's flattened histories (PATH's Direct) are histories too.
+        let direct = DEMO.replace("max_rows_per_unit = 8\n", "history_rows = 16\n");
+        assert!(JobSpec::parse(&direct, "direct").unwrap().generator.draws_histories());
+        refused(&format!("{direct}rows = 100\n"), "declare [output] units");
+        refused(&direct.replace("unit_column = \"patient_id\"\n", ""), "needs a unit_column");
+        refused(
+            &DEMO.replace("max_rows_per_unit = 8\n", "max_rows_per_unit = 8\nhistory_rows = 16\n"),
+            "does not apply",
+        );
+        refused(&DEMO.replace("max_rows_per_unit = 8\n", "history_rows = 0\n"), "history_rows must be");
+        refused(&DEMO.replace("max_rows_per_unit = 8\n", "static_columns = [\"rhythm\"]\n"), "needs history_rows");
     }
 
     /// Found by `tests/fuzz.rs`: infinite bounds, an integer column holding no integer, and

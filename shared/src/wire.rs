@@ -81,6 +81,25 @@ mod tests {
         let mut huge = wire;
         huge.tables[0].columns = (0..columns).collect();
         assert!(MarginalsTask::try_from(&huge).unwrap_err().to_string().contains("cells"));
+        // A flattened history: its layout travels, and its tables may name its variables.
+        let spec = job("[generator]\nname = \"marginals\"\n[generator.marginals]\nhistory_rows = 4\n\
+                        static_columns = [\"rhythm\"]");
+        let task = MarginalsPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap().task;
+        let wire = dpsynth_proto::CountTables::from(&task);
+        assert_eq!(MarginalsTask::try_from(&wire).unwrap(), task);
+        let variables = task.sizes().len() as u32;
+        assert!(variables > columns && task.tables.iter().flatten().any(|&v| v as u32 >= columns));
+        let mut outside = wire.clone();
+        outside.tables[0].columns = vec![variables];
+        assert!(MarginalsTask::try_from(&outside).is_err());
+        let mut misfit = wire.clone();
+        misfit.history_json = misfit.history_json.replace("\"statics\":[", "\"statics\":[0,");
+        assert!(MarginalsTask::try_from(&misfit).unwrap_err().to_string().contains("layout"));
+        // The gap's domain is derived from the order column and gap_bins, never trusted.
+        let mut forged = wire;
+        assert!(forged.history_json.contains("\"gap_bins\":20"));
+        forged.history_json = forged.history_json.replace("\"gap_bins\":20", "\"gap_bins\":21");
+        assert!(MarginalsTask::try_from(&forged).unwrap_err().to_string().contains("layout"));
     }
 
     #[test]

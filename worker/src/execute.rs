@@ -265,7 +265,7 @@ mod tests {
                 })
                 .collect(),
         };
-        let rows = 8000;
+        let rows = 40_000;
         let batch = EncodedBatch {
             units: (0..rows).map(|r| format!("u{r}")).collect(),
             values: (0..columns).map(|c| (0..rows).map(|r| Some(((r * (c + 1)) % 4) as f64)).collect()).collect(),
@@ -282,7 +282,7 @@ mod tests {
                 tables.extend((b + 1..columns).map(|c| vec![a, b, c]));
             }
         }
-        let spec = MarginalsTask { domain, tables, max_rows_per_unit: 1, row_level: true };
+        let spec = MarginalsTask { domain, tables, max_rows_per_unit: 1, row_level: true, history: None };
         let task = Task { partition_urls: urls, ..Task::default() };
 
         // The longest gap between ticks, in microseconds.
@@ -310,7 +310,7 @@ mod tests {
         let counts = &aggregate.tensors[0].1;
         assert_eq!(counts.len(), spec.cells());
         assert_eq!(counts[..64].iter().sum::<f64>(), rows as f64);
-        // The count takes a while (unoptimised, a few seconds), and the ticker is never
+        // The count takes a while (unoptimised, about half a second), and the ticker is never
         // held up for more than a small share of it.
         assert!(took > Duration::from_millis(200), "the count took {took:?}: too quick to tell");
         assert!(longest > Duration::ZERO, "the ticker ticked");

@@ -15,9 +15,9 @@ pub mod sequence;
 use rand::rngs::ChaCha20Rng;
 
 use crate::accounting::accountant::AccountingOptions;
-use crate::data::domain::Domain;
+use crate::data::domain::{Binning, Domain, Encoding};
 use crate::output::SyntheticUnits;
-use crate::spec::{GeneratorSpec, JobSpec};
+use crate::spec::{ColumnKind, GeneratorSpec, JobSpec};
 
 /// Draws synthetic units from what a generator fitted to its released values: a row each
 /// (`rows_per_draw` 1) or a whole history each. Sampling is post-processing: it costs no
@@ -70,6 +70,23 @@ pub fn require_positive(generator: &'static str, params: &[(&str, f64)]) -> Resu
         Some((name, v)) => Err(PlanError::new(generator, format!("{name} must be a positive number, got {v}"))),
         None => Ok(()),
     }
+}
+
+/// The order column's domain index and the public bins of the gap between consecutive
+/// order values (geometric over its declared range), if the schema orders rows.
+pub fn order_with_gaps(
+    generator: &'static str,
+    spec: &JobSpec,
+    domain: &Domain,
+    gap_bins: u32,
+) -> Result<Option<(usize, Binning)>, PlanError> {
+    let Some(name) = &spec.schema.order_by else { return Ok(None) };
+    let invalid = |message: String| PlanError::new(generator, message);
+    let index = domain.index_of(name).ok_or_else(|| invalid(format!("order_by '{name}' is not synthesised")))?;
+    let Encoding::Numeric { kind, min, max, .. } = &domain.columns[index].encoding else {
+        return Err(invalid(format!("order_by '{name}' must be numeric or a datetime")));
+    };
+    Ok(Some((index, Binning::gaps(max - min, gap_bins, *kind == ColumnKind::Integer))))
 }
 
 /// Checks that the schema has a column to synthesise.

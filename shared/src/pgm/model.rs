@@ -259,6 +259,26 @@ impl GraphicalModel {
         belief
     }
 
+    /// The model given that each listed variable takes one of its allowed values (mask
+    /// by value): the excluded values' potentials set to (effectively) −∞ and the marginals
+    /// recomputed, so rows drawn from it are draws from the model conditioned on the event.
+    pub fn conditioned(&self, allowed: &[(usize, Vec<bool>)]) -> Self {
+        /// A log potential whose exponential is zero beside any finite one.
+        const EXCLUDED: f64 = -1e30;
+        let mut potentials = self.potentials.clone();
+        for (v, mask) in allowed {
+            let c = self.tree.clique_of(&[*v]).expect("a variable of the model");
+            let values = potentials[c].cells_in(&[*v]);
+            for (p, &value) in potentials[c].values.iter_mut().zip(&values) {
+                if !mask[value] {
+                    *p = EXCLUDED;
+                }
+            }
+        }
+        let marginals = self.tree.marginals(&potentials, self.total);
+        Self { domain: self.domain.clone(), tree: self.tree.clone(), potentials, marginals, ..*self }
+    }
+
     /// Draws `rows` rows (a value index per variable) from the model.
     pub fn sample(&self, rows: usize, rng: &mut impl Rng) -> Vec<Vec<usize>> {
         let variables = self.tree.cliques.iter().flatten().max().map_or(0, |v| v + 1);
@@ -325,7 +345,7 @@ fn estimated_total(measurements: &[Measurement]) -> f64 {
 
 /// The cells' cumulative probabilities (uniform if no cell has mass: a separator value
 /// whose probability underflowed).
-fn cumulative(cells: impl Iterator<Item = (usize, f64)>) -> Vec<(f64, usize)> {
+pub(crate) fn cumulative(cells: impl Iterator<Item = (usize, f64)>) -> Vec<(f64, usize)> {
     let mut cells: Vec<(usize, f64)> = cells.map(|(i, w)| (i, w.max(0.0))).collect();
     let mut total: f64 = cells.iter().map(|(_, w)| w).sum();
     if !(total > 0.0) {
@@ -342,7 +362,8 @@ fn cumulative(cells: impl Iterator<Item = (usize, f64)>) -> Vec<(f64, usize)> {
         .collect()
 }
 
-fn draw(table: &[(f64, usize)], rng: &mut impl Rng) -> usize {
+/// A cell drawn from its cumulative probabilities.
+pub(crate) fn draw(table: &[(f64, usize)], rng: &mut impl Rng) -> usize {
     let u: f64 = rng.random();
     let at = table.partition_point(|&(c, _)| c <= u).min(table.len().saturating_sub(1));
     table.get(at).map_or(0, |&(_, i)| i)

@@ -1,9 +1,10 @@
-//! DP marginals: the baseline generator (also PATH's "Direct").
+//! DP marginals: the baseline generator, of rows or (PATH's "Direct") of histories.
 //!
 //! What it measures: the 1-way marginal of every synthesised column and the 2-way
 //! marginals of the spec's `pairs` (a star around the target column by default, else a
 //! chain in column order). Numeric columns are counted on their public bins; a missing
-//! value is a bin of its own.
+//! value is a bin of its own. With `history_rows`, each unit's history is one flattened
+//! row and the tables are over its steps ([`history`]).
 //!
 //! Privacy: each unit contributes at most m = `max_rows_per_unit` rows (a unit with more
 //! is subsampled uniformly inside its worker with a CSPRNG). A row adds 1 to one cell of
@@ -19,6 +20,7 @@
 //! the model's total — the tables' noisy sums pooled by their variance, an estimate of the
 //! contributed rows released by the same mechanism, so it costs nothing extra.
 
+pub mod history;
 pub mod plan;
 pub mod sampler;
 pub mod task;

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::history::HistoryLayout;
 use super::task::MarginalsTask;
 use crate::accounting::PrivacyError;
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
@@ -24,7 +25,8 @@ fn invalid(message: impl Into<String>) -> PlanError {
 /// cycles need large cliques and are refused.
 pub const MAX_MODEL_CELLS: f64 = 1e6;
 
-/// The measurement plan of a job: every column's 1-way table, then the pairs'.
+/// The measurement plan of a job: every column's 1-way table, then the pairs' (or a
+/// flattened history's tables).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MarginalsPlan {
     pub task: MarginalsTask,
@@ -42,10 +44,17 @@ impl MarginalsPlan {
             domain.index_of(name).ok_or_else(|| invalid(format!("pair names '{name}', not a synthesised column")))
         };
         let target = spec.schema.target.as_deref().and_then(|t| domain.index_of(t));
+        let history = params
+            .history_rows
+            .map(|rows| {
+                HistoryLayout::new(GENERATOR, spec, domain, rows as usize, &params.static_columns, params.gap_bins)
+            })
+            .transpose()?;
         let pairs: Vec<Vec<usize>> = match &params.pairs {
             Some(pairs) => {
                 pairs.iter().map(|[a, b]| Ok(vec![index(a)?, index(b)?])).collect::<Result<_, PlanError>>()?
             }
+            None if history.is_some() => Vec::new(),
             None => match target {
                 Some(t) => (0..n).filter(|c| *c != t).map(|c| vec![t, c]).collect(),
                 None => (1..n).map(|c| vec![c - 1, c]).collect(),
@@ -60,17 +69,24 @@ impl MarginalsPlan {
                 return Err(invalid(format!("pair ({}, {}) is listed twice", name(pair[0]), name(pair[1]))));
             }
         }
-        let sizes: Vec<usize> = domain.columns.iter().map(|c| c.bins()).collect();
-        let model_cells = JunctionTree::new(&sizes, &pairs).cells(&sizes);
+        let task = match history {
+            Some(history) => {
+                let tables = history.tables(&pairs);
+                MarginalsTask::over_histories(domain, history, tables)
+            }
+            None => {
+                let mut tables: Vec<Vec<usize>> = (0..n).map(|c| vec![c]).collect();
+                tables.extend(pairs);
+                MarginalsTask::new(spec, domain, tables, params.max_rows_per_unit)
+            }
+        };
+        let model_cells = JunctionTree::cells_for(&task.sizes(), &task.tables);
         if model_cells > MAX_MODEL_CELLS {
             return Err(invalid(format!(
-                "the pairs need a model of {model_cells:.0} clique cells (at most {MAX_MODEL_CELLS:.0}): \
-                 measure fewer pairs, pairs without cycles, or coarser bins"
+                "the tables need a model of {model_cells:.0} clique cells (at most {MAX_MODEL_CELLS:.0}): \
+                 measure fewer pairs, pairs without cycles, coarser bins or fewer history_rows"
             )));
         }
-        let mut tables: Vec<Vec<usize>> = (0..n).map(|c| vec![c]).collect();
-        tables.extend(pairs);
-        let task = MarginalsTask::new(spec, domain, tables, params.max_rows_per_unit);
         // The summed tables live on the coordinator too: the same bound.
         if task.cells() as f64 > MAX_MODEL_CELLS {
             return Err(invalid(format!("the tables hold more than {MAX_MODEL_CELLS:.0} cells")));

@@ -7,6 +7,7 @@ use rand::CryptoRng;
 use rand::rngs::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
+use super::history::{HistoryLayout, OrderedRow, keep_first};
 use crate::data::domain::Domain;
 use crate::data::{DataError, EncodedBatch};
 use crate::entropy::os_rng;
@@ -17,23 +18,47 @@ use crate::spec::JobSpec;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MarginalsTask {
     pub domain: Domain,
-    /// Column indices of each measured table (1 or 2 columns).
+    /// Variables of each measured table (1 or 2): domain columns, or a flattened
+    /// history's variables.
     pub tables: Vec<Vec<usize>>,
     pub max_rows_per_unit: u32,
     /// Every unit is a single row (no unit column): no grouping needed.
     pub row_level: bool,
+    /// Each unit counted as one flattened history (PATH's Direct), not as rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<HistoryLayout>,
 }
 
 impl MarginalsTask {
     /// `tables` of `domain` counted over the units `spec` declares (rows, without a unit
     /// column), at most `max_rows_per_unit` rows from each.
     pub fn new(spec: &JobSpec, domain: &Domain, tables: Vec<Vec<usize>>, max_rows_per_unit: u32) -> Self {
-        Self { domain: domain.clone(), tables, max_rows_per_unit, row_level: spec.schema.unit_column.is_none() }
+        Self {
+            domain: domain.clone(),
+            tables,
+            max_rows_per_unit,
+            row_level: spec.schema.unit_column.is_none(),
+            history: None,
+        }
+    }
+
+    /// `tables` of the variables of `history`, each unit one flattened history.
+    pub fn over_histories(domain: &Domain, history: HistoryLayout, tables: Vec<Vec<usize>>) -> Self {
+        Self { domain: domain.clone(), tables, max_rows_per_unit: 1, row_level: false, history: Some(history) }
+    }
+
+    /// Values of each variable the tables are over.
+    pub fn sizes(&self) -> Vec<usize> {
+        match &self.history {
+            Some(history) => history.sizes(&self.domain),
+            None => self.domain.columns.iter().map(|c| c.bins()).collect(),
+        }
     }
 
     /// Cells of each table.
     pub fn table_sizes(&self) -> Vec<usize> {
-        self.tables.iter().map(|t| t.iter().map(|&c| self.domain.columns[c].bins()).product()).collect()
+        let sizes = self.sizes();
+        self.tables.iter().map(|t| t.iter().map(|&v| sizes[v]).product()).collect()
     }
 
     /// Each table's first cell in the concatenated counts, then the end.
@@ -58,7 +83,17 @@ impl MarginalsTask {
     pub fn counter(&self) -> Result<Counter<'_, ChaCha20Rng>, DataError> {
         // Which rows of a unit are kept is private randomness: OS-keyed CSPRNG.
         let rng = os_rng().map_err(|e| DataError::Internal(e.to_string()))?;
-        Ok(Counter { task: self, counts: vec![0.0; self.cells()], units: HashMap::new(), row_units: 0, rng })
+        Ok(Counter {
+            task: self,
+            sizes: self.sizes(),
+            table_sizes: self.table_sizes(),
+            counts: vec![0.0; self.cells()],
+            units: HashMap::new(),
+            histories: HashMap::new(),
+            arrivals: 0,
+            row_units: 0,
+            rng,
+        })
     }
 
     /// Checks a worker's result: right size, non-negative whole counts, and no table with
@@ -86,19 +121,27 @@ impl MarginalsTask {
 /// Accumulates a worker's contingency tables.
 pub struct Counter<'a, R: CryptoRng> {
     task: &'a MarginalsTask,
+    /// Values of each variable, and cells of each table.
+    sizes: Vec<usize>,
+    table_sizes: Vec<usize>,
     counts: Vec<f64>,
     /// Per unit: the kept rows' bins.
     units: HashMap<String, Reservoir<Vec<usize>>>,
+    /// Per unit, counted as a history: its first rows in order among those read so far.
+    histories: HashMap<String, Vec<OrderedRow>>,
+    /// Rows read, for ties in the order column (file order).
+    arrivals: u64,
     row_units: u64,
     rng: R,
 }
 
 impl<R: CryptoRng> Counter<'_, R> {
-    fn add_row(counts: &mut [f64], task: &MarginalsTask, bins: &[usize]) {
+    /// One count in a cell of every table; `values` indexed by variable.
+    fn add_row(&mut self, values: &[usize]) {
         let mut offset = 0;
-        for (table, size) in task.tables.iter().zip(task.table_sizes()) {
-            let cell = table.iter().fold(0, |acc, &c| acc * task.domain.columns[c].bins() + bins[c]);
-            counts[offset + cell] += 1.0;
+        for (table, size) in self.task.tables.iter().zip(&self.table_sizes) {
+            let cell = table.iter().fold(0, |acc, &v| acc * self.sizes[v] + values[v]);
+            self.counts[offset + cell] += 1.0;
             offset += size;
         }
     }
@@ -107,24 +150,39 @@ impl<R: CryptoRng> Counter<'_, R> {
         let columns = &self.task.domain.columns;
         for (i, unit) in batch.units.iter().enumerate() {
             let bins: Vec<usize> = columns.iter().zip(&batch.values).map(|(c, v)| c.bin(v[i])).collect();
-            if self.task.row_level {
-                Self::add_row(&mut self.counts, self.task, &bins);
+            if let Some(history) = &self.task.history {
+                let order = history.order_column().and_then(|c| batch.values[c][i]);
+                let rows = self.histories.entry(unit.clone()).or_default();
+                rows.push(OrderedRow { order, arrival: self.arrivals, bins });
+                self.arrivals += 1;
+                // Memory stays within two windows per unit.
+                if rows.len() >= 2 * history.steps {
+                    keep_first(rows, history.steps);
+                }
+            } else if self.task.row_level {
+                self.add_row(&bins);
                 self.row_units += 1;
-                continue;
+            } else {
+                let m = self.task.max_rows_per_unit as usize;
+                self.units.entry(unit.clone()).or_default().offer(bins, m, &mut self.rng);
             }
-            let m = self.task.max_rows_per_unit as usize;
-            self.units.entry(unit.clone()).or_default().offer(bins, m, &mut self.rng);
         }
     }
 
     /// The summed tables and the number of contributing units.
     pub fn finish(mut self) -> (Vec<f64>, u64) {
-        for kept in self.units.values() {
+        let units = self.row_units + (self.units.len() + self.histories.len()) as u64;
+        for kept in std::mem::take(&mut self.units).into_values() {
             for bins in kept.kept() {
-                Self::add_row(&mut self.counts, self.task, bins);
+                self.add_row(bins);
             }
         }
-        let units = self.row_units + self.units.len() as u64;
+        if let Some(history) = &self.task.history {
+            for mut rows in std::mem::take(&mut self.histories).into_values() {
+                keep_first(&mut rows, history.steps);
+                self.add_row(&history.flatten(&rows, &self.task.domain));
+            }
+        }
         (self.counts, units)
     }
 }
@@ -136,6 +194,8 @@ mod wire {
 
     use super::MarginalsTask;
     use crate::data::domain::Domain;
+    use crate::generators::marginals::history::HistoryLayout;
+    use crate::spec::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
     use crate::wire::{WireError, from_json, to_json};
 
     impl From<&MarginalsTask> for CountTables {
@@ -149,6 +209,7 @@ mod wire {
                     .collect(),
                 max_rows_per_unit: task.max_rows_per_unit,
                 row_level: task.row_level,
+                history_json: task.history.as_ref().map(to_json).unwrap_or_default(),
             }
         }
     }
@@ -158,20 +219,43 @@ mod wire {
 
         fn try_from(wire: &CountTables) -> Result<Self, WireError> {
             let domain: Domain = from_json("domain", &wire.domain_json)?;
-            let tables: Vec<Vec<usize>> =
-                wire.tables.iter().map(|t| t.columns.iter().map(|&c| c as usize).collect()).collect();
-            if tables.iter().flatten().any(|&c| c >= domain.columns.len()) || tables.iter().any(Vec::is_empty) {
-                return Err(WireError::new("a table names no column or a column outside the domain"));
+            let history: Option<HistoryLayout> = match wire.history_json.as_str() {
+                "" => None,
+                json => Some(from_json("history layout", json)?),
+            };
+            if let Some(h) = &history {
+                // Its variables (one 1-way table each) within what a result may hold, and
+                // the layout exactly what its indices give (the gap's domain derived, not
+                // taken as sent).
+                let fits = (1..=MAX_HISTORY_ROWS as usize).contains(&h.steps)
+                    && (1..=MAX_GAP_BINS).contains(&h.gap_bins)
+                    && (h.steps as u64).saturating_mul(domain.columns.len() as u64) < MAX_RESULT_VALUES
+                    && HistoryLayout::of_indices(&domain, h.steps, h.order_column(), h.statics.clone(), h.gap_bins)
+                        .is_some_and(|derived| &derived == h);
+                if !fits {
+                    return Err(WireError::new("the history layout does not fit the domain"));
+                }
+            }
+            let task = MarginalsTask {
+                domain,
+                tables: wire.tables.iter().map(|t| t.columns.iter().map(|&c| c as usize).collect()).collect(),
+                max_rows_per_unit: wire.max_rows_per_unit,
+                row_level: wire.row_level,
+                history,
+            };
+            let sizes = task.sizes();
+            if task.tables.iter().flatten().any(|&v| v >= sizes.len()) || task.tables.iter().any(Vec::is_empty) {
+                return Err(WireError::new("a table names no variable or one outside the domain"));
             }
             // Every table's cells, and their sum, within what one result may hold.
-            let cells = tables.iter().try_fold(0u64, |total, table| {
-                let size = table.iter().try_fold(1u64, |n, &c| n.checked_mul(domain.columns[c].bins() as u64))?;
+            let cells = task.tables.iter().try_fold(0u64, |total, table| {
+                let size = table.iter().try_fold(1u64, |n, &v| n.checked_mul(sizes[v] as u64))?;
                 total.checked_add(size).filter(|&t| t <= MAX_RESULT_VALUES)
             });
             if cells.is_none() {
                 return Err(WireError::new(format!("the tables hold more than {MAX_RESULT_VALUES} cells")));
             }
-            Ok(MarginalsTask { domain, tables, max_rows_per_unit: wire.max_rows_per_unit, row_level: wire.row_level })
+            Ok(task)
         }
     }
 }

@@ -4,15 +4,15 @@
 use super::model::TransformerConfig;
 use super::selection::SelectionSpec;
 use super::task::SequenceModelSpec;
-use super::tokens::{Layout, gap_binning};
+use super::tokens::Layout;
 use super::window::WindowSpec;
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::CalibrationPlan;
-use crate::data::domain::{Domain, Encoding};
+use crate::data::domain::Domain;
 use crate::dpsgd::plan::{RunPlan, run_plan};
-use crate::generators::{PlanError, require_columns};
-use crate::spec::{ColumnKind, GeneratorSpec, JobSpec, SequenceParams};
+use crate::generators::{PlanError, order_with_gaps, require_columns};
+use crate::spec::{GeneratorSpec, JobSpec, SequenceParams};
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "sequence";
@@ -54,17 +54,7 @@ impl SequencePlan {
             return Err(invalid(format!("width {} is not a multiple of heads {}", params.width, params.heads)));
         }
         require_columns(GENERATOR, domain)?;
-        let order = match &spec.schema.order_by {
-            None => None,
-            Some(name) => {
-                let index =
-                    domain.index_of(name).ok_or_else(|| invalid(format!("order_by '{name}' is not synthesised")))?;
-                let Encoding::Numeric { kind, min, max, .. } = &domain.columns[index].encoding else {
-                    return Err(invalid(format!("order_by '{name}' must be numeric or a datetime")));
-                };
-                Some((index, gap_binning(max - min, params.gap_bins, *kind == ColumnKind::Integer)))
-            }
-        };
+        let order = order_with_gaps(GENERATOR, spec, domain, params.gap_bins)?;
         let order_index = order.as_ref().map(|(i, _)| *i);
         let statics = params
             .static_columns

@@ -8,7 +8,7 @@ use rand::{RngExt, SeedableRng};
 use super::model::{KvCache, SequenceModel, TokenBatch, TransformerConfig};
 use super::sampler::SequenceSampler;
 use super::task::{Histories, SequenceModelSpec};
-use super::tokens::{Cursor, EOH, Layout, MID, Start, gap_binning};
+use super::tokens::{Cursor, EOH, Layout, MID, Start};
 use super::window::{WindowSpec, window};
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::dpsgd::ghost::{GhostTape, Plain, clipped_sum};
@@ -31,7 +31,7 @@ fn layout(domain: &Domain, max_rows: usize) -> Layout {
         _ => unreachable!(),
     };
     let statics = [domain.index_of("rhythm").unwrap()];
-    Layout::new(domain, Some((order, gap_binning(range, 16, false))), &statics, 8, max_rows)
+    Layout::new(domain, Some((order, Binning::gaps(range, 16, false))), &statics, 8, max_rows)
 }
 
 /// A random history: increasing times, some values missing.

@@ -152,27 +152,6 @@ enum Field {
     Gap,
 }
 
-/// Geometric gap bins between 0 and `range`: edges 0, range·2^(i−n) for i = 1..n; integer
-/// columns get the integer ranges those edges start.
-pub fn gap_binning(range: f64, bins: u32, integer: bool) -> Binning {
-    let n = bins.max(1) as i32;
-    let mut edges = vec![0.0];
-    edges.extend((1..=n).map(|i| range * 2f64.powi(i - n)));
-    if !integer {
-        return Binning::Real(edges);
-    }
-    let top = range.floor() as i64;
-    let mut starts: Vec<i64> = edges[..edges.len() - 1].iter().map(|e| e.ceil() as i64).collect();
-    starts.dedup();
-    let ranges = starts
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| (s, starts.get(i + 1).map_or(top, |next| next - 1)))
-        .filter(|(s, e)| e >= s)
-        .collect();
-    Binning::Integer(ranges)
-}
-
 /// The token layout of a job's histories, from its domain and declared choices.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Layout {
