@@ -720,7 +720,7 @@ impl Default for SequenceParams {
             context_rows: 2,
             p_start: 0.25,
             fine: 8,
-            gap_bins: 20,
+            gap_bins: DEFAULT_GAP_BINS,
             width: 64,
             heads: 4,
             layers: 2,
@@ -763,8 +763,9 @@ pub struct MarginalsParams {
     /// With `history_rows`: columns holding one value per unit, measured once (from its
     /// first row) and written on every row of a history.
     pub static_columns: Vec<String>,
-    /// With `history_rows`: geometric bins of the gap between consecutive order values.
-    pub gap_bins: u32,
+    /// With `history_rows`: geometric bins of the gap between consecutive order values
+    /// (default [`DEFAULT_GAP_BINS`]).
+    pub gap_bins: Option<u32>,
 }
 
 impl Default for MarginalsParams {
@@ -775,13 +776,16 @@ impl Default for MarginalsParams {
             default_bins: DEFAULT_BINS,
             history_rows: None,
             static_columns: Vec::new(),
-            gap_bins: 20,
+            gap_bins: None,
         }
     }
 }
 
 /// Most steps a flattened history may have (`history_rows`).
 pub const MAX_HISTORY_ROWS: u32 = 1000;
+
+/// Bins of the gap between consecutive order values, unless a generator's `gap_bins` says.
+pub const DEFAULT_GAP_BINS: u32 = 20;
 
 /// Most bins of the gap between consecutive order values (`gap_bins`).
 pub const MAX_GAP_BINS: u32 = 64;
@@ -1002,7 +1006,9 @@ impl JobSpec {
             }
         }
         if let GeneratorSpec::Marginals(m) = &self.generator
-            && (m.max_rows_per_unit == 0 || m.default_bins < 2 || !(1..=MAX_GAP_BINS).contains(&m.gap_bins))
+            && (m.max_rows_per_unit == 0
+                || m.default_bins < 2
+                || m.gap_bins.is_some_and(|g| !(1..=MAX_GAP_BINS).contains(&g)))
         {
             return Err(
                 "[generator.marginals] needs max_rows_per_unit ≥ 1, default_bins ≥ 2 and 1 ≤ gap_bins ≤ 64".into()
@@ -1018,8 +1024,8 @@ impl JobSpec {
                                 max_rows_per_unit does not apply"
                         .into());
                 }
-                None if !m.static_columns.is_empty() => {
-                    return Err("[generator.marginals] static_columns needs history_rows".into());
+                None if !m.static_columns.is_empty() || m.gap_bins.is_some() => {
+                    return Err("[generator.marginals] static_columns and gap_bins need history_rows".into());
                 }
                 _ => {}
             }
@@ -1123,7 +1129,9 @@ mod tests {
             "does not apply",
         );
         refused(&DEMO.replace("max_rows_per_unit = 8\n", "history_rows = 0\n"), "history_rows must be");
-        refused(&DEMO.replace("max_rows_per_unit = 8\n", "static_columns = [\"rhythm\"]\n"), "needs history_rows");
+        refused(&DEMO.replace("max_rows_per_unit = 8\n", "static_columns = [\"rhythm\"]\n"), "need history_rows");
+        refused(&DEMO.replace("max_rows_per_unit = 8\n", "gap_bins = 12\n"), "need history_rows");
+        refused(&direct.replace("history_rows = 16\n", "history_rows = 16\ngap_bins = 65\n"), "gap_bins ≤ 64");
     }
 
     /// Found by `tests/fuzz.rs`: infinite bounds, an integer column holding no integer, and

@@ -11,7 +11,7 @@ use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
 use crate::generators::{PlanError, require_columns};
 use crate::pgm::JunctionTree;
-use crate::spec::{GeneratorSpec, JobSpec};
+use crate::spec::{DEFAULT_GAP_BINS, GeneratorSpec, JobSpec};
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "marginals";
@@ -47,7 +47,8 @@ impl MarginalsPlan {
         let history = params
             .history_rows
             .map(|rows| {
-                HistoryLayout::new(GENERATOR, spec, domain, rows as usize, &params.static_columns, params.gap_bins)
+                let gap_bins = params.gap_bins.unwrap_or(DEFAULT_GAP_BINS);
+                HistoryLayout::new(GENERATOR, spec, domain, rows as usize, &params.static_columns, gap_bins)
             })
             .transpose()?;
         let pairs: Vec<Vec<usize>> = match &params.pairs {
