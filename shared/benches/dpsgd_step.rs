@@ -9,15 +9,14 @@ use std::time::{Duration, Instant};
 
 use dpsynth_shared::data::domain::{Binning, Domain, Encoding};
 use dpsynth_shared::data::examples::Examples;
+use dpsynth_shared::decoder::DecoderConfig;
 use dpsynth_shared::dpsgd::ghost::Plain;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
 use dpsynth_shared::dpsgd::{DpModel, RoundSettings, clipped_gradient_sum, compute_device};
 use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
 use dpsynth_shared::generators::findiff::model::DenoiserConfig;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec};
-use dpsynth_shared::generators::sequence::{
-    self, Histories, Layout, SequenceModel, SequenceModelSpec, TransformerConfig, WindowSpec,
-};
+use dpsynth_shared::generators::sequence::{self, Histories, Layout, SequenceModel, SequenceModelSpec, WindowSpec};
 use dpsynth_shared::spec::JobSpec;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
@@ -89,7 +88,7 @@ fn transformer() {
     let all: Vec<usize> = (0..units).collect();
     for width in [64, 128] {
         let transformer =
-            TransformerConfig::new(layout.vocabulary(), layout.max_tokens(window.rows()), width, 4, 2, 4 * width);
+            DecoderConfig::new(layout.vocabulary(), layout.max_tokens(window.rows()), width, 4, 2, 4 * width);
         let spec =
             SequenceModelSpec { domain: domain.clone(), layout: layout.clone(), transformer, window: window.clone() };
         let model = SequenceModel::new(&spec, &device);

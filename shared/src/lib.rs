@@ -6,6 +6,7 @@
 pub mod accounting;
 pub mod calibration;
 pub mod data;
+pub mod decoder;
 pub mod dpsgd;
 pub mod entropy;
 pub mod eval;

@@ -13,7 +13,7 @@
 //! - Embedding z_r = E[id_r]: unit u's gradient has row v = Σ_{r∈u, id_r=v} δ_r, so its
 //!   squared norm is Σ over position pairs with equal ids of δ_r·δ_s, computed as the
 //!   norms of those per-id sums (f64).
-//! - Layer norm z = x̂·γ + β: γ and β are small, so their per-unit gradients
+//! - Norm z = x̂·γ (+ β for a layer norm): γ and β are small, so their per-unit gradients
 //!   Σ_{r∈u} δ_r ⊙ x̂_r and Σ_{r∈u} δ_r are formed directly (f64).
 //!
 //! Layers add up to each unit's whole-gradient norm ‖g_u‖; with c_u = min(1, C/‖g_u‖)
@@ -26,7 +26,7 @@ use burn::nn::{Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use super::DpSgdError;
-use super::layers::{Layer, LayerNorm};
+use super::layers::{Layer, Norm};
 use super::params::{TrainableLayers, values};
 
 /// How a model applies its layers: plainly, or recording what ghost clipping needs.
@@ -34,7 +34,7 @@ pub trait Hook {
     fn linear(&mut self, layer: &Linear, input: Tensor<2>) -> Tensor<2>;
     /// Rows of `table` for `ids`.
     fn embedding(&mut self, table: &Embedding, ids: &[u32]) -> Tensor<2>;
-    fn norm(&mut self, layer: &LayerNorm, input: Tensor<2>) -> Tensor<2>;
+    fn norm(&mut self, layer: &Norm, input: Tensor<2>) -> Tensor<2>;
 }
 
 /// The ordinary forward pass (sampling, the non-private baseline).
@@ -57,7 +57,7 @@ impl Hook for Plain {
         weight.select(0, ids)
     }
 
-    fn norm(&mut self, layer: &LayerNorm, input: Tensor<2>) -> Tensor<2> {
+    fn norm(&mut self, layer: &Norm, input: Tensor<2>) -> Tensor<2> {
         layer.forward(input)
     }
 }
@@ -132,13 +132,15 @@ impl Hook for GhostTape {
         z
     }
 
-    fn norm(&mut self, layer: &LayerNorm, input: Tensor<2>) -> Tensor<2> {
-        let normalized = LayerNorm::normalize(input.autodiff());
+    fn norm(&mut self, layer: &Norm, input: Tensor<2>) -> Tensor<2> {
+        let normalized = layer.normalize(input.autodiff());
         let [rows, width] = normalized.dims();
         let probe = Self::probe(rows, width, &normalized.device());
         let gamma = layer.gamma.val().without_autodiff().unsqueeze::<2>();
-        let beta = layer.beta.val().without_autodiff().unsqueeze::<2>();
-        let z = normalized.clone() * gamma + beta + probe.clone();
+        let mut z = normalized.clone() * gamma + probe.clone();
+        if let Some(beta) = &layer.beta {
+            z = z + beta.val().without_autodiff().unsqueeze::<2>();
+        }
         self.record(layer.gamma.id, Record::Norm { normalized: normalized.without_autodiff(), probe });
         z
     }
@@ -268,13 +270,15 @@ fn layer_norms2(
         }
         Record::Norm { normalized, .. } => {
             let (x, d) = (values(normalized.clone().into_data()), values(delta.clone().into_data()));
-            let mut grads = vec![vec![0.0; 2 * width]; unit_count];
+            let mut grads = vec![vec![0.0; if bias { 2 * width } else { width }]; unit_count];
             for r in 0..rows {
                 let g = &mut grads[units[r]];
                 for j in 0..width {
                     let dv = f64::from(d[r * width + j]);
                     g[j] += dv * f64::from(x[r * width + j]);
-                    g[width + j] += dv;
+                    if bias {
+                        g[width + j] += dv;
+                    }
                 }
             }
             grads.iter().map(|g| g.iter().map(|v| v * v).sum()).collect()
@@ -305,15 +309,18 @@ fn layer_clipped_sum(layer: &Layer<'_>, record: &Record, delta: Tensor<2>, per_r
             }
             sum.extend(out.into_iter().map(|v| v as f32));
         }
-        (Layer::Norm(_), Record::Norm { normalized, .. }) => {
+        (Layer::Norm(norm), Record::Norm { normalized, .. }) => {
             let (x, d) = (values(normalized.clone().into_data()), values(delta.into_data()));
-            let mut out = vec![0f64; 2 * width];
+            let shift = norm.beta.is_some();
+            let mut out = vec![0f64; if shift { 2 * width } else { width }];
             for r in 0..rows {
                 let c = f64::from(per_row[r]);
                 for j in 0..width {
                     let dv = c * f64::from(d[r * width + j]);
                     out[j] += dv * f64::from(x[r * width + j]);
-                    out[width + j] += dv;
+                    if shift {
+                        out[width + j] += dv;
+                    }
                 }
             }
             sum.extend(out.into_iter().map(|v| v as f32));
@@ -322,12 +329,12 @@ fn layer_clipped_sum(layer: &Layer<'_>, record: &Record, delta: Tensor<2>, per_r
     }
 }
 
-/// The parameter a layer's record is keyed by, and whether it has a bias.
+/// The parameter a layer's record is keyed by, and whether it has a bias (a norm: a shift β).
 fn key(layer: &Layer<'_>) -> (ParamId, bool) {
     match layer {
         Layer::Linear(l) => (l.weight.id, l.bias.is_some()),
         Layer::Embedding(e) => (e.weight.id, false),
-        Layer::Norm(n) => (n.gamma.id, false),
+        Layer::Norm(n) => (n.gamma.id, n.beta.is_some()),
     }
 }
 

@@ -10,7 +10,7 @@ use super::layers::{Layer, LayerMut};
 /// A model whose trainable parameters all sit in the engine's layers (`super::layers`).
 /// The order of `layers()` defines the flat layout; within a layer: a linear's weight
 /// (inputs × outputs, row-major) then its bias, an embedding's table (ids × width), a
-/// norm's γ then β.
+/// norm's γ then its β if it has one.
 pub trait TrainableLayers {
     fn layers(&self) -> Vec<Layer<'_>>;
     fn layers_mut(&mut self) -> Vec<LayerMut<'_>>;
@@ -42,7 +42,9 @@ pub trait TrainableLayers {
                 LayerMut::Embedding(e) => e.weight = next.matrix(e.weight.dims(), &e.weight.device()),
                 LayerMut::Norm(n) => {
                     n.gamma = next.vector(n.gamma.dims(), &n.gamma.device());
-                    n.beta = next.vector(n.beta.dims(), &n.beta.device());
+                    if let Some(b) = &mut n.beta {
+                        *b = next.vector(b.dims(), &b.device());
+                    }
                 }
             }
         }
@@ -101,7 +103,10 @@ fn params<M: TrainableLayers + ?Sized>(model: &M) -> Vec<ParamRef<'_>> {
                 out.extend(l.bias.as_ref().map(ParamRef::Vector));
             }
             Layer::Embedding(e) => out.push(ParamRef::Matrix(&e.weight)),
-            Layer::Norm(n) => out.extend([ParamRef::Vector(&n.gamma), ParamRef::Vector(&n.beta)]),
+            Layer::Norm(n) => {
+                out.push(ParamRef::Vector(&n.gamma));
+                out.extend(n.beta.as_ref().map(ParamRef::Vector));
+            }
         }
     }
     out

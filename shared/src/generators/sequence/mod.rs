@@ -7,7 +7,7 @@
 //!   accepted sequence parses.
 //! - Training examples (`window`): one dynamic window per sampled unit and round, so a
 //!   unit's sensitivity is one clipped gradient whatever its history's length.
-//! - Model (`model`): the transformer; every parameter (embeddings and norms included)
+//! - Model (`model`): the engine's decoder (`crate::decoder`, GPT block); every parameter (embeddings and norms included)
 //!   is clipped per unit by the engine's ghost tape.
 //! - Sampling (`sampler`): constrained decoding of whole histories, a key/value cache per
 //!   history; optionally a private selection among over-generated ones (`selection`).
@@ -20,7 +20,7 @@ pub mod task;
 pub mod tokens;
 pub mod window;
 
-pub use model::{SequenceModel, Transformer, TransformerConfig};
+pub use model::SequenceModel;
 pub use plan::SequencePlan;
 pub use sampler::SequenceSampler;
 pub use task::{Histories, SequenceModelSpec};

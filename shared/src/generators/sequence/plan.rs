@@ -1,7 +1,6 @@
 //! The model and the privacy parameters that do not depend on the data: the token layout
 //! from the declared schema, the transformer's sizes and the DP-SGD run's plan.
 
-use super::model::TransformerConfig;
 use super::selection::SelectionSpec;
 use super::task::SequenceModelSpec;
 use super::tokens::Layout;
@@ -10,6 +9,7 @@ use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::CalibrationPlan;
 use crate::data::domain::Domain;
+use crate::decoder::DecoderConfig;
 use crate::dpsgd::plan::{RunPlan, run_plan};
 use crate::generators::{PlanError, order_with_gaps, require_columns};
 use crate::spec::{GeneratorSpec, JobSpec, SequenceParams};
@@ -68,7 +68,7 @@ impl SequencePlan {
         let layout = Layout::new(domain, order, &statics, params.fine, params.max_rows);
         let window =
             WindowSpec { p_start: params.p_start, context_rows: params.context_rows, window_rows: params.window_rows };
-        let transformer = TransformerConfig::new(
+        let transformer = DecoderConfig::new(
             layout.vocabulary(),
             layout.max_tokens(window.rows()),
             params.width,

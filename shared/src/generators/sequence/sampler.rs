@@ -8,9 +8,9 @@
 use rand::rngs::ChaCha20Rng;
 use rand::{Rng, RngExt};
 
-use super::model::{KvCache, Transformer};
 use super::task::SequenceModelSpec;
 use super::tokens::{BOS, Cursor, Start};
+use crate::decoder::{Decoder, KvCache};
 use crate::generators::Sampler;
 use crate::output::{SyntheticUnits, SyntheticValue};
 
@@ -34,7 +34,7 @@ struct Draw<'a> {
 
 /// The trained transformer as a sampler of whole histories.
 pub struct SequenceSampler {
-    pub transformer: Transformer,
+    pub transformer: Decoder,
     pub spec: SequenceModelSpec,
     /// Softmax temperature of every draw (below 1: nearer the model's modes).
     pub temperature: f64,
@@ -99,7 +99,7 @@ impl SequenceSampler {
     fn decode_batch(&self, count: usize, rng: &mut impl Rng) -> Vec<Vec<Vec<Option<f64>>>> {
         let (model, spec) = (&self.transformer, &self.spec);
         let layout = &spec.layout;
-        let positions = model.positions();
+        let positions = model.context();
         let vocabulary = layout.vocabulary();
         let order = layout.order_column();
         let start = |_| {

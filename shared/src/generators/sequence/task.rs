@@ -5,12 +5,12 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::model::TransformerConfig;
 use super::tokens::Layout;
 use super::window::WindowSpec;
 use crate::data::DataError;
 use crate::data::domain::Domain;
 use crate::data::partition::read_partition;
+use crate::decoder::DecoderConfig;
 use crate::dpsgd::UnitExamples;
 
 /// Everything a worker needs to rebuild the model of a job (no weights).
@@ -18,7 +18,7 @@ use crate::dpsgd::UnitExamples;
 pub struct SequenceModelSpec {
     pub domain: Domain,
     pub layout: Layout,
-    pub transformer: TransformerConfig,
+    pub transformer: DecoderConfig,
     pub window: WindowSpec,
 }
 

@@ -5,12 +5,13 @@
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
-use super::model::{KvCache, SequenceModel, TokenBatch, TransformerConfig};
+use super::model::SequenceModel;
 use super::sampler::SequenceSampler;
 use super::task::{Histories, SequenceModelSpec};
 use super::tokens::{Cursor, EOH, Layout, MID, Start};
 use super::window::{WindowSpec, window};
 use crate::data::domain::{Binning, Domain, Encoding};
+use crate::decoder::{DecoderConfig, KvCache, TokenBatch};
 use crate::dpsgd::ghost::{GhostTape, Plain, clipped_sum};
 use crate::dpsgd::layers::Layer;
 use crate::dpsgd::params::{TrainableLayers, values};
@@ -156,8 +157,7 @@ fn every_sequence_the_grammar_allows_parses() {
 
 fn spec(domain: &Domain, width: usize, window: WindowSpec, max_rows: usize) -> SequenceModelSpec {
     let layout = layout(domain, max_rows);
-    let transformer =
-        TransformerConfig::new(layout.vocabulary(), layout.max_tokens(window.rows()), width, 2, 2, 2 * width);
+    let transformer = DecoderConfig::new(layout.vocabulary(), layout.max_tokens(window.rows()), width, 2, 2, 2 * width);
     SequenceModelSpec { domain: domain.clone(), layout, transformer, window }
 }
 
@@ -174,15 +174,7 @@ fn histories(domain: &Domain, lengths: &[usize]) -> Histories {
 
 /// Parameters per layer, in layout order.
 fn layer_sizes(model: &SequenceModel) -> Vec<usize> {
-    model
-        .layers()
-        .iter()
-        .map(|layer| match layer {
-            Layer::Linear(l) => l.weight.shape().num_elements() + l.bias.as_ref().map_or(0, |b| b.dims()[0]),
-            Layer::Embedding(e) => e.weight.shape().num_elements(),
-            Layer::Norm(n) => 2 * n.gamma.dims()[0],
-        })
-        .collect()
+    model.layers().iter().map(Layer::parameter_count).collect()
 }
 
 fn norm(v: &[f64]) -> f64 {
