@@ -1,33 +1,46 @@
 //! A real pretrained model on this CPU (flex backend): SmolLM2-135M-Instruct from its GGUF
 //! file (`DPSYNTH_SMOLLM2_GGUF`; `.ci/run` shows where it comes from). Measures the load
-//! time, the forward pass in tokens/s, and one DP-SGD step with LoRA adapters (ghost norms
-//! and the clipped sum) against the ordinary backward pass of the same batch, measured in
-//! the same run, with their ratio and the projected cost of an epoch over `ROWS` rows of
-//! `TOKENS` tokens. Run with `cargo bench -p dpsynth-shared --bench pretrained`.
+//! time, then for the whole model with LoRA adapters, and for its first blocks over Adult's
+//! row vocabulary (rows as text, `generators::row_text`) with LoRA and fully fine-tuned:
+//! the forward pass in tokens/s and one DP-SGD step (ghost norms and the clipped sum)
+//! against the ordinary backward pass of the same batch and trainable parameters, measured
+//! in the same run, with their ratio and the projected cost of an epoch over Adult's rows.
+//! Run with `cargo bench -p dpsynth-shared --bench pretrained`.
 
 use std::time::{Duration, Instant};
 
 use burn::module::{Module, ParamGroup};
 use bytes::Bytes;
+use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::decoder::model::TokenBatch;
+use dpsynth_shared::decoder::tokenizer::TextTokenizer;
 use dpsynth_shared::decoder::{Checkpoint, Decoder, LoraConfig, next_token_losses};
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::ghost::{GhostTape, Hook, Plain, clipped_sum};
 use dpsynth_shared::dpsgd::params::TrainableLayers;
+use dpsynth_shared::generators::row_text::RowText;
+use dpsynth_shared::spec::JobSpec;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
-/// Units per step and tokens per unit (a serialized Adult row is about 60 tokens).
+/// Units per step.
 const UNITS: usize = 8;
-const TOKENS: usize = 64;
 /// Adult's training rows, for the projection.
 const ROWS: usize = 30_162;
+/// Blocks kept of the pretrained model for the small configuration.
+const BLOCKS: usize = 4;
 
-fn losses(decoder: &Decoder, tokens: &[u32], hook: &mut impl Hook) -> burn::tensor::Tensor<1> {
-    let length = TOKENS - 1;
-    let inputs: Vec<u32> = tokens.chunks(TOKENS).flat_map(|s| s[..length].to_vec()).collect();
-    let targets: Vec<u32> = tokens.chunks(TOKENS).flat_map(|s| s[1..].to_vec()).collect();
-    let logits = decoder.forward(&TokenBatch { tokens: &inputs, sequences: UNITS, length }, hook);
+/// A batch: `UNITS` sequences of `length` tokens.
+struct Batch {
+    tokens: Vec<u32>,
+    length: usize,
+}
+
+fn losses(decoder: &Decoder, batch: &Batch, hook: &mut impl Hook) -> burn::tensor::Tensor<1> {
+    let n = batch.length - 1;
+    let inputs: Vec<u32> = batch.tokens.chunks(batch.length).flat_map(|s| s[..n].to_vec()).collect();
+    let targets: Vec<u32> = batch.tokens.chunks(batch.length).flat_map(|s| s[1..].to_vec()).collect();
+    let logits = decoder.forward(&TokenBatch { tokens: &inputs, sequences: UNITS, length: n }, hook);
     let rows = inputs.len();
     next_token_losses(logits, &targets, vec![0.0; rows * decoder.vocabulary()], vec![1.0; rows], UNITS)
 }
@@ -45,6 +58,51 @@ fn median(mut f: impl FnMut(), reps: usize) -> Duration {
     times[reps / 2]
 }
 
+/// Forward, ordinary backward and DP step of one configuration.
+fn measure(name: &str, model: &Decoder, batch: &Batch) {
+    let tokens = (UNITS * batch.length) as f64;
+    let forward = median(
+        || {
+            model
+                .forward(&TokenBatch { tokens: &batch.tokens, sequences: UNITS, length: batch.length }, &mut Plain)
+                .into_data();
+        },
+        3,
+    );
+    // The baseline tracks what DP-SGD trains: the adapters, or every parameter.
+    let tracked = if model.adapted() {
+        model.clone().freeze().unfreeze_group(ParamGroup::from_predicate("adapter")).train()
+    } else {
+        model.clone().train()
+    };
+    let plain = median(
+        || {
+            let grads = losses(&tracked, batch, &mut Plain).sum().backward();
+            tracked.flat_gradient(&grads);
+        },
+        3,
+    );
+    let units: Vec<usize> = (0..UNITS).flat_map(|u| std::iter::repeat_n(u, batch.length - 1)).collect();
+    let dp = median(
+        || {
+            let mut tape = GhostTape::default();
+            let l = losses(model, batch, &mut tape);
+            clipped_sum(model, tape, l, &units, UNITS, 1.0).expect("a clipped sum");
+        },
+        3,
+    );
+    println!(
+        "| {name} | {} | {:.0} | {:.2} / {:.2} s ({:.2}×) | {:.0} | {:.1} h |",
+        model.parameter_count(),
+        tokens / forward.as_secs_f64(),
+        plain.as_secs_f64(),
+        dp.as_secs_f64(),
+        dp.as_secs_f64() / plain.as_secs_f64(),
+        tokens / dp.as_secs_f64(),
+        dp.as_secs_f64() * ROWS as f64 / UNITS as f64 / 3600.0,
+    );
+}
+
 fn main() {
     let Ok(path) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
         eprintln!("set DPSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -55,53 +113,36 @@ fn main() {
     let checkpoint =
         Checkpoint::gguf(Bytes::from(std::fs::read(&path).expect("the model file"))).expect("a GGUF model");
     let base = checkpoint.load(&device).expect("SmolLM2 loads");
-    println!("load: {:.2} s ({} layers, width {})", started.elapsed().as_secs_f64(), base.blocks.len(), base.width());
+    let tokenizer = TextTokenizer::from_gguf(checkpoint.gguf_file().expect("a GGUF file")).expect("its tokenizer");
+    println!("load: {:.2} s ({} blocks, width {})", started.elapsed().as_secs_f64(), base.blocks.len(), base.width());
+    println!();
+    println!(
+        "| configuration ({UNITS} units a step) | trainable parameters | forward tokens/s | ordinary / DP step | DP tokens/s | epoch over Adult |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
     let mut rng = ChaCha8Rng::from_seed([1; 32]);
-    let tokens: Vec<u32> = (0..UNITS * TOKENS).map(|_| rng.random_range(0..base.vocabulary() as u32)).collect();
-    let forward = median(
-        || {
-            let batch = TokenBatch { tokens: &tokens, sequences: UNITS, length: TOKENS };
-            base.forward(&batch, &mut Plain).into_data();
-        },
-        3,
-    );
-    let per_step = (UNITS * TOKENS) as f64;
-    println!(
-        "forward: {:.2} s per {UNITS}×{TOKENS} tokens, {:.0} tokens/s",
-        forward.as_secs_f64(),
-        per_step / forward.as_secs_f64()
-    );
+    let random =
+        Batch { tokens: (0..UNITS * 64).map(|_| rng.random_range(0..base.vocabulary() as u32)).collect(), length: 64 };
     let lora = LoraConfig::new(8, 16.0, vec!["qkv".into(), "output".into()]);
-    let adapted = base.with_adapters(&lora, &device).unwrap();
-    println!("LoRA rank 8 on qkv and output: {} trainable parameters", adapted.parameter_count());
-    // The baseline tracks the adapters only, as an ordinary LoRA fine-tune would.
-    let tracked = adapted.clone().freeze().unfreeze_group(ParamGroup::from_predicate("adapter")).train();
-    let plain = median(
-        || {
-            let grads = losses(&tracked, &tokens, &mut Plain).sum().backward();
-            tracked.flat_gradient(&grads);
-        },
-        3,
-    );
-    let units: Vec<usize> = (0..UNITS).flat_map(|u| std::iter::repeat_n(u, TOKENS - 1)).collect();
-    let dp = median(
-        || {
-            let mut tape = GhostTape::default();
-            let l = losses(&adapted, &tokens, &mut tape);
-            clipped_sum(&adapted, tape, l, &units, UNITS, 1.0).expect("a clipped sum");
-        },
-        3,
-    );
-    println!(
-        "step of {UNITS} units: non-private backward {:.2} s, DP (ghost clipping) {:.2} s, ratio {:.2}",
-        plain.as_secs_f64(),
-        dp.as_secs_f64(),
-        dp.as_secs_f64() / plain.as_secs_f64()
-    );
-    let epoch = dp.as_secs_f64() * ROWS as f64 / UNITS as f64;
-    println!(
-        "projected: {:.0} tokens/s under DP; one epoch over {ROWS} rows of {TOKENS} tokens ≈ {:.1} h on this CPU",
-        per_step / dp.as_secs_f64(),
-        epoch / 3600.0
-    );
+    let adapted = base.clone().with_adapters(&lora, &device).expect("adapters");
+    measure("all 30 blocks, LoRA r = 8 (qkv, output), 64 random tokens", &adapted, &random);
+
+    // Adult's rows as text (uniform bins: only their lengths and tokens matter here).
+    let spec = JobSpec::parse(include_str!("../../examples/adult-pate.toml"), "adult").expect("the Adult spec");
+    let domain = Domain::from_spec(&spec);
+    let text = RowText::new(&domain, domain.index_of("income"), &tokenizer).expect("Adult as text");
+    let vocabulary = text.vocabulary();
+    let local = |t: u32| vocabulary.binary_search(&t).expect("a row's token") as u32;
+    let rows: Vec<Vec<u32>> = (0..UNITS)
+        .map(|_| {
+            let bins: Vec<usize> = domain.columns.iter().map(|c| rng.random_range(0..c.bins())).collect();
+            text.encode(&bins).tokens.into_iter().map(local).collect()
+        })
+        .collect();
+    let length = rows.iter().map(Vec::len).min().expect("rows");
+    let adult = Batch { tokens: rows.iter().flat_map(|r| r[..length].to_vec()).collect(), length };
+    let small = base.truncated(BLOCKS).restricted(&vocabulary);
+    let name = format!("first {BLOCKS} blocks, Adult's {} tokens, {length}-token rows", vocabulary.len());
+    measure(&format!("{name}, LoRA"), &small.clone().with_adapters(&lora, &device).expect("adapters"), &adult);
+    measure(&format!("{name}, full fine-tuning"), &small.untied(), &adult);
 }

@@ -8,7 +8,7 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::activation::silu;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use super::attention::{Heads, causal_attention};
@@ -287,6 +287,36 @@ impl Decoder {
             head.adapter = Some(lora.init(&head.base, device));
         }
         Ok(self)
+    }
+
+    /// The first `layers` blocks only: a smaller model that keeps the pretrained lower
+    /// layers (and the final norm and head), for CPUs.
+    pub fn truncated(mut self, layers: usize) -> Self {
+        self.blocks.truncate(layers);
+        self
+    }
+
+    /// The decoder over a sub-vocabulary: token k is the old token `ids[k]`, its embedding
+    /// row and head column kept, the rest dropped. The logits of a sequence of kept tokens
+    /// are the old logits at the kept columns; a head over a few hundred tokens instead of
+    /// tens of thousands.
+    pub fn restricted(mut self, ids: &[u32]) -> Self {
+        let device = self.tokens.weight.device();
+        let index = Tensor::<1, Int>::from_data(
+            TensorData::new(ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>(), [ids.len()]),
+            &device,
+        );
+        self.tokens.weight = Param::from_tensor(self.tokens.weight.val().select(0, index.clone()));
+        if let Some(head) = &mut self.head {
+            head.base.weight = Param::from_tensor(head.base.weight.val().select(1, index.clone()));
+            if let Some(bias) = &mut head.base.bias {
+                *bias = Param::from_tensor(bias.val().select(0, index.clone()));
+            }
+            if let Some(adapter) = &mut head.adapter {
+                adapter.up.weight = Param::from_tensor(adapter.up.weight.val().select(1, index));
+            }
+        }
+        self
     }
 
     /// A separate head initialised from the token embedding, so that every parameter has

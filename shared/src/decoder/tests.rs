@@ -601,6 +601,43 @@ fn cached_decoding_equals_the_full_pass_with_rotary_grouped_heads() {
     }
 }
 
+/// A decoder over a sub-vocabulary gives the full decoder's logits at the kept tokens, for
+/// a tied and an untied head; a truncated one equals a checkpoint of its first blocks.
+#[test]
+fn restricted_and_truncated_decoders_compute_what_the_full_one_does() {
+    let device = compute_device();
+    let kept = [0u32, 3, 5, 8, 11, 17, 21, 30, 39];
+    let tokens = [3u32, 17, 0, 39, 8, 8, 21, 5];
+    let local: Vec<u32> = tokens.iter().map(|t| kept.iter().position(|k| k == t).unwrap() as u32).collect();
+    for tied in [true, false] {
+        let (config, t) = llama(tied);
+        let full = Checkpoint::safetensors(hf_config_json(&config).as_bytes(), safetensors_bytes(&t))
+            .unwrap()
+            .load(&device)
+            .unwrap();
+        let want = logits(&full, &tokens);
+        let restricted = full.restricted(&kept);
+        assert_eq!(restricted.vocabulary(), kept.len());
+        let got = logits(&restricted, &local);
+        for p in 0..tokens.len() {
+            for (k, &id) in kept.iter().enumerate() {
+                let (a, b) = (got[p * kept.len() + k], want[p * 40 + id as usize]);
+                assert!((a - b).abs() < 1e-5, "tied {tied}, position {p}, token {id}: {a} vs {b}");
+            }
+        }
+    }
+    let (config, mut t) = llama(false);
+    let full = Checkpoint::safetensors(hf_config_json(&config).as_bytes(), safetensors_bytes(&t))
+        .unwrap()
+        .load(&device)
+        .unwrap();
+    let got = logits(&full.truncated(1), &tokens);
+    t.retain(|name, _| !name.starts_with("model.layers.1."));
+    let one = DecoderConfig { layers: 1, ..config };
+    let want = reference_llama(&one, &t, &tokens);
+    assert_close(&got, &want, "the first block");
+}
+
 /// A byte-level BPE over the printable bytes plus a few merges, as GGUF metadata and as
 /// `tokenizer.json`: both tokenizers give the same ids, digits split one by one (SmolLM2's
 /// pre-tokenizer), and decoding gives the text back.

@@ -10,6 +10,7 @@ pub mod aim;
 pub mod findiff;
 pub mod marginals;
 pub mod pate;
+pub mod row_text;
 pub mod sequence;
 
 use rand::rngs::ChaCha20Rng;
