@@ -168,6 +168,14 @@ fn gguf_config(file: &Gguf) -> Result<DecoderConfig, CheckpointError> {
         }
     };
     let heads = size("attention.head_count")?;
+    let width = size("embedding_length")?;
+    let scaled = file.get(&format!("{arch}.rope.scaling.type")).and_then(|v| v.as_str()).is_some_and(|t| t != "none");
+    let partial = size("rope.dimension_count").ok().is_some_and(|d| heads == 0 || d != width / heads);
+    if scaled || partial || file.has_tensor("rope_freqs.weight") {
+        return Err(format(
+            "GGUF sets rope scaling, per-frequency factors or partial rotary dimensions, which dpsynth does not implement",
+        ));
+    }
     let epsilon = match family {
         Family::Gpt => real("attention.layer_norm_epsilon", 1e-5),
         Family::Llama => real("attention.layer_norm_rms_epsilon", 1e-5),
@@ -175,7 +183,7 @@ fn gguf_config(file: &Gguf) -> Result<DecoderConfig, CheckpointError> {
     Ok(DecoderConfig::new(
         vocabulary,
         size("context_length")?,
-        size("embedding_length")?,
+        width,
         heads,
         size("block_count")?,
         size("feed_forward_length")?,
@@ -268,35 +276,35 @@ impl Checkpoint {
         }
     }
 
-    /// A part's tensor in PyTorch layout.
-    fn tensor(&self, part: Part, field: Field) -> Result<Option<Weights>, CheckpointError> {
+    /// A part's tensor in PyTorch layout, of the shape the configuration needs (checked
+    /// before any reordering).
+    fn require(&self, part: Part, field: Field, shape: &[usize]) -> Result<Vec<f32>, CheckpointError> {
         let config = self.config();
         let name = self.name(part, field);
-        match self {
+        // GPT-2's Conv1D stores linears as inputs × outputs.
+        let conv = matches!(self, Checkpoint::SafeTensors { .. })
+            && config.family == Family::Gpt
+            && field == Field::Weight
+            && matches!(part, Part::Qkv(_) | Part::Output(_) | Part::Up(_) | Part::Down(_));
+        let stored: Vec<usize> = if conv { shape.iter().rev().copied().collect() } else { shape.to_vec() };
+        let w = match self {
             Checkpoint::SafeTensors { tensors, .. } => {
                 let parsed = SafeTensors::deserialize(tensors).map_err(|e| format(format!("safetensors: {e}")))?;
-                let weights = safetensor(&parsed, &name)?;
-                // GPT-2's Conv1D stores linears as inputs × outputs.
-                let conv = config.family == Family::Gpt
-                    && field == Field::Weight
-                    && matches!(part, Part::Qkv(_) | Part::Output(_) | Part::Up(_) | Part::Down(_));
-                Ok(weights.map(|w| if conv { transpose(w) } else { w }))
+                safetensor(&parsed, &name)?
             }
-            Checkpoint::Gguf { file, .. } => Ok(file.tensor(&name)?.map(|w| match part {
-                Part::Query(_) if config.family == Family::Llama => unpermute(w, config.heads),
-                Part::Key(_) if config.family == Family::Llama => unpermute(w, config.kv_heads()),
-                _ => w,
-            })),
+            Checkpoint::Gguf { file, .. } => file.tensor(&name)?,
+        };
+        let w = w.ok_or_else(|| CheckpointError::Missing(name.clone()))?;
+        if w.shape != stored || w.values.len() != stored.iter().product::<usize>() {
+            return Err(CheckpointError::Shape { name, got: w.shape, want: stored });
         }
-    }
-
-    fn require(&self, part: Part, field: Field, shape: &[usize]) -> Result<Vec<f32>, CheckpointError> {
-        let name = self.name(part, field);
-        let w = self.tensor(part, field)?.ok_or_else(|| CheckpointError::Missing(name.clone()))?;
-        if w.shape != shape {
-            return Err(CheckpointError::Shape { name, got: w.shape, want: shape.to_vec() });
-        }
-        Ok(w.values)
+        let gguf_llama = matches!(self, Checkpoint::Gguf { .. }) && config.family == Family::Llama;
+        Ok(match part {
+            _ if conv => transpose(w).values,
+            Part::Query(_) if gguf_llama => unpermute(w, config.heads).values,
+            Part::Key(_) if gguf_llama => unpermute(w, config.kv_heads()).values,
+            _ => w.values,
+        })
     }
 
     /// Rows of several parts stacked (a fused linear from separate ones), as torch layout.
@@ -312,6 +320,21 @@ impl Checkpoint {
     pub fn load(&self, device: &Device) -> Result<Decoder, CheckpointError> {
         let config = self.config();
         config.check().map_err(|e| format(format!("checkpoint configuration: {e}")))?;
+        // No format stores a parameter in less than half a byte: a configuration larger
+        // than its file could hold is refused before anything is allocated.
+        let bytes = match self {
+            Checkpoint::SafeTensors { tensors, .. } => tensors.len(),
+            Checkpoint::Gguf { file, .. } => file.file_size(),
+        };
+        match config.parameter_count() {
+            Some(n) if n / 2 <= bytes => {}
+            n => {
+                return Err(format(format!(
+                    "the configuration declares {} parameters, more than its {bytes}-byte file holds",
+                    n.map_or("too many".to_string(), |n| n.to_string())
+                )));
+            }
+        }
         let mut decoder = config.init(device);
         let w = config.width;
         let kv = config.kv_heads() * (w / config.heads);

@@ -198,7 +198,8 @@ impl<'a> Cursor<'a> {
             8 => Value::String(self.string()?),
             9 if depth == 0 => {
                 let inner = self.u32()?;
-                let n = self.count(1)?;
+                // Each item takes at least a byte (a string: its 8-byte length).
+                let n = self.count(if inner == 8 { 8 } else { 1 })?;
                 Value::Array((0..n).map(|_| self.value(inner, depth + 1)).collect::<Result<_, _>>()?)
             }
             10 => Value::Uint(self.u64()?),
@@ -253,6 +254,11 @@ impl Gguf {
         Ok(Self { metadata, tensors, data_start: data_start as usize, bytes })
     }
 
+    /// The file's size in bytes.
+    pub fn file_size(&self) -> usize {
+        self.bytes.len()
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
     }
@@ -286,7 +292,7 @@ impl Gguf {
         if count % per_block != 0 {
             return Err(format(format!("tensor {name} of {count} values is not whole blocks of {per_block}")));
         }
-        let size = count / per_block * block_bytes;
+        let size = (count / per_block).checked_mul(block_bytes).ok_or_else(|| format("size overflows"))?;
         let range = (self.data_start as u64)
             .checked_add(info.offset)
             .and_then(|s| usize::try_from(s).ok())

@@ -112,6 +112,28 @@ impl DecoderConfig {
         Ok(())
     }
 
+    /// Parameters of the decoder this configuration describes; `None` if it overflows.
+    pub fn parameter_count(&self) -> Option<usize> {
+        let (w, mlp) = (self.width, self.mlp);
+        let kv = self.kv_heads().checked_mul(w / self.heads.max(1))?;
+        let gpt = self.family == Family::Gpt;
+        let mlp_out = if gpt { mlp } else { mlp.checked_mul(2)? };
+        let linear = |i: usize, o: usize| i.checked_mul(o)?.checked_add(if gpt { o } else { 0 });
+        let norm = if gpt { 2 * w } else { w };
+        let block = [
+            linear(w, w.checked_add(kv.checked_mul(2)?)?)?,
+            linear(w, w)?,
+            linear(w, mlp_out)?,
+            linear(mlp, w)?,
+            2 * norm,
+        ]
+        .into_iter()
+        .try_fold(0usize, usize::checked_add)?;
+        let embeddings = self.vocabulary.checked_mul(w)?.checked_mul(if self.tied_head { 1 } else { 2 })?;
+        let positions = if gpt { self.positions.checked_mul(w)? } else { 0 };
+        block.checked_mul(self.layers)?.checked_add(embeddings)?.checked_add(positions)?.checked_add(norm)
+    }
+
     /// A decoder with fresh weights (small normal embeddings, burn's default linears).
     pub fn init(&self, device: &Device) -> Decoder {
         let gpt = self.family == Family::Gpt;
@@ -241,7 +263,14 @@ impl Decoder {
         let h = layers.norm(&self.final_norm, x);
         match &self.head {
             Some(head) => layers.project(head, h),
-            None => h.matmul(self.tokens.weight.val().transpose()),
+            None if layers.frozen => h.matmul(self.tokens.weight.val().transpose()),
+            // A trainable tied head is the embedding's second use: through the hook under
+            // the embedding's own id, so the ghost tape refuses it (untie it to train it)
+            // rather than leave its gradient out.
+            None => {
+                let weight = Param::initialized(self.tokens.weight.id, self.tokens.weight.val().transpose());
+                layers.hook.linear(&Linear { weight, bias: None }, h)
+            }
         }
     }
 

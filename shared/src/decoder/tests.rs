@@ -537,6 +537,16 @@ fn a_checkpoint_that_does_not_match_its_configuration_is_refused() {
     assert!(err.contains("model.norm.weight") && err.contains("[15]"), "{err}");
     let json = hf_config_json(&config).replace("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"linear\"}");
     assert!(Checkpoint::safetensors(json.as_bytes(), safetensors_bytes(&t)).is_err());
+    // A configuration larger than its file could hold is refused before allocating it.
+    let json = hf_config_json(&config).replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 2000000000");
+    let huge = Checkpoint::safetensors(json.as_bytes(), safetensors_bytes(&t)).unwrap();
+    let err = huge.load(&device).unwrap_err().to_string();
+    assert!(err.contains("more than its"), "{err}");
+    // A tensor of the wrong rank is refused by shape before it is reordered.
+    let (config, mut t) = llama(false);
+    t.insert("model.layers.0.self_attn.q_proj.weight".into(), Weights { shape: vec![256], values: vec![0.0; 256] });
+    let flat = Checkpoint::safetensors(hf_config_json(&config).as_bytes(), safetensors_bytes(&t)).unwrap();
+    assert!(flat.load(&device).unwrap_err().to_string().contains("q_proj"));
     // A truncated GGUF file is an error, not a panic.
     let (config, t) = llama(false);
     let bytes = llama_gguf(&config, &t);
@@ -801,6 +811,16 @@ fn full_fine_tuning_ghost_clipping_covers_rms_norms_and_the_untied_head() {
     // Embedding, 2 × (norm, qkv, output, norm, up, down), final norm, head: no biases, no β.
     assert_eq!(count, 40 * 16 + 2 * (16 + 16 * 32 + 16 * 16 + 16 + 16 * 48 + 24 * 16) + 16 + 16 * 40);
     check_ghost_against_naive(&decoder, "full fine-tuning");
+    // Tied, the head is the embedding's second use: the ghost tape refuses it rather than
+    // leave its gradient out.
+    let tied = Checkpoint::safetensors(hf_config_json(&config).as_bytes(), safetensors_bytes(&t))
+        .unwrap()
+        .load(&device)
+        .unwrap();
+    let mut tape = GhostTape::default();
+    let losses = unit_losses(&tied, &[vec![1, 2, 3], vec![4, 5, 6]], &mut tape);
+    let err = clipped_sum(&tied, tape, losses, &[0, 0, 1, 1], 2, 1.0).unwrap_err().to_string();
+    assert!(err.contains("applied twice"), "{err}");
 }
 
 // --- a real pretrained model -----------------------------------------------------------------
