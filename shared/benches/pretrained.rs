@@ -132,16 +132,15 @@ fn main() {
     let domain = Domain::from_spec(&spec);
     let text = RowText::new(&domain, domain.index_of("income"), &tokenizer).expect("Adult as text");
     let vocabulary = text.vocabulary();
-    let local = |t: u32| vocabulary.binary_search(&t).expect("a row's token") as u32;
     let rows: Vec<Vec<u32>> = (0..UNITS)
         .map(|_| {
             let bins: Vec<usize> = domain.columns.iter().map(|c| rng.random_range(0..c.bins())).collect();
-            text.encode(&bins).tokens.into_iter().map(local).collect()
+            text.encode(&bins).tokens
         })
         .collect();
     let length = rows.iter().map(Vec::len).min().expect("rows");
     let adult = Batch { tokens: rows.iter().flat_map(|r| r[..length].to_vec()).collect(), length };
-    let small = base.truncated(BLOCKS).restricted(&vocabulary);
+    let small = base.truncated(BLOCKS).restricted(vocabulary);
     let name = format!("first {BLOCKS} blocks, Adult's {} tokens, {length}-token rows", vocabulary.len());
     measure(&format!("{name}, LoRA"), &small.clone().with_adapters(&lora, &device).expect("adapters"), &adult);
     measure(&format!("{name}, full fine-tuning"), &small.untied(), &adult);

@@ -2,6 +2,7 @@
 //! value is encoded in a partition file and which bin it falls in. No bound, category or
 //! bin edge here ever comes from the private rows.
 
+use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
 use crate::output::SyntheticValue;
@@ -130,6 +131,31 @@ impl ColumnDomain {
                 Some(binning.bin(v.clamp(*min, *max)))
             }
             _ => None,
+        }
+    }
+
+    /// A value drawn inside a bin: a category, a uniform integer of the range, a uniform
+    /// real between the edges (post-processing of a drawn bin).
+    pub fn draw(&self, bin: usize, rng: &mut impl Rng) -> SyntheticValue {
+        if bin == self.value_bins() {
+            return SyntheticValue::Missing;
+        }
+        match &self.encoding {
+            Encoding::Categorical { categories, .. } => {
+                SyntheticValue::Category(categories.get(bin).cloned().unwrap_or_else(|| OTHER_CATEGORY.to_string()))
+            }
+            Encoding::Numeric { binning: Binning::Integer(ranges), .. } => {
+                let (lo, hi) = ranges[bin];
+                SyntheticValue::Integer(rng.random_range(lo..=hi))
+            }
+            Encoding::Numeric { binning: Binning::Real(edges), kind, .. } => {
+                let v = edges[bin] + rng.random::<f64>() * (edges[bin + 1] - edges[bin]);
+                if *kind == ColumnKind::Datetime {
+                    SyntheticValue::Datetime(v.floor() as i64)
+                } else {
+                    SyntheticValue::Real(v)
+                }
+            }
         }
     }
 

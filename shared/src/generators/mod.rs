@@ -7,6 +7,7 @@
 //! coordinator's side (rounds, charges, releases) is `dpsynth_coordinator::generators`.
 
 pub mod aim;
+pub mod dp2stage;
 pub mod findiff;
 pub mod marginals;
 pub mod pate;

@@ -12,6 +12,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
 use crate::decoder::CheckpointError;
 use crate::decoder::tokenizer::TextTokenizer;
@@ -42,7 +44,7 @@ fn real(v: f64) -> String {
 }
 
 /// A column's bin labels as token paths: node 0 is the root.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 struct Trie {
     /// Per node: its children by token.
     children: Vec<BTreeMap<u32, usize>>,
@@ -77,7 +79,7 @@ impl Trie {
 }
 
 /// How a job's rows read as text, in a tokenizer's ids.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowText {
     /// Columns in text order (the target first).
     pub order: Vec<usize>,
@@ -88,6 +90,8 @@ pub struct RowText {
     tries: Vec<Trie>,
     /// Ends a row.
     pub end: u32,
+    /// The tokenizer's id of each token.
+    vocabulary: Vec<u32>,
 }
 
 /// A row as tokens, with which of them are a value's (its label's tokens and the token
@@ -105,8 +109,8 @@ impl RowText {
         let end = tokenizer.eos.ok_or_else(|| invalid("the tokenizer names no end-of-text token".into()))?;
         let mut order: Vec<usize> = target.into_iter().collect();
         order.extend((0..domain.columns.len()).filter(|c| Some(*c) != target));
-        let mut prefixes = Vec::with_capacity(order.len());
-        let mut values = Vec::with_capacity(order.len());
+        let mut prefixes: Vec<Vec<u32>> = Vec::with_capacity(order.len());
+        let mut values: Vec<Vec<Vec<u32>>> = Vec::with_capacity(order.len());
         let mut tries = Vec::with_capacity(order.len());
         for (i, &c) in order.iter().enumerate() {
             let column = &domain.columns[c];
@@ -135,17 +139,44 @@ impl RowText {
                 )));
             }
         }
-        Ok(Self { order, prefixes, values, tries, end })
+        // Every token the grammar can produce, ascending; from here on a token is its
+        // index in that list (a model restricted to it: `Decoder::restricted`).
+        let mut vocabulary: Vec<u32> = prefixes.iter().chain(values.iter().flatten()).flatten().copied().collect();
+        vocabulary.push(end);
+        vocabulary.sort_unstable();
+        vocabulary.dedup();
+        let index = |t: u32| vocabulary.binary_search(&t).expect("a grammar token") as u32;
+        prefixes.iter_mut().flatten().for_each(|t| *t = index(*t));
+        values.iter_mut().flatten().flatten().for_each(|t| *t = index(*t));
+        for trie in &mut tries {
+            for children in &mut trie.children {
+                *children = std::mem::take(children).into_iter().map(|(t, n)| (index(t), n)).collect();
+            }
+        }
+        let end = index(end);
+        Ok(Self { order, prefixes, values, tries, end, vocabulary })
     }
 
-    /// Every token the grammar can produce, in ascending order: the vocabulary a model of
-    /// these rows needs.
-    pub fn vocabulary(&self) -> Vec<u32> {
-        let mut all: Vec<u32> = self.prefixes.iter().chain(self.values.iter().flatten()).flatten().copied().collect();
-        all.push(self.end);
-        all.sort_unstable();
-        all.dedup();
-        all
+    /// The tokenizer's ids of the grammar's tokens, in ascending order: token k of a row
+    /// is the tokenizer's `vocabulary()[k]`.
+    pub fn vocabulary(&self) -> &[u32] {
+        &self.vocabulary
+    }
+
+    /// A row's tokens as the tokenizer's ids (to read them as text).
+    pub fn tokenizer_ids(&self, tokens: &[u32]) -> Vec<u32> {
+        tokens.iter().map(|&t| self.vocabulary[t as usize]).collect()
+    }
+
+    /// Most tokens a row takes (the end token included).
+    pub fn longest(&self) -> usize {
+        let pieces: usize = self
+            .prefixes
+            .iter()
+            .zip(&self.values)
+            .map(|(prefix, labels)| prefix.len() + labels.iter().map(Vec::len).max().unwrap_or(0))
+            .sum();
+        pieces + 1
     }
 
     /// The tokens of a row of bins (indexed by column, as the domain orders them).
@@ -260,7 +291,7 @@ impl RowCursor<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use rand::rngs::ChaCha8Rng;
     use rand::{RngExt, SeedableRng};
 
@@ -282,7 +313,7 @@ mod tests {
 
     /// A byte-level tokenizer over printable ASCII, whose merges make some labels
     /// prefixes of others (" 1" of " 10": "Ġ1" and "Ġ1", "0"), as real BPE vocabularies do.
-    fn tokenizer() -> TextTokenizer {
+    pub(crate) fn tokenizer() -> TextTokenizer {
         let mut vocab: Vec<String> = (b'!'..=b'~').map(|b| (b as char).to_string()).collect();
         vocab.extend(["Ġ", "Ġi", "Ġis", "Ġ1", "<|end|>"].map(String::from));
         let merges = ["Ġ i", "Ġi s", "Ġ 1"];
@@ -340,15 +371,15 @@ mod tests {
         });
         let first: Vec<usize> = domain.columns.iter().map(|_| 0).collect();
         let encoded = text.encode(&first);
-        let decoded = tokenizer.decode(&encoded.tokens[..encoded.tokens.len() - 1]).unwrap();
+        let decoded = tokenizer.decode(&text.tokenizer_ids(&encoded.tokens[..encoded.tokens.len() - 1])).unwrap();
         assert!(decoded.starts_with("income is <=50K, age is 17 to 18, workclass is Private"), "{decoded}");
         // Value tokens: the labels and the token that ends each (a comma, then the end).
         let values = encoded.tokens.iter().zip(&encoded.value).filter(|(_, v)| **v).count();
         let labels: usize = text.order.iter().enumerate().map(|(i, &c)| text.values[i][first[c]].len()).sum();
         assert_eq!(values, labels + text.order.len());
-        // The vocabulary holds every token of the text and the end token.
-        let vocabulary = text.vocabulary();
-        assert!(encoded.tokens.iter().all(|t| vocabulary.binary_search(t).is_ok()));
+        // Tokens are indices into the grammar's vocabulary, the end token among them.
+        assert!(encoded.tokens.iter().all(|&t| (t as usize) < text.vocabulary().len()));
+        assert_eq!(text.tokenizer_ids(&[text.end]), [tokenizer.eos.unwrap()]);
     }
 
     /// A label that is a prefix of another (" 1" of " 10"): the choice is the next token,
@@ -372,7 +403,9 @@ mod tests {
         for bins in [[0, 0], [9, 1], [0, 1], [9, 0]] {
             walk(&text, &bins);
         }
-        let id = |s: &str| tokenizer.encode(s).unwrap();
+        let id = |s: &str| -> Vec<u32> {
+            tokenizer.encode(s).unwrap().iter().map(|t| text.vocabulary().binary_search(t).unwrap() as u32).collect()
+        };
         // After " 1" in column n: " 10"'s continuation "0" and the separator "," are allowed.
         let mut cursor = text.cursor();
         for t in id("n is").into_iter().chain(id(" 1")) {
@@ -383,7 +416,7 @@ mod tests {
         let mut want = [id("0")[0], id(",")[0]];
         want.sort_unstable();
         assert_eq!(allowed, want);
-        assert_eq!(cursor.advance(id("x")[0]), Err(id("x")[0]));
+        assert_eq!(cursor.advance(id("n")[0]), Err(id("n")[0]));
     }
 
     /// Two bins that read alike are refused (a category named "missing" beside the missing

@@ -3,18 +3,17 @@
 //! them best (Private-PGM, [`crate::pgm`]) and draws rows from it; a flattened history is
 //! drawn given its length. Post-processing only.
 
+use rand::Rng;
 use rand::rngs::ChaCha20Rng;
 use rand::seq::SliceRandom;
-use rand::{Rng, RngExt};
 
 use super::history::{HistoryLayout, LENGTH};
 use super::plan::MarginalsPlan;
-use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
+use crate::data::domain::{Domain, Encoding};
 use crate::generators::Sampler;
 use crate::output::{SyntheticUnits, SyntheticValue};
 use crate::pgm::model::{cumulative, draw};
 use crate::pgm::{GraphicalModel, Measurement};
-use crate::spec::ColumnKind;
 
 /// Mirror-descent steps of the fit (Private-PGM's default).
 const FIT_ITERATIONS: usize = 1000;
@@ -89,7 +88,7 @@ impl Sampler for MarginalsSampler {
             .model
             .sample(rows, rng)
             .into_iter()
-            .map(|bins| bins.iter().enumerate().map(|(c, &bin)| decode_bin(&domain.columns[c], bin, rng)).collect())
+            .map(|bins| bins.iter().enumerate().map(|(c, &bin)| domain.columns[c].draw(bin, rng)).collect())
             .collect();
         SyntheticUnits::one_row_each(rows)
     }
@@ -151,7 +150,7 @@ fn decode_history(
                     if bin >= column.bins() {
                         return SyntheticValue::Missing;
                     }
-                    let value = decode_bin(column, bin, rng);
+                    let value = column.draw(bin, rng);
                     if Some(c) != order {
                         return value;
                     }
@@ -176,29 +175,5 @@ fn numeric(value: &SyntheticValue) -> Option<f64> {
         SyntheticValue::Integer(x) | SyntheticValue::Datetime(x) => Some(*x as f64),
         SyntheticValue::Real(x) => Some(*x),
         SyntheticValue::Missing | SyntheticValue::Category(_) => None,
-    }
-}
-
-/// Draws a value inside `bin` of a column.
-fn decode_bin(column: &ColumnDomain, bin: usize, rng: &mut impl Rng) -> SyntheticValue {
-    if column.missing && bin == column.bins() - 1 {
-        return SyntheticValue::Missing;
-    }
-    match &column.encoding {
-        Encoding::Categorical { categories, .. } => SyntheticValue::Category(
-            categories.get(bin).cloned().unwrap_or_else(|| crate::spec::OTHER_CATEGORY.to_string()),
-        ),
-        Encoding::Numeric { binning: Binning::Integer(ranges), .. } => {
-            let (lo, hi) = ranges[bin];
-            SyntheticValue::Integer(rng.random_range(lo..=hi))
-        }
-        Encoding::Numeric { binning: Binning::Real(edges), kind, .. } => {
-            let v = edges[bin] + rng.random::<f64>() * (edges[bin + 1] - edges[bin]);
-            if *kind == ColumnKind::Datetime {
-                SyntheticValue::Datetime(v.floor() as i64)
-            } else {
-                SyntheticValue::Real(v)
-            }
-        }
     }
 }

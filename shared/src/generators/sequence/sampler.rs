@@ -178,7 +178,12 @@ impl SequenceSampler {
 }
 
 /// A token drawn from the softmax of `logits` restricted to `allowed`.
-fn draw_allowed(logits: &[f32], allowed: &[std::ops::Range<u32>], temperature: f64, rng: &mut impl Rng) -> u32 {
+pub(crate) fn draw_allowed(
+    logits: &[f32],
+    allowed: &[std::ops::Range<u32>],
+    temperature: f64,
+    rng: &mut impl Rng,
+) -> u32 {
     let ids = || allowed.iter().flat_map(|r| r.clone());
     let max = ids().map(|t| logits[t as usize]).fold(f32::NEG_INFINITY, f32::max);
     let weights: Vec<f64> = ids().map(|t| (f64::from(logits[t as usize] - max) / temperature).exp()).collect();

@@ -1,0 +1,64 @@
+//! Stage 1: the model learns the rows' format from pseudo rows drawn uniformly from the
+//! declared domain (each column's bins, uniformly), without privacy. Nothing here takes
+//! data: its inputs are the spec's domain, the rows' text layout and a non-private seed.
+
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use super::model::{TextModel, row_losses};
+use crate::data::domain::Domain;
+use crate::dpsgd::ghost::Plain;
+use crate::dpsgd::optimizer::{Optimizer, OptimizerSpec, Schedule};
+use crate::dpsgd::params::TrainableLayers;
+use crate::generators::row_text::RowTokens;
+
+/// How long stage 1 trains.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PseudoTraining {
+    /// Pseudo rows drawn.
+    pub rows: usize,
+    /// Rows per step.
+    pub batch: usize,
+    /// Passes over the pseudo rows.
+    pub epochs: f64,
+    pub learning_rate: f64,
+}
+
+/// `count` rows of bins, each column's bin uniform over its bins.
+pub fn pseudo_rows(domain: &Domain, count: usize, rng: &mut ChaCha8Rng) -> Vec<Vec<usize>> {
+    (0..count).map(|_| domain.columns.iter().map(|c| rng.random_range(0..c.bins())).collect()).collect()
+}
+
+/// Trains `model` on pseudo rows (Adam, cosine schedule) and returns the mean loss of each
+/// step (per row, λ-weighted).
+pub fn pretrain(model: &mut TextModel, training: &PseudoTraining, seed: u64) -> Result<Vec<f64>, String> {
+    if training.rows == 0 || training.batch == 0 || !(training.epochs > 0.0 && training.learning_rate > 0.0) {
+        return Err("stage 1 needs rows, batch, epochs and learning_rate above 0".to_string());
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let rows: Vec<RowTokens> = pseudo_rows(&model.spec.domain, training.rows, &mut rng)
+        .iter()
+        .map(|bins| model.spec.text.encode(bins))
+        .collect();
+    let steps = ((training.epochs * training.rows as f64) / training.batch as f64).ceil().max(1.0) as u64;
+    let adam = OptimizerSpec::Adam { lr: training.learning_rate, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+    let mut optimizer = Optimizer::new(adam, Schedule::Cosine, steps, model.parameter_count());
+    let mut parameters: Vec<f64> = model.parameters().into_iter().map(f64::from).collect();
+    let mut losses = Vec::with_capacity(steps as usize);
+    for _ in 0..steps {
+        let batch: Vec<(usize, &RowTokens)> =
+            (0..training.batch).map(|i| (i, &rows[rng.random_range(0..rows.len())])).collect();
+        let tracked = model.tracked();
+        let out = row_losses(&tracked, &batch, model.spec.value_weight, model.spec.text.end, &mut Plain);
+        let total = out.losses.sum();
+        losses.push(f64::from(total.clone().into_scalar::<f32>()) / training.batch as f64);
+        let grads = total.backward();
+        let gradient: Vec<f64> =
+            tracked.flat_gradient(&grads).into_iter().map(|g| f64::from(g) / training.batch as f64).collect();
+        optimizer.step(&mut parameters, &gradient);
+        let flat: Vec<f32> = parameters.iter().map(|&p| p as f32).collect();
+        model.load_parameters(&flat).map_err(|e| e.to_string())?;
+    }
+    Ok(losses)
+}
