@@ -215,6 +215,37 @@ async fn a_direct_history_job_writes_whole_histories_and_charges_its_tables() {
     assert!((300..=500).contains(&histories.len()), "{} histories", histories.len());
 }
 
+/// DP-2Stage end to end on the first block of a real pretrained model (SmolLM2-135M's GGUF
+/// file, which `.ci/run` fetches): stage 1 on pseudo rows, the charged DP-SGD run over the
+/// patients (LoRA adapters on the wire), and rows drawn by constrained decoding. The
+/// ledger holds the unit count and the run, within the job's ε.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dp2stage_job_fine_tunes_a_pretrained_model_within_its_charge() {
+    let Ok(checkpoint) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (.ci/run fetches it)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let generator = format!(
+        "[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\"\nblocks = 1\npseudo_rows = 64\npseudo_epochs = 1.0\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8"
+    );
+    let spec = JobSpec::parse(&with_generator(&demo_spec(dir.path(), 60), &generator), "dp2stage").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+    let out = dir.path().join("out");
+    let manifest = manifest(&out).expect("manifest written");
+    assert_eq!(manifest["generator"], "dp2stage");
+    assert!(manifest["rows"].as_u64().unwrap() > 0);
+    let charged = charged_mechanisms(dir.path(), &spec.job.dataset_id).await;
+    assert_eq!(charged.len(), 2, "the unit count, then the run");
+    assert!(matches!(charged[1][..], [Mechanism::SubsampledGaussian { .. }]));
+    let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
+    assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon);
+    // Every written value lies in the declared domain.
+    let written = histograms(&spec, parts(&out, &manifest), Format::Parquet).await;
+    assert!(written.iter().all(|h| (h.iter().sum::<f64>() - 1.0).abs() < 1e-9));
+}
+
 /// AIM end to end on the demo cohort: the ledger holds exactly the run's zCDP budget,
 /// which spends the job's ε under RDP and no more, and the rows come out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

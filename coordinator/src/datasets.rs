@@ -13,14 +13,22 @@
 //! holdout_urls = ["s3://private/ed/holdout.parquet"]   # evaluation only
 //! [dataset.input]
 //! urls = ["s3://private/ed/vitals.parquet"]
+//!
+//! [[model]]                         # public pretrained checkpoints jobs may name by id
+//! id = "smollm2-135m"
+//! url = "s3://models/SmolLM2-135M-Instruct.Q4_1.gguf"
 //! ```
+//!
+//! A language-model job names a declared model's id as its `checkpoint`: the coordinator
+//! and workers read only what the operator declared, never a location a submitter chose
+//! (reading one would tell whether, and how, a private object parses).
 
 use std::collections::HashMap;
 
 use dpsynth_privacy::ledger::{Budget, Ledger, LedgerError};
 use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::accounting::mechanism::Adjacency;
-use dpsynth_shared::spec::{BadRows, ColumnKind, CsvOptions, Format, InputSpec, validate_id};
+use dpsynth_shared::spec::{BadRows, ColumnKind, CsvOptions, Format, GeneratorSpec, InputSpec, validate_id};
 use dpsynth_shared::storage;
 use serde::Deserialize;
 
@@ -40,6 +48,8 @@ pub enum DatasetsError {
     UnitColumnMissing { dataset: String, unit: String },
     #[error("the output location {output} overlaps a declared dataset's input or ledger; choose another prefix")]
     OutputOverlaps { output: String },
+    #[error("model '{0}' is not declared on this coordinator: name a declared model's id as the checkpoint")]
+    UnknownModel(String),
 }
 
 /// One declared dataset.
@@ -58,16 +68,29 @@ pub struct DeclaredDataset {
     pub holdout_urls: Vec<String>,
 }
 
+/// A public pretrained checkpoint the operator offers to language-model jobs.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredModel {
+    pub id: String,
+    /// A `.gguf` file or a Hugging Face folder (path or object-store URL).
+    pub url: String,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DatasetsFile {
     dataset: Vec<DeclaredDataset>,
+    #[serde(default)]
+    model: Vec<DeclaredModel>,
 }
 
 /// The datasets a coordinator serves, by id.
 #[derive(Clone, Debug)]
 pub struct Datasets {
     by_id: HashMap<String, DeclaredDataset>,
+    /// Declared checkpoints' URLs by id.
+    models: HashMap<String, String>,
     /// Ledger store of datasets that name none.
     default_ledger: String,
 }
@@ -109,7 +132,14 @@ impl Datasets {
                 return Err(invalid(format!("dataset '{id}' is declared twice")));
             }
         }
-        Ok(Self { by_id, default_ledger: default_ledger.to_string() })
+        let mut models = HashMap::new();
+        for model in file.model {
+            validate_id("model id", &model.id).map_err(|e| invalid(e.to_string()))?;
+            if models.insert(model.id.clone(), model.url).is_some() {
+                return Err(invalid(format!("model '{}' is declared twice", model.id)));
+            }
+        }
+        Ok(Self { by_id, models, default_ledger: default_ledger.to_string() })
     }
 
     pub fn load(path: &str, default_ledger: &str) -> Result<Self, DatasetsError> {
@@ -218,6 +248,13 @@ impl Datasets {
             return Err(DatasetsError::OutputOverlaps { output });
         }
         let spec = &mut request.spec;
+        if let GeneratorSpec::Dp2stage(params) = &mut spec.generator {
+            let url = self
+                .models
+                .get(&params.checkpoint)
+                .ok_or_else(|| DatasetsError::UnknownModel(params.checkpoint.clone()))?;
+            params.checkpoint = url.clone();
+        }
         spec.input = dataset.input.clone();
         spec.input.bad_rows = Some(BadRows::Skip);
         spec.schema.unit_column = dataset.unit_column.clone();
@@ -317,6 +354,30 @@ url = "/srv/out"
             let mut job = request("");
             job.output_url = Some(inside.into());
             assert!(matches!(datasets.bind(&mut job), Err(DatasetsError::OutputOverlaps { .. })), "{inside}");
+        }
+    }
+
+    /// A language-model job's checkpoint is a declared model's id, never a location of the
+    /// submitter's choosing (a private object's parse errors would tell about it).
+    #[test]
+    fn a_checkpoint_is_a_declared_model() {
+        let declared = format!("{DATASETS}[[model]]\nid = \"smol\"\nurl = \"/srv/models/smol.gguf\"\n");
+        let datasets = Datasets::parse(&declared, "datasets.toml", "/default").unwrap();
+        let job = |checkpoint: &str| {
+            let text = SPEC.replace(
+                "name = \"marginals\"",
+                &format!("name = \"dp2stage\"\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\""),
+            );
+            let spec = JobSpec::parse(&text, "job.toml").unwrap();
+            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None }
+        };
+        let mut named = job("smol");
+        datasets.bind(&mut named).unwrap();
+        let GeneratorSpec::Dp2stage(params) = &named.spec.generator else { unreachable!() };
+        assert_eq!(params.checkpoint, "/srv/models/smol.gguf");
+        for chosen in ["/srv/icu/vitals.csv", "/srv/models/smol.gguf", "s3://private/x.gguf"] {
+            let mut request = job(chosen);
+            assert!(matches!(datasets.bind(&mut request), Err(DatasetsError::UnknownModel(_))), "{chosen}");
         }
     }
 

@@ -31,7 +31,9 @@ use dpsynth_shared::spec::{GeneratorSpec, JobSpec};
 use dpsynth_shared::storage::{self, StoreLocation};
 use rand::rngs::ChaCha20Rng;
 
-use crate::generators::{Admission, Aim, Charged, DpSgdJob, FinDiff, Fitted, Generator, Marginals, Pate, Sequence};
+use crate::generators::{
+    Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Marginals, Pate, Sequence,
+};
 use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
@@ -77,6 +79,7 @@ pub async fn run_job(
         GeneratorSpec::Findiff(_) => synthesize::<DpSgdJob<FinDiff>>(&ctx, &mut ledger).await,
         GeneratorSpec::Pate(_) => synthesize::<Pate>(&ctx, &mut ledger).await,
         GeneratorSpec::Sequence(_) => synthesize::<DpSgdJob<Sequence>>(&ctx, &mut ledger).await,
+        GeneratorSpec::Dp2stage(_) => synthesize::<DpSgdJob<Dp2Stage>>(&ctx, &mut ledger).await,
     };
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.

@@ -8,7 +8,8 @@ pub mod tls;
 /// 2: DP-SGD round tasks (`dpsgd`) and long polling.
 /// 3: typed tasks (`Task.work`, one message per kind) instead of a kind and opaque bytes.
 /// 4: DP-SGD rounds of the sequence generator (`SequenceModel`) and its selection votes.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: DP-SGD rounds of DP-2Stage (`Dp2StageModel`).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

@@ -314,6 +314,7 @@ pub enum GeneratorName {
     Findiff,
     Pate,
     Sequence,
+    Dp2stage,
 }
 
 impl GeneratorName {
@@ -324,6 +325,7 @@ impl GeneratorName {
             GeneratorName::Findiff => "findiff",
             GeneratorName::Pate => "pate",
             GeneratorName::Sequence => "sequence",
+            GeneratorName::Dp2stage => "dp2stage",
         }
     }
 }
@@ -339,6 +341,7 @@ pub enum GeneratorSpec {
     Findiff(FinDiffParams),
     Pate(PateParams),
     Sequence(SequenceParams),
+    Dp2stage(Dp2StageParams),
 }
 
 /// Bins of numeric columns that declare none, for every generator but marginals (whose
@@ -353,6 +356,7 @@ impl GeneratorSpec {
             GeneratorSpec::Findiff(_) => GeneratorName::Findiff,
             GeneratorSpec::Pate(_) => GeneratorName::Pate,
             GeneratorSpec::Sequence(_) => GeneratorName::Sequence,
+            GeneratorSpec::Dp2stage(_) => GeneratorName::Dp2stage,
         }
     }
 
@@ -391,6 +395,8 @@ struct GeneratorSection {
     pate: Option<PateParams>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sequence: Option<SequenceParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    dp2stage: Option<Dp2StageParams>,
 }
 
 impl TryFrom<GeneratorSection> for GeneratorSpec {
@@ -403,6 +409,7 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
             (GeneratorName::Findiff, s.findiff.is_some()),
             (GeneratorName::Pate, s.pate.is_some()),
             (GeneratorName::Sequence, s.sequence.is_some()),
+            (GeneratorName::Dp2stage, s.dp2stage.is_some()),
         ];
         if let Some((other, _)) = given.iter().find(|(n, present)| *present && *n != s.name) {
             return Err(format!(
@@ -417,6 +424,7 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
             GeneratorName::Findiff => GeneratorSpec::Findiff(s.findiff.unwrap_or_default()),
             GeneratorName::Pate => GeneratorSpec::Pate(s.pate.unwrap_or_default()),
             GeneratorName::Sequence => GeneratorSpec::Sequence(s.sequence.unwrap_or_default()),
+            GeneratorName::Dp2stage => GeneratorSpec::Dp2stage(s.dp2stage.unwrap_or_default()),
         })
     }
 }
@@ -424,14 +432,22 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
 impl From<GeneratorSpec> for GeneratorSection {
     fn from(spec: GeneratorSpec) -> Self {
         let name = spec.name();
-        let mut section =
-            GeneratorSection { name, marginals: None, aim: None, findiff: None, pate: None, sequence: None };
+        let mut section = GeneratorSection {
+            name,
+            marginals: None,
+            aim: None,
+            findiff: None,
+            pate: None,
+            sequence: None,
+            dp2stage: None,
+        };
         match spec {
             GeneratorSpec::Marginals(p) => section.marginals = Some(p),
             GeneratorSpec::Aim(p) => section.aim = Some(p),
             GeneratorSpec::Findiff(p) => section.findiff = Some(p),
             GeneratorSpec::Pate(p) => section.pate = Some(p),
             GeneratorSpec::Sequence(p) => section.sequence = Some(p),
+            GeneratorSpec::Dp2stage(p) => section.dp2stage = Some(p),
         }
         section
     }
@@ -739,6 +755,90 @@ impl Default for SequenceParams {
             select_candidates: 4.0,
             select_neighbours: 4,
         }
+    }
+}
+
+/// Parameters of DP-2Stage: a pretrained language model fine-tuned on rows as text, first
+/// on pseudo rows from the declared domain, then with DP-SGD on the private rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Dp2StageParams {
+    /// The pretrained checkpoint: a GGUF file, or a folder holding `config.json`,
+    /// `model.safetensors` and `tokenizer.json` (a path or an object-store URL; never a hub).
+    pub checkpoint: String,
+    /// Keep the checkpoint's first blocks only (all by default): a smaller model for CPUs.
+    pub blocks: Option<usize>,
+    /// LoRA adapters; absent: every parameter is fine-tuned.
+    pub lora: Option<LoraParams>,
+    /// λ, the loss weight of value tokens (the format's tokens get 1 − λ).
+    pub value_weight: f64,
+    /// Stage 1: pseudo rows drawn uniformly from the declared domain, rows a step, passes
+    /// and Adam's learning rate (no privacy cost: it reads no data).
+    pub pseudo_rows: usize,
+    pub pseudo_batch: usize,
+    pub pseudo_epochs: f64,
+    pub pseudo_learning_rate: f64,
+    /// Rows a unit contributes (its rows share one clipped gradient).
+    pub max_rows_per_unit: u32,
+    /// Expected passes over the units; T = epochs / q rounds.
+    pub epochs: f64,
+    /// Expected units per round q·N̂.
+    pub batch_size: f64,
+    /// Per-unit L2 clipping norm C.
+    pub clip: f64,
+    /// Noise multiplier σ; default: calibrated so the job meets its (ε, δ).
+    pub noise_multiplier: Option<f64>,
+    /// Noise multiplier of the unit-count release that fixes q (sensitivity 1).
+    pub count_noise_multiplier: f64,
+    pub optimizer: crate::dpsgd::optimizer::OptimizerSpec,
+    pub schedule: crate::dpsgd::optimizer::Schedule,
+    /// Units per backward pass on a worker (memory only).
+    pub micro_batch: usize,
+    /// Rounds between coordinator checkpoints.
+    pub checkpoint_every: u64,
+    /// Softmax temperature of each sampled value token (post-processing).
+    pub temperature: f64,
+}
+
+impl Default for Dp2StageParams {
+    fn default() -> Self {
+        Self {
+            checkpoint: String::new(),
+            blocks: None,
+            lora: Some(LoraParams::default()),
+            value_weight: 0.65,
+            pseudo_rows: 2000,
+            pseudo_batch: 32,
+            pseudo_epochs: 2.0,
+            pseudo_learning_rate: 1e-3,
+            max_rows_per_unit: 1,
+            epochs: 2.0,
+            batch_size: 256.0,
+            clip: 1.0,
+            noise_multiplier: None,
+            count_noise_multiplier: 20.0,
+            optimizer: crate::dpsgd::optimizer::OptimizerSpec::Adam { lr: 3e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+            schedule: crate::dpsgd::optimizer::Schedule::Cosine,
+            micro_batch: 32,
+            checkpoint_every: 50,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// LoRA adapters of a pretrained model: rank, scale α (the update is scaled by α / rank)
+/// and the linears they adapt (`qkv`, `output`, `up`, `down`, `head`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraParams {
+    pub rank: usize,
+    pub alpha: f64,
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraParams {
+    fn default() -> Self {
+        Self { rank: 8, alpha: 16.0, targets: vec!["qkv".into(), "output".into()] }
     }
 }
 

@@ -188,7 +188,7 @@ pub fn parts(dir: &Path, manifest: &serde_json::Value) -> Vec<String> {
 }
 
 /// `spec` with its `[generator]` section replaced by `generator` (TOML, up to `[output]`).
-fn with_generator(spec: &str, generator: &str) -> String {
+pub fn with_generator(spec: &str, generator: &str) -> String {
     let start = spec.find("[generator]").unwrap();
     let end = spec.find("[output]").unwrap();
     format!("{}{generator}\n\n{}", &spec[..start], &spec[end..])

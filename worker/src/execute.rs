@@ -16,6 +16,7 @@ use dpsynth_shared::data::EncodedBatch;
 use dpsynth_shared::data::partition::read_partition;
 use dpsynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
 use dpsynth_shared::entropy::os_rng;
+use dpsynth_shared::generators::dp2stage::Dp2StageModelSpec;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
 use dpsynth_shared::generators::marginals::MarginalsTask;
 use dpsynth_shared::generators::pate::VoteTask;
@@ -79,8 +80,16 @@ impl Executor {
     }
 
     /// The job's model, built on its first round.
-    fn model<M: Send + 'static>(&mut self, build: impl FnOnce() -> M) -> anyhow::Result<Arc<Mutex<M>>> {
-        let model = self.model.get_or_insert_with(|| Arc::new(Mutex::new(build()))).clone();
+    async fn model<M, F, Fut>(&mut self, build: F) -> anyhow::Result<Arc<Mutex<M>>>
+    where
+        M: Send + 'static,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<M>>,
+    {
+        if self.model.is_none() {
+            self.model = Some(Arc::new(Mutex::new(build().await?)));
+        }
+        let model = self.model.clone().expect("built above");
         model.downcast::<Mutex<M>>().map_err(|_| anyhow::anyhow!("the job's rounds train two kinds of model"))
     }
 
@@ -149,17 +158,29 @@ impl Executor {
                         async move { spec.load_examples(&[url]).await }
                     })
                     .await?;
-                let model = self.model(|| FinDiffModel::new(&round.model, &device))?;
+                let model = self.model(|| async { Ok(FinDiffModel::new(&round.model, &device)) }).await?;
                 let exponent = round.timestep_exponent;
                 clipped_round(model, parts, parameters, settings, move |m| m.set_timestep_exponent(exponent)).await
             }
             Some(Model::Sequence(model)) => {
                 let spec = Arc::new(SequenceModelSpec::try_from(model)?);
-                let model = self.model(|| SequenceModel::new(&spec, &device))?;
+                let model = self.model(|| async { Ok(SequenceModel::new(&spec, &device)) }).await?;
                 let parts = self
                     .partitions(task, move |url| {
                         let spec = spec.clone();
                         async move { spec.load_histories(&[url]).await }
+                    })
+                    .await?;
+                clipped_round(model, parts, parameters, settings, |_| {}).await
+            }
+            Some(Model::Dp2stage(model)) => {
+                let spec = Arc::new(Dp2StageModelSpec::try_from(model)?);
+                // The public checkpoint, read from its URL on the job's first round.
+                let model = self.model(|| async { Ok(spec.load_model(&device).await?) }).await?;
+                let parts = self
+                    .partitions(task, move |url| {
+                        let spec = spec.clone();
+                        async move { spec.load_rows(&[url]).await }
                     })
                     .await?;
                 clipped_round(model, parts, parameters, settings, |_| {}).await
@@ -323,13 +344,13 @@ mod tests {
     #[tokio::test]
     async fn a_new_jobs_task_forgets_the_previous_jobs_model_first() {
         let mut executor = Executor { job: "a".into(), ..Executor::default() };
-        executor.model(|| 7u32).unwrap();
+        executor.model(|| async { Ok(7u32) }).await.unwrap();
         executor.partitions.insert("part".into(), Arc::new(1u8));
         let task = Task { job_id: "b".into(), work: None, ..Task::default() };
         assert!(executor.execute(&task).await.is_err(), "no work");
         assert_eq!(executor.job, "b");
         assert!(executor.model.is_none() && executor.partitions.is_empty());
         // Another model type is now a fresh build, not "two kinds of model".
-        assert_eq!(*executor.model(|| 3u64).unwrap().lock().unwrap(), 3);
+        assert_eq!(*executor.model(|| async { Ok(3u64) }).await.unwrap().lock().unwrap(), 3);
     }
 }

@@ -33,14 +33,16 @@ pub(crate) trait DpSgdGenerator {
     /// The model's configuration: what a checkpoint keeps and a worker rebuilds it from.
     type Model: Clone + Serialize + DeserializeOwned + Send + Sync;
 
-    /// The model and the run, from the spec, the declared domain and the ledger's
-    /// accounting options.
-    fn plan(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<(Self::Model, RunPlan), JobError>;
+    /// The model, the run and the model's initial parameters, from public information
+    /// only (the spec, the declared domain, the ledger's accounting options, a public
+    /// pretrained checkpoint), before anything is charged.
+    async fn plan(
+        spec: &JobSpec,
+        domain: &Domain,
+        options: &AccountingOptions,
+    ) -> Result<Planned<Self::Model>, JobError>;
 
     fn domain(model: &Self::Model) -> &Domain;
-
-    /// The model's initial parameters, in the engine's flat layout.
-    fn initial_parameters(model: &Self::Model) -> Vec<f32>;
 
     /// The model the workers train in each round of a run at rate `rate`.
     fn round_model<'a>(model: &Self::Model, spec: &'a JobSpec, rate: f64) -> Result<RoundModel<'a>, JobError>;
@@ -48,6 +50,13 @@ pub(crate) trait DpSgdGenerator {
     /// The trained model as the job's sampler. What the run's charge paid for after its
     /// rounds (`RunPlan::after_training`) is spent here.
     async fn sampler(trained: Trained<'_, '_, Self::Model>) -> Result<Box<dyn Sampler>, JobError>;
+}
+
+/// A planned run: the model, the run and the initial parameters (the engine's flat layout).
+pub(crate) struct Planned<M> {
+    pub model: M,
+    pub run: RunPlan,
+    pub parameters: Vec<f32>,
 }
 
 /// A trained run, as its generator turns it into a sampler.
@@ -72,7 +81,7 @@ pub struct DpSgdJob<G: DpSgdGenerator> {
 
 enum Start<M> {
     /// Planned; nothing charged. Admitted with the run calibrated at a stand-in rate.
-    Fresh { model: M, plan: RunPlan, bound: Vec<Mechanism> },
+    Fresh { model: M, plan: RunPlan, bound: Vec<Mechanism>, parameters: Vec<f32> },
     /// Charged when it first started, as the ledger confirmed; this process holds its
     /// resume lease.
     Resumed(Box<Checkpoint<M>>),
@@ -101,10 +110,11 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
                 Start::Resumed(Box::new(saved))
             }
             None => {
-                let (model, plan) = G::plan(ctx.spec(), ctx.domain, ledger.options())?;
+                let Planned { model, run: plan, parameters } =
+                    G::plan(ctx.spec(), ctx.domain, ledger.options()).await?;
                 let provisional = plan.provisional_rate();
                 let cap = plan.calibrate(ctx.spec(), ledger.options(), provisional)?;
-                Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan }
+                Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan, parameters }
             }
         };
         Ok(Self { start })
@@ -123,7 +133,9 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         let (scratch, job_id) = (ctx.scratch, ctx.request.job_id.as_str());
         let Checkpoint { run, mut optimizer, mut parameters } = match self.start {
             Start::Resumed(saved) => *saved,
-            Start::Fresh { model, plan, .. } => charge_run::<G>(ctx, ledger, partitions, model, plan).await?,
+            Start::Fresh { model, plan, parameters, .. } => {
+                charge_run::<G>(ctx, ledger, partitions, model, plan, parameters).await?
+            }
         };
         ctx.progress_mut().epsilon_spent = run.cost.epsilon;
         set_stage(ctx.progress, "training (DP-SGD)");
@@ -201,6 +213,7 @@ async fn charge_run<G: DpSgdGenerator>(
     partitions: &Partitions,
     model: G::Model,
     plan: RunPlan,
+    parameters: Vec<f32>,
 ) -> Result<Checkpoint<G::Model>, JobError> {
     let spec = ctx.spec();
     let count_charge = ctx.charge_request(vec![plan.count_mechanism()]);
@@ -226,7 +239,7 @@ async fn charge_run<G: DpSgdGenerator>(
     let receipt = ctx.charge(ledger, &charge).await?;
     let steps = plan.steps(rate);
     tracing::info!(sigma, steps, epsilon = cost.epsilon, "DP-SGD run charged");
-    let parameters: Vec<f64> = G::initial_parameters(&model).into_iter().map(f64::from).collect();
+    let parameters: Vec<f64> = parameters.into_iter().map(f64::from).collect();
     let optimizer = Optimizer::new(plan.optimizer, plan.schedule, steps, parameters.len());
     let run = ChargedRun {
         generator: G::NAME,

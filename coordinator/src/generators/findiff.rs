@@ -7,13 +7,12 @@ use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
-use dpsynth_shared::dpsgd::plan::RunPlan;
 use dpsynth_shared::generators::Sampler;
 use dpsynth_shared::generators::findiff::diffusion::timestep_exponent;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec, FinDiffPlan, FinDiffRound, FinDiffSampler};
 use dpsynth_shared::spec::{FinDiffParams, GeneratorName, GeneratorSpec, JobSpec};
 
-use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
+use super::dpsgd::{DpSgdGenerator, Planned, RoundModel, Trained};
 use crate::context::JobError;
 
 pub struct FinDiff;
@@ -29,21 +28,18 @@ impl DpSgdGenerator for FinDiff {
     const NAME: GeneratorName = GeneratorName::Findiff;
     type Model = FinDiffModelSpec;
 
-    fn plan(
+    async fn plan(
         spec: &JobSpec,
         domain: &Domain,
         options: &AccountingOptions,
-    ) -> Result<(FinDiffModelSpec, RunPlan), JobError> {
+    ) -> Result<Planned<FinDiffModelSpec>, JobError> {
         let plan = FinDiffPlan::new(spec, domain, options)?;
-        Ok((plan.model, plan.run))
+        let parameters = FinDiffModel::new(&plan.model, &compute_device()).parameters();
+        Ok(Planned { model: plan.model, run: plan.run, parameters })
     }
 
     fn domain(model: &FinDiffModelSpec) -> &Domain {
         &model.domain
-    }
-
-    fn initial_parameters(model: &FinDiffModelSpec) -> Vec<f32> {
-        FinDiffModel::new(model, &compute_device()).parameters()
     }
 
     /// The model's configuration is fixed for the run: encoded once; each round sets its

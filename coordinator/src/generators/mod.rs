@@ -8,6 +8,7 @@
 
 pub mod aim;
 pub(crate) mod calibration;
+pub mod dp2stage;
 pub mod dpsgd;
 pub mod findiff;
 pub mod marginals;
@@ -20,6 +21,7 @@ use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::generators::Sampler;
 
 pub use aim::Aim;
+pub use dp2stage::Dp2Stage;
 pub use dpsgd::DpSgdJob;
 pub use findiff::FinDiff;
 pub use marginals::Marginals;

@@ -12,7 +12,6 @@ use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
-use dpsynth_shared::dpsgd::plan::RunPlan;
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::Sampler;
 use dpsynth_shared::generators::sequence::sampler::SelectedHistories;
@@ -21,7 +20,7 @@ use dpsynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, Seq
 use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec};
 use serde::{Deserialize, Serialize};
 
-use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
+use super::dpsgd::{DpSgdGenerator, Planned, RoundModel, Trained};
 use crate::context::{JobError, blocking, set_stage};
 use crate::gather::{Answer, Round};
 
@@ -40,17 +39,18 @@ impl DpSgdGenerator for Sequence {
     const NAME: GeneratorName = GeneratorName::Sequence;
     type Model = SequenceRun;
 
-    fn plan(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<(SequenceRun, RunPlan), JobError> {
+    async fn plan(
+        spec: &JobSpec,
+        domain: &Domain,
+        options: &AccountingOptions,
+    ) -> Result<Planned<SequenceRun>, JobError> {
         let plan = SequencePlan::new(spec, domain, options)?;
-        Ok((SequenceRun { model: plan.model, selection: plan.selection }, plan.run))
+        let parameters = SequenceModel::new(&plan.model, &compute_device()).parameters();
+        Ok(Planned { model: SequenceRun { model: plan.model, selection: plan.selection }, run: plan.run, parameters })
     }
 
     fn domain(run: &SequenceRun) -> &Domain {
         &run.model.domain
-    }
-
-    fn initial_parameters(run: &SequenceRun) -> Vec<f32> {
-        SequenceModel::new(&run.model, &compute_device()).parameters()
     }
 
     /// The same model every round: encoded once.

@@ -1,18 +1,21 @@
 //! Pretrained weights into a [`Decoder`]: Hugging Face's layout (`config.json` +
 //! `model.safetensors`, GPT-2 and Llama names) or one GGUF file (llama.cpp's names, its
 //! rotary row order undone). Each format's names and quirks stay here; the decoder sees
-//! PyTorch-layout tensors by part, checked against the configuration's shapes.
+//! PyTorch-layout tensors by part, checked against the configuration's shapes. `fetch`
+//! reads a checkpoint and its tokenizer from a path or an object-store URL.
 
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
 use bytes::Bytes;
 use half::{bf16, f16};
+use object_store::ObjectStoreExt;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value as Json;
 
 use super::gguf::Gguf;
 use super::model::{Decoder, DecoderConfig, Family, Projection};
+use super::tokenizer::TextTokenizer;
 use crate::dpsgd::layers::Norm;
 
 /// A tensor as f32 in PyTorch layout (a linear's rows are its outputs).
@@ -26,6 +29,8 @@ pub struct Weights {
 pub enum CheckpointError {
     #[error("{0}")]
     Format(String),
+    #[error("reading the checkpoint {url}: {message}")]
+    Read { url: String, message: String },
     #[error("the checkpoint has no tensor {0}")]
     Missing(String),
     #[error("tensor {name} has shape {got:?}; the configuration needs {want:?}")]
@@ -236,6 +241,34 @@ fn unpermute(w: Weights, heads: usize) -> Weights {
         }
     }
     Weights { shape: w.shape, values }
+}
+
+/// One object's bytes, from a path or an object-store URL.
+async fn read(url: &str) -> Result<Bytes, CheckpointError> {
+    let error = |message: String| CheckpointError::Read { url: url.to_string(), message };
+    let (location, path) = crate::storage::open_file(url).map_err(|e| error(e.to_string()))?;
+    let object = location.store.get(&path).await.map_err(|e| error(e.to_string()))?;
+    object.bytes().await.map_err(|e| error(e.to_string()))
+}
+
+/// A pretrained model and its tokenizer from a path or object-store URL: a `.gguf` file,
+/// or a folder holding `config.json`, `model.safetensors` and `tokenizer.json` (the
+/// end-of-text id from `config.json`'s `eos_token_id`).
+pub async fn fetch(url: &str) -> Result<(Checkpoint, TextTokenizer), CheckpointError> {
+    if url.ends_with(".gguf") {
+        let checkpoint = Checkpoint::gguf(read(url).await?)?;
+        let tokenizer = TextTokenizer::from_gguf(checkpoint.gguf_file().expect("a GGUF checkpoint"))?;
+        return Ok((checkpoint, tokenizer));
+    }
+    let folder = url.trim_end_matches('/');
+    let config = read(&format!("{folder}/config.json")).await?;
+    let checkpoint = Checkpoint::safetensors(&config, read(&format!("{folder}/model.safetensors")).await?)?;
+    let eos = serde_json::from_slice::<Json>(&config)
+        .ok()
+        .and_then(|c| c.get("eos_token_id").and_then(Json::as_u64))
+        .and_then(|id| u32::try_from(id).ok());
+    let tokenizer = TextTokenizer::from_json(&read(&format!("{folder}/tokenizer.json")).await?, eos)?;
+    Ok((checkpoint, tokenizer))
 }
 
 impl Checkpoint {

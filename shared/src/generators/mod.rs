@@ -63,6 +63,8 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
         GeneratorSpec::Sequence(_) => {
             sequence::SequencePlan::new(spec, domain, &AccountingOptions::default()).map(drop)
         }
+        // How rows read needs the checkpoint's tokenizer: checked when the job runs.
+        GeneratorSpec::Dp2stage(_) => dp2stage::plan::check(spec, domain).map(drop),
     }
 }
 

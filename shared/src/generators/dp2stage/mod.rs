@@ -9,12 +9,19 @@
 //! - Sampling (`sampler`): constrained decoding over the schema's grammar, so every row
 //!   parses (no rejection).
 //!
-//! The job lifecycle's side (spec section, plan, worker task, coordinator rounds) comes
-//! next; these parts are tested on their own.
+//! The checkpoint is public: the coordinator and the workers each read it from its URL
+//! (`task`), and stage 1 runs on the coordinator before anything is charged (`plan`).
 
 pub mod model;
+pub mod plan;
 pub mod pretrain;
 pub mod sampler;
+pub mod task;
+
+pub use model::{TextModel, TextModelSpec, TextRows};
+pub use plan::Dp2StagePlan;
+pub use sampler::TextSampler;
+pub use task::Dp2StageModelSpec;
 
 #[cfg(test)]
 mod tests;

@@ -183,3 +183,27 @@ fn stage_one_learns_the_format_and_every_sampled_row_parses() {
         }
     }
 }
+
+/// What the spec alone decides is refused at submission, before any checkpoint is read.
+#[test]
+fn bad_parameters_are_refused_from_the_spec_alone() {
+    let demo = include_str!("../../../../examples/demo.toml");
+    let (head, rest) = demo.split_once("[generator]").unwrap();
+    let output = &rest[rest.find("[output]").unwrap()..];
+    let check = |section: &str| {
+        let text = format!("{head}[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\n{section}\n{output}");
+        let spec = crate::spec::JobSpec::parse(&text, "dp2stage").unwrap();
+        super::plan::check(&spec, &Domain::from_spec(&spec)).map(drop).map_err(|e| e.to_string())
+    };
+    assert!(check("checkpoint = \"m.gguf\"").is_ok());
+    for (section, says) in [
+        ("", "checkpoint"),
+        ("checkpoint = \"m.gguf\"\nvalue_weight = 1.5", "value_weight"),
+        ("checkpoint = \"m.gguf\"\nblocks = 0", "blocks"),
+        ("checkpoint = \"m.gguf\"\nlora = { rank = 4, alpha = 8.0, targets = [\"q_proj\"] }", "q_proj"),
+        ("checkpoint = \"m.gguf\"\npseudo_rows = 0", "pseudo_rows"),
+    ] {
+        let err = check(section).unwrap_err();
+        assert!(err.contains(says), "{section}: {err}");
+    }
+}

@@ -1,0 +1,80 @@
+//! The worker's side: the model a DP-SGD round trains (the checkpoint's URL, how it is cut
+//! down and adapted, how rows read) and its wire form, and the worker's rows as text,
+//! grouped by unit; the round itself is the engine's (`crate::dpsgd`).
+
+use burn::tensor::Device;
+use serde::{Deserialize, Serialize};
+
+use super::model::{TextModel, TextModelSpec, TextRows};
+use crate::data::DataError;
+use crate::data::examples::Examples;
+use crate::decoder::CheckpointError;
+use crate::decoder::checkpoint::fetch;
+
+/// Everything a worker needs to rebuild a DP-2Stage job's model (weights travel apart).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Dp2StageModelSpec {
+    /// Where the public pretrained weights are.
+    pub checkpoint: String,
+    pub model: TextModelSpec,
+    pub max_rows_per_unit: u32,
+}
+
+impl Dp2StageModelSpec {
+    /// The pretrained checkpoint, cut down and adapted as the spec says.
+    pub async fn load_model(&self, device: &Device) -> Result<TextModel, CheckpointError> {
+        let (checkpoint, _) = fetch(&self.checkpoint).await?;
+        let decoder = checkpoint.load(device)?;
+        TextModel::new(&self.model, decoder, device).map_err(CheckpointError::Format)
+    }
+
+    /// The worker's rows as text, at most `max_rows_per_unit` of each unit (a uniform
+    /// subset drawn with a CSPRNG).
+    pub async fn load_rows(&self, urls: &[String]) -> Result<TextRows, DataError> {
+        let domain = &self.model.domain;
+        let columns = domain.columns.len();
+        let examples = Examples::load(urls, domain, self.max_rows_per_unit, columns, |batch, row, out| {
+            for (c, column) in domain.columns.iter().enumerate() {
+                out[c] = column.bin(batch.values[c][row]) as f32;
+            }
+        })
+        .await?;
+        let units = examples
+            .units
+            .iter()
+            .map(|(_, rows)| {
+                rows.clone()
+                    .map(|r| {
+                        let bins: Vec<usize> =
+                            examples.x[r * columns..(r + 1) * columns].iter().map(|&b| b as usize).collect();
+                        self.model.text.encode(&bins)
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(TextRows { units })
+    }
+}
+
+/// The model as `Dp2StageModel` (`dpsynth.proto`).
+#[cfg(feature = "wire")]
+mod wire {
+    use dpsynth_proto::Dp2StageModel;
+
+    use super::Dp2StageModelSpec;
+    use crate::wire::{WireError, from_json, to_json};
+
+    impl From<&Dp2StageModelSpec> for Dp2StageModel {
+        fn from(spec: &Dp2StageModelSpec) -> Self {
+            Self { spec_json: to_json(spec) }
+        }
+    }
+
+    impl TryFrom<&Dp2StageModel> for Dp2StageModelSpec {
+        type Error = WireError;
+
+        fn try_from(wire: &Dp2StageModel) -> Result<Self, WireError> {
+            from_json("DP-2Stage model", &wire.spec_json)
+        }
+    }
+}
