@@ -227,7 +227,7 @@ async fn a_dp2stage_job_fine_tunes_a_pretrained_model_within_its_charge() {
     };
     let dir = tempfile::tempdir().unwrap();
     let generator = format!(
-        "[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\"\nblocks = 1\npseudo_rows = 64\npseudo_epochs = 1.0\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8"
+        "[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\"\nblocks = 1\nlora = {{}}\npseudo_rows = 64\npseudo_epochs = 1.0\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8"
     );
     let spec = JobSpec::parse(&with_generator(&demo_spec(dir.path(), 60), &generator), "dp2stage").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;

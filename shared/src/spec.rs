@@ -768,7 +768,7 @@ pub struct Dp2StageParams {
     pub checkpoint: String,
     /// Keep the checkpoint's first blocks only (all by default): a smaller model for CPUs.
     pub blocks: Option<usize>,
-    /// LoRA adapters; absent: every parameter is fine-tuned.
+    /// LoRA adapters (`lora = {}` for the defaults); absent: every parameter is fine-tuned.
     pub lora: Option<LoraParams>,
     /// λ, the loss weight of value tokens (the format's tokens get 1 − λ).
     pub value_weight: f64,
@@ -805,7 +805,7 @@ impl Default for Dp2StageParams {
         Self {
             checkpoint: String::new(),
             blocks: None,
-            lora: Some(LoraParams::default()),
+            lora: None,
             value_weight: 0.65,
             pseudo_rows: 2000,
             pseudo_batch: 32,

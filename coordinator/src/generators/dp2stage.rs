@@ -1,62 +1,80 @@
 //! DP-2Stage on the coordinator: a DP-SGD generator (`super::dpsgd`) over a public
 //! pretrained checkpoint. Its plan reads the checkpoint and its tokenizer (public, from
-//! the spec's URL) and runs stage 1 on pseudo rows from the declared domain before anything
-//! is charged; stage 2 is the engine's DP-SGD run; rows are drawn by constrained decoding.
+//! the spec's URL); stage 1 on pseudo rows from the declared domain runs after admission
+//! and before anything is charged; stage 2 is the engine's DP-SGD run; rows are drawn by constrained decoding.
 
 use dpsynth_proto::gradient_sum::Model;
 use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::decoder::CheckpointError;
 use dpsynth_shared::decoder::checkpoint::fetch;
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
+use dpsynth_shared::dpsgd::plan::RunPlan;
 use dpsynth_shared::entropy::os_seed;
-use dpsynth_shared::generators::Sampler;
 use dpsynth_shared::generators::dp2stage::pretrain::pretrain;
-use dpsynth_shared::generators::dp2stage::{Dp2StageModelSpec, Dp2StagePlan, TextModel, TextSampler};
+use dpsynth_shared::generators::dp2stage::{Dp2StageModelSpec, Dp2StagePlan, TextSampler};
+use dpsynth_shared::generators::{PlanError, Sampler};
 use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec};
 
-use super::dpsgd::{DpSgdGenerator, Planned, RoundModel, Trained};
+use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use crate::context::{JobError, blocking};
 
 pub struct Dp2Stage;
 
+/// Reading the operator's checkpoint failed (its store, not the job's data).
 fn checkpoint_error(e: impl std::fmt::Display) -> JobError {
     JobError::Other(format!("dp2stage: {e}"))
+}
+
+/// What public information alone decides (the spec against the checkpoint, stage 1).
+fn plan_error(e: impl std::fmt::Display) -> JobError {
+    JobError::Plan(PlanError::new("dp2stage", e.to_string()))
 }
 
 impl DpSgdGenerator for Dp2Stage {
     const NAME: GeneratorName = GeneratorName::Dp2stage;
     type Model = Dp2StageModelSpec;
 
-    /// Reads the public checkpoint, fixes how rows read with its tokenizer, and trains
-    /// stage 1 (no data: the declared domain and a non-private seed) on a blocking thread.
+    /// Reads the public checkpoint and fixes how rows read with its tokenizer.
     async fn plan(
         spec: &JobSpec,
         domain: &Domain,
         options: &AccountingOptions,
-    ) -> Result<Planned<Dp2StageModelSpec>, JobError> {
+    ) -> Result<(Dp2StageModelSpec, RunPlan), JobError> {
         let GeneratorSpec::Dp2stage(params) = &spec.generator else {
             return Err(JobError::Other("not a DP-2Stage job".into()));
         };
-        let (checkpoint, tokenizer) = fetch(&params.checkpoint).await.map_err(checkpoint_error)?;
-        let plan = Dp2StagePlan::new(spec, domain, options, &tokenizer)?;
+        let fetched = fetch(&params.checkpoint).await.map_err(checkpoint_error)?;
+        let plan = Dp2StagePlan::new(spec, domain, options, &fetched.tokenizer, &fetched.sha256)?;
+        Ok((plan.model, plan.run))
+    }
+
+    /// Stage 1 on a blocking thread: the checkpoint (the bytes the plan read) trained on
+    /// pseudo rows from the declared domain with a non-private seed; no data.
+    async fn initial_parameters(model: &Dp2StageModelSpec) -> Result<Vec<f32>, JobError> {
+        let device = compute_device();
+        let mut text_model = model.load_model(&device).await.map_err(|e| match e {
+            CheckpointError::Format(message) => plan_error(message),
+            other => checkpoint_error(other),
+        })?;
+        let pseudo = model.pseudo.clone();
         let seed = u64::from_le_bytes(os_seed().map_err(checkpoint_error)?[..8].try_into().expect("8 bytes"));
-        let (model, pseudo) = (plan.model.clone(), plan.pseudo.clone());
-        let parameters = blocking(move || -> Result<Vec<f32>, JobError> {
-            let device = compute_device();
-            let decoder = checkpoint.load(&device).map_err(checkpoint_error)?;
-            let mut text_model = TextModel::new(&model.model, decoder, &device).map_err(checkpoint_error)?;
-            let losses = pretrain(&mut text_model, &pseudo, seed).map_err(checkpoint_error)?;
+        blocking(move || -> Result<Vec<f32>, JobError> {
+            let losses = pretrain(&mut text_model, &pseudo, seed).map_err(plan_error)?;
+            let parameters = text_model.parameters();
+            if !parameters.iter().all(|p| p.is_finite()) {
+                return Err(plan_error("stage 1 diverged (non-finite weights): lower pseudo_learning_rate"));
+            }
             tracing::info!(
                 steps = losses.len(),
                 first_loss = losses.first().copied().unwrap_or_default(),
                 last_loss = losses.last().copied().unwrap_or_default(),
                 "DP-2Stage stage 1 (pseudo rows from the declared domain) trained"
             );
-            Ok(text_model.parameters())
+            Ok(parameters)
         })
-        .await??;
-        Ok(Planned { model: plan.model, run: plan.run, parameters })
+        .await?
     }
 
     fn domain(model: &Dp2StageModelSpec) -> &Domain {

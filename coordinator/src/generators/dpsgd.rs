@@ -13,7 +13,7 @@ use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::dpsgd::plan::RunPlan;
-use dpsynth_shared::generators::Sampler;
+use dpsynth_shared::generators::{PlanError, Sampler};
 use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -33,16 +33,20 @@ pub(crate) trait DpSgdGenerator {
     /// The model's configuration: what a checkpoint keeps and a worker rebuilds it from.
     type Model: Clone + Serialize + DeserializeOwned + Send + Sync;
 
-    /// The model, the run and the model's initial parameters, from public information
-    /// only (the spec, the declared domain, the ledger's accounting options, a public
-    /// pretrained checkpoint), before anything is charged.
+    /// The model and the run, from public information only (the spec, the declared
+    /// domain, the ledger's accounting options, a public pretrained checkpoint).
     async fn plan(
         spec: &JobSpec,
         domain: &Domain,
         options: &AccountingOptions,
-    ) -> Result<Planned<Self::Model>, JobError>;
+    ) -> Result<(Self::Model, RunPlan), JobError>;
 
     fn domain(model: &Self::Model) -> &Domain;
+
+    /// The model's initial parameters, in the engine's flat layout, from public
+    /// information only: after admission (it may be long work, such as pretraining on
+    /// public pseudo rows) and before the charge (its failure costs no budget).
+    async fn initial_parameters(model: &Self::Model) -> Result<Vec<f32>, JobError>;
 
     /// The model the workers train in each round of a run at rate `rate`.
     fn round_model<'a>(model: &Self::Model, spec: &'a JobSpec, rate: f64) -> Result<RoundModel<'a>, JobError>;
@@ -50,13 +54,6 @@ pub(crate) trait DpSgdGenerator {
     /// The trained model as the job's sampler. What the run's charge paid for after its
     /// rounds (`RunPlan::after_training`) is spent here.
     async fn sampler(trained: Trained<'_, '_, Self::Model>) -> Result<Box<dyn Sampler>, JobError>;
-}
-
-/// A planned run: the model, the run and the initial parameters (the engine's flat layout).
-pub(crate) struct Planned<M> {
-    pub model: M,
-    pub run: RunPlan,
-    pub parameters: Vec<f32>,
 }
 
 /// A trained run, as its generator turns it into a sampler.
@@ -81,7 +78,7 @@ pub struct DpSgdJob<G: DpSgdGenerator> {
 
 enum Start<M> {
     /// Planned; nothing charged. Admitted with the run calibrated at a stand-in rate.
-    Fresh { model: M, plan: RunPlan, bound: Vec<Mechanism>, parameters: Vec<f32> },
+    Fresh { model: M, plan: RunPlan, bound: Vec<Mechanism> },
     /// Charged when it first started, as the ledger confirmed; this process holds its
     /// resume lease.
     Resumed(Box<Checkpoint<M>>),
@@ -110,11 +107,10 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
                 Start::Resumed(Box::new(saved))
             }
             None => {
-                let Planned { model, run: plan, parameters } =
-                    G::plan(ctx.spec(), ctx.domain, ledger.options()).await?;
+                let (model, plan) = G::plan(ctx.spec(), ctx.domain, ledger.options()).await?;
                 let provisional = plan.provisional_rate();
                 let cap = plan.calibrate(ctx.spec(), ledger.options(), provisional)?;
-                Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan, parameters }
+                Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan }
             }
         };
         Ok(Self { start })
@@ -133,7 +129,20 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         let (scratch, job_id) = (ctx.scratch, ctx.request.job_id.as_str());
         let Checkpoint { run, mut optimizer, mut parameters } = match self.start {
             Start::Resumed(saved) => *saved,
-            Start::Fresh { model, plan, parameters, .. } => {
+            Start::Fresh { model, plan, .. } => {
+                let parameters = G::initial_parameters(&model).await?;
+                // Every round's task carries the weights: a model too large for one message
+                // is refused before its charge.
+                let bytes = parameters.len().saturating_mul(4);
+                if bytes > dpsynth_proto::MAX_MESSAGE_BYTES / 2 {
+                    return Err(JobError::Plan(PlanError::new(
+                        G::NAME.as_str(),
+                        format!(
+                            "{} trainable parameters ({bytes} bytes a round) exceed a task's message",
+                            parameters.len()
+                        ),
+                    )));
+                }
                 charge_run::<G>(ctx, ledger, partitions, model, plan, parameters).await?
             }
         };

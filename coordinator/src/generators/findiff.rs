@@ -7,12 +7,13 @@ use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
+use dpsynth_shared::dpsgd::plan::RunPlan;
 use dpsynth_shared::generators::Sampler;
 use dpsynth_shared::generators::findiff::diffusion::timestep_exponent;
 use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec, FinDiffPlan, FinDiffRound, FinDiffSampler};
 use dpsynth_shared::spec::{FinDiffParams, GeneratorName, GeneratorSpec, JobSpec};
 
-use super::dpsgd::{DpSgdGenerator, Planned, RoundModel, Trained};
+use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use crate::context::JobError;
 
 pub struct FinDiff;
@@ -32,14 +33,17 @@ impl DpSgdGenerator for FinDiff {
         spec: &JobSpec,
         domain: &Domain,
         options: &AccountingOptions,
-    ) -> Result<Planned<FinDiffModelSpec>, JobError> {
+    ) -> Result<(FinDiffModelSpec, RunPlan), JobError> {
         let plan = FinDiffPlan::new(spec, domain, options)?;
-        let parameters = FinDiffModel::new(&plan.model, &compute_device()).parameters();
-        Ok(Planned { model: plan.model, run: plan.run, parameters })
+        Ok((plan.model, plan.run))
     }
 
     fn domain(model: &FinDiffModelSpec) -> &Domain {
         &model.domain
+    }
+
+    async fn initial_parameters(model: &FinDiffModelSpec) -> Result<Vec<f32>, JobError> {
+        Ok(FinDiffModel::new(model, &compute_device()).parameters())
     }
 
     /// The model's configuration is fixed for the run: encoded once; each round sets its

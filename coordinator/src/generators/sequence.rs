@@ -12,6 +12,7 @@ use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
+use dpsynth_shared::dpsgd::plan::RunPlan;
 use dpsynth_shared::entropy::os_rng;
 use dpsynth_shared::generators::Sampler;
 use dpsynth_shared::generators::sequence::sampler::SelectedHistories;
@@ -20,7 +21,7 @@ use dpsynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, Seq
 use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec};
 use serde::{Deserialize, Serialize};
 
-use super::dpsgd::{DpSgdGenerator, Planned, RoundModel, Trained};
+use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use crate::context::{JobError, blocking, set_stage};
 use crate::gather::{Answer, Round};
 
@@ -43,14 +44,17 @@ impl DpSgdGenerator for Sequence {
         spec: &JobSpec,
         domain: &Domain,
         options: &AccountingOptions,
-    ) -> Result<Planned<SequenceRun>, JobError> {
+    ) -> Result<(SequenceRun, RunPlan), JobError> {
         let plan = SequencePlan::new(spec, domain, options)?;
-        let parameters = SequenceModel::new(&plan.model, &compute_device()).parameters();
-        Ok(Planned { model: SequenceRun { model: plan.model, selection: plan.selection }, run: plan.run, parameters })
+        Ok((SequenceRun { model: plan.model, selection: plan.selection }, plan.run))
     }
 
     fn domain(run: &SequenceRun) -> &Domain {
         &run.model.domain
+    }
+
+    async fn initial_parameters(run: &SequenceRun) -> Result<Vec<f32>, JobError> {
+        Ok(SequenceModel::new(&run.model, &compute_device()).parameters())
     }
 
     /// The same model every round: encoded once.

@@ -12,6 +12,7 @@ use half::{bf16, f16};
 use object_store::ObjectStoreExt;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
 
 use super::gguf::Gguf;
 use super::model::{Decoder, DecoderConfig, Family, Projection};
@@ -251,24 +252,45 @@ async fn read(url: &str) -> Result<Bytes, CheckpointError> {
     object.bytes().await.map_err(|e| error(e.to_string()))
 }
 
+/// A checkpoint as read: the model, its tokenizer and the SHA-256 of every byte read (the
+/// files in order), which pins what a job planned with.
+pub struct Fetched {
+    pub checkpoint: Checkpoint,
+    pub tokenizer: TextTokenizer,
+    pub sha256: String,
+}
+
 /// A pretrained model and its tokenizer from a path or object-store URL: a `.gguf` file,
 /// or a folder holding `config.json`, `model.safetensors` and `tokenizer.json` (the
-/// end-of-text id from `config.json`'s `eos_token_id`).
-pub async fn fetch(url: &str) -> Result<(Checkpoint, TextTokenizer), CheckpointError> {
+/// end-of-text id from `config.json`'s `eos_token_id`, the first of a list).
+pub async fn fetch(url: &str) -> Result<Fetched, CheckpointError> {
+    let mut digest = Sha256::new();
     if url.ends_with(".gguf") {
-        let checkpoint = Checkpoint::gguf(read(url).await?)?;
+        let bytes = read(url).await?;
+        digest.update(&bytes);
+        let checkpoint = Checkpoint::gguf(bytes)?;
         let tokenizer = TextTokenizer::from_gguf(checkpoint.gguf_file().expect("a GGUF checkpoint"))?;
-        return Ok((checkpoint, tokenizer));
+        return Ok(Fetched { checkpoint, tokenizer, sha256: hex(digest) });
     }
     let folder = url.trim_end_matches('/');
-    let config = read(&format!("{folder}/config.json")).await?;
-    let checkpoint = Checkpoint::safetensors(&config, read(&format!("{folder}/model.safetensors")).await?)?;
-    let eos = serde_json::from_slice::<Json>(&config)
-        .ok()
-        .and_then(|c| c.get("eos_token_id").and_then(Json::as_u64))
-        .and_then(|id| u32::try_from(id).ok());
-    let tokenizer = TextTokenizer::from_json(&read(&format!("{folder}/tokenizer.json")).await?, eos)?;
-    Ok((checkpoint, tokenizer))
+    let mut file = async |name: &str| -> Result<Bytes, CheckpointError> {
+        let bytes = read(&format!("{folder}/{name}")).await?;
+        digest.update(&bytes);
+        Ok(bytes)
+    };
+    let (config, tensors, tokenizer) =
+        (file("config.json").await?, file("model.safetensors").await?, file("tokenizer.json").await?);
+    let checkpoint = Checkpoint::safetensors(&config, tensors)?;
+    let eos = serde_json::from_slice::<Json>(&config).ok().and_then(|c| {
+        let id = c.get("eos_token_id")?;
+        id.as_u64().or_else(|| id.as_array()?.first()?.as_u64()).and_then(|id| u32::try_from(id).ok())
+    });
+    let tokenizer = TextTokenizer::from_json(&tokenizer, eos)?;
+    Ok(Fetched { checkpoint, tokenizer, sha256: hex(digest) })
+}
+
+fn hex(digest: Sha256) -> String {
+    digest.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Checkpoint {

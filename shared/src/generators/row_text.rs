@@ -126,11 +126,13 @@ impl RowText {
             values.push(labels);
             tries.push(trie);
         }
+        if prefixes.iter().any(Vec::is_empty) {
+            return Err(invalid("a column's prefix has no tokens".into()));
+        }
         // A value ends where the next piece starts: that token must not also continue a
         // label that has already ended.
         for i in 0..order.len() {
-            let stop = prefixes.get(i + 1).map_or(Some(end), |p| p.first().copied());
-            let stop = stop.ok_or_else(|| invalid("a column's prefix has no tokens".into()))?;
+            let stop = prefixes.get(i + 1).map_or(end, |p| p[0]);
             let trie = &tries[i];
             if (0..trie.ends.len()).any(|n| trie.ends[n].is_some() && trie.children[n].contains_key(&stop)) {
                 return Err(invalid(format!(

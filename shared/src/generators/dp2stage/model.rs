@@ -37,6 +37,9 @@ pub struct TextModel {
 impl TextModel {
     /// A checkpoint's decoder cut down and adapted as the spec says.
     pub fn new(spec: &TextModelSpec, decoder: Decoder, device: &Device) -> Result<Self, String> {
+        if spec.text.vocabulary().last().is_some_and(|&t| t as usize >= decoder.vocabulary()) {
+            return Err("the tokenizer's ids go beyond the model's vocabulary: they do not belong together".into());
+        }
         let longest = spec.text.longest();
         if decoder.context() < longest {
             return Err(format!("a row is up to {longest} tokens; the model's context is {}", decoder.context()));

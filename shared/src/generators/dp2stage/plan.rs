@@ -19,6 +19,14 @@ use crate::spec::{Dp2StageParams, GeneratorSpec, JobSpec};
 /// This generator's name in plan errors.
 const GENERATOR: &str = "dp2stage";
 
+/// Bounds of what the coordinator computes before admission (stage 1) and of a unit's
+/// forward pass.
+const MAX_PSEUDO_ROWS: usize = 1_000_000;
+const MAX_PSEUDO_BATCH: usize = 4096;
+const MAX_PSEUDO_STEPS: f64 = 100_000.0;
+const MAX_ROWS_PER_UNIT: u32 = 64;
+const MAX_LORA_RANK: usize = 256;
+
 fn invalid(message: impl Into<String>) -> PlanError {
     PlanError::new(GENERATOR, message)
 }
@@ -28,7 +36,6 @@ fn invalid(message: impl Into<String>) -> PlanError {
 #[derive(Clone, Debug)]
 pub struct Dp2StagePlan {
     pub model: Dp2StageModelSpec,
-    pub pseudo: PseudoTraining,
     pub params: Dp2StageParams,
     pub run: RunPlan,
 }
@@ -57,9 +64,21 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<Dp2StageParams, PlanErro
     {
         return Err(invalid("pseudo_rows, pseudo_batch, max_rows_per_unit and blocks must be ≥ 1"));
     }
+    // Stage 1 runs on the coordinator before admission: its size is bounded here.
+    let steps = params.pseudo_epochs * params.pseudo_rows as f64 / params.pseudo_batch as f64;
+    if params.pseudo_rows > MAX_PSEUDO_ROWS || params.pseudo_batch > MAX_PSEUDO_BATCH || steps > MAX_PSEUDO_STEPS {
+        return Err(invalid(format!(
+            "stage 1 is bounded: pseudo_rows ≤ {MAX_PSEUDO_ROWS}, pseudo_batch ≤ {MAX_PSEUDO_BATCH}, \
+             pseudo_epochs · pseudo_rows / pseudo_batch ≤ {MAX_PSEUDO_STEPS}"
+        )));
+    }
+    if params.max_rows_per_unit > MAX_ROWS_PER_UNIT {
+        return Err(invalid(format!("max_rows_per_unit ≤ {MAX_ROWS_PER_UNIT}: a unit's rows are one forward pass")));
+    }
     if let Some(lora) = &params.lora {
-        if lora.rank == 0 || lora.targets.is_empty() || !(lora.alpha.is_finite() && lora.alpha > 0.0) {
-            return Err(invalid("lora needs rank ≥ 1, alpha > 0 and at least one target"));
+        let alpha = lora.alpha.is_finite() && lora.alpha > 0.0;
+        if lora.rank == 0 || lora.rank > MAX_LORA_RANK || lora.targets.is_empty() || !alpha {
+            return Err(invalid(format!("lora needs 1 ≤ rank ≤ {MAX_LORA_RANK}, alpha > 0 and at least one target")));
         }
         if let Some(t) = lora.targets.iter().find(|t| !TARGETS.contains(&t.as_str())) {
             return Err(invalid(format!("lora target {t:?} is none of {TARGETS:?}")));
@@ -70,12 +89,13 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<Dp2StageParams, PlanErro
 }
 
 impl Dp2StagePlan {
-    /// `tokenizer`: the checkpoint's, which fixes how rows read.
+    /// `tokenizer`: the checkpoint's, which fixes how rows read; `sha256`: what was read.
     pub fn new(
         spec: &JobSpec,
         domain: &Domain,
         options: &AccountingOptions,
         tokenizer: &TextTokenizer,
+        sha256: &str,
     ) -> Result<Self, PlanError> {
         let params = check(spec, domain)?;
         let mut run = run_plan!(GENERATOR, params)?;
@@ -83,8 +103,15 @@ impl Dp2StagePlan {
         let target = spec.schema.target.as_ref().and_then(|t| domain.index_of(t));
         let text = RowText::new(domain, target, tokenizer).map_err(|e| invalid(e.to_string()))?;
         let lora = params.lora.as_ref().map(|l| LoraConfig::new(l.rank, l.alpha, l.targets.clone()));
+        let pseudo = PseudoTraining {
+            rows: params.pseudo_rows,
+            batch: params.pseudo_batch,
+            epochs: params.pseudo_epochs,
+            learning_rate: params.pseudo_learning_rate,
+        };
         let model = Dp2StageModelSpec {
             checkpoint: params.checkpoint.clone(),
+            checkpoint_sha256: sha256.to_string(),
             model: TextModelSpec {
                 domain: domain.clone(),
                 text,
@@ -93,13 +120,8 @@ impl Dp2StagePlan {
                 value_weight: params.value_weight,
             },
             max_rows_per_unit: params.max_rows_per_unit,
+            pseudo,
         };
-        let pseudo = PseudoTraining {
-            rows: params.pseudo_rows,
-            batch: params.pseudo_batch,
-            epochs: params.pseudo_epochs,
-            learning_rate: params.pseudo_learning_rate,
-        };
-        Ok(Self { model, pseudo, params, run })
+        Ok(Self { model, params, run })
     }
 }

@@ -46,7 +46,8 @@ pub fn pretrain(model: &mut TextModel, training: &PseudoTraining, seed: u64) -> 
     let mut optimizer = Optimizer::new(adam, Schedule::Cosine, steps, model.parameter_count());
     let mut parameters: Vec<f64> = model.parameters().into_iter().map(f64::from).collect();
     let mut losses = Vec::with_capacity(steps as usize);
-    for _ in 0..steps {
+    let started = std::time::Instant::now();
+    for step in 0..steps {
         let batch: Vec<(usize, &RowTokens)> =
             (0..training.batch).map(|i| (i, &rows[rng.random_range(0..rows.len())])).collect();
         let tracked = model.tracked();
@@ -59,6 +60,16 @@ pub fn pretrain(model: &mut TextModel, training: &PseudoTraining, seed: u64) -> 
         optimizer.step(&mut parameters, &gradient);
         let flat: Vec<f32> = parameters.iter().map(|&p| p as f32).collect();
         model.load_parameters(&flat).map_err(|e| e.to_string())?;
+        if (step + 1) % (steps / 10).max(1) == 0 {
+            let eta = started.elapsed().as_secs_f64() * (steps - step - 1) as f64 / (step + 1) as f64;
+            tracing::info!(
+                step = step + 1,
+                steps,
+                loss = losses[step as usize],
+                eta_s = eta.round(),
+                "stage 1 progress"
+            );
+        }
     }
     Ok(losses)
 }

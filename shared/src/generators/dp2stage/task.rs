@@ -6,6 +6,7 @@ use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
 use super::model::{TextModel, TextModelSpec, TextRows};
+use super::pretrain::PseudoTraining;
 use crate::data::DataError;
 use crate::data::examples::Examples;
 use crate::decoder::CheckpointError;
@@ -14,18 +15,34 @@ use crate::decoder::checkpoint::fetch;
 /// Everything a worker needs to rebuild a DP-2Stage job's model (weights travel apart).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Dp2StageModelSpec {
-    /// Where the public pretrained weights are.
+    /// Where the public pretrained weights are, and the SHA-256 of what the plan read
+    /// there: every later read must find the same bytes.
     pub checkpoint: String,
+    pub checkpoint_sha256: String,
     pub model: TextModelSpec,
     pub max_rows_per_unit: u32,
+    /// Stage 1, which the coordinator runs before the charge.
+    pub pseudo: PseudoTraining,
 }
 
 impl Dp2StageModelSpec {
-    /// The pretrained checkpoint, cut down and adapted as the spec says.
+    /// The pretrained checkpoint (the bytes the job was planned with), cut down and adapted
+    /// as the spec says; built on a blocking thread.
     pub async fn load_model(&self, device: &Device) -> Result<TextModel, CheckpointError> {
-        let (checkpoint, _) = fetch(&self.checkpoint).await?;
-        let decoder = checkpoint.load(device)?;
-        TextModel::new(&self.model, decoder, device).map_err(CheckpointError::Format)
+        let fetched = fetch(&self.checkpoint).await?;
+        if fetched.sha256 != self.checkpoint_sha256 {
+            return Err(CheckpointError::Read {
+                url: self.checkpoint.clone(),
+                message: "the checkpoint changed since the job was planned".into(),
+            });
+        }
+        let (spec, device) = (self.model.clone(), device.clone());
+        tokio::task::spawn_blocking(move || {
+            let decoder = fetched.checkpoint.load(&device)?;
+            TextModel::new(&spec, decoder, &device).map_err(CheckpointError::Format)
+        })
+        .await
+        .map_err(|e| CheckpointError::Format(e.to_string()))?
     }
 
     /// The worker's rows as text, at most `max_rows_per_unit` of each unit (a uniform

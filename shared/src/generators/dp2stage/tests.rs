@@ -196,14 +196,54 @@ fn bad_parameters_are_refused_from_the_spec_alone() {
         super::plan::check(&spec, &Domain::from_spec(&spec)).map(drop).map_err(|e| e.to_string())
     };
     assert!(check("checkpoint = \"m.gguf\"").is_ok());
+    // Without `lora` every parameter trains; `lora = {}` takes the adapters' defaults.
+    let parsed = |section: &str| {
+        let text = format!("{head}[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\n{section}\n{output}");
+        match crate::spec::JobSpec::parse(&text, "dp2stage").unwrap().generator {
+            crate::spec::GeneratorSpec::Dp2stage(p) => p.lora,
+            _ => unreachable!(),
+        }
+    };
+    assert_eq!(parsed("checkpoint = \"m.gguf\""), None);
+    assert_eq!(parsed("checkpoint = \"m.gguf\"\nlora = {}"), Some(crate::spec::LoraParams::default()));
     for (section, says) in [
         ("", "checkpoint"),
         ("checkpoint = \"m.gguf\"\nvalue_weight = 1.5", "value_weight"),
         ("checkpoint = \"m.gguf\"\nblocks = 0", "blocks"),
         ("checkpoint = \"m.gguf\"\nlora = { rank = 4, alpha = 8.0, targets = [\"q_proj\"] }", "q_proj"),
         ("checkpoint = \"m.gguf\"\npseudo_rows = 0", "pseudo_rows"),
+        ("checkpoint = \"m.gguf\"\npseudo_epochs = 1e15", "bounded"),
+        ("checkpoint = \"m.gguf\"\nlora = { rank = 100000 }", "rank"),
+        ("checkpoint = \"m.gguf\"\nmax_rows_per_unit = 10000", "max_rows_per_unit"),
     ] {
         let err = check(section).unwrap_err();
         assert!(err.contains(says), "{section}: {err}");
     }
+}
+
+/// Workers and the sampler read the checkpoint the job was planned with, or nothing: a
+/// file whose bytes changed since is refused (SmolLM2's GGUF file, when it is there).
+#[tokio::test]
+async fn a_checkpoint_that_changed_since_the_plan_is_refused() {
+    let Ok(path) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF (.ci/run fetches it)");
+        return;
+    };
+    let fetched = crate::decoder::checkpoint::fetch(&path).await.unwrap();
+    let domain = domain();
+    let text = RowText::new(&domain, Some(0), &fetched.tokenizer).unwrap();
+    let model = TextModelSpec { domain, text, blocks: Some(1), lora: None, value_weight: 0.65 };
+    let pseudo = PseudoTraining { rows: 1, batch: 1, epochs: 1.0, learning_rate: 1e-3 };
+    let spec = super::Dp2StageModelSpec {
+        checkpoint: path,
+        checkpoint_sha256: fetched.sha256,
+        model,
+        max_rows_per_unit: 1,
+        pseudo,
+    };
+    let device = compute_device();
+    assert_eq!(spec.load_model(&device).await.unwrap().decoder.blocks.len(), 1);
+    let changed = super::Dp2StageModelSpec { checkpoint_sha256: "0".repeat(64), ..spec };
+    let err = changed.load_model(&device).await.err().expect("refused").to_string();
+    assert!(err.contains("changed since the job was planned"), "{err}");
 }
