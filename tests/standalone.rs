@@ -244,6 +244,18 @@ async fn a_dp2stage_job_fine_tunes_a_pretrained_model_within_its_charge() {
     // Every written value lies in the declared domain.
     let written = histograms(&spec, parts(&out, &manifest), Format::Parquet).await;
     assert!(written.iter().all(|h| (h.iter().sum::<f64>() - 1.0).abs() < 1e-9));
+
+    // More blocks than the checkpoint has: refused from public information, nothing charged.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(
+        &with_generator(&demo_spec(dir.path(), 60), &generator.replace("blocks = 1", "blocks = 99")),
+        "dp2stage",
+    )
+    .unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_ne!(state, SUCCEEDED);
+    assert!(message.contains("blocks = 99"), "{message}");
+    assert!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await.is_empty());
 }
 
 /// AIM end to end on the demo cohort: the ledger holds exactly the run's zCDP budget,

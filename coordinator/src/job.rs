@@ -125,8 +125,9 @@ async fn synthesize<G: Generator>(
     ctx: &JobContext<'_>,
     ledger: &mut Ledger,
 ) -> Result<(OutputWriter, Charged), JobError> {
-    let generator = G::plan(ctx, ledger).await?;
+    let mut generator = G::plan(ctx, ledger).await?;
     admit(ctx, ledger, generator.admission()).await?;
+    generator.prepare(ctx).await?;
     let output = OutputWriter::create(storage::open(ctx.output_url)?).await?;
     let partitions = ctx.partition().await?;
     let Fitted { sampler, released_count, charged } = generator.fit(ctx, ledger, &partitions).await?;

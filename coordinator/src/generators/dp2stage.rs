@@ -47,6 +47,26 @@ impl DpSgdGenerator for Dp2Stage {
         };
         let fetched = fetch(&params.checkpoint).await.map_err(checkpoint_error)?;
         let plan = Dp2StagePlan::new(spec, domain, options, &fetched.tokenizer, &fetched.sha256)?;
+        // What the spec asks of the checkpoint is checked here, before admission.
+        let config = fetched.checkpoint.config();
+        let text = &plan.model.model.text;
+        if params.blocks.is_some_and(|k| k > config.layers) {
+            return Err(plan_error(format!(
+                "blocks = {}: the checkpoint has {}",
+                params.blocks.unwrap_or_default(),
+                config.layers
+            )));
+        }
+        if text.longest() > config.positions {
+            return Err(plan_error(format!(
+                "a row is up to {} tokens; the model's context is {}",
+                text.longest(),
+                config.positions
+            )));
+        }
+        if text.vocabulary().last().is_some_and(|&t| t as usize >= config.vocabulary) {
+            return Err(plan_error("the checkpoint's tokenizer and model do not belong together"));
+        }
         Ok((plan.model, plan.run))
     }
 
@@ -67,6 +87,7 @@ impl DpSgdGenerator for Dp2Stage {
                 return Err(plan_error("stage 1 diverged (non-finite weights): lower pseudo_learning_rate"));
             }
             tracing::info!(
+                seed,
                 steps = losses.len(),
                 first_loss = losses.first().copied().unwrap_or_default(),
                 last_loss = losses.last().copied().unwrap_or_default(),

@@ -44,8 +44,8 @@ pub(crate) trait DpSgdGenerator {
     fn domain(model: &Self::Model) -> &Domain;
 
     /// The model's initial parameters, in the engine's flat layout, from public
-    /// information only: after admission (it may be long work, such as pretraining on
-    /// public pseudo rows) and before the charge (its failure costs no budget).
+    /// information only: in `Generator::prepare`, after admission (it may be long work,
+    /// such as pretraining on public pseudo rows) and before any private read.
     async fn initial_parameters(model: &Self::Model) -> Result<Vec<f32>, JobError>;
 
     /// The model the workers train in each round of a run at rate `rate`.
@@ -77,8 +77,9 @@ pub struct DpSgdJob<G: DpSgdGenerator> {
 }
 
 enum Start<M> {
-    /// Planned; nothing charged. Admitted with the run calibrated at a stand-in rate.
-    Fresh { model: M, plan: RunPlan, bound: Vec<Mechanism> },
+    /// Planned; nothing charged. Admitted with the run calibrated at a stand-in rate; its
+    /// initial parameters once prepared.
+    Fresh { model: M, plan: RunPlan, bound: Vec<Mechanism>, parameters: Option<Vec<f32>> },
     /// Charged when it first started, as the ledger confirmed; this process holds its
     /// resume lease.
     Resumed(Box<Checkpoint<M>>),
@@ -110,7 +111,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
                 let (model, plan) = G::plan(ctx.spec(), ctx.domain, ledger.options()).await?;
                 let provisional = plan.provisional_rate();
                 let cap = plan.calibrate(ctx.spec(), ledger.options(), provisional)?;
-                Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan }
+                Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan, parameters: None }
             }
         };
         Ok(Self { start })
@@ -125,24 +126,30 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         }
     }
 
+    /// A new run's initial parameters, refused if a round's task could not carry them.
+    async fn prepare(&mut self, ctx: &JobContext<'_>) -> Result<(), JobError> {
+        let Start::Fresh { model, parameters, .. } = &mut self.start else { return Ok(()) };
+        set_stage(ctx.progress, "preparing the model");
+        let initial = G::initial_parameters(model).await?;
+        // Every round's task carries the weights: a model too large for one message is
+        // refused here, before any private read.
+        let bytes = initial.len().saturating_mul(4);
+        if bytes > dpsynth_proto::MAX_MESSAGE_BYTES / 2 {
+            return Err(JobError::Plan(PlanError::new(
+                G::NAME.as_str(),
+                format!("{} trainable parameters ({bytes} bytes a round) exceed a task's message", initial.len()),
+            )));
+        }
+        *parameters = Some(initial);
+        Ok(())
+    }
+
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
         let (scratch, job_id) = (ctx.scratch, ctx.request.job_id.as_str());
         let Checkpoint { run, mut optimizer, mut parameters } = match self.start {
             Start::Resumed(saved) => *saved,
-            Start::Fresh { model, plan, .. } => {
-                let parameters = G::initial_parameters(&model).await?;
-                // Every round's task carries the weights: a model too large for one message
-                // is refused before its charge.
-                let bytes = parameters.len().saturating_mul(4);
-                if bytes > dpsynth_proto::MAX_MESSAGE_BYTES / 2 {
-                    return Err(JobError::Plan(PlanError::new(
-                        G::NAME.as_str(),
-                        format!(
-                            "{} trainable parameters ({bytes} bytes a round) exceed a task's message",
-                            parameters.len()
-                        ),
-                    )));
-                }
+            Start::Fresh { model, plan, parameters, .. } => {
+                let parameters = parameters.ok_or_else(|| JobError::Other("a DP-SGD run fitted unprepared".into()))?;
                 charge_run::<G>(ctx, ledger, partitions, model, plan, parameters).await?
             }
         };

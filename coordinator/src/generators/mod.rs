@@ -40,6 +40,13 @@ pub(crate) trait Generator: Sized {
     /// What the lifecycle asks the ledger to admit before any private read.
     fn admission(&self) -> Admission;
 
+    /// Long work from public information only (a model's initial parameters, pretraining
+    /// on public pseudo rows), after admission and before any private read: its time and
+    /// its failures can depend on nothing private, and a refused job never costs it.
+    async fn prepare(&mut self, _ctx: &JobContext<'_>) -> Result<(), JobError> {
+        Ok(())
+    }
+
     /// Its rounds on the workers over `partitions`, each charged before anything derived
     /// from it is drawn; returns the fitted sampler with what was charged.
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError>;

@@ -252,8 +252,8 @@ async fn read(url: &str) -> Result<Bytes, CheckpointError> {
     object.bytes().await.map_err(|e| error(e.to_string()))
 }
 
-/// A checkpoint as read: the model, its tokenizer and the SHA-256 of every byte read (the
-/// files in order), which pins what a job planned with.
+/// A checkpoint as read: the model, its tokenizer and the SHA-256 of every file read (each
+/// its length then its bytes, in order), which pins what a job planned with.
 pub struct Fetched {
     pub checkpoint: Checkpoint,
     pub tokenizer: TextTokenizer,
@@ -267,6 +267,7 @@ pub async fn fetch(url: &str) -> Result<Fetched, CheckpointError> {
     let mut digest = Sha256::new();
     if url.ends_with(".gguf") {
         let bytes = read(url).await?;
+        digest.update((bytes.len() as u64).to_le_bytes());
         digest.update(&bytes);
         let checkpoint = Checkpoint::gguf(bytes)?;
         let tokenizer = TextTokenizer::from_gguf(checkpoint.gguf_file().expect("a GGUF checkpoint"))?;
@@ -275,6 +276,7 @@ pub async fn fetch(url: &str) -> Result<Fetched, CheckpointError> {
     let folder = url.trim_end_matches('/');
     let mut file = async |name: &str| -> Result<Bytes, CheckpointError> {
         let bytes = read(&format!("{folder}/{name}")).await?;
+        digest.update((bytes.len() as u64).to_le_bytes());
         digest.update(&bytes);
         Ok(bytes)
     };

@@ -64,7 +64,7 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<Dp2StageParams, PlanErro
     {
         return Err(invalid("pseudo_rows, pseudo_batch, max_rows_per_unit and blocks must be ≥ 1"));
     }
-    // Stage 1 runs on the coordinator before admission: its size is bounded here.
+    // Stage 1 runs on the coordinator before the charge: its size is bounded here.
     let steps = params.pseudo_epochs * params.pseudo_rows as f64 / params.pseudo_batch as f64;
     if params.pseudo_rows > MAX_PSEUDO_ROWS || params.pseudo_batch > MAX_PSEUDO_BATCH || steps > MAX_PSEUDO_STEPS {
         return Err(invalid(format!(

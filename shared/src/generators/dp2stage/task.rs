@@ -42,7 +42,10 @@ impl Dp2StageModelSpec {
             TextModel::new(&spec, decoder, &device).map_err(CheckpointError::Format)
         })
         .await
-        .map_err(|e| CheckpointError::Format(e.to_string()))?
+        .map_err(|_| CheckpointError::Read {
+            url: self.checkpoint.clone(),
+            message: "building the model stopped".into(),
+        })?
     }
 
     /// The worker's rows as text, at most `max_rows_per_unit` of each unit (a uniform
