@@ -230,20 +230,7 @@ async fn a_dp2stage_job_fine_tunes_a_pretrained_model_within_its_charge() {
         "[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\"\nblocks = 1\nlora = {{}}\npseudo_rows = 64\npseudo_epochs = 1.0\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8"
     );
     let spec = JobSpec::parse(&with_generator(&demo_spec(dir.path(), 60), &generator), "dp2stage").unwrap();
-    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
-    assert_eq!(state, SUCCEEDED, "{message}");
-    let out = dir.path().join("out");
-    let manifest = manifest(&out).expect("manifest written");
-    assert_eq!(manifest["generator"], "dp2stage");
-    assert!(manifest["rows"].as_u64().unwrap() > 0);
-    let charged = charged_mechanisms(dir.path(), &spec.job.dataset_id).await;
-    assert_eq!(charged.len(), 2, "the unit count, then the run");
-    assert!(matches!(charged[1][..], [Mechanism::SubsampledGaussian { .. }]));
-    let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
-    assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon);
-    // Every written value lies in the declared domain.
-    let written = histograms(&spec, parts(&out, &manifest), Format::Parquet).await;
-    assert!(written.iter().all(|h| (h.iter().sum::<f64>() - 1.0).abs() < 1e-9));
+    fine_tunes_within_its_charge(&spec, dir.path(), dir.path(), 0, "dp2stage").await;
 
     // More blocks than the checkpoint has: refused from public information, nothing charged.
     let dir = tempfile::tempdir().unwrap();
@@ -256,6 +243,82 @@ async fn a_dp2stage_job_fine_tunes_a_pretrained_model_within_its_charge() {
     assert_ne!(state, SUCCEEDED);
     assert!(message.contains("blocks = 99"), "{message}");
     assert!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await.is_empty());
+}
+
+/// HARMONIC end to end: a marginals job's release of the same data is the reference set
+/// its prompts are made of. The HARMONIC job is charged its own count and run in the same
+/// ledger, after the release's charge, and its manifest names the release and says the
+/// guarantee is both charges composed. The same release with a ledger that lacks its
+/// charge, or a reference set that is not there, is refused with nothing charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_harmonic_job_prompts_with_a_release_within_its_charge() {
+    let Ok(checkpoint) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (.ci/run fetches it)");
+        return;
+    };
+    let released = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&demo_spec(released.path(), 60), "marginals").unwrap();
+    let (state, message) = run(spec, &released.path().join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+    let reference = released.path().join("out");
+    let ledger = released.path().join("ledger");
+
+    let generator = format!(
+        "[generator]\nname = \"harmonic\"\n\n[generator.harmonic]\ncheckpoint = \"{checkpoint}\"\nreference = \"{}\"\nneighbours = 1\nblocks = 1\nlora = {{}}\npseudo_rows = 32\npseudo_epochs = 1.0\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8",
+        reference.display()
+    );
+    let harmonic = |dir: &std::path::Path, generator: &str| {
+        JobSpec::parse(&with_generator(&demo_spec(dir, 60), generator), "harmonic").unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let text = with_generator(&demo_spec(dir.path(), 60), &generator)
+        .replace(dir.path().join("ledger").to_str().unwrap(), ledger.to_str().unwrap());
+    let spec = JobSpec::parse(&text, "harmonic").unwrap();
+    let manifest = fine_tunes_within_its_charge(&spec, dir.path(), released.path(), 1, "harmonic").await;
+    let inputs = manifest["privacy"]["public_inputs"].to_string();
+    assert!(inputs.contains(&reference.display().to_string()) && inputs.contains("both charges composed"), "{inputs}");
+
+    // The release's charge is not in this ledger: refused before admission.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = harmonic(dir.path(), &generator);
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_ne!(state, SUCCEEDED);
+    assert!(message.contains("this ledger does not hold"), "{message}");
+    assert!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await.is_empty());
+
+    // A reference set that is not there: refused before anything is charged.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = harmonic(dir.path(), &generator.replace(&reference.display().to_string(), "/nonexistent/release"));
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_ne!(state, SUCCEEDED);
+    assert!(message.contains("reference"), "{message}");
+    assert!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await.is_empty());
+}
+
+/// Runs a language-model job in `dir` and checks it: it succeeds, the ledger under
+/// `ledger_dir` holds its unit count and then its run after `prior` charges, its ε is the
+/// job's, every written value lies in the declared domain. Returns its manifest.
+async fn fine_tunes_within_its_charge(
+    spec: &JobSpec,
+    dir: &std::path::Path,
+    ledger_dir: &std::path::Path,
+    prior: usize,
+    generator: &str,
+) -> serde_json::Value {
+    let (state, message) = run(spec.clone(), &dir.join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+    let out = dir.join("out");
+    let manifest = manifest(&out).expect("manifest written");
+    assert_eq!(manifest["generator"], generator);
+    assert!(manifest["rows"].as_u64().unwrap() > 0);
+    let charged = charged_mechanisms(ledger_dir, &spec.job.dataset_id).await;
+    assert_eq!(charged.len(), prior + 2, "the unit count, then the run");
+    assert!(matches!(charged[prior + 1][..], [Mechanism::SubsampledGaussian { .. }]));
+    let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
+    assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon);
+    let written = histograms(spec, parts(&out, &manifest), Format::Parquet).await;
+    assert!(written.iter().all(|h| (h.iter().sum::<f64>() - 1.0).abs() < 1e-9));
+    manifest
 }
 
 /// AIM end to end on the demo cohort: the ledger holds exactly the run's zCDP budget,

@@ -17,11 +17,18 @@
 //! [[model]]                         # public pretrained checkpoints jobs may name by id
 //! id = "smollm2-135m"
 //! url = "s3://models/SmolLM2-135M-Instruct.Q4_1.gguf"
+//!
+//! [[reference]]                     # public tables or DP releases HARMONIC prompts with
+//! id = "ed-marginals-2026-11"
+//! url = "s3://releases/ed/marginals-2026-11"
+//! datasets = ["mimic-iv-ed-2026"]   # the datasets whose jobs may name it
 //! ```
 //!
-//! A language-model job names a declared model's id as its `checkpoint`: the coordinator
-//! and workers read only what the operator declared, never a location a submitter chose
-//! (reading one would tell whether, and how, a private object parses).
+//! A language-model job names a declared model's id as its `checkpoint`, and a HARMONIC
+//! job a declared reference's id as its `reference`: the coordinator and workers read only
+//! what the operator declared public, never a location a submitter chose (reading one would
+//! tell whether, and how, a private object parses, and private neighbours would have no
+//! bounded sensitivity).
 
 use std::collections::HashMap;
 
@@ -50,6 +57,11 @@ pub enum DatasetsError {
     OutputOverlaps { output: String },
     #[error("model '{0}' is not declared on this coordinator: name a declared model's id as the checkpoint")]
     UnknownModel(String),
+    #[error(
+        "reference '{0}' is not declared for this dataset on this coordinator: name the id of a reference set the \
+         operator declared for it"
+    )]
+    UnknownReference(String),
 }
 
 /// One declared dataset.
@@ -77,12 +89,24 @@ pub struct DeclaredModel {
     pub url: String,
 }
 
+/// A public reference set (a public table or a dpsynth release) the operator offers to
+/// HARMONIC jobs on the datasets it names.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredReference {
+    pub id: String,
+    pub url: String,
+    pub datasets: Vec<String>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DatasetsFile {
     dataset: Vec<DeclaredDataset>,
     #[serde(default)]
     model: Vec<DeclaredModel>,
+    #[serde(default)]
+    reference: Vec<DeclaredReference>,
 }
 
 /// The datasets a coordinator serves, by id.
@@ -91,6 +115,8 @@ pub struct Datasets {
     by_id: HashMap<String, DeclaredDataset>,
     /// Declared checkpoints' URLs by id.
     models: HashMap<String, String>,
+    /// Declared reference sets by id.
+    references: HashMap<String, DeclaredReference>,
     /// Ledger store of datasets that name none.
     default_ledger: String,
 }
@@ -139,7 +165,25 @@ impl Datasets {
                 return Err(invalid(format!("model '{}' is declared twice", model.id)));
             }
         }
-        Ok(Self { by_id, models, default_ledger: default_ledger.to_string() })
+        let mut references = HashMap::new();
+        for reference in file.reference {
+            validate_id("reference id", &reference.id).map_err(|e| invalid(e.to_string()))?;
+            // Neighbours are public: a reference set may not overlap any dataset's private
+            // files or ledger store.
+            let private = by_id.values().flat_map(|d: &DeclaredDataset| {
+                d.input.urls.iter().chain(&d.holdout_urls).chain(&d.ledger).cloned().chain([default_ledger.to_string()])
+            });
+            if let Some(url) = private.into_iter().find(|url| storage::nested(&reference.url, url)) {
+                return Err(invalid(format!("reference '{}' overlaps private data or a ledger ({url})", reference.id)));
+            }
+            if let Some(unknown) = reference.datasets.iter().find(|d| !by_id.contains_key(*d)) {
+                return Err(invalid(format!("reference '{}' names an undeclared dataset '{unknown}'", reference.id)));
+            }
+            if references.insert(reference.id.clone(), reference.clone()).is_some() {
+                return Err(invalid(format!("reference '{}' is declared twice", reference.id)));
+            }
+        }
+        Ok(Self { by_id, models, references, default_ledger: default_ledger.to_string() })
     }
 
     pub fn load(path: &str, default_ledger: &str) -> Result<Self, DatasetsError> {
@@ -248,12 +292,20 @@ impl Datasets {
             return Err(DatasetsError::OutputOverlaps { output });
         }
         let spec = &mut request.spec;
-        if let GeneratorSpec::Dp2stage(params) = &mut spec.generator {
+        if let GeneratorSpec::Dp2stage(params) | GeneratorSpec::Harmonic(params) = &mut spec.generator {
             let url = self
                 .models
                 .get(&params.checkpoint)
                 .ok_or_else(|| DatasetsError::UnknownModel(params.checkpoint.clone()))?;
             params.checkpoint = url.clone();
+            if let Some(reference) = &mut params.reference {
+                let declared = self
+                    .references
+                    .get(reference)
+                    .filter(|r| r.datasets.contains(&id))
+                    .ok_or_else(|| DatasetsError::UnknownReference(reference.clone()))?;
+                *reference = declared.url.clone();
+            }
         }
         spec.input = dataset.input.clone();
         spec.input.bad_rows = Some(BadRows::Skip);
@@ -378,6 +430,51 @@ url = "/srv/out"
         for chosen in ["/srv/icu/vitals.csv", "/srv/models/smol.gguf", "s3://private/x.gguf"] {
             let mut request = job(chosen);
             assert!(matches!(datasets.bind(&mut request), Err(DatasetsError::UnknownModel(_))), "{chosen}");
+        }
+    }
+
+    /// HARMONIC's reference set is the id of a reference declared for the job's dataset: its
+    /// neighbours are never read from a location of the submitter's choosing (such as the
+    /// dataset's own input), and a declared one may not overlap private files or ledgers.
+    #[test]
+    fn a_reference_set_is_declared_for_the_dataset() {
+        let declare = |url: &str, datasets: &str| {
+            format!(
+                "{DATASETS}[[model]]\nid = \"smol\"\nurl = \"/srv/models/smol.gguf\"\n\
+                 [[reference]]\nid = \"icu-marginals\"\nurl = \"{url}\"\ndatasets = [{datasets}]\n"
+            )
+        };
+        let datasets = Datasets::parse(&declare("/srv/releases/icu-marginals", "\"icu\""), "d", "/default").unwrap();
+        let job = |reference: &str| {
+            let text = SPEC.replace(
+                "name = \"marginals\"",
+                &format!(
+                    "name = \"harmonic\"\n[generator.harmonic]\ncheckpoint = \"smol\"\nreference = \"{reference}\""
+                ),
+            );
+            let spec = JobSpec::parse(&text, "job.toml").unwrap();
+            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None }
+        };
+        let mut named = job("icu-marginals");
+        datasets.bind(&mut named).unwrap();
+        let GeneratorSpec::Harmonic(params) = &named.spec.generator else { unreachable!() };
+        assert_eq!(params.reference.as_deref(), Some("/srv/releases/icu-marginals"));
+        assert_eq!(params.checkpoint, "/srv/models/smol.gguf");
+        for chosen in ["/srv/icu/vitals.csv", "/srv/releases/icu-marginals", "smol"] {
+            let mut request = job(chosen);
+            assert!(matches!(datasets.bind(&mut request), Err(DatasetsError::UnknownReference(_))), "{chosen}");
+        }
+        // Declared for no dataset of this job: refused as undeclared.
+        let elsewhere = Datasets::parse(&declare("/srv/releases/icu-marginals", ""), "d", "/default").unwrap();
+        assert!(matches!(elsewhere.bind(&mut job("icu-marginals")), Err(DatasetsError::UnknownReference(_))));
+        for (url, datasets, says) in [
+            ("/srv/icu", "\"icu\"", "overlaps"),
+            ("/srv/icu/holdout.csv", "\"icu\"", "overlaps"),
+            ("/srv/ledger/icu", "\"icu\"", "overlaps"),
+            ("/srv/releases/x", "\"ed\"", "undeclared dataset"),
+        ] {
+            let err = Datasets::parse(&declare(url, datasets), "d", "/default").unwrap_err().to_string();
+            assert!(err.contains(says), "{url}: {err}");
         }
     }
 

@@ -32,7 +32,7 @@ use dpsynth_shared::storage::{self, StoreLocation};
 use rand::rngs::ChaCha20Rng;
 
 use crate::generators::{
-    Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Marginals, Pate, Sequence,
+    Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Harmonic, Marginals, Pate, Sequence,
 };
 use crate::scheduler::Scheduler;
 use crate::scratch;
@@ -80,6 +80,7 @@ pub async fn run_job(
         GeneratorSpec::Pate(_) => synthesize::<Pate>(&ctx, &mut ledger).await,
         GeneratorSpec::Sequence(_) => synthesize::<DpSgdJob<Sequence>>(&ctx, &mut ledger).await,
         GeneratorSpec::Dp2stage(_) => synthesize::<DpSgdJob<Dp2Stage>>(&ctx, &mut ledger).await,
+        GeneratorSpec::Harmonic(_) => synthesize::<DpSgdJob<Harmonic>>(&ctx, &mut ledger).await,
     };
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.

@@ -9,7 +9,8 @@ pub mod tls;
 /// 3: typed tasks (`Task.work`, one message per kind) instead of a kind and opaque bytes.
 /// 4: DP-SGD rounds of the sequence generator (`SequenceModel`) and its selection votes.
 /// 5: DP-SGD rounds of DP-2Stage (`Dp2StageModel`).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: HARMONIC's prompts in `Dp2StageModel` (a worker of 5 would train without them).
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

@@ -315,6 +315,7 @@ pub enum GeneratorName {
     Pate,
     Sequence,
     Dp2stage,
+    Harmonic,
 }
 
 impl GeneratorName {
@@ -326,6 +327,7 @@ impl GeneratorName {
             GeneratorName::Pate => "pate",
             GeneratorName::Sequence => "sequence",
             GeneratorName::Dp2stage => "dp2stage",
+            GeneratorName::Harmonic => "harmonic",
         }
     }
 }
@@ -341,7 +343,8 @@ pub enum GeneratorSpec {
     Findiff(FinDiffParams),
     Pate(PateParams),
     Sequence(SequenceParams),
-    Dp2stage(Dp2StageParams),
+    Dp2stage(LanguageModelParams),
+    Harmonic(LanguageModelParams),
 }
 
 /// Bins of numeric columns that declare none, for every generator but marginals (whose
@@ -357,6 +360,7 @@ impl GeneratorSpec {
             GeneratorSpec::Pate(_) => GeneratorName::Pate,
             GeneratorSpec::Sequence(_) => GeneratorName::Sequence,
             GeneratorSpec::Dp2stage(_) => GeneratorName::Dp2stage,
+            GeneratorSpec::Harmonic(_) => GeneratorName::Harmonic,
         }
     }
 
@@ -396,7 +400,9 @@ struct GeneratorSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sequence: Option<SequenceParams>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    dp2stage: Option<Dp2StageParams>,
+    dp2stage: Option<LanguageModelParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    harmonic: Option<LanguageModelParams>,
 }
 
 impl TryFrom<GeneratorSection> for GeneratorSpec {
@@ -410,6 +416,7 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
             (GeneratorName::Pate, s.pate.is_some()),
             (GeneratorName::Sequence, s.sequence.is_some()),
             (GeneratorName::Dp2stage, s.dp2stage.is_some()),
+            (GeneratorName::Harmonic, s.harmonic.is_some()),
         ];
         if let Some((other, _)) = given.iter().find(|(n, present)| *present && *n != s.name) {
             return Err(format!(
@@ -425,6 +432,7 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
             GeneratorName::Pate => GeneratorSpec::Pate(s.pate.unwrap_or_default()),
             GeneratorName::Sequence => GeneratorSpec::Sequence(s.sequence.unwrap_or_default()),
             GeneratorName::Dp2stage => GeneratorSpec::Dp2stage(s.dp2stage.unwrap_or_default()),
+            GeneratorName::Harmonic => GeneratorSpec::Harmonic(s.harmonic.unwrap_or_default()),
         })
     }
 }
@@ -440,6 +448,7 @@ impl From<GeneratorSpec> for GeneratorSection {
             pate: None,
             sequence: None,
             dp2stage: None,
+            harmonic: None,
         };
         match spec {
             GeneratorSpec::Marginals(p) => section.marginals = Some(p),
@@ -448,6 +457,7 @@ impl From<GeneratorSpec> for GeneratorSection {
             GeneratorSpec::Pate(p) => section.pate = Some(p),
             GeneratorSpec::Sequence(p) => section.sequence = Some(p),
             GeneratorSpec::Dp2stage(p) => section.dp2stage = Some(p),
+            GeneratorSpec::Harmonic(p) => section.harmonic = Some(p),
         }
         section
     }
@@ -758,11 +768,14 @@ impl Default for SequenceParams {
     }
 }
 
-/// Parameters of DP-2Stage: a pretrained language model fine-tuned on rows as text, first
-/// on pseudo rows from the declared domain, then with DP-SGD on the private rows.
+/// Parameters of the language-model generators: a pretrained model fine-tuned on rows as
+/// text, first without privacy on public examples (stage 1), then with DP-SGD on the
+/// private rows. DP-2Stage's stage 1 reads pseudo rows from the declared domain; HARMONIC
+/// (`reference`, `neighbours`) prompts each row with its nearest rows of a public reference
+/// set and trains stage 1 on the reference set itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct Dp2StageParams {
+pub struct LanguageModelParams {
     /// The pretrained checkpoint: a GGUF file, or a folder holding `config.json`,
     /// `model.safetensors` and `tokenizer.json` (a path or an object-store URL; never a hub).
     pub checkpoint: String,
@@ -772,8 +785,17 @@ pub struct Dp2StageParams {
     pub lora: Option<LoraParams>,
     /// λ, the loss weight of value tokens (the format's tokens get 1 − λ).
     pub value_weight: f64,
-    /// Stage 1: pseudo rows drawn uniformly from the declared domain, rows a step, passes
-    /// and Adam's learning rate (no privacy cost: it reads no data).
+    /// HARMONIC: the reference set neighbours come from, a public table or a dpsynth
+    /// release (e.g. a marginals job's output) in this job's schema; never private data.
+    pub reference: Option<String>,
+    /// HARMONIC: the reference set's first rows that are read (a release's rows are in
+    /// random order).
+    pub reference_rows: usize,
+    /// HARMONIC: k, the reference rows each example is prompted with.
+    pub neighbours: usize,
+    /// Stage 1: examples (DP-2Stage: pseudo rows drawn uniformly from the declared domain;
+    /// HARMONIC: reference rows, each prompted with its nearest other reference rows), rows
+    /// a step, passes and Adam's learning rate (no privacy cost: it reads no private data).
     pub pseudo_rows: usize,
     pub pseudo_batch: usize,
     pub pseudo_epochs: f64,
@@ -800,13 +822,16 @@ pub struct Dp2StageParams {
     pub temperature: f64,
 }
 
-impl Default for Dp2StageParams {
+impl Default for LanguageModelParams {
     fn default() -> Self {
         Self {
             checkpoint: String::new(),
             blocks: None,
             lora: None,
             value_weight: 0.65,
+            reference: None,
+            reference_rows: 10_000,
+            neighbours: 3,
             pseudo_rows: 2000,
             pseudo_batch: 32,
             pseudo_epochs: 2.0,

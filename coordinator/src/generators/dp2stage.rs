@@ -1,10 +1,12 @@
-//! DP-2Stage on the coordinator: a DP-SGD generator (`super::dpsgd`) over a public
-//! pretrained checkpoint. Its plan reads the checkpoint and its tokenizer (public, from
-//! the spec's URL); stage 1 on pseudo rows from the declared domain runs after admission
-//! and before anything is charged; stage 2 is the engine's DP-SGD run; rows are drawn by constrained decoding.
+//! The language-model generators on the coordinator, DP-2Stage and HARMONIC: DP-SGD
+//! generators (`super::dpsgd`) over a public pretrained checkpoint. The plan reads the
+//! checkpoint and its tokenizer (public, from the spec's URL) and HARMONIC's public
+//! reference set; stage 1 on public examples (DP-2Stage: pseudo rows from the declared
+//! domain; HARMONIC: the reference set) runs after admission and before anything is
+//! charged; stage 2 is the engine's DP-SGD run; rows are drawn by constrained decoding.
 
+use dpsynth_privacy::ledger::Ledger;
 use dpsynth_proto::gradient_sum::Model;
-use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::decoder::CheckpointError;
 use dpsynth_shared::decoder::checkpoint::fetch;
@@ -12,86 +14,143 @@ use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
 use dpsynth_shared::dpsgd::plan::RunPlan;
 use dpsynth_shared::entropy::os_seed;
+use dpsynth_shared::generators::dp2stage::plan::check;
 use dpsynth_shared::generators::dp2stage::pretrain::pretrain;
 use dpsynth_shared::generators::dp2stage::{Dp2StageModelSpec, Dp2StagePlan, TextSampler};
+use dpsynth_shared::generators::harmonic::Prompting;
 use dpsynth_shared::generators::{PlanError, Sampler};
-use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec};
+use dpsynth_shared::output::Manifest;
+use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec, LanguageModelParams};
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use crate::context::{JobError, blocking};
 
-pub struct Dp2Stage;
+/// A language-model generator: HARMONIC when its examples are prompted with reference
+/// rows, DP-2Stage otherwise.
+pub struct LanguageModel<const HARMONIC: bool>;
 
-/// Reading the operator's checkpoint failed (its store, not the job's data).
-fn checkpoint_error(e: impl std::fmt::Display) -> JobError {
-    JobError::Other(format!("dp2stage: {e}"))
+pub type Dp2Stage = LanguageModel<false>;
+pub type Harmonic = LanguageModel<true>;
+
+impl<const HARMONIC: bool> LanguageModel<HARMONIC> {
+    const GENERATOR: GeneratorName = if HARMONIC { GeneratorName::Harmonic } else { GeneratorName::Dp2stage };
+
+    /// Reading the operator's checkpoint failed (its store, not the job's data).
+    fn read_error(e: impl std::fmt::Display) -> JobError {
+        JobError::Other(format!("{}: {e}", Self::GENERATOR.as_str()))
+    }
+
+    /// What public information alone decides (the spec against the checkpoint, stage 1).
+    fn plan_error(e: impl std::fmt::Display) -> JobError {
+        JobError::Plan(PlanError::new(Self::GENERATOR.as_str(), e.to_string()))
+    }
+
+    /// What guarantee a reference set carries, for the manifest: a release of another
+    /// dataset carries that dataset's; a release of this dataset must be charged in this
+    /// ledger (else its cost would be missing from the data's total), and the output's
+    /// guarantee is both charges composed; a table without a manifest is the operator's
+    /// public data.
+    fn reference_guarantee(read: &str, manifest: Option<Manifest>, ledger: &Ledger) -> Result<String, JobError> {
+        let Some(m) = manifest else { return Ok(format!("{read}: public data, as declared")) };
+        let p = &m.privacy;
+        let release = format!(
+            "{read}: a dpsynth release of dataset {} by job {} (ε = {}, δ = {}, ledger entry {})",
+            p.dataset_id, m.job_id, p.epsilon, p.delta, p.ledger_entry
+        );
+        if p.dataset_id != ledger.dataset_id() {
+            return Ok(format!("{release}; another dataset's release carries that dataset's guarantee"));
+        }
+        match ledger.charged(p.ledger_entry) {
+            Some((request, _)) if request.job_id == m.job_id => {
+                Ok(format!("{release}; this output's guarantee is both charges composed, as this ledger holds them"))
+            }
+            _ => Err(Self::plan_error(format!(
+                "reference: a release of this dataset (job {}, ledger entry {}) whose charge this ledger does not \
+                 hold: its cost would be missing from the data's total",
+                m.job_id, p.ledger_entry
+            ))),
+        }
+    }
+
+    fn params(spec: &JobSpec) -> Result<&LanguageModelParams, JobError> {
+        match &spec.generator {
+            GeneratorSpec::Dp2stage(p) if !HARMONIC => Ok(p),
+            GeneratorSpec::Harmonic(p) if HARMONIC => Ok(p),
+            _ => Err(JobError::Other(format!("not a {} job", Self::GENERATOR.as_str()))),
+        }
+    }
 }
 
-/// What public information alone decides (the spec against the checkpoint, stage 1).
-fn plan_error(e: impl std::fmt::Display) -> JobError {
-    JobError::Plan(PlanError::new("dp2stage", e.to_string()))
-}
-
-impl DpSgdGenerator for Dp2Stage {
-    const NAME: GeneratorName = GeneratorName::Dp2stage;
+impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
+    const NAME: GeneratorName = Self::GENERATOR;
     type Model = Dp2StageModelSpec;
 
-    /// Reads the public checkpoint and fixes how rows read with its tokenizer.
-    async fn plan(
-        spec: &JobSpec,
-        domain: &Domain,
-        options: &AccountingOptions,
-    ) -> Result<(Dp2StageModelSpec, RunPlan), JobError> {
-        let GeneratorSpec::Dp2stage(params) = &spec.generator else {
-            return Err(JobError::Other("not a DP-2Stage job".into()));
+    /// Reads the public checkpoint and fixes how rows read with its tokenizer; reads
+    /// HARMONIC's public reference set.
+    async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(Dp2StageModelSpec, RunPlan), JobError> {
+        let params = Self::params(spec)?;
+        check(spec, domain)?;
+        let fetched = fetch(&params.checkpoint).await.map_err(Self::read_error)?;
+        // The reference set is public (a declared table or release): what reading it found
+        // may be shown.
+        let prompting = match &params.reference {
+            Some(url) => {
+                let (mut prompting, manifest) =
+                    Prompting::load(spec, domain, url, params.reference_rows, params.neighbours)
+                        .await
+                        .map_err(Self::plan_error)?;
+                prompting.source = Self::reference_guarantee(&prompting.source, manifest, ledger)?;
+                Some(prompting)
+            }
+            None => None,
         };
-        let fetched = fetch(&params.checkpoint).await.map_err(checkpoint_error)?;
-        let plan = Dp2StagePlan::new(spec, domain, options, &fetched.tokenizer, &fetched.sha256)?;
+        let plan = Dp2StagePlan::new(spec, domain, ledger.options(), &fetched.tokenizer, &fetched.sha256, prompting)?;
         // What the spec asks of the checkpoint is checked here, before admission.
         let config = fetched.checkpoint.config();
         let text = &plan.model.model.text;
         if params.blocks.is_some_and(|k| k > config.layers) {
-            return Err(plan_error(format!(
+            return Err(Self::plan_error(format!(
                 "blocks = {}: the checkpoint has {}",
                 params.blocks.unwrap_or_default(),
                 config.layers
             )));
         }
-        if text.longest() > config.positions {
-            return Err(plan_error(format!(
-                "a row is up to {} tokens; the model's context is {}",
-                text.longest(),
+        let longest = plan.model.model.longest();
+        if longest > config.positions {
+            return Err(Self::plan_error(format!(
+                "an example is up to {longest} tokens; the model's context is {}",
                 config.positions
             )));
         }
         if text.vocabulary().last().is_some_and(|&t| t as usize >= config.vocabulary) {
-            return Err(plan_error("the checkpoint's tokenizer and model do not belong together"));
+            return Err(Self::plan_error("the checkpoint's tokenizer and model do not belong together"));
         }
         Ok((plan.model, plan.run))
     }
 
     /// Stage 1 on a blocking thread: the checkpoint (the bytes the plan read) trained on
-    /// pseudo rows from the declared domain with a non-private seed; no data.
+    /// public examples with a non-private seed; no private data.
     async fn initial_parameters(model: &Dp2StageModelSpec) -> Result<Vec<f32>, JobError> {
         let device = compute_device();
         let mut text_model = model.load_model(&device).await.map_err(|e| match e {
-            CheckpointError::Format(message) => plan_error(message),
-            other => checkpoint_error(other),
+            CheckpointError::Format(message) => Self::plan_error(message),
+            other => Self::read_error(other),
         })?;
         let pseudo = model.pseudo.clone();
-        let seed = u64::from_le_bytes(os_seed().map_err(checkpoint_error)?[..8].try_into().expect("8 bytes"));
+        let seed = u64::from_le_bytes(os_seed().map_err(Self::read_error)?[..8].try_into().expect("8 bytes"));
         blocking(move || -> Result<Vec<f32>, JobError> {
-            let losses = pretrain(&mut text_model, &pseudo, seed).map_err(plan_error)?;
+            let losses = pretrain(&mut text_model, &pseudo, seed).map_err(Self::plan_error)?;
             let parameters = text_model.parameters();
             if !parameters.iter().all(|p| p.is_finite()) {
-                return Err(plan_error("stage 1 diverged (non-finite weights): lower pseudo_learning_rate"));
+                return Err(Self::plan_error("stage 1 diverged (non-finite weights): lower pseudo_learning_rate"));
             }
             tracing::info!(
                 seed,
                 steps = losses.len(),
                 first_loss = losses.first().copied().unwrap_or_default(),
                 last_loss = losses.last().copied().unwrap_or_default(),
-                "DP-2Stage stage 1 (pseudo rows from the declared domain) trained"
+                generator = Self::GENERATOR.as_str(),
+                "stage 1 (public examples) trained"
             );
             Ok(parameters)
         })
@@ -108,18 +167,18 @@ impl DpSgdGenerator for Dp2Stage {
         Ok(Box::new(move |_| Model::Dp2stage(wire.clone())))
     }
 
+    fn public_inputs(model: &Dp2StageModelSpec) -> Vec<String> {
+        let mut inputs = vec![format!("checkpoint: {} (SHA-256 {})", model.checkpoint, model.checkpoint_sha256)];
+        if let Some(p) = &model.model.prompting {
+            inputs.push(format!("reference set of the prompts (k = {}): {}", p.neighbours, p.source));
+        }
+        inputs
+    }
+
     async fn sampler(trained: Trained<'_, '_, Dp2StageModelSpec>) -> Result<Box<dyn Sampler>, JobError> {
-        let GeneratorSpec::Dp2stage(params) = &trained.ctx.spec().generator else {
-            return Err(JobError::Other("not a DP-2Stage job".into()));
-        };
-        let mut model = trained.model.load_model(&compute_device()).await.map_err(checkpoint_error)?;
+        let temperature = Self::params(trained.ctx.spec())?.temperature;
+        let mut model = trained.model.load_model(&compute_device()).await.map_err(Self::read_error)?;
         model.load_parameters(&trained.parameters).map_err(|e| JobError::Other(e.to_string()))?;
-        let spec = trained.model.model;
-        Ok(Box::new(TextSampler {
-            decoder: model.decoder,
-            text: spec.text,
-            domain: spec.domain,
-            temperature: params.temperature,
-        }))
+        Ok(Box::new(TextSampler { decoder: model.decoder, spec: trained.model.model, temperature }))
     }
 }

@@ -8,7 +8,6 @@
 use dpsynth_privacy::ledger::{ChargeReceipt, Ledger};
 use dpsynth_privacy::release::Releases;
 use dpsynth_proto::gradient_sum::Model;
-use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
@@ -34,14 +33,17 @@ pub(crate) trait DpSgdGenerator {
     type Model: Clone + Serialize + DeserializeOwned + Send + Sync;
 
     /// The model and the run, from public information only (the spec, the declared
-    /// domain, the ledger's accounting options, a public pretrained checkpoint).
-    async fn plan(
-        spec: &JobSpec,
-        domain: &Domain,
-        options: &AccountingOptions,
-    ) -> Result<(Self::Model, RunPlan), JobError>;
+    /// domain, the ledger's accounting options and charges, a public pretrained checkpoint,
+    /// a public reference set).
+    async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(Self::Model, RunPlan), JobError>;
 
     fn domain(model: &Self::Model) -> &Domain;
+
+    /// Public inputs beside the spec's that the model was built from (a checkpoint, a
+    /// reference set), for the manifest.
+    fn public_inputs(_model: &Self::Model) -> Vec<String> {
+        Vec::new()
+    }
 
     /// The model's initial parameters, in the engine's flat layout, from public
     /// information only: in `Generator::prepare`, after admission (it may be long work,
@@ -108,7 +110,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
                 Start::Resumed(Box::new(saved))
             }
             None => {
-                let (model, plan) = G::plan(ctx.spec(), ctx.domain, ledger.options()).await?;
+                let (model, plan) = G::plan(ctx.spec(), ctx.domain, ledger).await?;
                 let provisional = plan.provisional_rate();
                 let cap = plan.calibrate(ctx.spec(), ledger.options(), provisional)?;
                 Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan, parameters: None }
@@ -189,6 +191,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
             ),
             format!("DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps", run.rate, run.sigma, run.plan.clip, run.steps),
         ];
+        public_inputs.extend(G::public_inputs(&run.model));
         // The released count is already rounded and at least 1.
         let released_units = run.noisy_units as u64;
         let ChargedRun { model, plan, receipt, cost, mechanisms, .. } = run;

@@ -2,8 +2,8 @@
 //! the adaptive timestep sampler's exponent for the round's epoch, sampled by ancestral
 //! denoising.
 
+use dpsynth_privacy::ledger::Ledger;
 use dpsynth_proto::gradient_sum::Model;
-use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::dpsgd::compute_device;
 use dpsynth_shared::dpsgd::params::TrainableLayers;
@@ -29,12 +29,8 @@ impl DpSgdGenerator for FinDiff {
     const NAME: GeneratorName = GeneratorName::Findiff;
     type Model = FinDiffModelSpec;
 
-    async fn plan(
-        spec: &JobSpec,
-        domain: &Domain,
-        options: &AccountingOptions,
-    ) -> Result<(FinDiffModelSpec, RunPlan), JobError> {
-        let plan = FinDiffPlan::new(spec, domain, options)?;
+    async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(FinDiffModelSpec, RunPlan), JobError> {
+        let plan = FinDiffPlan::new(spec, domain, ledger.options())?;
         Ok((plan.model, plan.run))
     }
 

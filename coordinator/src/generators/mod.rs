@@ -21,7 +21,7 @@ use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::generators::Sampler;
 
 pub use aim::Aim;
-pub use dp2stage::Dp2Stage;
+pub use dp2stage::{Dp2Stage, Harmonic};
 pub use dpsgd::DpSgdJob;
 pub use findiff::FinDiff;
 pub use marginals::Marginals;

@@ -4,10 +4,10 @@
 //! over-generated candidates (`generators::sequence::selection`), the vote release paid
 //! by the run's charge.
 
+use dpsynth_privacy::ledger::Ledger;
 use dpsynth_privacy::release::Releases;
 use dpsynth_proto::gradient_sum::Model;
 use dpsynth_proto::task::Work;
-use dpsynth_shared::accounting::accountant::AccountingOptions;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::dpsgd::compute_device;
@@ -40,12 +40,8 @@ impl DpSgdGenerator for Sequence {
     const NAME: GeneratorName = GeneratorName::Sequence;
     type Model = SequenceRun;
 
-    async fn plan(
-        spec: &JobSpec,
-        domain: &Domain,
-        options: &AccountingOptions,
-    ) -> Result<(SequenceRun, RunPlan), JobError> {
-        let plan = SequencePlan::new(spec, domain, options)?;
+    async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(SequenceRun, RunPlan), JobError> {
+        let plan = SequencePlan::new(spec, domain, ledger.options())?;
         Ok((SequenceRun { model: plan.model, selection: plan.selection }, plan.run))
     }
 

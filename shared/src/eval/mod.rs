@@ -177,6 +177,11 @@ impl Sampling {
 
 /// Reads `urls` with the spec's schema (CSV dialect for CSV files).
 pub async fn load(spec: &JobSpec, domain: &Domain, urls: &[String]) -> Result<Table, DataError> {
+    load_first(spec, domain, urls, usize::MAX).await
+}
+
+/// The first `rows` rows (or a few more: whole batches) of the files at `urls`.
+pub async fn load_first(spec: &JobSpec, domain: &Domain, urls: &[String], rows: usize) -> Result<Table, DataError> {
     let mut spec = spec.clone();
     spec.input.urls = urls.to_vec();
     spec.input.format = None;
@@ -186,7 +191,9 @@ pub async fn load(spec: &JobSpec, domain: &Domain, urls: &[String]) -> Result<Ta
     }
     let mut table = Table { units: Vec::new(), columns: vec![Vec::new(); domain.columns.len()] };
     let mut reader = InputReader::new(&spec, domain);
-    while let Some(batch) = reader.next_batch().await? {
+    while table.rows() < rows
+        && let Some(batch) = reader.next_batch().await?
+    {
         table.units.extend(batch.units);
         for (column, values) in table.columns.iter_mut().zip(batch.values) {
             column.extend(values);
@@ -369,24 +376,30 @@ pub enum EvalError {
     BesideRelease { out: String, reason: String },
 }
 
-/// The synthetic data at `url`: a dpsynth output prefix (its manifest lists the parts and
+/// The files of the table at `url`: a dpsynth release (its manifest lists the parts and
 /// states the guarantee) or a single file.
-async fn synthetic_source(url: &str) -> Result<(Vec<String>, Option<serde_json::Value>), EvalError> {
+pub async fn release_parts(url: &str) -> Result<(Vec<String>, Option<Manifest>), DataError> {
     if std::path::Path::new(url.trim_start_matches("file://")).is_file() {
         return Ok((vec![url.to_string()], None));
     }
-    let location = storage::open_existing_prefix(url)?;
+    let read = |message: String| DataError::Read { file: url.to_string(), message };
+    let location = storage::open_existing_prefix(url).map_err(|e| read(e.to_string()))?;
     match location.store.get(&location.child(MANIFEST)).await {
         Ok(got) => {
-            let bytes = got.bytes().await.map_err(|e| EvalError::Io(e.to_string()))?;
-            let manifest: Manifest =
-                serde_json::from_slice(&bytes).map_err(|e| EvalError::Io(format!("{url}/{MANIFEST}: {e}")))?;
+            let bytes = got.bytes().await.map_err(|e| read(e.to_string()))?;
+            let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| read(format!("{MANIFEST}: {e}")))?;
             let base = url.trim_end_matches('/');
-            let parts = manifest.parts.iter().map(|p| format!("{base}/{}", p.path)).collect();
-            Ok((parts, serde_json::to_value(&manifest.privacy).ok()))
+            // A manifest names files inside its own prefix by plain relative paths, never
+            // elsewhere (`..`, a root, a scheme).
+            let plain = |path: &str| path.split('/').all(|s| !matches!(s, "" | "." | "..") && !s.contains(':'));
+            if let Some(outside) = manifest.parts.iter().find(|p| !plain(&p.path)) {
+                return Err(read(format!("{MANIFEST} names a part outside the release: {}", outside.path)));
+            }
+            let parts: Vec<String> = manifest.parts.iter().map(|p| format!("{base}/{}", p.path)).collect();
+            Ok((parts, Some(manifest)))
         }
         Err(object_store::Error::NotFound { .. }) => Ok((vec![url.to_string()], None)),
-        Err(e) => Err(EvalError::Io(format!("{url}: {e}"))),
+        Err(e) => Err(read(e.to_string())),
     }
 }
 
@@ -439,7 +452,8 @@ pub async fn run(
     let domain = Domain::from_spec(spec);
     tracing::info!("evaluation: loading the tables");
     let started = Instant::now();
-    let (parts, guarantee) = synthetic_source(synthetic_url).await?;
+    let (parts, manifest) = release_parts(synthetic_url).await?;
+    let guarantee = manifest.and_then(|m| serde_json::to_value(&m.privacy).ok());
     let train = load(spec, &domain, train_urls).await?;
     let test = load(spec, &domain, test_urls).await?;
     let synthetic = load(spec, &domain, &parts).await?;
@@ -485,6 +499,35 @@ mod tests {
         assert_ne!(Sampling::new(1).sample("other", "synthetic", 1000, 10), picked);
         let flags: Vec<_> = sampling.uses.iter().map(|u| (u.used, u.available, u.sampled)).collect();
         assert_eq!(flags, [(5, 5, false), (3, 3, false), (10, 1000, true)]);
+    }
+
+    /// A release's manifest names files inside its prefix only: a part path that climbs
+    /// out of it (toward, say, a private input) is refused, and one inside is read.
+    #[tokio::test]
+    async fn a_manifest_part_outside_its_release_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let release = dir.path().join("release");
+        std::fs::create_dir_all(&release).unwrap();
+        let manifest = |part: &str| {
+            serde_json::json!({
+                "format": "parquet", "dpsynth_version": "0", "job_id": "j", "generator": "marginals",
+                "created_at": "2026-11-24T00:00:00Z", "rows": 1, "columns": [],
+                "parts": [{"path": part, "rows": 1, "bytes": 1, "sha256": ""}],
+                "privacy": {"epsilon": 1.0, "delta": 0.0, "accountant": "rdp", "mechanisms": [], "dataset_id": "d",
+                            "ledger_url": "l", "ledger_entry": 0, "public_inputs": []}
+            })
+            .to_string()
+        };
+        let url = release.to_str().unwrap();
+        for part in ["../input.csv", "sub/../../input.csv", "/srv/input.csv", "s3://private/input.csv"] {
+            std::fs::write(release.join(MANIFEST), manifest(part)).unwrap();
+            let err = release_parts(url).await.unwrap_err().to_string();
+            assert!(err.contains("outside the release"), "{part}: {err}");
+        }
+        std::fs::write(release.join(MANIFEST), manifest("part-00000.parquet")).unwrap();
+        let (parts, read) = release_parts(url).await.unwrap();
+        assert_eq!(parts, [format!("{url}/part-00000.parquet")]);
+        assert_eq!(read.unwrap().job_id, "j");
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@
 pub mod aim;
 pub mod dp2stage;
 pub mod findiff;
+pub mod harmonic;
 pub mod marginals;
 pub mod pate;
 pub mod row_text;
@@ -64,7 +65,7 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
             sequence::SequencePlan::new(spec, domain, &AccountingOptions::default()).map(drop)
         }
         // How rows read needs the checkpoint's tokenizer: checked when the job runs.
-        GeneratorSpec::Dp2stage(_) => dp2stage::plan::check(spec, domain).map(drop),
+        GeneratorSpec::Dp2stage(_) | GeneratorSpec::Harmonic(_) => dp2stage::plan::check(spec, domain).map(drop),
     }
 }
 

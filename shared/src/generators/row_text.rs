@@ -95,11 +95,28 @@ pub struct RowText {
 }
 
 /// A row as tokens, with which of them are a value's (its label's tokens and the token
-/// that ends it): what the value-token loss weight applies to.
+/// that ends it): what the value-token loss weight applies to. A prompted row starts with
+/// `prompt` tokens of context, which carry no loss.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowTokens {
     pub tokens: Vec<u32>,
     pub value: Vec<bool>,
+    pub prompt: usize,
+}
+
+impl RowTokens {
+    /// `self` after `context` rows: what the model reads before writing this row.
+    pub fn prompted<'a>(self, context: impl IntoIterator<Item = &'a RowTokens>) -> RowTokens {
+        let mut out = RowTokens { tokens: Vec::new(), value: Vec::new(), prompt: 0 };
+        for row in context {
+            out.tokens.extend(&row.tokens);
+            out.value.extend(&row.value);
+        }
+        out.prompt = out.tokens.len();
+        out.tokens.extend(self.tokens);
+        out.value.extend(self.value);
+        out
+    }
 }
 
 impl RowText {
@@ -183,7 +200,7 @@ impl RowText {
 
     /// The tokens of a row of bins (indexed by column, as the domain orders them).
     pub fn encode(&self, bins: &[usize]) -> RowTokens {
-        let mut out = RowTokens { tokens: Vec::new(), value: Vec::new() };
+        let mut out = RowTokens { tokens: Vec::new(), value: Vec::new(), prompt: 0 };
         for (i, &c) in self.order.iter().enumerate() {
             let prefix = &self.prefixes[i];
             // A prefix's first token ends the previous value.

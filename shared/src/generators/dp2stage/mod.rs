@@ -24,4 +24,4 @@ pub use sampler::TextSampler;
 pub use task::Dp2StageModelSpec;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -4,6 +4,8 @@
 
 use burn::module::{Module, ParamGroup};
 use burn::tensor::Device;
+use rand::rngs::ChaCha8Rng;
+use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
 use crate::data::domain::Domain;
@@ -12,7 +14,10 @@ use crate::dpsgd::ghost::Hook;
 use crate::dpsgd::layers::{Layer, LayerMut};
 use crate::dpsgd::params::TrainableLayers;
 use crate::dpsgd::{Batch, DpModel, UnitExamples};
+use crate::generators::harmonic::Prompting;
 use crate::generators::row_text::{RowText, RowTokens};
+
+use super::pretrain::pseudo_rows;
 
 /// What a worker rebuilds the model from, beside the checkpoint: how it is cut down and
 /// adapted, and how rows read.
@@ -26,6 +31,55 @@ pub struct TextModelSpec {
     pub lora: Option<LoraConfig>,
     /// λ, the loss weight of value tokens (the format's tokens get 1 − λ).
     pub value_weight: f64,
+    /// HARMONIC: each row is written after its nearest reference rows.
+    pub prompting: Option<Prompting>,
+}
+
+impl TextModelSpec {
+    /// Most tokens an example takes (its prompt included).
+    pub fn longest(&self) -> usize {
+        self.text.longest() * (1 + self.prompting.as_ref().map_or(0, |p| p.neighbours))
+    }
+
+    /// A row of bins as an example: its tokens, after its nearest reference rows
+    /// (`exclude` left out) when prompted.
+    pub fn example(&self, bins: &[usize], exclude: Option<usize>) -> RowTokens {
+        let row = self.text.encode(bins);
+        match &self.prompting {
+            None => row,
+            Some(p) => {
+                let context: Vec<RowTokens> =
+                    p.nearest(&self.domain, bins, exclude).into_iter().map(|n| self.text.encode(&p.row(n))).collect();
+                row.prompted(&context)
+            }
+        }
+    }
+
+    /// Stage 1's examples, from public information only: DP-2Stage's pseudo rows drawn
+    /// uniformly from the declared domain; HARMONIC's reference rows (uniformly drawn),
+    /// each after its nearest other reference rows.
+    pub fn public_examples(&self, count: usize, rng: &mut ChaCha8Rng) -> Vec<RowTokens> {
+        match &self.prompting {
+            None => pseudo_rows(&self.domain, count, rng).iter().map(|bins| self.text.encode(bins)).collect(),
+            Some(p) => (0..count)
+                .map(|_| {
+                    let i = rng.random_range(0..p.reference.len());
+                    self.example(&p.row(i), Some(i))
+                })
+                .collect(),
+        }
+    }
+
+    /// The tokens a sampled row is written after: none, or (HARMONIC) the nearest other
+    /// reference rows of a uniformly drawn reference row.
+    pub fn sampling_prompt(&self, rng: &mut impl Rng) -> Vec<u32> {
+        let Some(p) = &self.prompting else { return Vec::new() };
+        let anchor = rng.random_range(0..p.reference.len());
+        p.nearest(&self.domain, &p.row(anchor), Some(anchor))
+            .into_iter()
+            .flat_map(|n| self.text.encode(&p.row(n)).tokens)
+            .collect()
+    }
 }
 
 /// The decoder as DP-SGD trains it.
@@ -40,9 +94,9 @@ impl TextModel {
         if spec.text.vocabulary().last().is_some_and(|&t| t as usize >= decoder.vocabulary()) {
             return Err("the tokenizer's ids go beyond the model's vocabulary: they do not belong together".into());
         }
-        let longest = spec.text.longest();
+        let longest = spec.longest();
         if decoder.context() < longest {
-            return Err(format!("a row is up to {longest} tokens; the model's context is {}", decoder.context()));
+            return Err(format!("an example is up to {longest} tokens; the model's context is {}", decoder.context()));
         }
         let mut decoder = match spec.blocks {
             Some(k) if k == 0 || k > decoder.blocks.len() => {
@@ -92,7 +146,7 @@ impl TrainableLayers for TextModel {
 
 /// The losses of rows (each its own sequence, padded to the longest with zero weight):
 /// next-token log-loss over the whole vocabulary, value tokens weighted λ and the rest
-/// 1 − λ, and each position's unit.
+/// 1 − λ (a prompt's tokens 0: context only), and each position's unit.
 pub fn row_losses(
     decoder: &Decoder,
     rows: &[(usize, &RowTokens)],
@@ -108,6 +162,7 @@ pub fn row_losses(
             inputs.push(t.get(p).copied().unwrap_or(end));
             targets.push(t.get(p + 1).copied().unwrap_or(end));
             let weight = match row.value.get(p + 1) {
+                _ if p + 1 < row.prompt => 0.0,
                 Some(true) => value_weight,
                 Some(false) => 1.0 - value_weight,
                 None => 0.0,

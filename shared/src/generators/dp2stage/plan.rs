@@ -12,12 +12,11 @@ use crate::decoder::LoraConfig;
 use crate::decoder::model::TARGETS;
 use crate::decoder::tokenizer::TextTokenizer;
 use crate::dpsgd::plan::{RunPlan, run_plan};
+use crate::generators::harmonic::Prompting;
 use crate::generators::row_text::RowText;
 use crate::generators::{PlanError, require_columns, require_positive};
-use crate::spec::{Dp2StageParams, GeneratorSpec, JobSpec};
-
-/// This generator's name in plan errors.
-const GENERATOR: &str = "dp2stage";
+use crate::spec::{GeneratorSpec, JobSpec, LanguageModelParams};
+use crate::storage;
 
 /// Bounds of what the coordinator computes before admission (stage 1) and of a unit's
 /// forward pass.
@@ -26,31 +25,69 @@ const MAX_PSEUDO_BATCH: usize = 4096;
 const MAX_PSEUDO_STEPS: f64 = 100_000.0;
 const MAX_ROWS_PER_UNIT: u32 = 64;
 const MAX_LORA_RANK: usize = 256;
-
-fn invalid(message: impl Into<String>) -> PlanError {
-    PlanError::new(GENERATOR, message)
-}
+/// HARMONIC: bounds of the reference set sent with the model (rows, bins in all) and of a
+/// prompt.
+const MAX_REFERENCE_ROWS: usize = 100_000;
+const MAX_REFERENCE_CELLS: usize = 5_000_000;
+const MAX_NEIGHBOURS: usize = 16;
+/// Most tokens a unit's examples take together (one forward pass on a worker), so that a
+/// worker's memory never depends on how many rows the sampled units really have.
+const MAX_UNIT_TOKENS: usize = 32_768;
 
 /// A DP-2Stage job's plan. The run's sampling rate depends on the DP unit count and is
 /// fixed later.
 #[derive(Clone, Debug)]
 pub struct Dp2StagePlan {
     pub model: Dp2StageModelSpec,
-    pub params: Dp2StageParams,
+    pub params: LanguageModelParams,
     pub run: RunPlan,
 }
 
-/// The spec's parameters, checked without the checkpoint.
-pub fn check(spec: &JobSpec, domain: &Domain) -> Result<Dp2StageParams, PlanError> {
-    let GeneratorSpec::Dp2stage(params) = spec.generator.clone() else {
-        return Err(invalid("the job's generator is another"));
+/// The spec's parameters (DP-2Stage's or HARMONIC's), checked without the checkpoint or
+/// the reference set.
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, PlanError> {
+    let generator = spec.generator.name().as_str();
+    let invalid = |message: String| PlanError::new(generator, message);
+    let (GeneratorSpec::Dp2stage(params) | GeneratorSpec::Harmonic(params)) = spec.generator.clone() else {
+        return Err(invalid("the job's generator is another".into()));
     };
-    run_plan!(GENERATOR, params)?;
+    run_plan!(generator, params)?;
+    match (&spec.generator, &params.reference) {
+        (GeneratorSpec::Dp2stage(_), Some(_)) => {
+            return Err(invalid("reference is HARMONIC's: DP-2Stage's stage 1 reads the declared domain".into()));
+        }
+        (GeneratorSpec::Harmonic(_), None) => {
+            return Err(invalid(
+                "reference: name the public reference set prompts are made of (a public table or a dpsynth release \
+                 in this job's schema, e.g. a marginals job's output; never private data)"
+                    .into(),
+            ));
+        }
+        _ => {}
+    }
+    if !(1..=MAX_NEIGHBOURS).contains(&params.neighbours)
+        || !(1..=MAX_REFERENCE_ROWS).contains(&params.reference_rows)
+        || params.reference_rows.saturating_mul(domain.columns.len()) > MAX_REFERENCE_CELLS
+    {
+        return Err(invalid(format!(
+            "need 1 ≤ neighbours ≤ {MAX_NEIGHBOURS}, 1 ≤ reference_rows ≤ {MAX_REFERENCE_ROWS} and reference_rows × \
+             columns ≤ {MAX_REFERENCE_CELLS}"
+        )));
+    }
+    // Neighbours are public: the reference set may not be (or hold, or lie in) the job's
+    // private input, held-out files or ledger.
+    if let Some(reference) = &params.reference {
+        let evaluation = spec.evaluation.iter().flat_map(|e| &e.test_urls);
+        let private = spec.input.urls.iter().chain(evaluation).chain(&spec.privacy.ledger);
+        if let Some(url) = private.into_iter().find(|url| !url.is_empty() && storage::nested(reference, url)) {
+            return Err(invalid(format!("reference overlaps the job's private data or ledger ({url})")));
+        }
+    }
     if params.checkpoint.trim().is_empty() {
-        return Err(invalid("checkpoint: name the pretrained model (a .gguf file or a Hugging Face folder)"));
+        return Err(invalid("checkpoint: name the pretrained model (a .gguf file or a Hugging Face folder)".into()));
     }
     require_positive(
-        GENERATOR,
+        generator,
         &[
             ("temperature", params.temperature),
             ("pseudo_epochs", params.pseudo_epochs),
@@ -58,11 +95,11 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<Dp2StageParams, PlanErro
         ],
     )?;
     if !(0.0..=1.0).contains(&params.value_weight) {
-        return Err(invalid("value_weight is λ: need 0 ≤ value_weight ≤ 1"));
+        return Err(invalid("value_weight is λ: need 0 ≤ value_weight ≤ 1".into()));
     }
     if params.pseudo_rows == 0 || params.pseudo_batch == 0 || params.max_rows_per_unit == 0 || params.blocks == Some(0)
     {
-        return Err(invalid("pseudo_rows, pseudo_batch, max_rows_per_unit and blocks must be ≥ 1"));
+        return Err(invalid("pseudo_rows, pseudo_batch, max_rows_per_unit and blocks must be ≥ 1".into()));
     }
     // Stage 1 runs on the coordinator before the charge: its size is bounded here.
     let steps = params.pseudo_epochs * params.pseudo_rows as f64 / params.pseudo_batch as f64;
@@ -84,21 +121,28 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<Dp2StageParams, PlanErro
             return Err(invalid(format!("lora target {t:?} is none of {TARGETS:?}")));
         }
     }
-    require_columns(GENERATOR, domain)?;
+    require_columns(generator, domain)?;
     Ok(params)
 }
 
 impl Dp2StagePlan {
-    /// `tokenizer`: the checkpoint's, which fixes how rows read; `sha256`: what was read.
+    /// `tokenizer`: the checkpoint's, which fixes how rows read; `sha256`: what was read;
+    /// `prompting`: HARMONIC's reference set.
     pub fn new(
         spec: &JobSpec,
         domain: &Domain,
         options: &AccountingOptions,
         tokenizer: &TextTokenizer,
         sha256: &str,
+        prompting: Option<Prompting>,
     ) -> Result<Self, PlanError> {
         let params = check(spec, domain)?;
-        let mut run = run_plan!(GENERATOR, params)?;
+        let generator = spec.generator.name().as_str();
+        let invalid = |message: String| PlanError::new(generator, message);
+        if prompting.is_some() != params.reference.is_some() {
+            return Err(invalid("a reference set goes with HARMONIC's reference, and only with it".into()));
+        }
+        let mut run = run_plan!(generator, params)?;
         run.calibration = CalibrationPlan::new(spec, domain, options)?.map(Box::new);
         let target = spec.schema.target.as_ref().and_then(|t| domain.index_of(t));
         let text = RowText::new(domain, target, tokenizer).map_err(|e| invalid(e.to_string()))?;
@@ -109,16 +153,25 @@ impl Dp2StagePlan {
             epochs: params.pseudo_epochs,
             learning_rate: params.pseudo_learning_rate,
         };
+        let model = TextModelSpec {
+            domain: domain.clone(),
+            text,
+            blocks: params.blocks,
+            lora,
+            value_weight: params.value_weight,
+            prompting,
+        };
+        let unit_tokens = model.longest().saturating_mul(params.max_rows_per_unit as usize);
+        if unit_tokens > MAX_UNIT_TOKENS {
+            return Err(invalid(format!(
+                "a unit's examples take up to {unit_tokens} tokens (max_rows_per_unit × an example's); at most \
+                 {MAX_UNIT_TOKENS}: lower max_rows_per_unit or neighbours"
+            )));
+        }
         let model = Dp2StageModelSpec {
             checkpoint: params.checkpoint.clone(),
             checkpoint_sha256: sha256.to_string(),
-            model: TextModelSpec {
-                domain: domain.clone(),
-                text,
-                blocks: params.blocks,
-                lora,
-                value_weight: params.value_weight,
-            },
+            model,
             max_rows_per_unit: params.max_rows_per_unit,
             pseudo,
         };

@@ -1,6 +1,8 @@
-//! Stage 1: the model learns the rows' format from pseudo rows drawn uniformly from the
-//! declared domain (each column's bins, uniformly), without privacy. Nothing here takes
-//! data: its inputs are the spec's domain, the rows' text layout and a non-private seed.
+//! Stage 1: the model learns the rows' format without privacy from public examples
+//! (`TextModelSpec::public_examples`: DP-2Stage's pseudo rows drawn uniformly from the
+//! declared domain, HARMONIC's public reference rows). Nothing here takes private data:
+//! its inputs are the spec's domain, the public reference set, the rows' text layout and a
+//! non-private seed.
 
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
@@ -37,10 +39,7 @@ pub fn pretrain(model: &mut TextModel, training: &PseudoTraining, seed: u64) -> 
         return Err("stage 1 needs rows, batch, epochs and learning_rate above 0".to_string());
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let rows: Vec<RowTokens> = pseudo_rows(&model.spec.domain, training.rows, &mut rng)
-        .iter()
-        .map(|bins| model.spec.text.encode(bins))
-        .collect();
+    let rows = model.spec.public_examples(training.rows, &mut rng);
     let steps = ((training.epochs * training.rows as f64) / training.batch as f64).ceil().max(1.0) as u64;
     let adam = OptimizerSpec::Adam { lr: training.learning_rate, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
     let mut optimizer = Optimizer::new(adam, Schedule::Cosine, steps, model.parameter_count());

@@ -11,6 +11,8 @@ use crate::data::DataError;
 use crate::data::examples::Examples;
 use crate::decoder::CheckpointError;
 use crate::decoder::checkpoint::fetch;
+use crate::eval::par_map;
+use crate::generators::row_text::RowTokens;
 
 /// Everything a worker needs to rebuild a DP-2Stage job's model (weights travel apart).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -48,8 +50,8 @@ impl Dp2StageModelSpec {
         })?
     }
 
-    /// The worker's rows as text, at most `max_rows_per_unit` of each unit (a uniform
-    /// subset drawn with a CSPRNG).
+    /// The worker's rows as examples, at most `max_rows_per_unit` of each unit (a uniform
+    /// subset drawn with a CSPRNG); prompted by public reference rows only.
     pub async fn load_rows(&self, urls: &[String]) -> Result<TextRows, DataError> {
         let domain = &self.model.domain;
         let columns = domain.columns.len();
@@ -59,19 +61,17 @@ impl Dp2StageModelSpec {
             }
         })
         .await?;
-        let units = examples
-            .units
-            .iter()
-            .map(|(_, rows)| {
-                rows.clone()
-                    .map(|r| {
-                        let bins: Vec<usize> =
-                            examples.x[r * columns..(r + 1) * columns].iter().map(|&b| b as usize).collect();
-                        self.model.text.encode(&bins)
-                    })
-                    .collect()
-            })
-            .collect();
+        // Each row as an example (HARMONIC's nearest-row searches on every core).
+        let rows: Vec<(usize, usize)> =
+            examples.units.iter().enumerate().flat_map(|(u, (_, rows))| rows.clone().map(move |r| (u, r))).collect();
+        let encoded = par_map(&rows, |&(_, r)| {
+            let bins: Vec<usize> = examples.x[r * columns..(r + 1) * columns].iter().map(|&b| b as usize).collect();
+            self.model.example(&bins, None)
+        });
+        let mut units: Vec<Vec<RowTokens>> = vec![Vec::new(); examples.units.len()];
+        for ((u, _), example) in rows.into_iter().zip(encoded) {
+            units[u].push(example);
+        }
         Ok(TextRows { units })
     }
 }

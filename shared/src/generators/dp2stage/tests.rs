@@ -20,7 +20,7 @@ use crate::generators::row_text::tests::tokenizer;
 use crate::spec::ColumnKind;
 
 /// A target with three categories and an integer 1..=10, one bin a value.
-fn domain() -> Domain {
+pub(crate) fn domain() -> Domain {
     let categories = ["a", "b", "c"].map(String::from).to_vec();
     Domain {
         columns: vec![
@@ -44,7 +44,7 @@ fn domain() -> Domain {
 }
 
 /// A small Llama-family model (random weights) over the test tokenizer, as stage 2 trains it.
-fn model(lora: Option<LoraConfig>) -> TextModel {
+pub(crate) fn model(lora: Option<LoraConfig>) -> TextModel {
     let device = compute_device();
     let tokenizer = tokenizer();
     let domain = domain();
@@ -53,7 +53,7 @@ fn model(lora: Option<LoraConfig>) -> TextModel {
         .with_family(Family::Llama)
         .with_kv_heads(Some(2))
         .init(&device);
-    let spec = TextModelSpec { domain, text, blocks: None, lora, value_weight: 0.65 };
+    let spec = TextModelSpec { domain, text, blocks: None, lora, value_weight: 0.65, prompting: None };
     let mut model = TextModel::new(&spec, decoder, &device).unwrap();
     // Seeded weights in burn's scales (its initialisers draw from their own generator), so
     // the tests' draws are reproducible: linears U(±1/√inputs) (LoRA's B too, which would
@@ -81,9 +81,9 @@ fn norm(v: &[f64]) -> f64 {
     v.iter().map(|x| x * x).sum::<f64>().sqrt()
 }
 
-/// Units of one to three rows: each unit's clipped gradient is its rows' summed gradient,
-/// clipped once.
-fn check_against_naive(model: &TextModel, what: &str) {
+/// Units of one to three rows (HARMONIC's: each after its prompt): each unit's clipped
+/// gradient is its rows' summed gradient, clipped once.
+pub(crate) fn check_against_naive(model: &TextModel, what: &str) {
     let device = compute_device();
     let mut rng = ChaCha8Rng::from_seed([6; 32]);
     let domain = &model.spec.domain;
@@ -94,7 +94,7 @@ fn check_against_naive(model: &TextModel, what: &str) {
                 (0..n)
                     .map(|_| {
                         let bins: Vec<usize> = domain.columns.iter().map(|c| rng.random_range(0..c.bins())).collect();
-                        model.spec.text.encode(&bins)
+                        model.spec.example(&bins, None)
                     })
                     .collect()
             })
@@ -166,15 +166,10 @@ fn stage_one_learns_the_format_and_every_sampled_row_parses() {
     pretrain(&mut b, &training, 7).unwrap();
     assert_eq!(a.parameters(), b.parameters(), "stage 1 is a function of the spec and its seed");
 
-    let sampler = TextSampler {
-        decoder: trained.decoder,
-        text: trained.spec.text.clone(),
-        domain: trained.spec.domain.clone(),
-        temperature: 1.0,
-    };
+    let sampler = TextSampler { decoder: trained.decoder, spec: trained.spec.clone(), temperature: 1.0 };
     let rows = sampler.draw_bins(600, &mut ChaCha20Rng::seed_from_u64(9));
     assert_eq!(rows.len(), 600);
-    for (c, column) in sampler.domain.columns.iter().enumerate() {
+    for (c, column) in sampler.spec.domain.columns.iter().enumerate() {
         let k = column.bins();
         let shares: Vec<f64> = (0..k).map(|bin| rows.iter().filter(|r| r[c] == bin).count() as f64 / 600.0).collect();
         eprintln!("column {c}: {shares:.3?}");
@@ -232,7 +227,7 @@ async fn a_checkpoint_that_changed_since_the_plan_is_refused() {
     let fetched = crate::decoder::checkpoint::fetch(&path).await.unwrap();
     let domain = domain();
     let text = RowText::new(&domain, Some(0), &fetched.tokenizer).unwrap();
-    let model = TextModelSpec { domain, text, blocks: Some(1), lora: None, value_weight: 0.65 };
+    let model = TextModelSpec { domain, text, blocks: Some(1), lora: None, value_weight: 0.65, prompting: None };
     let pseudo = PseudoTraining { rows: 1, batch: 1, epochs: 1.0, learning_rate: 1e-3 };
     let spec = super::Dp2StageModelSpec {
         checkpoint: path,
