@@ -278,13 +278,33 @@ async fn a_harmonic_job_prompts_with_a_release_within_its_charge() {
     let inputs = manifest["privacy"]["public_inputs"].to_string();
     assert!(inputs.contains(&reference.display().to_string()) && inputs.contains("both charges composed"), "{inputs}");
 
-    // The release's charge is not in this ledger: refused before admission.
+    // The release's charge and release are not in this ledger: refused before admission.
     let dir = tempfile::tempdir().unwrap();
     let spec = harmonic(dir.path(), &generator);
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_ne!(state, SUCCEEDED);
-    assert!(message.contains("this ledger does not hold"), "{message}");
+    assert!(message.contains("this ledger did not charge and release"), "{message}");
     assert!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await.is_empty());
+
+    // A copy of the release elsewhere: not where this ledger says it was released (its
+    // manifest could claim any charge), refused before admission.
+    let copy = released.path().join("copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for file in std::fs::read_dir(&reference).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, copy.join(file.file_name().unwrap())).unwrap();
+    }
+    let before = charged_mechanisms(released.path(), &spec.job.dataset_id).await.len();
+    let dir = tempfile::tempdir().unwrap();
+    let text = with_generator(
+        &demo_spec(dir.path(), 60),
+        &generator.replace(&reference.display().to_string(), copy.to_str().unwrap()),
+    )
+    .replace(dir.path().join("ledger").to_str().unwrap(), ledger.to_str().unwrap());
+    let (state, message) = run(JobSpec::parse(&text, "harmonic").unwrap(), &dir.path().join("scratch")).await;
+    assert_ne!(state, SUCCEEDED);
+    assert!(message.contains("this ledger did not charge and release"), "{message}");
+    assert_eq!(charged_mechanisms(released.path(), &spec.job.dataset_id).await.len(), before);
 
     // A reference set that is not there: refused before anything is charged.
     let dir = tempfile::tempdir().unwrap();

@@ -173,6 +173,9 @@ impl Datasets {
             let private = by_id.values().flat_map(|d: &DeclaredDataset| {
                 d.input.urls.iter().chain(&d.holdout_urls).chain(&d.ledger).cloned().chain([default_ledger.to_string()])
             });
+            if reference.url.split('/').any(|segment| segment == "..") {
+                return Err(invalid(format!("reference '{}': a location with `..` is refused", reference.id)));
+            }
             if let Some(url) = private.into_iter().find(|url| storage::nested(&reference.url, url)) {
                 return Err(invalid(format!("reference '{}' overlaps private data or a ledger ({url})", reference.id)));
             }
@@ -283,11 +286,16 @@ impl Datasets {
             return Err(DatasetsError::UnitColumnMissing { dataset: id.clone(), unit: unit.clone() });
         }
         // A submitter reads everything under its output prefix: it may not hold (or sit
-        // inside) any declared input, held-out file or ledger store.
+        // inside) any declared input, held-out file or ledger store; nor may it overwrite a
+        // declared reference set.
         let output = request.resolved_output_url();
-        let declared = self.by_id.values().flat_map(|d| {
-            d.input.urls.iter().chain(&d.holdout_urls).cloned().chain(std::iter::once(self.ledger_url(d)))
-        });
+        let declared = self
+            .by_id
+            .values()
+            .flat_map(|d| {
+                d.input.urls.iter().chain(&d.holdout_urls).cloned().chain(std::iter::once(self.ledger_url(d)))
+            })
+            .chain(self.references.values().map(|r| r.url.clone()));
         if declared.into_iter().any(|url| storage::nested(&output, &url)) {
             return Err(DatasetsError::OutputOverlaps { output });
         }
@@ -464,6 +472,10 @@ url = "/srv/out"
             let mut request = job(chosen);
             assert!(matches!(datasets.bind(&mut request), Err(DatasetsError::UnknownReference(_))), "{chosen}");
         }
+        // A job may not write its output over a declared reference set.
+        let mut overwrite = job("icu-marginals");
+        overwrite.output_url = Some("/srv/releases/icu-marginals".into());
+        assert!(matches!(datasets.bind(&mut overwrite), Err(DatasetsError::OutputOverlaps { .. })));
         // Declared for no dataset of this job: refused as undeclared.
         let elsewhere = Datasets::parse(&declare("/srv/releases/icu-marginals", ""), "d", "/default").unwrap();
         assert!(matches!(elsewhere.bind(&mut job("icu-marginals")), Err(DatasetsError::UnknownReference(_))));
@@ -472,6 +484,7 @@ url = "/srv/out"
             ("/srv/icu/holdout.csv", "\"icu\"", "overlaps"),
             ("/srv/ledger/icu", "\"icu\"", "overlaps"),
             ("/srv/releases/x", "\"ed\"", "undeclared dataset"),
+            ("/srv/releases/../icu/vitals.csv", "\"icu\"", "`..`"),
         ] {
             let err = Datasets::parse(&declare(url, datasets), "d", "/default").unwrap_err().to_string();
             assert!(err.contains(says), "{url}: {err}");

@@ -21,6 +21,7 @@ use dpsynth_shared::generators::harmonic::Prompting;
 use dpsynth_shared::generators::{PlanError, Sampler};
 use dpsynth_shared::output::Manifest;
 use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec, LanguageModelParams};
+use dpsynth_shared::storage;
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use crate::context::{JobError, blocking};
@@ -45,12 +46,20 @@ impl<const HARMONIC: bool> LanguageModel<HARMONIC> {
         JobError::Plan(PlanError::new(Self::GENERATOR.as_str(), e.to_string()))
     }
 
-    /// What guarantee a reference set carries, for the manifest: a release of another
-    /// dataset carries that dataset's; a release of this dataset must be charged in this
-    /// ledger (else its cost would be missing from the data's total), and the output's
-    /// guarantee is both charges composed; a table without a manifest is the operator's
-    /// public data.
-    fn reference_guarantee(read: &str, manifest: Option<Manifest>, ledger: &Ledger) -> Result<String, JobError> {
+    /// What guarantee the reference set at `url` carries, for the manifest: a release of
+    /// another dataset carries that dataset's; a release of this dataset must be one this
+    /// ledger charged and released *there* (else its cost could be missing from the data's
+    /// total, or the files be another's), and the output's guarantee is both charges
+    /// composed; a table without a manifest is the operator's public data.
+    fn reference_guarantee(
+        url: &str,
+        read: &str,
+        manifest: Option<Manifest>,
+        ledger: &Ledger,
+    ) -> Result<String, JobError> {
+        if storage::nested(url, ledger.url()) {
+            return Err(Self::plan_error("reference overlaps the job's ledger"));
+        }
         let Some(m) = manifest else { return Ok(format!("{read}: public data, as declared")) };
         let p = &m.privacy;
         let release = format!(
@@ -60,16 +69,18 @@ impl<const HARMONIC: bool> LanguageModel<HARMONIC> {
         if p.dataset_id != ledger.dataset_id() {
             return Ok(format!("{release}; another dataset's release carries that dataset's guarantee"));
         }
-        match ledger.charged(p.ledger_entry) {
-            Some((request, _)) if request.job_id == m.job_id => {
-                Ok(format!("{release}; this output's guarantee is both charges composed, as this ledger holds them"))
-            }
-            _ => Err(Self::plan_error(format!(
-                "reference: a release of this dataset (job {}, ledger entry {}) whose charge this ledger does not \
-                 hold: its cost would be missing from the data's total",
+        let charged = ledger.charged(p.ledger_entry).is_some_and(|(request, _)| request.job_id == m.job_id);
+        let here = ledger
+            .release_location(p.ledger_entry)
+            .is_some_and(|location| storage::canonical_url(location) == storage::canonical_url(url));
+        if !(charged && here) {
+            return Err(Self::plan_error(format!(
+                "reference: a release of this dataset (job {}, ledger entry {}) that this ledger did not charge and \
+                 release at {url}: its cost could be missing from the data's total",
                 m.job_id, p.ledger_entry
-            ))),
+            )));
         }
+        Ok(format!("{release}; this output's guarantee is both charges composed, as this ledger holds them"))
     }
 
     fn params(spec: &JobSpec) -> Result<&LanguageModelParams, JobError> {
@@ -99,7 +110,7 @@ impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
                     Prompting::load(spec, domain, url, params.reference_rows, params.neighbours)
                         .await
                         .map_err(Self::plan_error)?;
-                prompting.source = Self::reference_guarantee(&prompting.source, manifest, ledger)?;
+                prompting.source = Self::reference_guarantee(url, &prompting.source, manifest, ledger)?;
                 Some(prompting)
             }
             None => None,

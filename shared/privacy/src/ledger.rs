@@ -549,6 +549,15 @@ impl Ledger {
         Some((request, status))
     }
 
+    /// Where charge `seq`'s one release was written, if it was claimed.
+    pub fn release_location(&self, seq: u64) -> Option<&str> {
+        let entry = self.entries.get(usize::try_from(*self.releases.get(&seq)?).ok()?)?;
+        match &entry.body {
+            EntryBody::Release { location, .. } => Some(location),
+            _ => None,
+        }
+    }
+
     /// Runs `f` on the totals of every loaded charge, first composing those loaded since
     /// the last call.
     fn with_cache<T>(&self, f: impl FnOnce(&mut Cache) -> T) -> T {

@@ -77,6 +77,10 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, Pla
     // Neighbours are public: the reference set may not be (or hold, or lie in) the job's
     // private input, held-out files or ledger.
     if let Some(reference) = &params.reference {
+        // `..` is refused as text (after a symbolic link it leads elsewhere than it reads).
+        if reference.split('/').any(|segment| segment == "..") {
+            return Err(invalid("reference: a location with `..` is refused; name it plainly".into()));
+        }
         let evaluation = spec.evaluation.iter().flat_map(|e| &e.test_urls);
         let private = spec.input.urls.iter().chain(evaluation).chain(&spec.privacy.ledger);
         if let Some(url) = private.into_iter().find(|url| !url.is_empty() && storage::nested(reference, url)) {

@@ -126,6 +126,7 @@ fn the_spec_names_a_reference_set_for_harmonic_only() {
         ("harmonic", "reference = \"r\"\nneighbours = 17", "neighbours"),
         ("harmonic", "reference = \"r\"\nreference_rows = 0", "reference_rows"),
         ("harmonic", "reference = \"./dpsynth-out/demo/input\"", "overlaps the job's private data"),
+        ("harmonic", "reference = \"releases/../dpsynth-out/demo/input\"", "`..`"),
     ] {
         let err = check(name, section).unwrap_err();
         assert!(err.contains(says), "{name} {section}: {err}");
