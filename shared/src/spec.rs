@@ -785,16 +785,18 @@ pub struct LanguageModelParams {
     pub lora: Option<LoraParams>,
     /// λ, the loss weight of value tokens (the format's tokens get 1 − λ).
     pub value_weight: f64,
-    /// HARMONIC: the reference set neighbours come from, a public table or a dpsynth
-    /// release (e.g. a marginals job's output) in this job's schema; never private data.
+    /// A public table or a dpsynth release (e.g. a marginals job's output) in this job's
+    /// schema, never private data: HARMONIC's prompts come from it (required), and stage 1
+    /// trains on it (DP-2Stage: instead of pseudo rows, if named).
     pub reference: Option<String>,
     /// HARMONIC: the reference set's first rows that are read (a release's rows are in
     /// random order).
     pub reference_rows: usize,
     /// HARMONIC: k, the reference rows each example is prompted with.
     pub neighbours: usize,
-    /// Stage 1: examples (DP-2Stage: pseudo rows drawn uniformly from the declared domain;
-    /// HARMONIC: reference rows, each prompted with its nearest other reference rows), rows
+    /// Stage 1: examples (DP-2Stage: pseudo rows drawn uniformly from the declared domain,
+    /// or the reference set's rows; HARMONIC: reference rows, each prompted with its nearest
+    /// other reference rows), rows
     /// a step, passes and Adam's learning rate (no privacy cost: it reads no private data).
     pub pseudo_rows: usize,
     pub pseudo_batch: usize,

@@ -96,8 +96,8 @@ impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
     const NAME: GeneratorName = Self::GENERATOR;
     type Model = Dp2StageModelSpec;
 
-    /// Reads the public checkpoint and fixes how rows read with its tokenizer; reads
-    /// HARMONIC's public reference set.
+    /// Reads the public checkpoint and fixes how rows read with its tokenizer; reads the
+    /// public reference set (HARMONIC's prompts, or DP-2Stage's stage-1 table).
     async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(Dp2StageModelSpec, RunPlan), JobError> {
         let params = Self::params(spec)?;
         check(spec, domain)?;
@@ -106,10 +106,15 @@ impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
         // may be shown.
         let prompting = match &params.reference {
             Some(url) => {
-                let (mut prompting, manifest) =
-                    Prompting::load(spec, domain, url, params.reference_rows, params.neighbours)
-                        .await
-                        .map_err(Self::plan_error)?;
+                let (mut prompting, manifest) = Prompting::load(
+                    spec,
+                    domain,
+                    url,
+                    params.reference_rows,
+                    if HARMONIC { params.neighbours } else { 0 },
+                )
+                .await
+                .map_err(Self::plan_error)?;
                 prompting.source = Self::reference_guarantee(url, &prompting.source, manifest, ledger)?;
                 Some(prompting)
             }
@@ -181,7 +186,8 @@ impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
     fn public_inputs(model: &Dp2StageModelSpec) -> Vec<String> {
         let mut inputs = vec![format!("checkpoint: {} (SHA-256 {})", model.checkpoint, model.checkpoint_sha256)];
         if let Some(p) = &model.model.prompting {
-            inputs.push(format!("reference set of the prompts (k = {}): {}", p.neighbours, p.source));
+            let used = if HARMONIC { format!("prompts (k = {}) and stage 1", p.neighbours) } else { "stage 1".into() };
+            inputs.push(format!("reference set of the {used}: {}", p.source));
         }
         inputs
     }

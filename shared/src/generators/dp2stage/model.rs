@@ -31,7 +31,8 @@ pub struct TextModelSpec {
     pub lora: Option<LoraConfig>,
     /// λ, the loss weight of value tokens (the format's tokens get 1 − λ).
     pub value_weight: f64,
-    /// HARMONIC: each row is written after its nearest reference rows.
+    /// The public reference set: HARMONIC writes each row after its k nearest reference
+    /// rows; DP-2Stage's stage 1 trains on its rows (k = 0).
     pub prompting: Option<Prompting>,
 }
 
@@ -55,9 +56,9 @@ impl TextModelSpec {
         }
     }
 
-    /// Stage 1's examples, from public information only: DP-2Stage's pseudo rows drawn
-    /// uniformly from the declared domain; HARMONIC's reference rows (uniformly drawn),
-    /// each after its nearest other reference rows.
+    /// Stage 1's examples, from public information only: pseudo rows drawn uniformly
+    /// from the declared domain, or reference rows (uniformly drawn), each after its
+    /// nearest other reference rows (none for DP-2Stage: k = 0).
     pub fn public_examples(&self, count: usize, rng: &mut ChaCha8Rng) -> Vec<RowTokens> {
         match &self.prompting {
             None => pseudo_rows(&self.domain, count, rng).iter().map(|bins| self.text.encode(bins)).collect(),

@@ -52,20 +52,15 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, Pla
         return Err(invalid("the job's generator is another".into()));
     };
     run_plan!(generator, params)?;
-    match (&spec.generator, &params.reference) {
-        (GeneratorSpec::Dp2stage(_), Some(_)) => {
-            return Err(invalid("reference is HARMONIC's: DP-2Stage's stage 1 reads the declared domain".into()));
-        }
-        (GeneratorSpec::Harmonic(_), None) => {
-            return Err(invalid(
-                "reference: name the public reference set prompts are made of (a public table or a dpsynth release \
-                 in this job's schema, e.g. a marginals job's output; never private data)"
-                    .into(),
-            ));
-        }
-        _ => {}
+    let harmonic = matches!(spec.generator, GeneratorSpec::Harmonic(_));
+    if harmonic && params.reference.is_none() {
+        return Err(invalid(
+            "reference: name the public reference set prompts are made of (a public table or a dpsynth release in \
+             this job's schema, e.g. a marginals job's output; never private data)"
+                .into(),
+        ));
     }
-    if !(1..=MAX_NEIGHBOURS).contains(&params.neighbours)
+    if (harmonic && !(1..=MAX_NEIGHBOURS).contains(&params.neighbours))
         || !(1..=MAX_REFERENCE_ROWS).contains(&params.reference_rows)
         || params.reference_rows.saturating_mul(domain.columns.len()) > MAX_REFERENCE_CELLS
     {
@@ -131,7 +126,8 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, Pla
 
 impl Dp2StagePlan {
     /// `tokenizer`: the checkpoint's, which fixes how rows read; `sha256`: what was read;
-    /// `prompting`: HARMONIC's reference set.
+    /// `prompting`: the public reference set (HARMONIC's prompts; DP-2Stage's stage-1
+    /// table, k = 0).
     pub fn new(
         spec: &JobSpec,
         domain: &Domain,

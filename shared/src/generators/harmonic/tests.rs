@@ -104,9 +104,24 @@ fn stage_one_trains_on_reference_rows_and_prompted_rows_parse() {
     assert!(known.count() > 150, "rows like the reference set's");
 }
 
-/// HARMONIC needs a reference set, DP-2Stage takes none, and k is bounded.
+/// DP-2Stage with a reference set (k = 0): stage 1's examples are the reference rows as
+/// they are, and sampling has no prompt.
 #[test]
-fn the_spec_names_a_reference_set_for_harmonic_only() {
+fn a_public_table_for_stage_one_is_read_without_prompts() {
+    let mut m = model(None);
+    let p = Prompting { neighbours: 0, ..reference() };
+    m.spec.prompting = Some(p.clone());
+    for e in m.spec.public_examples(50, &mut ChaCha8Rng::seed_from_u64(2)) {
+        assert_eq!(e.prompt, 0);
+        assert!((0..p.reference.len()).any(|i| e == m.spec.text.encode(&p.row(i))), "a reference row");
+    }
+    assert!(m.spec.sampling_prompt(&mut ChaCha8Rng::seed_from_u64(3)).is_empty());
+    assert_eq!(m.spec.longest(), m.spec.text.longest());
+}
+
+/// HARMONIC needs a reference set (DP-2Stage may name one), and k is bounded.
+#[test]
+fn the_spec_names_a_reference_set() {
     let demo = include_str!("../../../../examples/demo.toml");
     let (head, rest) = demo.split_once("[generator]").unwrap();
     let output = &rest[rest.find("[output]").unwrap()..];
@@ -119,9 +134,10 @@ fn the_spec_names_a_reference_set_for_harmonic_only() {
         crate::generators::dp2stage::plan::check(&spec, &domain).map(drop).map_err(|e| e.to_string())
     };
     assert!(check("harmonic", "reference = \"out/marginals\"").is_ok());
+    // DP-2Stage may name one for stage 1 (its k is unused).
+    assert!(check("dp2stage", "reference = \"out/marginals\"\nneighbours = 0").is_ok());
     for (name, section, says) in [
         ("harmonic", "", "harmonic generator: reference"),
-        ("dp2stage", "reference = \"out/marginals\"", "HARMONIC's"),
         ("harmonic", "reference = \"r\"\nneighbours = 0", "neighbours"),
         ("harmonic", "reference = \"r\"\nneighbours = 17", "neighbours"),
         ("harmonic", "reference = \"r\"\nreference_rows = 0", "reference_rows"),
