@@ -4,7 +4,8 @@
 //!
 //! Each target runs `PROPTEST_CASES` cases, by default 256 (4096 when `CI` is set; the
 //! input-reader target a quarter, since each case writes files): seconds either way. For a
-//! longer hunt: `PROPTEST_CASES=100000 cargo test -p dpsynth-tests --test fuzz --release`.
+//! longer hunt: `PROPTEST_CASES=100000 cargo test -p dpsynth-tests --test fuzz` (a debug
+//! build: this crate's planted-bugs feature refuses an optimised one).
 //! A failure prints the minimal input that triggers it.
 
 use std::sync::Arc;

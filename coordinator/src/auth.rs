@@ -14,8 +14,9 @@
 //! output_root = "s3://releases/analytics/"
 //! ```
 //!
-//! [`Access::Open`] admits everyone: standalone `run` (loopback, one process) and
-//! `serve --dev`, which refuses to listen beyond loopback.
+//! [`Access::Open`] admits everyone: `serve --dev`, which refuses to listen beyond
+//! loopback. [`Access::InProcess`] admits workers only: standalone `run` and `audit`, whose
+//! process starts its own job, so no other local user can submit one to their port.
 
 use dpsynth_shared::storage;
 use serde::Deserialize;
@@ -49,6 +50,8 @@ pub enum Access {
     Open,
     /// Workers by mutual TLS, submitters by token.
     Authenticated { submitters: Vec<Submitter> },
+    /// Workers only (loopback): the process submits its own job, not over RPC.
+    InProcess,
 }
 
 /// Hex SHA-256 of a token, as `submitters.toml` stores it.
@@ -99,7 +102,7 @@ impl Access {
     /// against the workers' CA.
     pub fn worker<T>(&self, request: &Request<T>) -> Result<(), Status> {
         match self {
-            Access::Open => Ok(()),
+            Access::Open | Access::InProcess => Ok(()),
             Access::Authenticated { .. } if request.peer_certs().is_some_and(|c| !c.is_empty()) => Ok(()),
             Access::Authenticated { .. } => {
                 Err(Status::unauthenticated("worker RPCs need a client certificate signed by the workers' CA"))
@@ -109,7 +112,13 @@ impl Access {
 
     /// Admits a submitter RPC; `None` under [`Access::Open`].
     pub fn submitter<T>(&self, request: &Request<T>) -> Result<Option<&Submitter>, Status> {
-        let Access::Authenticated { submitters } = self else { return Ok(None) };
+        let submitters = match self {
+            Access::Open => return Ok(None),
+            Access::InProcess => {
+                return Err(Status::permission_denied("this coordinator runs its own process's job only"));
+            }
+            Access::Authenticated { submitters } => submitters,
+        };
         let token = request
             .metadata()
             .get("authorization")
@@ -150,6 +159,8 @@ mod tests {
         // Without TLS there is no verified client certificate.
         assert_eq!(access.worker(&Request::new(())).unwrap_err().code(), tonic::Code::Unauthenticated);
         assert!(Access::Open.worker(&Request::new(())).is_ok());
+        assert!(Access::InProcess.worker(&Request::new(())).is_ok());
+        assert_eq!(Access::InProcess.submitter(&Request::new(())).unwrap_err().code(), tonic::Code::PermissionDenied);
     }
 
     #[test]

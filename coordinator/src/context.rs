@@ -145,6 +145,10 @@ pub struct JobEnv {
     /// The operator's store for evaluation reports (diagnostics computed on private data,
     /// for the data owner only); `None`: this coordinator refuses jobs that ask for one.
     pub diagnostics_url: Option<String>,
+    /// Whether a DP-SGD job leaves its trained model in the scratch store
+    /// (`scratch::kept_model`): set by `dpsynth audit` for its white-box score, off on
+    /// every coordinator that serves or runs jobs.
+    pub keep_trained_models: bool,
     /// This coordinator's liveness in the scratch store, shared by its jobs.
     pub heartbeat: scratch::Heartbeat,
 }
@@ -163,6 +167,8 @@ pub(crate) struct JobContext<'a> {
     pub domain: &'a Domain,
     /// The private working store (partitions, checkpoints).
     pub scratch: &'a StoreLocation,
+    /// `JobEnv::keep_trained_models`.
+    pub keep_trained_model: bool,
     /// The release's prefix.
     pub output_url: &'a str,
     pub scheduler: &'a Scheduler,

@@ -67,6 +67,7 @@ pub async fn run_job(
         request: &request,
         domain: &domain,
         scratch: &scratch_store,
+        keep_trained_model: env.keep_trained_models,
         output_url: &output_url,
         scheduler,
         telemetry,

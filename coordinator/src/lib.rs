@@ -1,6 +1,7 @@
 //! The dpsynth coordinator: owns jobs, splits private data into partitions by privacy
 //! unit, hands tasks to workers, adds all noise, writes the privacy ledger and the output.
 
+pub mod audit;
 pub mod auth;
 pub(crate) mod checkpoint;
 pub mod context;

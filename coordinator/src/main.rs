@@ -35,6 +35,9 @@ enum Command {
     /// the data's own, marked private.
     #[command(subcommand)]
     Schema(commands::schema::SchemaCommand),
+    /// Empirical privacy audit: the job run once with canaries, and the ε its release proves
+    /// (exit status 4 when that exceeds the claim). Writes only its report and own ledger.
+    Audit(commands::audit::AuditArgs),
     /// Evaluate synthetic data against real training and held-out data (HTML + JSON report).
     Eval(commands::eval::EvalArgs),
     /// Create a submitter bearer token: the token for the submitter, its hash for `serve
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Submit(args) => commands::job::submit(args),
         Command::Validate(args) => commands::validate::run(args),
         Command::Schema(cmd) => commands::schema::run(cmd),
+        Command::Audit(args) => commands::audit::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Token => commands::token::run(),
         Command::Privacy(cmd) => commands::privacy::run(cmd),

@@ -1,8 +1,9 @@
 //! The scratch store: private working state of coordinators, never readable by submitters.
 //!
 //! Namespaces: `partitions/<instance>/<job>` (encoded private rows, per coordinator
-//! process), `checkpoints/<job>` (charged DP-SGD runs), `leases/<job>` (resume leases) and
-//! `instances/<instance>` (each live coordinator's heartbeat).
+//! process), `checkpoints/<job>` (charged DP-SGD runs), `leases/<job>` (resume leases),
+//! `instances/<instance>` (each live coordinator's heartbeat) and, for `dpsynth audit` only,
+//! `trained/<job>` (a DP-SGD job's model before and after training).
 //!
 //! Partitions are keyed by the coordinator process that wrote them, so several
 //! coordinators (or `run`s) may share one scratch store: a process removes its own job's
@@ -22,6 +23,7 @@ use dpsynth_shared::storage::StoreLocation;
 pub const PARTITIONS: &str = "partitions";
 pub const CHECKPOINTS: &str = "checkpoints";
 pub const LEASES: &str = "leases";
+const TRAINED: &str = "trained";
 const INSTANCES: &str = "instances";
 
 /// How often a coordinator process renews its heartbeat.
@@ -38,6 +40,13 @@ pub fn instance() -> &'static str {
 /// Where this process partitions a job.
 pub fn partition_prefix(job_id: &str) -> String {
     format!("{PARTITIONS}/{}/{job_id}", instance())
+}
+
+/// Where a DP-SGD job leaves its model before (`initial`) and after (`trained`) training
+/// when its coordinator keeps them: the first and last rounds' tasks (`GradientSum`,
+/// protobuf) with those weights.
+pub fn kept_model(job_id: &str, stage: &str) -> String {
+    format!("{TRAINED}/{job_id}/{stage}")
 }
 
 /// This process's heartbeat in one scratch store: written, and awaited, before a job's

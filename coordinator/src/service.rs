@@ -50,6 +50,7 @@ impl Default for CoordinatorConfig {
                 scratch_url: "./dpsynth-out/scratch".into(),
                 default_ledger_url: "./dpsynth-out/ledger".into(),
                 diagnostics_url: None,
+                keep_trained_models: false,
                 heartbeat: Default::default(),
             },
             datasets: None,

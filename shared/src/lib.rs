@@ -4,6 +4,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
 pub mod accounting;
+pub mod audit;
 pub mod calibration;
 pub mod data;
 pub mod decoder;
@@ -15,6 +16,12 @@ pub mod logging;
 pub mod metrics;
 pub mod output;
 pub mod pgm;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
+// `cargo test --workspace` unifies the tests crate's features into every crate it builds:
+// an optimised build (what ships) can never carry a planted bug.
+#[cfg(all(feature = "planted-bugs", not(debug_assertions)))]
+compile_error!("the planted-bugs feature is for debug test builds only");
 pub mod sampling;
 pub mod schema_draft;
 pub mod simulate;

@@ -34,6 +34,8 @@ impl<T> Default for Reservoir<T> {
 impl<T> Reservoir<T> {
     /// Offers one more item; keeps it with probability capacity / items seen.
     pub fn offer(&mut self, item: T, capacity: usize, rng: &mut impl Rng) {
+        #[cfg(feature = "planted-bugs")]
+        let capacity = if crate::planted::units_unbounded() { usize::MAX } else { capacity };
         self.seen += 1;
         if self.kept.len() < capacity {
             self.kept.push(item);

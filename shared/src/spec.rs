@@ -330,6 +330,14 @@ impl GeneratorName {
             GeneratorName::Harmonic => "harmonic",
         }
     }
+
+    /// Whether the DP-SGD engine trains the generator's model.
+    pub fn trained_by_dpsgd(self) -> bool {
+        matches!(
+            self,
+            GeneratorName::Findiff | GeneratorName::Sequence | GeneratorName::Dp2stage | GeneratorName::Harmonic
+        )
+    }
 }
 
 /// The generator and its parameters. In TOML, `[generator] name = "…"` and at most the

@@ -247,6 +247,7 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow:
     let mut config = CoordinatorConfig::default();
     config.env.scratch_url = at.scratch;
     config.env.diagnostics_url = Some(at.diagnostics.clone());
+    config.access = Access::InProcess;
     let cluster = Standalone::start(config, workers).await.context("starting the local cluster")?;
     tracing::info!(coordinator = cluster.url, workers, "standalone cluster started");
     let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
@@ -362,13 +363,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::info!(%addr, "metrics listening");
         }
         serve(listener, service, tls, async {
-            // Kubernetes stops pods with SIGTERM; a terminal with Ctrl-C.
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("installing a SIGTERM handler");
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
+            super::shutdown_signal().await;
             tracing::info!("shutting down");
         })
         .await?;

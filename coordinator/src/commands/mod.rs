@@ -1,5 +1,6 @@
 //! One module per command group.
 
+pub mod audit;
 pub mod eval;
 pub mod job;
 pub mod ledger;
@@ -10,8 +11,20 @@ pub mod validate;
 
 /// Exit status when the privacy ledger refuses a job (its budget would be exceeded).
 pub const EXIT_BUDGET_REFUSED: u8 = 3;
+/// Exit status when an audit's ε lower bound exceeds the claimed ε.
+pub const EXIT_AUDIT_FAILED: u8 = 4;
 
 /// Prints the command's result: one JSON object on the last line of stdout.
 pub fn print_json(value: &serde_json::Value) {
     println!("{value}");
+}
+
+/// Resolves on SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }

@@ -10,10 +10,13 @@ use dpsynth_privacy::release::Releases;
 use dpsynth_proto::gradient_sum::Model;
 use dpsynth_shared::accounting::mechanism::Mechanism;
 use dpsynth_shared::data::domain::Domain;
+use dpsynth_shared::dpsgd::RoundSettings;
 use dpsynth_shared::dpsgd::optimizer::Optimizer;
 use dpsynth_shared::dpsgd::plan::RunPlan;
 use dpsynth_shared::generators::{PlanError, Sampler};
 use dpsynth_shared::spec::{GeneratorName, JobSpec};
+use object_store::{ObjectStoreExt, PutPayload};
+use prost::Message;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -21,6 +24,7 @@ use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::checkpoint::{self, ChargedRun, Checkpoint, Checkpointer};
 use crate::context::{JobContext, JobError, Partitions, release_count, set_stage};
 use crate::gather::Gather;
+use crate::scratch;
 use crate::training::{self, TrainingRun};
 
 /// The model on the wire in each round.
@@ -152,7 +156,12 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
             Start::Resumed(saved) => *saved,
             Start::Fresh { model, plan, parameters, .. } => {
                 let parameters = parameters.ok_or_else(|| JobError::Other("a DP-SGD run fitted unprepared".into()))?;
-                charge_run::<G>(ctx, ledger, partitions, model, plan, parameters).await?
+                let charged = charge_run::<G>(ctx, ledger, partitions, model, plan, parameters).await?;
+                if ctx.keep_trained_model {
+                    let initial: Vec<f32> = charged.parameters.iter().map(|&v| v as f32).collect();
+                    keep_model::<G>(ctx, &charged.run, "initial", 0, initial).await?;
+                }
+                charged
             }
         };
         ctx.progress_mut().epsilon_spent = run.cost.epsilon;
@@ -184,6 +193,9 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         deleted?;
 
         let parameters: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
+        if ctx.keep_trained_model {
+            keep_model::<G>(ctx, &run, "trained", run.steps.saturating_sub(1), parameters.clone()).await?;
+        }
         let mut public_inputs = vec![
             format!(
                 "privacy units: {} (Gaussian release, noise multiplier {}; charged in ledger entry {})",
@@ -221,6 +233,29 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
             charged: Charged { receipt, cost, mechanisms, public_inputs },
         })
     }
+}
+
+/// Leaves the model in the scratch store (`dpsynth audit`'s white-box score): round
+/// `round`'s task with `parameters`, the public initial ones or those the charged run
+/// trained. The store is private.
+async fn keep_model<G: DpSgdGenerator>(
+    ctx: &JobContext<'_>,
+    run: &ChargedRun<G::Model>,
+    stage: &str,
+    round: u64,
+    parameters: Vec<f32>,
+) -> Result<(), JobError> {
+    let model = G::round_model(&run.model, ctx.spec(), run.rate)?;
+    let settings =
+        RoundSettings { round, rate: run.rate, clip: run.plan.clip, seed: [0; 32], micro_batch: run.plan.micro_batch };
+    let task = settings.task(model(round), parameters);
+    let path = ctx.scratch.child(&scratch::kept_model(&ctx.request.job_id, stage));
+    ctx.scratch
+        .store
+        .put(&path, PutPayload::from(task.encode_to_vec()))
+        .await
+        .map_err(|e| JobError::Other(format!("keeping the {stage} model: {e}")))?;
+    Ok(())
 }
 
 /// Charges a new run: the unit count, released with Gaussian noise and charged on its own

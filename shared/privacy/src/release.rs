@@ -366,6 +366,8 @@ impl Noise<ChaCha20Rng> {
 impl<R: CryptoRng> Noise<R> {
     /// The private values with N(0, std²) added to each: now they may be released.
     fn noised(&mut self, exact: Private<Vec<f64>>, std: f64) -> Vec<f64> {
+        #[cfg(feature = "planted-bugs")]
+        let std = std / dpsynth_shared::planted::noise_divisor();
         let mut values = exact.0;
         self.add_gaussian(&mut values, std);
         values

@@ -82,7 +82,8 @@ pub struct ColumnDomain {
 }
 
 impl ColumnDomain {
-    fn value_bins(&self) -> usize {
+    /// Number of value bins (the missing bin excluded).
+    pub fn value_bins(&self) -> usize {
         match &self.encoding {
             Encoding::Categorical { categories, other } => categories.len() + usize::from(*other),
             Encoding::Numeric { binning, .. } => binning.len(),

@@ -208,7 +208,7 @@ pub fn validate(sum: &[f64], units: u64, parameters: usize, clip: f64) -> Result
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use rand::SeedableRng;
     use rand::rngs::ChaCha8Rng;
     use rand_distr::{Distribution, StandardNormal};
@@ -224,7 +224,7 @@ mod tests {
 
     const WIDTH: usize = 5;
 
-    fn model(device: &Device) -> FinDiffModel {
+    pub(crate) fn model(device: &Device) -> FinDiffModel {
         let spec = FinDiffModelSpec {
             domain: Domain { columns: Vec::new() },
             encoding: TabularEncoding { features: Vec::new(), width: WIDTH },
@@ -240,7 +240,7 @@ mod tests {
     }
 
     /// `rows_of[u]` rows for unit u, features from a fixed-seed generator (test data).
-    fn examples(rows_of: &[usize]) -> Examples {
+    pub(crate) fn examples(rows_of: &[usize]) -> Examples {
         let mut rng = ChaCha8Rng::from_seed([11; 32]);
         let mut ex = Examples { x: Vec::new(), width: WIDTH, units: Vec::new() };
         for (u, &n) in rows_of.iter().enumerate() {

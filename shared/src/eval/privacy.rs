@@ -177,6 +177,14 @@ pub fn auc(positives: &[f64], negatives: &[f64]) -> f64 {
     (rank_sum - p * (p + 1.0) / 2.0) / (p * n)
 }
 
+/// Each row of `queries`' mean-per-column Gower distance to its nearest row of `reference`
+/// (exact, every row of both).
+pub fn nearest_distances(domain: &Domain, queries: &Table, reference: &Table) -> Vec<f64> {
+    let gower = Gower::new(domain);
+    let all = |t: &Table| (0..t.rows()).collect::<Vec<_>>();
+    gower.nearest(&gower.points(queries, &all(queries)), &gower.points(reference, &all(reference)))
+}
+
 fn row_key(table: &Table, r: usize) -> Vec<u64> {
     table.columns.iter().map(|c| c[r].map_or(u64::MAX, f64::to_bits)).collect()
 }

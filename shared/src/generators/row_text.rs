@@ -21,7 +21,7 @@ use crate::decoder::tokenizer::TextTokenizer;
 /// A value's label: a category, an integer or an integer range, a real range; "missing"
 /// and "other" for the extra bins.
 pub fn value_label(column: &ColumnDomain, bin: usize) -> String {
-    let value_bins = column.bins() - usize::from(column.missing);
+    let value_bins = column.value_bins();
     if bin == value_bins {
         return "missing".to_string();
     }

@@ -99,7 +99,7 @@ fn distance(domain: &Domain, a: &[usize], b: &[u32]) -> f64 {
         .zip(a.iter().zip(b))
         .map(|(column, (&x, &y))| {
             let y = y as usize;
-            let value_bins = column.bins() - usize::from(column.missing);
+            let value_bins = column.value_bins();
             match &column.encoding {
                 _ if x == y => 0.0,
                 Encoding::Numeric { .. } if x < value_bins && y < value_bins && value_bins > 1 => {
