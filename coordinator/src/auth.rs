@@ -16,7 +16,8 @@
 //!
 //! [`Access::Open`] admits everyone: `serve --dev`, which refuses to listen beyond
 //! loopback. [`Access::InProcess`] admits workers only: standalone `run` and `audit`, whose
-//! process starts its own job, so no other local user can submit one to their port.
+//! process starts its own job, so no other local user can submit one to their port (its
+//! workers are not authenticated: a local process may still register as one).
 
 use dpsynth_shared::storage;
 use serde::Deserialize;

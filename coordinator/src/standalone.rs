@@ -28,7 +28,8 @@ impl Standalone {
         let (stop, stopped) = oneshot::channel::<()>();
         let server_service = service.clone();
         let server = tokio::spawn(async move {
-            // Loopback inside one process: no TLS, open access.
+            // Loopback inside one process: no TLS; access as the config says (`run` and
+            // `audit`: workers only).
             if let Err(e) = serve(listener, server_service, None, async {
                 let _ = stopped.await;
             })

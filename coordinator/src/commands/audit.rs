@@ -65,7 +65,11 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
     // Every task (the cluster's, a stopped audit's) ends before the working files (a copy
     // of the stand-in data) are removed, so none can write them anew.
     runtime.shutdown_timeout(Duration::from_secs(30));
-    work.close().context("removing the audit's working directory")?;
+    let kept = work.path().display().to_string();
+    if let Err(e) = work.close() {
+        // Loud, and the audit's outcome still stands: the owner must remove the copy.
+        eprintln!("WARNING: could not remove the audit's working directory {kept} (a copy of the stand-in data): {e}");
+    }
     let Some(joined) = outcome else { bail!("stopped: the audit's working files are removed") };
     let report = joined??;
     eprintln!(
