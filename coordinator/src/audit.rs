@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use dpsynth_proto::{GradientSum, JobState};
 use dpsynth_shared::accounting::Budget;
+use dpsynth_shared::accounting::PrivacyError;
 use dpsynth_shared::audit::bound::epsilon_lower_bound;
 use dpsynth_shared::audit::canary;
-use dpsynth_shared::audit::loss::loss_gains;
+use dpsynth_shared::audit::loss::{LossError, loss_gains};
 use dpsynth_shared::audit::score::{Score, guess, nearest_scores, pair_scores};
 use dpsynth_shared::data::domain::Domain;
 use dpsynth_shared::data::input::InputReader;
@@ -111,14 +112,18 @@ pub struct AuditReport {
 pub enum AuditError {
     #[error("audit options: {0}")]
     Options(String),
-    #[error("reading the stand-in data: {0}")]
-    StandIn(#[from] dpsynth_shared::data::DataError),
+    #[error("the stand-in or the canaries: {0}")]
+    Data(#[from] dpsynth_shared::data::DataError),
     #[error("writing the audit's input: {0}")]
     Output(#[from] dpsynth_shared::output::OutputError),
     #[error("storage: {0}")]
     Storage(#[from] dpsynth_shared::storage::StorageError),
     #[error("the audited job ended {state}: {message}")]
     Job { state: String, message: String },
+    #[error("the loss score: {0}")]
+    Loss(#[from] LossError),
+    #[error("{0}")]
+    Entropy(#[from] PrivacyError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -155,7 +160,7 @@ pub async fn run(spec: &JobSpec, options: &AuditOptions, work: &Path) -> Result<
     let order_by = spec.schema.order_by.as_ref().and_then(|o| domain.index_of(o));
     // The design is public: any generator will do; the coins that include canaries must
     // be unpredictable, so they come from the OS.
-    let mut rng = os_rng().map_err(|e| AuditError::Other(e.to_string()))?;
+    let mut rng = os_rng()?;
     let canaries = canary::design(&domain, order_by, options.canaries, options.canary_rows, &mut rng);
     let included = canary::include(options.canaries, &mut rng);
     let input = write_units(spec, &input_units(&domain, &stand_in, &canaries, &included), &url("input")).await?;
@@ -173,20 +178,21 @@ pub async fn run(spec: &JobSpec, options: &AuditOptions, work: &Path) -> Result<
     let keep_models = options.score == Score::Loss;
     let manifest = run_job(job.clone(), options.workers, &url("scratch"), keep_models, &synthetic_url, &ledger).await?;
 
-    let (parts, _) = eval::release_parts(&synthetic_url).await?;
-    let synthetic = eval::load(&job, &domain, &parts).await?;
-    let canary_table = table_of(&domain, &canaries);
-    let ends = &canaries.ends;
     let scores = match options.score {
-        Score::Pairs => pair_scores(&domain, &canary_table, ends, &synthetic, &stand_in),
-        Score::Nearest => nearest_scores(&domain, &canary_table, ends, &synthetic),
+        Score::Pairs | Score::Nearest => {
+            let (parts, _) = eval::release_parts(&synthetic_url).await?;
+            let synthetic = eval::load(&job, &domain, &parts).await?;
+            let (table, ends) = (table_of(&domain, &canaries), &canaries.ends);
+            match options.score {
+                Score::Pairs => pair_scores(&domain, &table, ends, &synthetic, &stand_in),
+                _ => nearest_scores(&domain, &table, ends, &synthetic),
+            }
+        }
         Score::Loss => {
             let initial = read_kept_model(&url("scratch"), &job_id, "initial").await?;
             let trained = read_kept_model(&url("scratch"), &job_id, "trained").await?;
             let partitions = canary_partitions(&job, &domain, &canaries, &url("canaries")).await?;
-            let gains = loss_gains(&trained, &initial.weights, &partitions)
-                .await
-                .map_err(|e| AuditError::Other(e.to_string()))?;
+            let gains = loss_gains(&trained, &initial.weights, &partitions).await?;
             if gains.len() != options.canaries {
                 return Err(AuditError::Other(format!(
                     "{} of {} canary units reached the model's examples",
@@ -198,7 +204,7 @@ pub async fn run(spec: &JobSpec, options: &AuditOptions, work: &Path) -> Result<
         }
     };
     // Ties are broken by a generator of their own: the guesses owe nothing to the coins.
-    let mut ties = os_rng().map_err(|e| AuditError::Other(e.to_string()))?;
+    let mut ties = os_rng()?;
     let guesses = guess(&scores, &included, options.guesses, &mut ties);
     let (claimed_epsilon, delta) = (manifest.privacy.epsilon, manifest.privacy.delta);
     let bound = epsilon_lower_bound(options.canaries as u64, guesses.made, guesses.correct, delta, SIGNIFICANCE);
@@ -312,7 +318,7 @@ fn input_units(domain: &Domain, stand_in: &Table, canaries: &SyntheticUnits, inc
 /// Writes units as Parquet parts in the spec's columns (ids renumbered); returns the parts.
 async fn write_units(spec: &JobSpec, units: &SyntheticUnits, url: &str) -> Result<Vec<String>, AuditError> {
     let mut writer = OutputWriter::create(storage::open(url)?).await?;
-    let (mut first, mut parts) = (0, Vec::new());
+    let mut first = 0;
     while first < units.units() {
         let last = (first + UNITS_PER_PART).min(units.units());
         let from = if first == 0 { 0 } else { units.ends[first - 1] };
@@ -321,10 +327,9 @@ async fn write_units(spec: &JobSpec, units: &SyntheticUnits, url: &str) -> Resul
             ends: units.ends[first..last].iter().map(|e| e - from).collect(),
         };
         writer.write_part(&rows_to_batch(spec, &part, first as u64)).await?;
-        parts.push(format!("{url}/part-{:05}.parquet", parts.len()));
         first = last;
     }
-    Ok(parts)
+    Ok(writer.part_urls())
 }
 
 /// A model a DP-SGD job left in the audit's scratch store (`initial` or `trained`).
@@ -347,7 +352,7 @@ async fn canary_partitions(
     let mut spec = job.clone();
     spec.input.urls = write_units(job, canaries, &format!("{url}/rows")).await?;
     let store = storage::open(&format!("{url}/partitions"))?;
-    let key = PartitionKey::generate().map_err(|e| AuditError::Other(e.to_string()))?;
+    let key = PartitionKey::generate()?;
     let mut writer = PartitionWriter::new(&store, "canaries", domain, 1, key)?;
     let mut input = InputReader::new(&spec, domain);
     while let Some(batch) = input.next_batch().await? {
@@ -361,7 +366,7 @@ fn table_of(domain: &Domain, canaries: &SyntheticUnits) -> Table {
     Table {
         units: vec![String::new(); canaries.rows.len()],
         columns: (0..domain.columns.len())
-            .map(|d| canaries.rows.iter().map(|row| canary::encoded(&domain.columns[d], &row[d])).collect())
+            .map(|d| canaries.rows.iter().map(|row| domain.columns[d].encoded(&row[d])).collect())
             .collect(),
     }
 }

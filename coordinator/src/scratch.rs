@@ -3,7 +3,7 @@
 //! Namespaces: `partitions/<instance>/<job>` (encoded private rows, per coordinator
 //! process), `checkpoints/<job>` (charged DP-SGD runs), `leases/<job>` (resume leases),
 //! `instances/<instance>` (each live coordinator's heartbeat) and, for `dpsynth audit` only,
-//! `trained/<job>` (a DP-SGD job's model before and after training).
+//! `models/<job>` (a DP-SGD job's model before and after training).
 //!
 //! Partitions are keyed by the coordinator process that wrote them, so several
 //! coordinators (or `run`s) may share one scratch store: a process removes its own job's
@@ -23,7 +23,7 @@ use dpsynth_shared::storage::StoreLocation;
 pub const PARTITIONS: &str = "partitions";
 pub const CHECKPOINTS: &str = "checkpoints";
 pub const LEASES: &str = "leases";
-const TRAINED: &str = "trained";
+const MODELS: &str = "models";
 const INSTANCES: &str = "instances";
 
 /// How often a coordinator process renews its heartbeat.
@@ -46,7 +46,7 @@ pub fn partition_prefix(job_id: &str) -> String {
 /// when its coordinator keeps them: the first and last rounds' tasks (`GradientSum`,
 /// protobuf) with those weights.
 pub fn kept_model(job_id: &str, stage: &str) -> String {
-    format!("{TRAINED}/{job_id}/{stage}")
+    format!("{MODELS}/{job_id}/{stage}")
 }
 
 /// This process's heartbeat in one scratch store: written, and awaited, before a job's

@@ -25,13 +25,13 @@ pub fn design(
     let mut units = SyntheticUnits::default();
     for _ in 0..count {
         let base: Vec<SyntheticValue> = domain.columns.iter().map(|c| outlying(c, rng)).collect();
-        let mut order: Vec<SyntheticValue> = match order_by {
-            Some(d) => (0..rows)
-                .map(|_| domain.columns[d].draw(rng.random_range(0..domain.columns[d].value_bins()), rng))
-                .collect(),
-            None => Vec::new(),
-        };
-        order.sort_by(|a, b| numeric(a).total_cmp(&numeric(b)));
+        let mut order = Vec::new();
+        if let Some(d) = order_by {
+            let column = &domain.columns[d];
+            order = (0..rows).map(|_| column.draw(rng.random_range(0..column.value_bins()), rng)).collect();
+            let key = |v: &SyntheticValue| column.encoded(v).unwrap_or(f64::NAN);
+            order.sort_by(|a, b| key(a).total_cmp(&key(b)));
+        }
         units.push((0..rows).map(|r| {
             let mut row = base.clone();
             if let Some(d) = order_by {
@@ -62,27 +62,6 @@ fn outlying(column: &ColumnDomain, rng: &mut impl Rng) -> SyntheticValue {
         }
     };
     column.draw(bin, rng)
-}
-
-fn numeric(value: &SyntheticValue) -> f64 {
-    match value {
-        SyntheticValue::Integer(v) | SyntheticValue::Datetime(v) => *v as f64,
-        SyntheticValue::Real(v) => *v,
-        _ => 0.0,
-    }
-}
-
-/// A synthetic value encoded as the evaluation tables hold it: a category by its code, a
-/// number as itself, `None` for missing (or a value the column cannot hold).
-pub fn encoded(column: &ColumnDomain, value: &SyntheticValue) -> Option<f64> {
-    match (value, &column.encoding) {
-        (SyntheticValue::Category(name), Encoding::Categorical { categories, .. }) => {
-            categories.iter().position(|c| c == name).map(|i| i as f64)
-        }
-        (SyntheticValue::Missing, _) | (SyntheticValue::Category(_), _) => None,
-        (v, Encoding::Numeric { .. }) => Some(numeric(v)),
-        (_, Encoding::Categorical { .. }) => None,
-    }
 }
 
 #[cfg(test)]
@@ -134,7 +113,8 @@ categories = ["red", "green", "blue"]"#,
                 matches!(&unit[0][2], SyntheticValue::Category(c) if ["red", "green", "blue"].contains(&c.as_str()))
             );
             assert!(unit.iter().all(|r| r[1..] == unit[0][1..]), "rows differ beyond the order column");
-            assert!(unit.windows(2).all(|w| numeric(&w[0][0]) <= numeric(&w[1][0])), "order not sorted");
+            let order = |r: &[SyntheticValue]| domain.columns[0].encoded(&r[0]).unwrap();
+            assert!(unit.windows(2).all(|w| order(&w[0]) <= order(&w[1])), "order not sorted");
         }
         // A fair coin per canary: 200 draws, 5 standard deviations (√50 ≈ 7) around 100.
         assert!((low as i64 - 100).abs() < 36 && low + high == 200, "{low} low, {high} high");

@@ -115,6 +115,20 @@ impl ColumnDomain {
         }
     }
 
+    /// The encoded value of a synthetic one (the inverse of [`Self::synthetic`] on the
+    /// values the column holds): a category by its code, a number as itself; `None` for
+    /// missing or a value the column cannot hold.
+    pub fn encoded(&self, value: &SyntheticValue) -> Option<f64> {
+        match (value, &self.encoding) {
+            (SyntheticValue::Category(name), Encoding::Categorical { categories, .. }) => {
+                categories.iter().position(|c| c == name).map(|i| i as f64)
+            }
+            (SyntheticValue::Integer(v) | SyntheticValue::Datetime(v), Encoding::Numeric { .. }) => Some(*v as f64),
+            (SyntheticValue::Real(v), Encoding::Numeric { .. }) => Some(*v),
+            _ => None,
+        }
+    }
+
     /// Bin of a synthetic value, as a worker would bin it once encoded: numbers clamped to
     /// the bounds, an undeclared category in `__other__`. `None`: a value this column
     /// cannot hold (missing where missing values are dropped, an unknown category without
@@ -316,5 +330,12 @@ mod tests {
         assert_eq!(colours(true).bin_of(&green), Some(2));
         assert_eq!(colours(false).bin_of(&green), None);
         assert_eq!(colours(false).bin_of(&SyntheticValue::Missing), None);
+        // Encoded back: a declared category's code, a number itself, nothing else.
+        for code in [Some(0.0), Some(1.0), None] {
+            assert_eq!(colours(true).encoded(&colours(true).synthetic(code)), code);
+        }
+        assert_eq!(numeric.encoded(&numeric.synthetic(Some(7.0))), Some(7.0));
+        assert_eq!(colours(true).encoded(&green), None);
+        assert_eq!(numeric.encoded(&blue), None);
     }
 }
