@@ -352,7 +352,7 @@ async fn an_aim_job_charges_exactly_its_zcdp_budget() {
     let dir = tempfile::tempdir().unwrap();
     let section = r#"max_rows_per_unit = 4
 workload = [["heart_rate", "spo2", "rhythm"], ["sbp", "dbp"]]
-rounds = 6
+rounds = 18
 "#;
     let spec = JobSpec::parse(&as_aim(&demo_spec(dir.path(), 120), section), "aim").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;

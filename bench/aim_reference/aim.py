@@ -32,7 +32,7 @@ jax.config.update("jax_enable_compilation_cache", False)
 import numpy as np  # noqa: E402
 from mbi import Dataset, Domain, LinearMeasurement, estimation  # noqa: E402
 from mbi.clique_utils import downward_closure  # noqa: E402
-from mbi.junction_tree import hypothetical_model_size  # noqa: E402
+from mbi.junction_tree import greedy_order, hypothetical_model_size  # noqa: E402
 
 OTHER = "__other__"
 
@@ -192,19 +192,36 @@ def model_marginal(model, clique):
     """The model's marginal on `clique`, in the clique's order.
 
     A set inside one of the model's cliques is read off its marginals. Any other set is
-    contracted from the potentials with numpy's einsum: mbi's own `variable_elimination`
-    compiles one XLA program per set and per model, which on Adult took 4.5 minutes for
-    the first round's 560 candidates and then failed with LLVM out of memory. The values
-    are the same; only the route to them differs.
+    computed as mbi's `variable_elimination` computes it (the same greedy elimination
+    order), in numpy: mbi's compiles one XLA program per set and per model, which on Adult
+    took 4.5 minutes for the first round's 560 candidates and then failed with LLVM out of
+    memory. (A single einsum over every potential, tried before, let numpy choose the
+    order; its intermediates grew with the model until one round's marginals took over an
+    hour.) The values are the same; only the route to them differs.
     """
     if model.marginals.supports(clique):
         return np.asarray(model.project(clique).datavector())
     index = {a: k for k, a in enumerate(model.domain.attributes)}
-    operands = []
+    factors = []
     for factor in model.potentials.tables.values():
         logits = np.asarray(factor.values)
-        operands += [np.exp(logits - logits.max()), [index[a] for a in factor.domain.attributes]]
-    joint = np.einsum(*operands, [index[a] for a in clique], optimize="greedy")
+        factors.append((np.exp(logits - logits.max()), tuple(factor.domain.attributes)))
+    eliminate = [a for a in model.domain.attributes if a not in clique]
+    order, _ = greedy_order(model.domain, [f[1] for f in factors] + [tuple(clique)], elim=eliminate)
+
+    def contract(joined, kept):
+        operands = [x for values, attrs in joined for x in (values, [index[a] for a in attrs])]
+        return np.einsum(*operands, [index[a] for a in kept], optimize=len(joined) > 2)
+
+    for z in order:
+        joined = [f for f in factors if z in f[1]]
+        if not joined:
+            continue
+        factors = [f for f in factors if z not in f[1]]
+        kept = tuple(dict.fromkeys(a for f in joined for a in f[1] if a != z))
+        values = contract(joined, kept)
+        factors.append((values / values.max(), kept))
+    joint = contract(factors, tuple(clique))
     return (joint * (float(model.total) / joint.sum())).ravel()
 
 

@@ -6,14 +6,18 @@
 # and train-on-synthetic ROC-AUC (logistic regression, gradient-boosted trees).
 #   cargo build --release --bins && bench/aim_reference/compare.sh [RUNS]
 # The reference is installed in a venv (pinned in requirements.txt; $AIM_REF_VENV, default
-# bench/aim_reference/.venv). Its AIM takes tens of minutes on 2 cores: a benchmark, not a
-# test. Every run writes under a fresh temporary directory and a ledger of its own.
+# bench/aim_reference/.venv). Its model-size limit is $AIM_REF_MODEL_MB, default 8 MB
+# (2^20 cells of 8 bytes, as dpsynth's `max_model_cells` default of 10^6); private-pgm's own
+# default, 80, did not finish on 2 cores (two runs: one fit, after round 28 and 34, ran 85
+# and 50 minutes without returning). A benchmark, not a test. Every run writes under a
+# fresh temporary directory and a ledger of its own.
 set -euo pipefail
 runs=${1:-1}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 bin=$root/target/release
 venv=${AIM_REF_VENV:-$here/.venv}
+model_mb=${AIM_REF_MODEL_MB:-8}
 test_data=$root/../shared/data/adult/adult.test
 [ -f "$test_data" ] || { echo "needs ../shared/data/adult (adult.data, adult.test)" >&2; exit 2; }
 [ -x "$bin/dpsynth" ] || { echo "build first: cargo build --release --bins" >&2; exit 2; }
@@ -55,9 +59,10 @@ for run in $(seq "$runs"); do
   done
   out=$work/reference-$run
   mkdir -p "$out"
-  seconds=$(timed "$out/aim.log" "$venv/bin/python" "$here/aim.py" --spec examples/adult-aim.toml --out "$out/synthetic.csv")
+  seconds=$(timed "$out/aim.log" "$venv/bin/python" "$here/aim.py" --spec examples/adult-aim.toml \
+    --max-model-mb "$model_mb" --out "$out/synthetic.csv")
   evaluate examples/adult-aim.toml "$out/synthetic.csv" "$out/report"
-  row "private-pgm AIM (mbi $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("mbi"))'))" \
+  row "private-pgm AIM (mbi $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("mbi"))'), $model_mb MB)" \
     "$seconds" "$out/report/report.json"
   grep -h '"rho"' "$out/aim.log" | sed 's/^/  reference: /'
   grep -ho 'Zcdp { rho: [0-9.e-]*' "$work/adult-aim-$run.log" | head -1 | sed 's/^/  dpsynth: /' || true

@@ -936,7 +936,8 @@ pub struct AimParams {
     pub workload: Option<Vec<Vec<String>>>,
     /// Selection rounds T at the start (annealing may end the run sooner); default 16·d.
     pub rounds: Option<u32>,
-    /// Share of each round's budget spent on selection (the rest on measurement).
+    /// Share of each round's budget spent on selection (the rest on measurement). AIM's
+    /// 0.1: the paper's α = 0.9 is the measurement's share.
     pub selection_share: f64,
     /// The most cells the model's cliques may hold together once the budget is spent; a
     /// candidate is eligible while the model with it stays within the spent share of it.
@@ -957,7 +958,7 @@ impl Default for AimParams {
             max_rows_per_unit: 1,
             workload: None,
             rounds: None,
-            selection_share: 0.9,
+            selection_share: 0.1,
             max_model_cells: 1e6,
             fit_iterations: 100,
             default_bins: DEFAULT_BINS,

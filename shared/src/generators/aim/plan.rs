@@ -19,7 +19,8 @@ const GENERATOR: &str = "aim";
 pub const MAX_CANDIDATE_CELLS: f64 = 5e6;
 
 /// The share of ρ on the target's pairs when the spec declares a target and says nothing:
-/// on Adult it lowered 2- and 3-way TVD and raised ROC-AUC (README, AIM).
+/// the spec's declared downstream use. On Adult its figures are level with
+/// `target_share = 0` within their spread (README, AIM).
 pub const DEFAULT_TARGET_SHARE: f64 = 0.2;
 
 fn invalid(message: impl Into<String>) -> PlanError {
