@@ -27,5 +27,7 @@ pub mod schema_draft;
 pub mod simulate;
 pub mod spec;
 pub mod storage;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 #[cfg(feature = "wire")]
 pub mod wire;

@@ -257,12 +257,12 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use dpsynth_shared::data::domain::{ColumnDomain, Domain, Encoding};
     use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
     use dpsynth_shared::storage;
+    use dpsynth_shared::testing::runtime_held;
 
     use super::*;
 
@@ -306,27 +306,8 @@ mod tests {
         let spec = MarginalsTask { domain, tables, max_rows_per_unit: 1, row_level: true, history: None };
         let task = Task { partition_urls: urls, ..Task::default() };
 
-        // The longest gap between ticks, in microseconds.
-        let longest = Arc::new(AtomicU64::new(0));
-        let ticker = tokio::spawn({
-            let longest = longest.clone();
-            async move {
-                let mut last = Instant::now();
-                loop {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    longest.fetch_max(last.elapsed().as_micros() as u64, Ordering::Relaxed);
-                    last = Instant::now();
-                }
-            }
-        });
-        // The ticker starts its first sleep before the count, and ends one after it.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let started = Instant::now();
-        let aggregate = count_tables(&task, &CountTables::from(&spec)).await.unwrap();
-        let took = started.elapsed();
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        ticker.abort();
-        let longest = Duration::from_micros(longest.load(Ordering::Relaxed));
+        let (aggregate, took, longest) = runtime_held(count_tables(&task, &CountTables::from(&spec))).await;
+        let aggregate = aggregate.unwrap();
         // Every table sums to the rows.
         let counts = &aggregate.tensors[0].1;
         assert_eq!(counts.len(), spec.cells());

@@ -264,31 +264,47 @@ pub struct Fetched {
 /// or a folder holding `config.json`, `model.safetensors` and `tokenizer.json` (the
 /// end-of-text id from `config.json`'s `eos_token_id`, the first of a list).
 pub async fn fetch(url: &str) -> Result<Fetched, CheckpointError> {
-    let mut digest = Sha256::new();
-    if url.ends_with(".gguf") {
-        let bytes = read(url).await?;
-        digest.update((bytes.len() as u64).to_le_bytes());
-        digest.update(&bytes);
-        let checkpoint = Checkpoint::gguf(bytes)?;
-        let tokenizer = TextTokenizer::from_gguf(checkpoint.gguf_file().expect("a GGUF checkpoint"))?;
-        return Ok(Fetched { checkpoint, tokenizer, sha256: hex(digest) });
-    }
-    let folder = url.trim_end_matches('/');
-    let mut file = async |name: &str| -> Result<Bytes, CheckpointError> {
-        let bytes = read(&format!("{folder}/{name}")).await?;
-        digest.update((bytes.len() as u64).to_le_bytes());
-        digest.update(&bytes);
-        Ok(bytes)
+    let files = if url.ends_with(".gguf") {
+        vec![read(url).await?]
+    } else {
+        let folder = url.trim_end_matches('/');
+        let mut files = Vec::new();
+        for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+            files.push(read(&format!("{folder}/{name}")).await?);
+        }
+        files
     };
-    let (config, tensors, tokenizer) =
-        (file("config.json").await?, file("model.safetensors").await?, file("tokenizer.json").await?);
+    // Hashing and parsing hundreds of megabytes holds a thread for seconds: off the
+    // runtime, whose heartbeats must keep going (a worker silent past the coordinator's
+    // timeout is declared lost and its round redone).
+    let stopped = || CheckpointError::Read { url: url.to_string(), message: "reading the checkpoint stopped".into() };
+    tokio::task::spawn_blocking(move || parse(files)).await.map_err(|_| stopped())?
+}
+
+/// The files' SHA-256 (each its length, then its bytes) and what they hold: one GGUF file,
+/// or `config.json`, `model.safetensors` and `tokenizer.json`.
+fn parse(files: Vec<Bytes>) -> Result<Fetched, CheckpointError> {
+    let mut digest = Sha256::new();
+    for bytes in &files {
+        digest.update((bytes.len() as u64).to_le_bytes());
+        digest.update(bytes);
+    }
+    let sha256 = hex(digest);
+    let [config, tensors, tokenizer]: [Bytes; 3] = match files.try_into() {
+        Ok(three) => three,
+        Err(mut gguf) => {
+            let checkpoint = Checkpoint::gguf(gguf.remove(0))?;
+            let tokenizer = TextTokenizer::from_gguf(checkpoint.gguf_file().expect("a GGUF checkpoint"))?;
+            return Ok(Fetched { checkpoint, tokenizer, sha256 });
+        }
+    };
     let checkpoint = Checkpoint::safetensors(&config, tensors)?;
     let eos = serde_json::from_slice::<Json>(&config).ok().and_then(|c| {
         let id = c.get("eos_token_id")?;
         id.as_u64().or_else(|| id.as_array()?.first()?.as_u64()).and_then(|id| u32::try_from(id).ok())
     });
     let tokenizer = TextTokenizer::from_json(&tokenizer, eos)?;
-    Ok(Fetched { checkpoint, tokenizer, sha256: hex(digest) })
+    Ok(Fetched { checkpoint, tokenizer, sha256 })
 }
 
 fn hex(digest: Sha256) -> String {

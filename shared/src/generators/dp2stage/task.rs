@@ -61,18 +61,27 @@ impl Dp2StageModelSpec {
             }
         })
         .await?;
-        // Each row as an example (HARMONIC's nearest-row searches on every core).
-        let rows: Vec<(usize, usize)> =
-            examples.units.iter().enumerate().flat_map(|(u, (_, rows))| rows.clone().map(move |r| (u, r))).collect();
-        let encoded = par_map(&rows, |&(_, r)| {
-            let bins: Vec<usize> = examples.x[r * columns..(r + 1) * columns].iter().map(|&b| b as usize).collect();
-            self.model.example(&bins, None)
-        });
-        let mut units: Vec<Vec<RowTokens>> = vec![Vec::new(); examples.units.len()];
-        for ((u, _), example) in rows.into_iter().zip(encoded) {
-            units[u].push(example);
-        }
-        Ok(TextRows { units })
+        // Each row as an example (HARMONIC's nearest-row searches on every core), off the
+        // runtime: its heartbeats must keep going meanwhile.
+        let model = self.model.clone();
+        let encode = move || {
+            let rows: Vec<(usize, usize)> = examples
+                .units
+                .iter()
+                .enumerate()
+                .flat_map(|(u, (_, rows))| rows.clone().map(move |r| (u, r)))
+                .collect();
+            let encoded = par_map(&rows, |&(_, r)| {
+                let bins: Vec<usize> = examples.x[r * columns..(r + 1) * columns].iter().map(|&b| b as usize).collect();
+                model.example(&bins, None)
+            });
+            let mut units: Vec<Vec<RowTokens>> = vec![Vec::new(); examples.units.len()];
+            for ((u, _), example) in rows.into_iter().zip(encoded) {
+                units[u].push(example);
+            }
+            TextRows { units }
+        };
+        tokio::task::spawn_blocking(encode).await.map_err(|e| DataError::Internal(format!("encoding rows: {e}")))
     }
 }
 

@@ -1,6 +1,9 @@
 //! DP-2Stage's invariants: ghost clipping over a unit's rows as text equals a per-unit
 //! backward loop (LoRA adapters and full fine-tuning); stage 1 draws its rows uniformly
-//! from the declared domain alone and learns them; every sampled row parses.
+//! from the declared domain alone and learns them; every sampled row parses; a worker
+//! reads the checkpoint and encodes its rows off the runtime its heartbeats need.
+
+use std::time::Duration;
 
 use rand::RngExt;
 use rand::SeedableRng;
@@ -9,15 +12,20 @@ use rand::rngs::{ChaCha8Rng, ChaCha20Rng};
 use super::model::{TextModel, TextModelSpec, TextRows};
 use super::pretrain::{PseudoTraining, pretrain, pseudo_rows};
 use super::sampler::TextSampler;
+use crate::data::EncodedBatch;
 use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
+use crate::data::partition::{PartitionKey, PartitionWriter};
 use crate::decoder::{DecoderConfig, Family, LoraConfig};
 use crate::dpsgd::ghost::Plain;
 use crate::dpsgd::layers::Layer;
 use crate::dpsgd::params::TrainableLayers;
 use crate::dpsgd::{DpModel, RoundSettings, clipped_gradient_sum, compute_device};
+use crate::generators::harmonic::Prompting;
 use crate::generators::row_text::RowText;
 use crate::generators::row_text::tests::tokenizer;
 use crate::spec::ColumnKind;
+use crate::storage;
+use crate::testing::runtime_held;
 
 /// A target with three categories and an integer 1..=10, one bin a value.
 pub(crate) fn domain() -> Domain {
@@ -241,4 +249,70 @@ async fn a_checkpoint_that_changed_since_the_plan_is_refused() {
     let changed = super::Dp2StageModelSpec { checkpoint_sha256: "0".repeat(64), ..spec };
     let err = changed.load_model(&device).await.err().expect("refused").to_string();
     assert!(err.contains("changed since the job was planned"), "{err}");
+}
+
+/// A worker's rows become prompted examples (HARMONIC's nearest-row searches) off the
+/// runtime: 20,000 rows against 10,000 reference rows keep it busy for a while, and the
+/// ticker is never held for more than a tenth of that.
+#[tokio::test(flavor = "current_thread")]
+async fn encoding_a_workers_rows_leaves_the_runtime_free() {
+    let domain = domain();
+    let rows = 20_000;
+    let batch = EncodedBatch {
+        units: (0..rows).map(|r| format!("u{r}")).collect(),
+        values: vec![
+            (0..rows).map(|r| Some((r % 3) as f64)).collect(),
+            (0..rows).map(|r| Some((1 + r * 7 % 10) as f64)).collect(),
+        ],
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = storage::open(dir.path().to_str().unwrap()).unwrap();
+    let mut writer = PartitionWriter::new(&scratch, "rows", &domain, 1, PartitionKey::generate().unwrap()).unwrap();
+    writer.write(batch).await.unwrap();
+    let urls = writer.finish().await.unwrap().urls;
+    let mut model = model(None).spec;
+    let reference = (0..10_000u32).map(|i| vec![i % 3, (i * 3) % 10]).collect();
+    model.prompting = Some(Prompting { reference, neighbours: 3, source: "test".into() });
+    let spec = super::Dp2StageModelSpec {
+        checkpoint: "unused.gguf".into(),
+        checkpoint_sha256: String::new(),
+        model,
+        max_rows_per_unit: 1,
+        pseudo: PseudoTraining { rows: 1, batch: 1, epochs: 1.0, learning_rate: 1e-3 },
+    };
+    let (examples, took, longest) = runtime_held(spec.load_rows(&urls)).await;
+    let examples = examples.unwrap();
+    assert_eq!(examples.units.len(), rows);
+    assert!(examples.units.iter().all(|u| u.len() == 1 && u[0].prompt > 0), "every row after its prompt");
+    eprintln!("encoding took {took:?}, the runtime held for at most {longest:?}");
+    assert!(took > Duration::from_millis(200), "encoding took {took:?}: too quick to tell");
+    assert!(longest < took / 10, "the runtime was held for {longest:?} of {took:?}");
+}
+
+/// Reading SmolLM2's checkpoint (hashing and parsing 98 MB, building its tokenizer) and
+/// building the model leave the runtime free (when the file is there).
+#[tokio::test(flavor = "current_thread")]
+async fn loading_a_checkpoint_leaves_the_runtime_free() {
+    let Ok(path) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF (.ci/run fetches it)");
+        return;
+    };
+    let (fetched, took, longest) = runtime_held(crate::decoder::checkpoint::fetch(&path)).await;
+    let fetched = fetched.unwrap();
+    assert!(took > Duration::from_millis(100), "reading took {took:?}: too quick to tell");
+    assert!(longest < took / 10, "reading the checkpoint held the runtime for {longest:?} of {took:?}");
+    let domain = domain();
+    let text = RowText::new(&domain, Some(0), &fetched.tokenizer).unwrap();
+    let model = TextModelSpec { domain, text, blocks: Some(2), lora: None, value_weight: 0.65, prompting: None };
+    let spec = super::Dp2StageModelSpec {
+        checkpoint: path,
+        checkpoint_sha256: fetched.sha256,
+        model,
+        max_rows_per_unit: 1,
+        pseudo: PseudoTraining { rows: 1, batch: 1, epochs: 1.0, learning_rate: 1e-3 },
+    };
+    let device = compute_device();
+    let (built, took, longest) = runtime_held(spec.load_model(&device)).await;
+    assert_eq!(built.unwrap().decoder.blocks.len(), 2);
+    assert!(longest < took / 10, "building the model held the runtime for {longest:?} of {took:?}");
 }
