@@ -1,8 +1,9 @@
 //! The language-model generators on the coordinator, DP-2Stage and HARMONIC: DP-SGD
 //! generators (`super::dpsgd`) over a public pretrained checkpoint. The plan reads the
-//! checkpoint and its tokenizer (public, from the spec's URL) and HARMONIC's public
+//! checkpoint and its tokenizer (public, from the spec's URL) and the public
 //! reference set; stage 1 on public examples (DP-2Stage: pseudo rows from the declared
-//! domain; HARMONIC: the reference set) runs after admission and before anything is
+//! domain, or the rows of a named reference set; HARMONIC: the reference set, each row
+//! after its nearest others) runs after admission and before anything is
 //! charged; stage 2 is the engine's DP-SGD run; rows are drawn by constrained decoding.
 
 use dpsynth_privacy::ledger::Ledger;
