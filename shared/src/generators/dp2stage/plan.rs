@@ -140,7 +140,7 @@ impl Dp2StagePlan {
         let generator = spec.generator.name().as_str();
         let invalid = |message: String| PlanError::new(generator, message);
         if prompting.is_some() != params.reference.is_some() {
-            return Err(invalid("a reference set goes with HARMONIC's reference, and only with it".into()));
+            return Err(invalid("a reference set read goes with the spec's `reference`, and only with it".into()));
         }
         let mut run = run_plan!(generator, params)?;
         run.calibration = CalibrationPlan::new(spec, domain, options)?.map(Box::new);

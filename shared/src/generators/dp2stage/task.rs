@@ -81,7 +81,7 @@ impl Dp2StageModelSpec {
             }
             TextRows { units }
         };
-        tokio::task::spawn_blocking(encode).await.map_err(|e| DataError::Internal(format!("encoding rows: {e}")))
+        tokio::task::spawn_blocking(encode).await.map_err(|_| DataError::Internal("encoding the rows stopped".into()))
     }
 }
 

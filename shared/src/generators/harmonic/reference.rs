@@ -68,6 +68,10 @@ impl Prompting {
     /// distance is the sum over columns of 1 for another category and |Δbin| / (bins − 1)
     /// for a numeric column's value bins. Ties go to the earlier row.
     pub fn nearest(&self, domain: &Domain, row: &[usize], exclude: Option<usize>) -> Vec<usize> {
+        // DP-2Stage's stage-1 table asks for none: no search over the reference rows.
+        if self.neighbours == 0 {
+            return Vec::new();
+        }
         let mut scored: Vec<(f64, usize)> = self
             .reference
             .iter()
