@@ -2,6 +2,7 @@ use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;
 use rand_distr::{Distribution, Normal};
 
+use super::model::rounded_cells;
 use super::{Factor, GraphicalModel, Measurement};
 
 /// A joint distribution over `domain` (ascending cell weights, normalised), as counts.
@@ -162,4 +163,57 @@ fn joined_marginals_equal_variable_elimination_and_reach_every_pair() {
     // {1, 4, 6}: 1 shares no clique with 4 or 6, nor 4 with 6.
     assert!(!model.reaches(&[1, 4, 6]));
     assert!(unreached > 0);
+}
+
+/// Rows are drawn by rounding, not by independent draws: with one clique, every cell
+/// holds n·p rows rounded down or up (independent draws would miss by √(n·p) or so).
+#[test]
+fn sampled_counts_are_the_models_counts_rounded() {
+    let domain = [3, 4];
+    let truth = joint(&domain, 1.0);
+    let measurements = vec![measure(&truth, &[0, 1], 1.0, &mut || 0.0)];
+    let model = GraphicalModel::fit(&domain, &measurements, 500);
+    let expected = model.marginal(&[0, 1]);
+    let total: f64 = expected.values.iter().sum();
+    for (seed, n) in [(1, 997), (2, 10_000), (3, 5)] {
+        let rows = model.sample(n, &mut ChaCha20Rng::seed_from_u64(seed));
+        assert_eq!(rows.len(), n);
+        for (cell, weight) in expected.values.iter().enumerate() {
+            let target = n as f64 * weight / total;
+            let seen = rows.iter().filter(|r| r[0] * 4 + r[1] == cell).count() as f64;
+            assert!(seen == target.floor() || seen == target.ceil(), "n = {n}, cell {cell}: {seen} rows for {target}");
+        }
+    }
+}
+
+/// Each cell's count is ⌊n·p⌋ or ⌈n·p⌉, n in all, and n·p on average (2,000 draws: within
+/// five standard errors of a count that is one of two values).
+#[test]
+fn rounded_cells_are_unbiased() {
+    let weights = [0.5, 2.25, 0.0, 1.0, 3.125];
+    let total: f64 = weights.iter().sum();
+    let n = 13;
+    let mut rng = ChaCha20Rng::seed_from_u64(4);
+    let mut sums = [0.0; 5];
+    let draws = 2000;
+    for _ in 0..draws {
+        let cells = rounded_cells(weights.iter().copied().enumerate(), n, &mut rng);
+        assert_eq!(cells.len(), n);
+        for (i, w) in weights.iter().enumerate() {
+            let target = n as f64 * w / total;
+            let count = cells.iter().filter(|&&c| c == i).count() as f64;
+            assert!(count == target.floor() || count == target.ceil(), "cell {i}: {count} for {target}");
+            sums[i] += count;
+        }
+    }
+    for (i, w) in weights.iter().enumerate() {
+        let target = n as f64 * w / total;
+        let f = target - target.floor();
+        let tolerance = 5.0 * (f * (1.0 - f) / draws as f64).sqrt() + 1e-9;
+        assert!(
+            (sums[i] / draws as f64 - target).abs() <= tolerance,
+            "cell {i}: mean {} for {target}",
+            sums[i] / draws as f64
+        );
+    }
 }
