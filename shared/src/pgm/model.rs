@@ -283,9 +283,9 @@ impl GraphicalModel {
     /// Draws `rows` rows (a value index per variable) from the model, clique by clique
     /// down the tree: the root clique's cells first, then each clique's cells given its
     /// separator with its parent. Within each group of rows sharing a separator value, a
-    /// cell's count is n·p rounded up or down at random (unbiased, and far less variable
-    /// than n independent draws, as Private-PGM's `synthetic_data`), the cells then shuffled
-    /// over the group's rows.
+    /// cell's count is n·p rounded up or down at random (like Private-PGM's
+    /// `synthetic_data`, but systematic, hence unbiased; far less variable than n
+    /// independent draws), the cells then shuffled over the group's rows.
     pub fn sample(&self, rows: usize, rng: &mut impl Rng) -> Vec<Vec<usize>> {
         let variables = self.tree.cliques.iter().flatten().max().map_or(0, |v| v + 1);
         let mut out = vec![vec![0; variables]; rows];
@@ -352,17 +352,24 @@ pub(crate) fn rounded_cells(cells: impl Iterator<Item = (usize, f64)>, n: usize,
     // below 1, then each unit step of their running sum picks the cell it lands in.
     let mut next = rng.random::<f64>();
     let mut running = 0.0;
-    for (&(i, _), f) in cells.iter().zip(&fractions) {
+    let mut picked = vec![false; cells.len()];
+    for (k, (&(i, _), f)) in cells.iter().zip(&fractions).enumerate() {
         running += f;
-        while next < running && out.len() < n {
+        if next < running && out.len() < n {
             out.push(i);
+            picked[k] = true;
             next += 1.0;
         }
     }
-    // Rounding can leave the last row unpicked: the largest fraction's cell takes it.
-    if out.len() < n {
-        let last = cells.iter().zip(&fractions).max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(c, _)| c.0);
-        out.resize(n, last);
+    // Floating-point rounding can leave a row unpicked: the largest fraction not yet
+    // picked takes it, so no count goes past ⌈n·p⌉.
+    while out.len() < n {
+        let k = (0..cells.len())
+            .filter(|&k| !picked[k])
+            .max_by(|&a, &b| fractions[a].total_cmp(&fractions[b]))
+            .expect("fewer rows missing than cells unpicked");
+        out.push(cells[k].0);
+        picked[k] = true;
     }
     out.shuffle(rng);
     out
