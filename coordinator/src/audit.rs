@@ -248,7 +248,7 @@ fn check(spec: &JobSpec, options: &AuditOptions) -> Result<(), AuditError> {
         return refuse("--workers must be at least 1");
     }
     if options.score == Score::Loss && !spec.generator.name().trained_by_dpsgd() {
-        return refuse("the loss score needs a generator trained by DP-SGD (findiff, sequence, dp2stage, harmonic)");
+        return refuse("the loss score needs a generator trained by DP-SGD");
     }
     Ok(())
 }
@@ -393,26 +393,17 @@ async fn run_job(
         output_url: Some(output.to_string()),
         ledger_url: Some(ledger.to_string()),
     };
-    if let Err(status) = cluster.service.start_job(request) {
-        cluster.shutdown().await;
-        return Err(AuditError::Job { state: "refused".into(), message: status.message().to_string() });
-    }
     let mut last_log = Instant::now();
-    let status = loop {
-        let Some(status) = cluster.service.job_status(&job_id) else {
-            break Err(AuditError::Other("the audited job vanished".into()));
-        };
-        if status.state != JobState::Running as i32 {
-            break Ok(status);
-        }
-        if last_log.elapsed() > Duration::from_secs(10) {
-            tracing::info!(stage = status.message, epsilon_spent = status.epsilon_spent, "audited job running");
-            last_log = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let status = cluster
+        .run_job(request, |status| {
+            if last_log.elapsed() > Duration::from_secs(10) {
+                tracing::info!(stage = status.message, epsilon_spent = status.epsilon_spent, "audited job running");
+                last_log = Instant::now();
+            }
+        })
+        .await;
     cluster.shutdown().await;
-    let status = status?;
+    let status = status.map_err(|message| AuditError::Job { state: "without running".into(), message })?;
     if status.state != JobState::Succeeded as i32 {
         let state = JobState::try_from(status.state).map_or("unknown".into(), |s| format!("{s:?}").to_lowercase());
         return Err(AuditError::Job { state, message: status.message });

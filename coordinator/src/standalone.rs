@@ -1,11 +1,15 @@
 //! Standalone mode: the coordinator and N workers in one process, talking real gRPC over
 //! 127.0.0.1 (like Ballista's standalone mode) — the same code paths as a cluster.
 
+use std::time::Duration;
+
+use dpsynth_proto::{JobState, JobStatus};
 use dpsynth_worker::WorkerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::job::JobRequest;
 use crate::server::serve;
 use crate::service::{CoordinatorConfig, CoordinatorService};
 
@@ -49,6 +53,25 @@ impl Standalone {
             })
             .collect();
         Ok(Self { service, url, stop, server, workers })
+    }
+
+    /// Starts `request`'s job and polls it every 200 ms until it ends, showing each status
+    /// to `progress`: its final status, or why it could not start (or vanished).
+    pub async fn run_job(
+        &self,
+        request: JobRequest,
+        mut progress: impl FnMut(&JobStatus),
+    ) -> Result<JobStatus, String> {
+        let job_id = request.job_id.clone();
+        self.service.start_job(request).map_err(|status| status.message().to_string())?;
+        loop {
+            let status = self.service.job_status(&job_id).ok_or("the job vanished")?;
+            progress(&status);
+            if status.state != JobState::Running as i32 {
+                return Ok(status);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Stops the workers and the server.

@@ -228,13 +228,13 @@ impl OutputWriter {
         Ok(())
     }
 
-    /// Writes the manifest (create-if-absent): from here on the output is complete.
     /// The URLs of the parts written so far.
     pub fn part_urls(&self) -> Vec<String> {
         let base = self.location.url.trim_end_matches('/');
         self.parts.iter().map(|p| format!("{base}/{}", p.path)).collect()
     }
 
+    /// Writes the manifest (create-if-absent): from here on the output is complete.
     pub async fn finish(self, mut manifest: Manifest) -> Result<Manifest, OutputError> {
         manifest.parts = self.parts.clone();
         manifest.rows = self.parts.iter().map(|p| p.rows).sum();

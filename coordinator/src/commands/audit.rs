@@ -62,8 +62,10 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             joined = audit => Some(joined),
         }
     });
-    // Every task (the cluster's, a stopped audit's) ends before the working files (a copy
-    // of the stand-in data) are removed, so none can write them anew.
+    // The cluster's tasks (the only ones that write the working files, a copy of the
+    // stand-in data) end at their next await before the files are removed, so none can
+    // write them anew; a stopped audit still scoring on a thread past the timeout only
+    // reads them.
     runtime.shutdown_timeout(Duration::from_secs(30));
     let kept = work.path().display().to_string();
     if let Err(e) = work.close() {
@@ -73,7 +75,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
     let Some(joined) = outcome else { bail!("stopped: the audit's working files are removed") };
     let report = joined??;
     eprintln!(
-        "audit {} ({}): {} canaries ({} included), {} of {} guesses right: ε ≥ {:.3} at 95% confidence, claimed ε = {} (δ = {:e}): {}",
+        "audit {} ({}): {} canaries ({} included), {} of {} guesses right: ε ≥ {:.3} at {:.0}% confidence, claimed ε = {} (δ = {:e}): {}",
         report.job_id,
         report.generator,
         report.canaries,
@@ -81,6 +83,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         report.correct,
         report.guesses,
         report.epsilon_lower_bound,
+        100.0 * (1.0 - report.significance),
         report.claimed_epsilon,
         report.delta,
         if report.passed { "consistent with the claim" } else { "THE CLAIM IS FALSIFIED" }

@@ -183,19 +183,30 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-/// Shows a job's progress until it ends; returns its final status.
-async fn follow(mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>) -> anyhow::Result<JobStatus> {
+/// A job's progress bar: it counts tasks or DP-SGD rounds; the stage in the message says
+/// which.
+fn progress_bar() -> ProgressBar {
     let bar = ProgressBar::new(0);
-    // Counts tasks or DP-SGD rounds; the stage in the message says which.
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len}, ETA {eta} — {msg}")
             .expect("valid template"),
     );
+    bar
+}
+
+/// Shows a job's status on its bar.
+fn show(bar: &ProgressBar, s: &JobStatus) {
+    bar.set_length(u64::from(s.tasks_total));
+    bar.set_position(u64::from(s.tasks_done));
+    bar.set_message(format!("{} (ε spent {:.4})", s.message, s.epsilon_spent));
+}
+
+/// Shows a job's progress until it ends; returns its final status.
+async fn follow(mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>) -> anyhow::Result<JobStatus> {
+    let bar = progress_bar();
     loop {
         let s = status().await?;
-        bar.set_length(u64::from(s.tasks_total));
-        bar.set_position(u64::from(s.tasks_done));
-        bar.set_message(format!("{} (ε spent {:.4})", s.message, s.epsilon_spent));
+        show(&bar, &s);
         if s.state != JobState::Running as i32 {
             bar.finish_and_clear();
             return Ok(s);
@@ -252,16 +263,13 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow:
     tracing::info!(coordinator = cluster.url, workers, "standalone cluster started");
     let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
     let request = JobRequest { job_id: job_id.clone(), spec, output_url: at.output, ledger_url: at.ledger };
-    if let Err(status) = cluster.service.start_job(request) {
-        cluster.shutdown().await;
-        bail!("{}", status.message());
-    }
-    let service = cluster.service.clone();
-    let status = follow(async || service.job_status(&job_id).context("job vanished")).await;
-    if service.diagnostics_pending(&job_id) {
+    let bar = progress_bar();
+    let status = cluster.run_job(request, |s| show(&bar, s)).await.map_err(anyhow::Error::msg);
+    bar.finish_and_clear();
+    if cluster.service.diagnostics_pending(&job_id) {
         let report = format!("{}/{job_id}", at.diagnostics.trim_end_matches('/'));
         eprintln!("writing the evaluation report (for the data owner, not differentially private) to {report}");
-        while service.diagnostics_pending(&job_id) {
+        while cluster.service.diagnostics_pending(&job_id) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }

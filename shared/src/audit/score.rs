@@ -17,6 +17,8 @@
 //! The guesses are "in" for the k highest scores and "out" for the k lowest, ties broken
 //! by a fair coin so that the order canaries were made in cannot count.
 
+use std::collections::HashMap;
+
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
@@ -63,9 +65,11 @@ impl std::str::FromStr for Score {
     }
 }
 
-/// Every 2-way table of a table's bins.
+/// Every 2-way table of a table's bins, sparse (only the cells rows reach: two columns of
+/// many categories would make a dense table of billions of cells).
 struct PairCounts {
-    pairs: Vec<(usize, usize, Vec<u32>)>,
+    /// Per pair of columns (i, j): the counts by cell a·bins(j) + b, and the table's cells.
+    pairs: Vec<(usize, usize, HashMap<usize, u32>, f64)>,
     rows: f64,
 }
 
@@ -78,9 +82,9 @@ impl PairCounts {
             .flat_map(|i| ((i + 1)..d).map(move |j| (i, j)))
             .map(|(i, j)| {
                 let width = domain.columns[j].bins();
-                let mut counts = vec![0u32; domain.columns[i].bins() * width];
-                bins[i].iter().zip(&bins[j]).for_each(|(a, b)| counts[a * width + b] += 1);
-                (i, j, counts)
+                let mut counts = HashMap::new();
+                bins[i].iter().zip(&bins[j]).for_each(|(a, b)| *counts.entry(a * width + b).or_insert(0) += 1);
+                (i, j, counts, (domain.columns[i].bins() * width) as f64)
             })
             .collect();
         Self { pairs, rows: table.rows() as f64 }
@@ -90,9 +94,9 @@ impl PairCounts {
     fn log_likelihood(&self, domain: &Domain, row: &[usize]) -> f64 {
         self.pairs
             .iter()
-            .map(|(i, j, counts)| {
-                let cell = row[*i] * domain.columns[*j].bins() + row[*j];
-                ((f64::from(counts[cell]) + 0.5) / (self.rows + 0.5 * counts.len() as f64)).ln()
+            .map(|(i, j, counts, cells)| {
+                let count = counts.get(&(row[*i] * domain.columns[*j].bins() + row[*j])).copied().unwrap_or(0);
+                ((f64::from(count) + 0.5) / (self.rows + 0.5 * cells)).ln()
             })
             .sum()
     }

@@ -265,46 +265,59 @@ pub struct Fetched {
 /// end-of-text id from `config.json`'s `eos_token_id`, the first of a list).
 pub async fn fetch(url: &str) -> Result<Fetched, CheckpointError> {
     let files = if url.ends_with(".gguf") {
-        vec![read(url).await?]
+        CheckpointFiles::Gguf(read(url).await?)
     } else {
         let folder = url.trim_end_matches('/');
-        let mut files = Vec::new();
-        for name in ["config.json", "model.safetensors", "tokenizer.json"] {
-            files.push(read(&format!("{folder}/{name}")).await?);
+        CheckpointFiles::HuggingFace {
+            config: read(&format!("{folder}/config.json")).await?,
+            tensors: read(&format!("{folder}/model.safetensors")).await?,
+            tokenizer: read(&format!("{folder}/tokenizer.json")).await?,
         }
-        files
     };
     // Hashing and parsing hundreds of megabytes holds a thread for seconds: off the
     // runtime, whose heartbeats must keep going (a worker silent past the coordinator's
     // timeout is declared lost and its round redone).
     let stopped = || CheckpointError::Read { url: url.to_string(), message: "reading the checkpoint stopped".into() };
-    tokio::task::spawn_blocking(move || parse(files)).await.map_err(|_| stopped())?
+    tokio::task::spawn_blocking(move || files.parse()).await.map_err(|_| stopped())?
 }
 
-/// The files' SHA-256 (each its length, then its bytes) and what they hold: one GGUF file,
-/// or `config.json`, `model.safetensors` and `tokenizer.json`.
-fn parse(files: Vec<Bytes>) -> Result<Fetched, CheckpointError> {
-    let mut digest = Sha256::new();
-    for bytes in &files {
-        digest.update((bytes.len() as u64).to_le_bytes());
-        digest.update(bytes);
-    }
-    let sha256 = hex(digest);
-    let [config, tensors, tokenizer]: [Bytes; 3] = match files.try_into() {
-        Ok(three) => three,
-        Err(mut gguf) => {
-            let checkpoint = Checkpoint::gguf(gguf.remove(0))?;
-            let tokenizer = TextTokenizer::from_gguf(checkpoint.gguf_file().expect("a GGUF checkpoint"))?;
-            return Ok(Fetched { checkpoint, tokenizer, sha256 });
+/// A checkpoint's files as read.
+enum CheckpointFiles {
+    Gguf(Bytes),
+    HuggingFace { config: Bytes, tensors: Bytes, tokenizer: Bytes },
+}
+
+impl CheckpointFiles {
+    /// What the files hold, and their SHA-256 (each file's length, then its bytes, in the
+    /// order read).
+    fn parse(self) -> Result<Fetched, CheckpointError> {
+        let mut digest = Sha256::new();
+        let files = match &self {
+            CheckpointFiles::Gguf(bytes) => vec![bytes],
+            CheckpointFiles::HuggingFace { config, tensors, tokenizer } => vec![config, tensors, tokenizer],
+        };
+        for bytes in files {
+            digest.update((bytes.len() as u64).to_le_bytes());
+            digest.update(bytes);
         }
-    };
-    let checkpoint = Checkpoint::safetensors(&config, tensors)?;
-    let eos = serde_json::from_slice::<Json>(&config).ok().and_then(|c| {
-        let id = c.get("eos_token_id")?;
-        id.as_u64().or_else(|| id.as_array()?.first()?.as_u64()).and_then(|id| u32::try_from(id).ok())
-    });
-    let tokenizer = TextTokenizer::from_json(&tokenizer, eos)?;
-    Ok(Fetched { checkpoint, tokenizer, sha256 })
+        let sha256 = hex(digest);
+        let (checkpoint, tokenizer) = match self {
+            CheckpointFiles::Gguf(bytes) => {
+                let checkpoint = Checkpoint::gguf(bytes)?;
+                let tokenizer = TextTokenizer::from_gguf(checkpoint.gguf_file().expect("a GGUF checkpoint"))?;
+                (checkpoint, tokenizer)
+            }
+            CheckpointFiles::HuggingFace { config, tensors, tokenizer } => {
+                let checkpoint = Checkpoint::safetensors(&config, tensors)?;
+                let eos = serde_json::from_slice::<Json>(&config).ok().and_then(|c| {
+                    let id = c.get("eos_token_id")?;
+                    id.as_u64().or_else(|| id.as_array()?.first()?.as_u64()).and_then(|id| u32::try_from(id).ok())
+                });
+                (checkpoint, TextTokenizer::from_json(&tokenizer, eos)?)
+            }
+        };
+        Ok(Fetched { checkpoint, tokenizer, sha256 })
+    }
 }
 
 fn hex(digest: Sha256) -> String {

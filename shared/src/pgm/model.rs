@@ -287,8 +287,7 @@ impl GraphicalModel {
     /// `synthetic_data`, but systematic, hence unbiased; far less variable than n
     /// independent draws), the cells then shuffled over the group's rows.
     pub fn sample(&self, rows: usize, rng: &mut impl Rng) -> Vec<Vec<usize>> {
-        let variables = self.tree.cliques.iter().flatten().max().map_or(0, |v| v + 1);
-        let mut out = vec![vec![0; variables]; rows];
+        let mut out = vec![vec![0; self.domain.len()]; rows];
         let root = &self.marginals[0];
         let all: Vec<usize> = (0..rows).collect();
         assign(root, &all, &rounded_cells(root.values.iter().copied().enumerate(), rows, rng), &mut out);
@@ -296,19 +295,19 @@ impl GraphicalModel {
             let separator = self.tree.separator(p, c);
             let clique = &self.marginals[c];
             let cells = clique.cells_in(&separator);
-            let groups =
-                separator.iter().map(|v| clique.sizes[clique.vars.iter().position(|w| w == v).unwrap()]).product();
+            // Each separator variable with its size in the clique, as `cells_in` orders them.
+            let sizes: Vec<(usize, usize)> = separator
+                .iter()
+                .map(|&v| (v, clique.sizes[clique.vars.iter().position(|&w| w == v).expect("in the clique")]))
+                .collect();
+            let groups = sizes.iter().map(|&(_, size)| size).product();
             let mut by_separator: Vec<Vec<(usize, f64)>> = vec![Vec::new(); groups];
             for (i, (&value, &s)) in clique.values.iter().zip(&cells).enumerate() {
                 by_separator[s].push((i, value));
             }
             let mut members: Vec<Vec<usize>> = vec![Vec::new(); groups];
             for (r, row) in out.iter().enumerate() {
-                let s = separator.iter().fold(0, |acc, &v| {
-                    let i = clique.vars.iter().position(|&w| w == v).unwrap();
-                    acc * clique.sizes[i] + row[v]
-                });
-                members[s].push(r);
+                members[sizes.iter().fold(0, |acc, &(v, size)| acc * size + row[v])].push(r);
             }
             for (group, rows) in members.iter().enumerate().filter(|(_, rows)| !rows.is_empty()) {
                 let drawn = rounded_cells(by_separator[group].iter().copied(), rows.len(), rng);
