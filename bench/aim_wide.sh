@@ -2,7 +2,7 @@
 # AIM on a wide table: COLUMNS columns (default 40; three in four categorical with 2 to 8
 # categories, the rest integers on 8 bins) and ROWS rows (default 10^5), drawn from a
 # latent class and a chain between neighbouring columns, so that pairs and triples carry
-# structure. Runs `dpsynth run` (coordinator and 2 workers in one process) with AIM's
+# structure. Runs `rhosynth run` (coordinator and 2 workers in one process) with AIM's
 # default workload — every triple — at ε = 1, and prints the wall time, the peak RSS
 # (the process's high-water mark: coordinator, workers and model together), the rounds
 # run, the model's size, and the 1-, 2- and 3-way fidelity against a held-out draw.
@@ -51,9 +51,9 @@ for name, n in [("train", rows), ("test", rows // 5)]:
             f.write(draw() + "\n")
 EOF
 
-/usr/bin/time -v "$bin/dpsynth" run "$work/job.toml" --scratch "$work/scratch" --diagnostics "$work/diagnostics" \
+/usr/bin/time -v "$bin/rhosynth" run "$work/job.toml" --scratch "$work/scratch" --diagnostics "$work/diagnostics" \
   > /dev/null 2> "$work/run.log" || { tail -20 "$work/run.log"; exit 1; }
-"$bin/dpsynth" eval --spec "$work/job.toml" --test "$work/test.csv" --synthetic "$work/out" --out "$work/report" \
+"$bin/rhosynth" eval --spec "$work/job.toml" --test "$work/test.csv" --synthetic "$work/out" --out "$work/report" \
   > /dev/null 2> "$work/eval.log"
 python3 - "$work" "$rows" "$columns" <<'EOF'
 import json, re, sys

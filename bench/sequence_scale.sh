@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sequence generator at MIMIC scale: a simulated cohort (default 10^5 patients, about
 # 2.7·10^6 rows) partitioned by patient and trained for a fixed number of DP-SGD rounds by
-# 1, 2 and 4 worker processes — `dpsynth serve --dev` and `dpsynth-worker`s over real
+# 1, 2 and 4 worker processes — `rhosynth serve --dev` and `rhosynth-worker`s over real
 # sockets, the Kubernetes shape on one machine. Prints rounds/s and the peak RSS (VmHWM)
 # of the coordinator and of each worker.
 #   cargo build --release --bins && bench/sequence_scale.sh [PATIENTS] [ROUNDS] [PARTITIONS]
@@ -12,32 +12,32 @@ partitions=${3:-8}
 bin=$(cd "$(dirname "$0")/.." && pwd)/target/release
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-"$bin/dpsynth" simulate --patients "$patients" "$work/cohort.csv"
+"$bin/rhosynth" simulate --patients "$patients" "$work/cohort.csv"
 echo "rows: $(($(wc -l < "$work/cohort.csv") - 1))"
 # A fixed number of rounds: epochs = rounds · q with q = batch / N (N̂ ≈ N).
 epochs=$(python3 -c "print($rounds * 256 / $patients)")
-sed -e "s|./dpsynth-out/demo/input/icu_vitals.csv|$work/cohort.csv|" \
+sed -e "s|./rhosynth-out/demo/input/icu_vitals.csv|$work/cohort.csv|" \
     -e "s|^partitions = 4|partitions = $partitions|" \
     -e "s|^context_rows = 2|context_rows = 2\nepochs = $epochs|" \
-    -e "s|^url = \"./dpsynth-out/icu-sequence\"|url = \"$work/out/{job_id}\"\nunits = 100|" \
+    -e "s|^url = \"./rhosynth-out/icu-sequence\"|url = \"$work/out/{job_id}\"\nunits = 100|" \
     -e '/^\[evaluation\]/,$d' \
     "$(dirname "$0")/../examples/icu-sequence.toml" > "$work/job.toml"
 
 hwm() { awk '/VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$1/status"; }
 for workers in 1 2 4; do
   port=$((20000 + RANDOM % 20000))
-  "$bin/dpsynth" serve --dev --listen "127.0.0.1:$port" --scratch "$work/scratch-$workers" \
+  "$bin/rhosynth" serve --dev --listen "127.0.0.1:$port" --scratch "$work/scratch-$workers" \
     --ledger "$work/ledger-$workers" 2> "$work/coordinator-$workers.log" &
   coordinator=$!
   sleep 2
   pids=()
   for w in $(seq "$workers"); do
-    "$bin/dpsynth-worker" --coordinator "http://127.0.0.1:$port" --name "w$w" 2> "$work/worker-$workers-$w.log" &
+    "$bin/rhosynth-worker" --coordinator "http://127.0.0.1:$port" --name "w$w" 2> "$work/worker-$workers-$w.log" &
     pids+=($!)
   done
   sleep 2
   start=$(date +%s.%N)
-  "$bin/dpsynth" submit "$work/job.toml" --coordinator "http://127.0.0.1:$port" > /dev/null 2> "$work/submit-$workers.log"
+  "$bin/rhosynth" submit "$work/job.toml" --coordinator "http://127.0.0.1:$port" > /dev/null 2> "$work/submit-$workers.log"
   end=$(date +%s.%N)
   # Rounds per second between the first and the last progress line of the run.
   rate=$(grep -o '[0-9T:.-]*Z .*DP-SGD progress round=[0-9]*' "$work/coordinator-$workers.log" | python3 -c '

@@ -1,8 +1,8 @@
-//! Compiles `dpsynth.proto` with protox (no system protoc needed).
+//! Compiles `rhosynth.proto` with protox (no system protoc needed).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cargo:rerun-if-changed=dpsynth.proto");
-    let descriptors = protox::compile(["dpsynth.proto"], ["."])?;
+    println!("cargo:rerun-if-changed=rhosynth.proto");
+    let descriptors = protox::compile(["rhosynth.proto"], ["."])?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }

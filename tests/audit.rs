@@ -1,6 +1,6 @@
-//! `dpsynth audit` end to end on a standalone cluster, bounded for CI: an honest
+//! `rhosynth audit` end to end on a standalone cluster, bounded for CI: an honest
 //! mechanism's lower bound stays below its claim, and a planted bug (noise divided by 10,
-//! planted only by this test binary: `dpsynth_shared::planted`) is caught. One test: a
+//! planted only by this test binary: `rhosynth_shared::planted`) is caught. One test: a
 //! planted bug holds for the whole process, so the honest audit runs first. Clipping off
 //! (a unit's rows uncapped in the workers) is planted last: the coordinator's bound on
 //! what a partition may return stops that job before any release.
@@ -20,12 +20,12 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::demo_spec;
-use dpsynth_coordinator::audit::{AuditError, AuditOptions, AuditReport, run, work_dir};
-use dpsynth_shared::audit::score::Score;
-use dpsynth_shared::planted::{Bug, plant};
-use dpsynth_shared::spec::JobSpec;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use rhosynth_coordinator::audit::{AuditError, AuditOptions, AuditReport, run, work_dir};
+use rhosynth_shared::audit::score::Score;
+use rhosynth_shared::planted::{Bug, plant};
+use rhosynth_shared::spec::JobSpec;
 
 const MARGINALS: &str =
     "name = \"marginals\"\n[generator.marginals]\nmax_rows_per_unit = 1\npairs = [[\"code\", \"level\"]]";

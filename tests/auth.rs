@@ -13,19 +13,19 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
-use dpsynth_proto::coordinator_client::CoordinatorClient;
-use dpsynth_proto::{GetJobRequest, PROTOCOL_VERSION, RegisterWorkerRequest};
+use rhosynth_proto::coordinator_client::CoordinatorClient;
+use rhosynth_proto::{GetJobRequest, PROTOCOL_VERSION, RegisterWorkerRequest};
 use tonic::transport::Endpoint;
 
 fn submit(dir: &Path, spec: &Path, url: &str, token: Option<&str>) -> Output {
-    let mut cmd = Command::new(bin("dpsynth"));
+    let mut cmd = Command::new(bin("rhosynth"));
     cmd.args(["submit", spec.to_str().unwrap(), "--coordinator", url, "--tls-ca"])
         .arg(dir.join("ca.pem"))
-        .env_remove("DPSYNTH_TOKEN");
+        .env_remove("RHOSYNTH_TOKEN");
     if let Some(token) = token {
-        cmd.env("DPSYNTH_TOKEN", token);
+        cmd.env("RHOSYNTH_TOKEN", token);
     }
-    cmd.output().expect("run dpsynth submit")
+    cmd.output().expect("run rhosynth submit")
 }
 
 fn stderr(out: &Output) -> String {
@@ -67,16 +67,16 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
         format!(
             "[[submitter]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\ndatasets = [\"icu\"]\noutput_root = \"{}\"\n\n\
              [[submitter]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\ndatasets = [\"claims\"]\noutput_root = \"{}\"\n",
-            dpsynth_coordinator::auth::token_sha256(alice),
+            rhosynth_coordinator::auth::token_sha256(alice),
             d.join("out").display(),
-            dpsynth_coordinator::auth::token_sha256(bob),
+            rhosynth_coordinator::auth::token_sha256(bob),
             d.join("bob").display()
         ),
     )
     .unwrap();
 
     let port = free_port();
-    let mut cmd = Command::new(bin("dpsynth"));
+    let mut cmd = Command::new(bin("rhosynth"));
     cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--worker-timeout", "1"])
         .args(["--scratch", d.join("scratch").to_str().unwrap(), "--ledger", d.join("ledger").to_str().unwrap()])
         .args(["--datasets", d.join("datasets.toml").to_str().unwrap()])
@@ -93,7 +93,7 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
     let url = format!("https://127.0.0.1:{port}");
 
     let worker = |name: &str, cert: &str| {
-        let mut cmd = Command::new(bin("dpsynth-worker"));
+        let mut cmd = Command::new(bin("rhosynth-worker"));
         cmd.args(["--coordinator", &url, "--name", name, "--tls-ca", d.join("ca.pem").to_str().unwrap()])
             .args(["--tls-cert", d.join(format!("{cert}.pem")).to_str().unwrap()])
             .args(["--tls-key", d.join(format!("{cert}.key")).to_str().unwrap()]);
@@ -107,7 +107,7 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
     // A client with no certificate at all is refused at the worker RPCs.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let refused = rt.block_on(async {
-        let tls = dpsynth_proto::tls::client_config(&d.join("ca.pem"), None).unwrap();
+        let tls = rhosynth_proto::tls::client_config(&d.join("ca.pem"), None).unwrap();
         let channel = Endpoint::from_shared(url.clone()).unwrap().tls_config(tls).unwrap().connect().await.unwrap();
         let mut client = CoordinatorClient::new(channel.clone());
         let register = client
@@ -115,7 +115,7 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
                 protocol_version: PROTOCOL_VERSION,
                 worker_name: "anonymous".into(),
                 capabilities: None,
-                dpsynth_version: String::new(),
+                rhosynth_version: String::new(),
             })
             .await
             .unwrap_err();
@@ -162,9 +162,9 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
     assert_eq!(rt.block_on(ledger_state(&ledger, "icu")).0, 0, "nothing charged by refused jobs");
 
     // A token is never sent in the clear (only loopback may skip TLS).
-    let out = Command::new(bin("dpsynth"))
+    let out = Command::new(bin("rhosynth"))
         .args(["submit", spec.to_str().unwrap(), "--coordinator", "http://192.0.2.1:50051"])
-        .env("DPSYNTH_TOKEN", alice)
+        .env("RHOSYNTH_TOKEN", alice)
         .output()
         .unwrap();
     assert!(stderr(&out).contains("refusing to send a bearer token without TLS"), "{}", stderr(&out));
@@ -181,7 +181,7 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
 
     // Bob cannot even see that Alice's job exists.
     let seen = rt.block_on(async {
-        let tls = dpsynth_proto::tls::client_config(&d.join("ca.pem"), None).unwrap();
+        let tls = rhosynth_proto::tls::client_config(&d.join("ca.pem"), None).unwrap();
         let channel = Endpoint::from_shared(url.clone()).unwrap().tls_config(tls).unwrap().connect().await.unwrap();
         let as_ = |token: &'static str| {
             CoordinatorClient::with_interceptor(channel.clone(), move |mut r: tonic::Request<()>| {

@@ -1,4 +1,4 @@
-//! `dpsynth eval`: exact scores for a table against itself, the CLI end to end on the demo
+//! `rhosynth eval`: exact scores for a table against itself, the CLI end to end on the demo
 //! and on pbcseq (rendered by headless Chromium when available), and evaluation at the
 //! end of a job whose spec names a held-out set.
 
@@ -8,12 +8,12 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
-use dpsynth_coordinator::job::JobRequest;
-use dpsynth_coordinator::service::CoordinatorConfig;
-use dpsynth_coordinator::standalone::Standalone;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::eval;
-use dpsynth_shared::spec::JobSpec;
+use rhosynth_coordinator::job::JobRequest;
+use rhosynth_coordinator::service::CoordinatorConfig;
+use rhosynth_coordinator::standalone::Standalone;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::eval;
+use rhosynth_shared::spec::JobSpec;
 
 #[tokio::test]
 async fn a_table_against_itself_scores_perfectly() {
@@ -55,14 +55,14 @@ fn run_and_evaluate(spec_text: &str, train: &str, test: &str, dir: &Path) -> std
     let spec_path = dir.join("job.toml");
     std::fs::write(&spec_path, spec_text).unwrap();
     let out = dir.join("synthetic");
-    let run = Command::new(bin("dpsynth"))
+    let run = Command::new(bin("rhosynth"))
         .args(["run", spec_path.to_str().unwrap(), "--output", out.to_str().unwrap()])
         .args(["--ledger", dir.join("ledger").to_str().unwrap(), "--scratch", dir.join("scratch").to_str().unwrap()])
         .output()
         .unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let report = dir.join("report");
-    let eval = Command::new(bin("dpsynth"))
+    let eval = Command::new(bin("rhosynth"))
         .args(["eval", "--spec", spec_path.to_str().unwrap(), "--train", train, "--test", test])
         .args(["--synthetic", out.to_str().unwrap(), "--out", report.to_str().unwrap()])
         .output()
@@ -93,7 +93,7 @@ fn rendered_plots(html: &Path) -> Option<usize> {
         .unwrap();
     assert!(dom.status.success(), "{}", String::from_utf8_lossy(&dom.stderr));
     let dom = String::from_utf8_lossy(&dom.stdout);
-    assert!(dom.contains("dpsynth evaluation report"));
+    assert!(dom.contains("rhosynth evaluation report"));
     Some(dom.matches("<svg").count())
 }
 
@@ -117,7 +117,8 @@ fn eval_on_pbcseq_renders() {
     let (train, test) = split_by_unit(&pbcseq, 1, dir.path());
     let example = std::fs::read_to_string(repo().join("examples/pbcseq-marginals.toml")).unwrap();
     // Its own split, and no evaluation at the end of the job (this test runs `eval`).
-    let spec = example[..example.find("[evaluation]").unwrap()].replace("./dpsynth-out/pbcseq-split/train.csv", &train);
+    let spec =
+        example[..example.find("[evaluation]").unwrap()].replace("./rhosynth-out/pbcseq-split/train.csv", &train);
     let report = run_and_evaluate(&spec, &train, &test, dir.path());
     // 18 synthesised columns, rows per unit, DCR.
     if let Some(plots) = rendered_plots(&report.join("report.html")) {
@@ -138,7 +139,7 @@ fn a_job_naming_a_held_out_set_writes_its_report_to_the_diagnostics_store_only()
     let spec = spec.replace("[job]\n", "[job]\nid = \"evaluated\"\n");
     std::fs::write(dir.path().join("job.toml"), &spec).unwrap();
     let diagnostics = dir.path().join("diagnostics");
-    let run = Command::new(bin("dpsynth"))
+    let run = Command::new(bin("rhosynth"))
         .args(["run", dir.path().join("job.toml").to_str().unwrap()])
         .args(["--scratch", dir.path().join("scratch").to_str().unwrap()])
         .args(["--diagnostics", diagnostics.to_str().unwrap()])
@@ -175,7 +176,7 @@ fn a_job_naming_a_held_out_set_writes_its_report_to_the_diagnostics_store_only()
     assert!(refused.message().contains("diagnostics"), "{refused:?}");
 }
 
-/// `dpsynth eval` never writes its report into a release, nor under one; elsewhere the
+/// `rhosynth eval` never writes its report into a release, nor under one; elsewhere the
 /// report says at its top that it is not differentially private.
 #[test]
 fn eval_refuses_to_write_its_report_beside_a_release() {
@@ -183,7 +184,7 @@ fn eval_refuses_to_write_its_report_beside_a_release() {
     let spec_path = dir.path().join("job.toml");
     std::fs::write(&spec_path, demo_spec(dir.path(), 40)).unwrap();
     let out = dir.path().join("synthetic");
-    let run = Command::new(bin("dpsynth"))
+    let run = Command::new(bin("rhosynth"))
         .args(["run", spec_path.to_str().unwrap(), "--output", out.to_str().unwrap()])
         .args(["--ledger", dir.path().join("ledger").to_str().unwrap()])
         .args(["--scratch", dir.path().join("scratch").to_str().unwrap()])
@@ -192,7 +193,7 @@ fn eval_refuses_to_write_its_report_beside_a_release() {
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let input = dir.path().join("icu_vitals.csv");
     let eval = |report: &Path| {
-        Command::new(bin("dpsynth"))
+        Command::new(bin("rhosynth"))
             .args(["eval", "--spec", spec_path.to_str().unwrap(), "--test", input.to_str().unwrap()])
             .args(["--synthetic", out.to_str().unwrap(), "--out", report.to_str().unwrap()])
             .output()
@@ -344,7 +345,7 @@ async fn adult_logistic_regression_matches_scikit_learn() {
         &pos.iter().map(|x| *x.0).collect::<Vec<_>>(),
         &neg.iter().map(|x| *x.0).collect::<Vec<_>>(),
     );
-    eprintln!("dpsynth logistic regression ROC-AUC on Adult: {ours:.4}");
+    eprintln!("rhosynth logistic regression ROC-AUC on Adult: {ours:.4}");
     assert!(ours > 0.85, "{ours}");
 
     let sklearn = Command::new("python3").args(["-c", "import sklearn"]).output();
@@ -364,5 +365,5 @@ async fn adult_logistic_regression_matches_scikit_learn() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let reference = last_json(&out.stdout)["roc_auc"].as_f64().unwrap();
     eprintln!("scikit-learn logistic regression ROC-AUC on the same encoding: {reference:.4}");
-    assert!((ours - reference).abs() < 0.01, "dpsynth {ours} vs scikit-learn {reference}");
+    assert!((ours - reference).abs() < 0.01, "rhosynth {ours} vs scikit-learn {reference}");
 }

@@ -4,26 +4,26 @@
 //!
 //! Each target runs `PROPTEST_CASES` cases, by default 256 (4096 when `CI` is set; the
 //! input-reader target a quarter, since each case writes files): seconds either way. For a
-//! longer hunt: `PROPTEST_CASES=100000 cargo test -p dpsynth-tests --test fuzz` (a debug
+//! longer hunt: `PROPTEST_CASES=100000 cargo test -p rhosynth-tests --test fuzz` (a debug
 //! build: this crate's planted-bugs feature refuses an optimised one).
 //! A failure prints the minimal input that triggers it.
 
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch, StringArray};
-use dpsynth_coordinator::worker_result::{MAX_RESULT_VALUES, ResultStream};
-use dpsynth_proto::{Dtype, ResultHeader, TensorChunk, TensorMeta};
-use dpsynth_shared::accounting::accountant::AccountingOptions;
-use dpsynth_shared::data::domain::{Binning, Domain, Encoding};
-use dpsynth_shared::data::input::{InputReader, validate};
-use dpsynth_shared::data::{DataError, EncodedBatch};
-use dpsynth_shared::dpsgd;
-use dpsynth_shared::generators::findiff::FinDiffPlan;
-use dpsynth_shared::generators::marginals::MarginalsPlan;
-use dpsynth_shared::generators::pate::PatePlan;
-use dpsynth_shared::generators::pate::task::validate_votes;
-use dpsynth_shared::spec::JobSpec;
 use proptest::prelude::*;
+use rhosynth_coordinator::worker_result::{MAX_RESULT_VALUES, ResultStream};
+use rhosynth_proto::{Dtype, ResultHeader, TensorChunk, TensorMeta};
+use rhosynth_shared::accounting::accountant::AccountingOptions;
+use rhosynth_shared::data::domain::{Binning, Domain, Encoding};
+use rhosynth_shared::data::input::{InputReader, validate};
+use rhosynth_shared::data::{DataError, EncodedBatch};
+use rhosynth_shared::dpsgd;
+use rhosynth_shared::generators::findiff::FinDiffPlan;
+use rhosynth_shared::generators::marginals::MarginalsPlan;
+use rhosynth_shared::generators::pate::PatePlan;
+use rhosynth_shared::generators::pate::task::validate_votes;
+use rhosynth_shared::spec::JobSpec;
 
 const DEMO: &str = include_str!("../examples/demo.toml");
 
@@ -236,10 +236,10 @@ async fn write_parquet(path: &std::path::Path, rows: &[Vec<String>]) {
         .collect();
     let batch = RecordBatch::try_from_iter(columns).unwrap();
     let dir = path.parent().unwrap().to_str().unwrap();
-    let location = dpsynth_shared::storage::open(dir).unwrap();
+    let location = rhosynth_shared::storage::open(dir).unwrap();
     let name = path.file_name().unwrap().to_str().unwrap();
     let mut writer =
-        dpsynth_shared::data::parquet_io::create_writer(location.store.clone(), location.child(name), batch.schema())
+        rhosynth_shared::data::parquet_io::create_writer(location.store.clone(), location.child(name), batch.schema())
             .unwrap();
     writer.write(&batch).await.unwrap();
     writer.close().await.unwrap();

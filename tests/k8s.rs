@@ -24,14 +24,14 @@ use serde_yaml_ng::Value;
 
 /// The S3 server and the Secret's values for it.
 fn s3_env() -> Option<Vec<(String, String)>> {
-    let endpoint = std::env::var("DPSYNTH_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:8333".into());
+    let endpoint = std::env::var("RHOSYNTH_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:8333".into());
     if std::net::TcpStream::connect(endpoint.trim_start_matches("http://")).is_err() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "no S3 server at {endpoint} in CI");
         eprintln!("\n*** SKIPPED: no S3-compatible server at {endpoint} (start SeaweedFS as .ci/run does) ***\n");
         return None;
     }
-    let key = std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_else(|_| "dpsynth".into());
-    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|_| "dpsynth-secret".into());
+    let key = std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_else(|_| "rhosynth".into());
+    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|_| "rhosynth-secret".into());
     Some(vec![
         ("AWS_ENDPOINT_URL".into(), endpoint),
         ("AWS_ALLOW_HTTP".into(), "true".into()),
@@ -88,7 +88,7 @@ fn container(docs: &[Value], pod_spec: &Value, pod_name: &str, secret: &[(String
         env.push((name, value));
     }
     for source in c["envFrom"].as_sequence().into_iter().flatten() {
-        assert_eq!(source["secretRef"]["name"], "dpsynth-s3", "the only Secret is the S3 credentials");
+        assert_eq!(source["secretRef"]["name"], "rhosynth-s3", "the only Secret is the S3 credentials");
         env.extend(secret.iter().cloned());
     }
     Container { argv, env }
@@ -147,7 +147,7 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
         AmazonS3Builder::new()
             .with_endpoint(&env_map["AWS_ENDPOINT_URL"])
             .with_allow_http(true)
-            .with_bucket_name("dpsynth")
+            .with_bucket_name("rhosynth")
             .with_access_key_id(&env_map["AWS_ACCESS_KEY_ID"])
             .with_secret_access_key(&env_map["AWS_SECRET_ACCESS_KEY"])
             .with_region("us-east-1")
@@ -157,11 +157,11 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
 
     // The CronJob's job spec, from its ConfigMap; a fresh dataset id per test run.
     let dir = tempfile::tempdir().unwrap();
-    let spec = find(&docs, "ConfigMap", "dpsynth-nightly-job")["data"]["job.toml"].as_str().unwrap().to_string();
+    let spec = find(&docs, "ConfigMap", "rhosynth-nightly-job")["data"]["job.toml"].as_str().unwrap().to_string();
     let dataset = format!("icu-vitals-{}-{}", std::process::id(), rand_suffix());
     let spec = spec.replace("dataset_id = \"icu-vitals\"", &format!("dataset_id = \"{dataset}\""));
     std::fs::write(dir.path().join("job.toml"), &spec).unwrap();
-    let csv = dpsynth_shared::simulate::icu_vitals_csv(200, 11);
+    let csv = rhosynth_shared::simulate::icu_vitals_csv(200, 11);
     rt.block_on(store.put(&Path::from("incoming/icu_vitals.csv"), PutPayload::from(csv.into_bytes()))).unwrap();
 
     let (grpc, metrics) = (free_port(), free_port());
@@ -169,22 +169,22 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
     let local = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     let mut map: HashMap<String, String> = HashMap::from([
         ("0.0.0.0:50051".into(), format!("127.0.0.1:{grpc}")),
-        ("https://dpsynth-coordinator:50051".into(), format!("https://127.0.0.1:{grpc}")),
+        ("https://rhosynth-coordinator:50051".into(), format!("https://127.0.0.1:{grpc}")),
         ("0.0.0.0:9090".into(), format!("127.0.0.1:{metrics}")),
-        ("/etc/dpsynth/job/job.toml".into(), local("job.toml")),
-        ("/etc/dpsynth/datasets/".into(), local("datasets/")),
-        ("/etc/dpsynth/submitters/".into(), local("submitters/")),
-        ("/etc/dpsynth/token/".into(), local("token/")),
-        ("/etc/dpsynth/tls/".into(), local("coordinator-tls/")),
-        ("/etc/dpsynth/worker-tls/".into(), local("worker-tls/")),
-        ("/etc/dpsynth/coordinator-ca/".into(), local("coordinator-tls/")),
+        ("/etc/rhosynth/job/job.toml".into(), local("job.toml")),
+        ("/etc/rhosynth/datasets/".into(), local("datasets/")),
+        ("/etc/rhosynth/submitters/".into(), local("submitters/")),
+        ("/etc/rhosynth/token/".into(), local("token/")),
+        ("/etc/rhosynth/tls/".into(), local("coordinator-tls/")),
+        ("/etc/rhosynth/worker-tls/".into(), local("worker-tls/")),
+        ("/etc/rhosynth/coordinator-ca/".into(), local("coordinator-tls/")),
     ]);
 
     // What cert-manager issues (tls.yaml): a CA, the coordinator's server certificate and
     // the workers' client certificate, as the Secrets' files.
     let d = dir.path();
     ca(d, "ca");
-    issue(d, "ca", "server", "subjectAltName=IP:127.0.0.1,DNS:dpsynth-coordinator\nextendedKeyUsage=serverAuth");
+    issue(d, "ca", "server", "subjectAltName=IP:127.0.0.1,DNS:rhosynth-coordinator\nextendedKeyUsage=serverAuth");
     issue(d, "ca", "worker", "extendedKeyUsage=clientAuth");
     for (secret_dir, leaf) in [("coordinator-tls", "server"), ("worker-tls", "worker")] {
         std::fs::create_dir_all(d.join(secret_dir)).unwrap();
@@ -197,16 +197,16 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
     std::fs::create_dir_all(d.join("token")).unwrap();
     std::fs::write(d.join("token/token"), &token).unwrap();
     std::fs::create_dir_all(d.join("submitters")).unwrap();
-    let hash = dpsynth_coordinator::auth::token_sha256(&token);
+    let hash = rhosynth_coordinator::auth::token_sha256(&token);
     let grant = format!(
         "[[submitter]]\nname = \"nightly\"\ntoken_sha256 = \"{hash}\"\ndatasets = [\"{dataset}\"]\noutput_root = \
-         \"s3://dpsynth/synthetic/icu-vitals/\"\n"
+         \"s3://rhosynth/synthetic/icu-vitals/\"\n"
     );
     std::fs::write(d.join("submitters/submitters.toml"), grant).unwrap();
     // The declared dataset (its ConfigMap), with a budget (ε 0.5 at δ = 1e-5) that affords
     // one run calibrated to ε = 0.5 at δ = 1e-6 (cheaper at the larger δ), not two. The
     // coordinator creates its ledger at start.
-    let declared = find(&docs, "ConfigMap", "dpsynth-datasets")["data"]["datasets.toml"].as_str().unwrap();
+    let declared = find(&docs, "ConfigMap", "rhosynth-datasets")["data"]["datasets.toml"].as_str().unwrap();
     assert!(declared.contains("id = \"icu-vitals\"") && declared.contains("epsilon = 10.0, delta = 1e-6"));
     let declared = declared
         .replace("id = \"icu-vitals\"", &format!("id = \"{dataset}\""))
@@ -214,17 +214,17 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
     std::fs::create_dir_all(d.join("datasets")).unwrap();
     std::fs::write(d.join("datasets/datasets.toml"), declared).unwrap();
     let config =
-        container(&docs, &find(&docs, "Deployment", "dpsynth-coordinator")["spec"]["template"]["spec"], "c", &secret);
+        container(&docs, &find(&docs, "Deployment", "rhosynth-coordinator")["spec"]["template"]["spec"], "c", &secret);
 
     // Coordinator and workers, exactly as the Deployment and StatefulSet run them.
     let coordinator = Proc::spawn(command(&rewrite(&config.argv, &map), &config.env));
     assert!(coordinator.wait_for("coordinator listening", Duration::from_secs(30)));
-    let set = find(&docs, "StatefulSet", "dpsynth-worker");
+    let set = find(&docs, "StatefulSet", "rhosynth-worker");
     let replicas = set["spec"]["replicas"].as_u64().unwrap() as usize;
     assert_eq!(replicas, 2);
     let workers: Vec<Proc> = (0..replicas)
         .map(|i| {
-            let pod = format!("dpsynth-worker-{i}");
+            let pod = format!("rhosynth-worker-{i}");
             let c = container(&docs, &set["spec"]["template"]["spec"], &pod, &secret);
             map.insert("0.0.0.0:9091".into(), format!("127.0.0.1:{}", worker_metrics[i]));
             let w = Proc::spawn(command(&rewrite(&c.argv, &map), &c.env));
@@ -234,9 +234,9 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
         .collect();
 
     // The CronJob's container, twice.
-    let cron = find(&docs, "CronJob", "dpsynth-nightly");
+    let cron = find(&docs, "CronJob", "rhosynth-nightly");
     let job_spec = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
-    let submitter = container(&docs, job_spec, "dpsynth-nightly-1", &secret);
+    let submitter = container(&docs, job_spec, "rhosynth-nightly-1", &secret);
     let first = command(&rewrite(&submitter.argv, &map), &submitter.env).stdin(Stdio::null()).output().unwrap();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let manifest = last_json(&first.stdout);
@@ -248,10 +248,13 @@ fn manifests_run_locally_and_a_spent_budget_refuses_the_next_scheduled_run() {
 
     // Metrics from the coordinator and a worker, on the ports the manifests declare.
     let scrape = http_get(metrics, "/metrics");
-    assert!(scrape.contains(&format!("dpsynth_epsilon_spent{{dataset=\"{dataset}\"}}")), "{scrape}");
-    assert!(scrape.contains("dpsynth_workers 2") && scrape.contains("dpsynth_jobs{state=\"succeeded\"} 1"), "{scrape}");
+    assert!(scrape.contains(&format!("rhosynth_epsilon_spent{{dataset=\"{dataset}\"}}")), "{scrape}");
+    assert!(
+        scrape.contains("rhosynth_workers 2") && scrape.contains("rhosynth_jobs{state=\"succeeded\"} 1"),
+        "{scrape}"
+    );
     let worker_scrape = http_get(worker_metrics[0], "/metrics");
-    assert!(worker_scrape.contains("dpsynth_worker_tasks_total"), "{worker_scrape}");
+    assert!(worker_scrape.contains("rhosynth_worker_tasks_total"), "{worker_scrape}");
     assert!(http_get(worker_metrics[1], "/healthz").ends_with("ok"));
 
     let second = command(&rewrite(&submitter.argv, &map), &submitter.env).output().unwrap();

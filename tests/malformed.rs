@@ -1,8 +1,8 @@
-//! Bad input through `dpsynth run`: each case fails, writes no manifest and charges
+//! Bad input through `rhosynth run`: each case fails, writes no manifest and charges
 //! nothing. Where the input was read, the submitter's error is one fixed sentence — where
 //! a row breaks the schema is private — and the detail (file, column, row; never the
-//! value) is in the operator log only (in `dpsynth run` the same process's stderr).
-//! `dpsynth validate`, the data owner's local check, reports that detail.
+//! value) is in the operator log only (in `rhosynth run` the same process's stderr).
+//! `rhosynth validate`, the data owner's local check, reports that detail.
 
 mod common;
 
@@ -43,7 +43,7 @@ impl Case {
 
     /// Runs the job; asserts it failed cleanly (status 1, no manifest, nothing charged).
     fn fails(&self, envs: &[(&str, &str)]) -> Output {
-        let out = Command::new(bin("dpsynth"))
+        let out = Command::new(bin("rhosynth"))
             .args(["run", &self.path("job.toml"), "--scratch", &self.path("scratch")])
             .envs(envs.iter().copied())
             .output()
@@ -74,7 +74,7 @@ impl Case {
         log
     }
 
-    /// `dpsynth validate` on the case's spec: asserts it found the input invalid; returns
+    /// `rhosynth validate` on the case's spec: asserts it found the input invalid; returns
     /// its problems and stderr.
     fn invalid(&self, envs: &[(&str, &str)]) -> (Vec<serde_json::Value>, String) {
         let (code, report, stderr) = validate(&self.spec(), &[], envs);
@@ -297,7 +297,7 @@ fn skipping_leaves_bad_rows_out_and_the_job_runs() {
         set_field(&mut lines[31], 0, "");
     });
     case.edit_spec(|s| s.replace("[input]\n", "[input]\nbad_rows = \"skip\"\n"));
-    let out = Command::new(bin("dpsynth"))
+    let out = Command::new(bin("rhosynth"))
         .args(["run", &case.path("job.toml"), "--scratch", &case.path("scratch")])
         .output()
         .unwrap();

@@ -1,5 +1,5 @@
-//! The Kubernetes shape on one machine: `dpsynth serve`, separate `dpsynth-worker`
-//! processes and `dpsynth submit`, over real sockets; a worker killed mid-job.
+//! The Kubernetes shape on one machine: `rhosynth serve`, separate `rhosynth-worker`
+//! processes and `rhosynth submit`, over real sockets; a worker killed mid-job.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
-use dpsynth_shared::accounting::accountant::Accountant;
+use rhosynth_shared::accounting::accountant::Accountant;
 
 /// A coordinator process on a free port; returns it and its URL.
 fn coordinator(dir: &Path) -> (Proc, String) {
@@ -16,7 +16,7 @@ fn coordinator(dir: &Path) -> (Proc, String) {
 }
 
 fn coordinator_on(dir: &Path, port: u16) -> (Proc, String) {
-    let mut cmd = Command::new(bin("dpsynth"));
+    let mut cmd = Command::new(bin("rhosynth"));
     cmd.args(["serve", "--dev", "--listen", &format!("127.0.0.1:{port}"), "--worker-timeout", "1"])
         .args(["--scratch", dir.join("scratch").to_str().unwrap()])
         .args(["--ledger", dir.join("ledger").to_str().unwrap()]);
@@ -26,7 +26,7 @@ fn coordinator_on(dir: &Path, port: u16) -> (Proc, String) {
 }
 
 fn worker(url: &str, name: &str) -> Proc {
-    let mut cmd = Command::new(bin("dpsynth-worker"));
+    let mut cmd = Command::new(bin("rhosynth-worker"));
     cmd.args(["--coordinator", url, "--name", name]);
     let proc = Proc::spawn(cmd);
     assert!(proc.wait_for("registered", Duration::from_secs(20)), "worker {name} did not register");
@@ -34,10 +34,10 @@ fn worker(url: &str, name: &str) -> Proc {
 }
 
 fn submit(spec: &Path, url: &str) -> Output {
-    Command::new(bin("dpsynth"))
+    Command::new(bin("rhosynth"))
         .args(["submit", spec.to_str().unwrap(), "--coordinator", url])
         .output()
-        .expect("run dpsynth submit")
+        .expect("run rhosynth submit")
 }
 
 fn write_spec(dir: &Path, patients: usize, dataset: &str, partitions: u32) -> std::path::PathBuf {
@@ -234,8 +234,8 @@ fn killing_a_worker_mid_job_still_completes_with_the_same_charge() {
 
 #[test]
 fn a_worker_of_another_protocol_version_is_refused() {
-    use dpsynth_proto::coordinator_client::CoordinatorClient;
-    use dpsynth_proto::{PROTOCOL_VERSION, RegisterWorkerRequest};
+    use rhosynth_proto::coordinator_client::CoordinatorClient;
+    use rhosynth_proto::{PROTOCOL_VERSION, RegisterWorkerRequest};
 
     let dir = tempfile::tempdir().unwrap();
     let (_coordinator, url) = coordinator(dir.path());
@@ -248,13 +248,13 @@ fn a_worker_of_another_protocol_version_is_refused() {
                 protocol_version: PROTOCOL_VERSION + 1,
                 worker_name: "from-the-future".into(),
                 capabilities: None,
-                dpsynth_version: "9.9.9".into(),
+                rhosynth_version: "9.9.9".into(),
             })
             .await
             .unwrap_err()
     });
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(status.message().contains("incompatible dpsynth protocol"), "{}", status.message());
+    assert!(status.message().contains("incompatible rhosynth protocol"), "{}", status.message());
 }
 
 /// The runs of digits in `text`, as written.

@@ -2,8 +2,8 @@
 //! a job reading its input from S3 and writing output, manifest, scratch partitions and
 //! ledger to S3; and concurrent ledger charges relying on S3's create-if-absent.
 //!
-//! Server: `DPSYNTH_TEST_S3_ENDPOINT` (default http://127.0.0.1:8333), bucket
-//! `DPSYNTH_TEST_S3_BUCKET` (default dpsynth-test), keys dpsynth / dpsynth-secret unless
+//! Server: `RHOSYNTH_TEST_S3_ENDPOINT` (default http://127.0.0.1:8333), bucket
+//! `RHOSYNTH_TEST_S3_BUCKET` (default rhosynth-test), keys rhosynth / rhosynth-secret unless
 //! `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` say otherwise. Skipped, loudly, only when
 //! no server is reachable outside CI.
 
@@ -13,13 +13,13 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::*;
-use dpsynth_privacy::ledger::{Budget, ChargeRequest, Ledger, LedgerError};
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
-use dpsynth_shared::storage::StoreLocation;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use rhosynth_privacy::ledger::{Budget, ChargeRequest, Ledger, LedgerError};
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+use rhosynth_shared::storage::StoreLocation;
 use sha2::{Digest, Sha256};
 
 struct S3 {
@@ -31,7 +31,7 @@ struct S3 {
 
 impl S3 {
     fn from_env() -> Option<Self> {
-        let endpoint = std::env::var("DPSYNTH_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:8333".into());
+        let endpoint = std::env::var("RHOSYNTH_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:8333".into());
         let address = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
         if std::net::TcpStream::connect(&address).is_err() {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "no S3 server at {endpoint} in CI");
@@ -40,9 +40,9 @@ impl S3 {
         }
         Some(Self {
             endpoint,
-            bucket: std::env::var("DPSYNTH_TEST_S3_BUCKET").unwrap_or_else(|_| "dpsynth-test".into()),
-            key: std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_else(|_| "dpsynth".into()),
-            secret: std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|_| "dpsynth-secret".into()),
+            bucket: std::env::var("RHOSYNTH_TEST_S3_BUCKET").unwrap_or_else(|_| "rhosynth-test".into()),
+            key: std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_else(|_| "rhosynth".into()),
+            secret: std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|_| "rhosynth-secret".into()),
         })
     }
 
@@ -98,7 +98,7 @@ async fn a_job_reads_and_writes_s3() {
 
     let output = s3.url(&format!("{root}/out"));
     let ledger = s3.url(&format!("{root}/ledger"));
-    let out = Command::new(bin("dpsynth"))
+    let out = Command::new(bin("rhosynth"))
         .args(["run", dir.path().join("job.toml").to_str().unwrap()])
         .args(["--output", &output, "--ledger", &ledger, "--scratch", &s3.url(&format!("{root}/scratch"))])
         .envs(s3.envs())
@@ -125,7 +125,7 @@ async fn a_job_reads_and_writes_s3() {
     assert!(spent.epsilon <= charged);
 
     // Writing the same output again is refused: the manifest is create-if-absent.
-    let again = Command::new(bin("dpsynth"))
+    let again = Command::new(bin("rhosynth"))
         .args(["run", dir.path().join("job.toml").to_str().unwrap()])
         .args(["--output", &output, "--ledger", &location.url, "--scratch", &s3.url(&format!("{root}/scratch"))])
         .envs(s3.envs())
@@ -196,8 +196,8 @@ async fn concurrent_charges_on_s3_never_exceed_the_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parquet_object_of_several_upload_parts_round_trips() {
     use arrow_array::{ArrayRef, Float64Array, RecordBatch};
-    use dpsynth_shared::data::parquet_io::{create_writer, open_stream};
     use futures::StreamExt;
+    use rhosynth_shared::data::parquet_io::{create_writer, open_stream};
 
     let Some(s3) = S3::from_env() else { return };
     let store = s3.store();

@@ -1,4 +1,4 @@
-//! `dpsynth schema draft --epsilon`: a draft's domains released with DP through the real
+//! `rhosynth schema draft --epsilon`: a draft's domains released with DP through the real
 //! binary and a real ledger — checked before any row is read, charged before the release,
 //! its one release claimed — and what it may and may not hold.
 
@@ -8,11 +8,11 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use common::*;
-use dpsynth_privacy::ledger::{Budget, EntryBody, Ledger};
-use dpsynth_shared::accounting::accountant::AccountingOptions;
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
-use dpsynth_shared::spec::{ColumnKind, JobSpec};
-use dpsynth_shared::storage;
+use rhosynth_privacy::ledger::{Budget, EntryBody, Ledger};
+use rhosynth_shared::accounting::accountant::AccountingOptions;
+use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+use rhosynth_shared::spec::{ColumnKind, JobSpec};
+use rhosynth_shared::storage;
 
 /// 3000 patients with 1 to 3 visits: an age uniform on 20..=80, a colour among three
 /// common ones, a code only its own patient holds (300 of them), a decimal score.
@@ -44,7 +44,7 @@ async fn visits_with_ledger(epsilon: f64) -> (tempfile::TempDir, std::path::Path
 }
 
 fn draft(dir: &Path, data: &Path) -> Output {
-    Command::new(bin("dpsynth"))
+    Command::new(bin("rhosynth"))
         .args(["schema", "draft"])
         .arg(data)
         .args(["--unit-column", "patient", "--max-rows-per-unit", "2", "--epsilon", "1", "--delta", "1e-6"])
@@ -98,8 +98,8 @@ async fn a_released_draft_is_charged_holds_only_common_values_and_parses() {
     // cutoff near 140, so the bounds are theirs or, rarely, the next one in.
     let age = column("age");
     assert_eq!(age.kind, ColumnKind::Integer);
-    let bound = |b: &Option<dpsynth_shared::spec::Bound>| match b {
-        Some(dpsynth_shared::spec::Bound::Number(x)) => *x,
+    let bound = |b: &Option<rhosynth_shared::spec::Bound>| match b {
+        Some(rhosynth_shared::spec::Bound::Number(x)) => *x,
         other => panic!("{other:?}"),
     };
     let (min, max) = (bound(&age.min), bound(&age.max));
@@ -133,7 +133,7 @@ async fn a_draft_charges_a_ledger_only_for_its_declared_unit_and_input() {
     let (dir, data) = visits_with_ledger(10.0).await;
     let entries = || std::fs::read_dir(dir.path().join("ledger/visits/entries")).unwrap().count();
     let before = entries();
-    let unstated = Command::new(bin("dpsynth"))
+    let unstated = Command::new(bin("rhosynth"))
         .args(["schema", "draft"])
         .arg(&data)
         .args(["--epsilon", "1", "--dataset", "visits", "--store"])
@@ -156,7 +156,7 @@ async fn a_draft_charges_a_ledger_only_for_its_declared_unit_and_input() {
     )
     .unwrap();
     let with = |extra: &[&str]| {
-        Command::new(bin("dpsynth"))
+        Command::new(bin("rhosynth"))
             .args(["schema", "draft", "--epsilon", "1", "--dataset", "visits", "--datasets"])
             .arg(&declared)
             .args(extra)

@@ -1,5 +1,5 @@
 """Reference for tests/eval.rs: scikit-learn's logistic regression on the design matrices
-dpsynth's evaluation builds (CSV: features..., label). Prints {"roc_auc": ...}."""
+rhosynth's evaluation builds (CSV: features..., label). Prints {"roc_auc": ...}."""
 import json
 import sys
 

@@ -7,14 +7,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use dpsynth_coordinator::job::JobRequest;
-use dpsynth_coordinator::service::CoordinatorConfig;
-use dpsynth_coordinator::standalone::Standalone;
-use dpsynth_privacy::ledger::{EntryBody, Ledger};
-use dpsynth_proto::JobState;
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
-use dpsynth_shared::spec::{Format, JobSpec};
-use dpsynth_shared::storage;
+use rhosynth_coordinator::job::JobRequest;
+use rhosynth_coordinator::service::CoordinatorConfig;
+use rhosynth_coordinator::standalone::Standalone;
+use rhosynth_privacy::ledger::{EntryBody, Ledger};
+use rhosynth_proto::JobState;
+use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+use rhosynth_shared::spec::{Format, JobSpec};
+use rhosynth_shared::storage;
 use sha2::{Digest, Sha256};
 
 const RUNNING: i32 = JobState::Running as i32;
@@ -48,7 +48,7 @@ async fn demo_spec_job_writes_a_verifiable_output_and_charges_once() {
 
     let out = dir.path().join("out");
     let manifest = manifest(&out).expect("manifest written");
-    assert_eq!(manifest["format"], "dpsynth.manifest.v1");
+    assert_eq!(manifest["format"], "rhosynth.manifest.v1");
     let names: Vec<&str> =
         manifest["columns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     let declared: Vec<&str> = spec.schema.columns.iter().map(|c| c.name.as_str()).collect();
@@ -80,9 +80,9 @@ async fn demo_spec_job_writes_a_verifiable_output_and_charges_once() {
 /// the plan, sensitivity √k), and the job's ε stays its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_job_writes_whole_histories_under_fresh_ids() {
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::generators::sequence::SequencePlan;
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::generators::sequence::SequencePlan;
 
     let select = Some("select_epsilon = 0.5\nselect_candidates = 2.0\nselect_neighbours = 3\n");
     // (selection, max_rows, declared units): one-row histories still count units.
@@ -140,8 +140,8 @@ async fn whole_histories(
     manifest: &serde_json::Value,
     max_rows: usize,
 ) -> Vec<Vec<Option<f64>>> {
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::data::input::InputReader;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::data::input::InputReader;
 
     let mut read = spec.clone();
     read.input.urls = parts(out, manifest);
@@ -176,9 +176,9 @@ async fn whole_histories(
 /// release of K = 1 + L·d + (L − 1)·d tables at sensitivity √K.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_direct_history_job_writes_whole_histories_and_charges_its_tables() {
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::generators::marginals::MarginalsPlan;
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::generators::marginals::MarginalsPlan;
 
     const STEPS: usize = 6;
     let dir = tempfile::tempdir().unwrap();
@@ -221,8 +221,8 @@ async fn a_direct_history_job_writes_whole_histories_and_charges_its_tables() {
 /// ledger holds the unit count and the run, within the job's ε.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dp2stage_job_fine_tunes_a_pretrained_model_within_its_charge() {
-    let Ok(checkpoint) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
-        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (.ci/run fetches it)");
+    let Ok(checkpoint) = std::env::var("RHOSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set RHOSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (.ci/run fetches it)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -252,8 +252,8 @@ async fn a_dp2stage_job_fine_tunes_a_pretrained_model_within_its_charge() {
 /// charge, or a reference set that is not there, is refused with nothing charged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_harmonic_job_prompts_with_a_release_within_its_charge() {
-    let Ok(checkpoint) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
-        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (.ci/run fetches it)");
+    let Ok(checkpoint) = std::env::var("RHOSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set RHOSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (.ci/run fetches it)");
         return;
     };
     let released = tempfile::tempdir().unwrap();
@@ -345,9 +345,9 @@ async fn fine_tunes_within_its_charge(
 /// which spends the job's ε under RDP and no more, and the rows come out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aim_job_charges_exactly_its_zcdp_budget() {
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::generators::aim::AimPlan;
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::generators::aim::AimPlan;
 
     let dir = tempfile::tempdir().unwrap();
     let section = r#"max_rows_per_unit = 4
@@ -473,7 +473,7 @@ async fn dp_sgd_budgets_are_enforced_before_training() {
     let count = Mechanism::Gaussian {
         l2_sensitivity: 1.0,
         noise_multiplier: match &spec.generator {
-            dpsynth_shared::spec::GeneratorSpec::Findiff(p) => p.count_noise_multiplier,
+            rhosynth_shared::spec::GeneratorSpec::Findiff(p) => p.count_noise_multiplier,
             other => panic!("a DP-FinDiff job, not {other:?}"),
         },
         releases: 1,
@@ -491,8 +491,8 @@ async fn adult_marginals_one_way_tv_is_small() {
     let text = text.split("[evaluation]").next().unwrap().to_string();
     let text = text
         .replace("../shared/data/adult/adult.data", adult.to_str().unwrap())
-        .replace("./dpsynth-out/ledger", dir.path().join("ledger").to_str().unwrap())
-        .replace("./dpsynth-out/adult-marginals", dir.path().join("out").to_str().unwrap());
+        .replace("./rhosynth-out/ledger", dir.path().join("ledger").to_str().unwrap())
+        .replace("./rhosynth-out/adult-marginals", dir.path().join("out").to_str().unwrap());
     let spec = JobSpec::parse(&text, "adult").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_eq!(state, SUCCEEDED, "{message}");
@@ -512,11 +512,11 @@ async fn adult_marginals_one_way_tv_is_small() {
 #[test]
 fn the_demo_command_works_on_a_fresh_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(bin("dpsynth")).arg("demo").current_dir(dir.path()).output().unwrap();
+    let out = Command::new(bin("rhosynth")).arg("demo").current_dir(dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let manifest_json = last_json(&out.stdout);
     let job = manifest_json["job_id"].as_str().unwrap();
-    let written = manifest(&dir.path().join("dpsynth-out/demo/synthetic").join(job)).expect("manifest on disk");
+    let written = manifest(&dir.path().join("rhosynth-out/demo/synthetic").join(job)).expect("manifest on disk");
     assert_eq!(written, manifest_json);
     assert!(String::from_utf8_lossy(&out.stderr).contains("privacy ledger of 'demo-icu-vitals'"));
 }
@@ -526,18 +526,18 @@ fn the_demo_command_works_on_a_fresh_directory() {
 /// values), in task order. Every worker must take part.
 async fn one_round(
     workers: usize,
-    work: dpsynth_proto::task::Work,
+    work: rhosynth_proto::task::Work,
     groups: &[Vec<String>],
     tensor: &'static str,
     len: usize,
 ) -> Vec<f64> {
-    use dpsynth_coordinator::gather::{Answer, Gather, Round};
+    use rhosynth_coordinator::gather::{Answer, Gather, Round};
 
     let cluster = Standalone::start(CoordinatorConfig::default(), workers).await.unwrap();
     while cluster.service.scheduler().live_workers().len() < workers {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let telemetry = dpsynth_coordinator::telemetry::Telemetry::default();
+    let telemetry = rhosynth_coordinator::telemetry::Telemetry::default();
     let job = format!("round-{tensor}-{workers}");
     let mut gather = Gather::new(cluster.service.scheduler(), &telemetry, &job);
     let holders = std::sync::Mutex::new(std::collections::HashSet::new());
@@ -565,13 +565,13 @@ async fn one_round(
 async fn one_round_sum(
     workers: usize,
     urls: &[String],
-    plan: &dpsynth_shared::generators::findiff::FinDiffPlan,
+    plan: &rhosynth_shared::generators::findiff::FinDiffPlan,
     weights: &[f32],
 ) -> Vec<f64> {
-    use dpsynth_proto::gradient_sum::Model;
-    use dpsynth_proto::task::Work;
-    use dpsynth_shared::dpsgd::RoundSettings;
-    use dpsynth_shared::generators::findiff::FinDiffRound;
+    use rhosynth_proto::gradient_sum::Model;
+    use rhosynth_proto::task::Work;
+    use rhosynth_shared::dpsgd::RoundSettings;
+    use rhosynth_shared::generators::findiff::FinDiffRound;
 
     let settings = RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 };
     let model = Model::Findiff((&FinDiffRound { model: plan.model.clone(), timestep_exponent: 1.0 }).into());
@@ -582,9 +582,9 @@ async fn one_round_sum(
 
 /// Partitions a spec's input into `partitions` under `dir`; returns the partition URLs.
 async fn partition(spec: &JobSpec, dir: &std::path::Path, partitions: u32) -> Vec<String> {
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::data::input::InputReader;
-    use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::data::input::InputReader;
+    use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter};
 
     let domain = Domain::from_spec(spec);
     let scratch = storage::open(dir.join("scratch").to_str().unwrap()).unwrap();
@@ -602,7 +602,7 @@ async fn partition(spec: &JobSpec, dir: &std::path::Path, partitions: u32) -> Ve
 /// label or the noisy vote share costs the same, and so does a target-label answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pate_job_charges_exactly_its_answered_queries() {
-    use dpsynth_shared::accounting::accountant::{AccountingOptions, account};
+    use rhosynth_shared::accounting::accountant::{AccountingOptions, account};
 
     let mut charged = Vec::new();
     // (release, target, label queries): with the target "rhythm" (4 values and missing)
@@ -684,14 +684,14 @@ async fn a_pate_job_charges_exactly_its_answered_queries() {
 /// teachers each).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_cast_the_same_pate_votes() {
-    use dpsynth_proto::task::Work;
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::generators::pate::{PatePlan, Question, VoteTask};
+    use rhosynth_proto::task::Work;
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::generators::pate::{PatePlan, Question, VoteTask};
 
     let dir = tempfile::tempdir().unwrap();
     let text = pate_spec(dir.path(), 120, 8).replace("[schema]\n", "[schema]\ntarget = \"rhythm\"\n");
     let spec = JobSpec::parse(&text, "votes").unwrap();
-    let domain = dpsynth_shared::data::domain::Domain::from_spec(&spec);
+    let domain = rhosynth_shared::data::domain::Domain::from_spec(&spec);
     let plan = PatePlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
     let urls = partition(&spec, dir.path(), 8).await;
 
@@ -718,10 +718,10 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
     assert_eq!(rows, all.x.len() / plan.encoding.width, "no row lost or duplicated");
 
     // Generated rows from an untrained generator (any fixed rows will do).
-    let mut gan = dpsynth_shared::generators::pate::gan::PateGan::new(
+    let mut gan = rhosynth_shared::generators::pate::gan::PateGan::new(
         plan.encoding.clone(),
         plan.params.clone(),
-        dpsynth_shared::dpsgd::compute_device().autodiff(),
+        rhosynth_shared::dpsgd::compute_device().autodiff(),
         [5; 32],
     );
     let mut generated = gan.sample(task.fake_rows);
@@ -764,11 +764,11 @@ async fn one_two_and_four_workers_cast_the_same_pate_votes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::dpsgd::params::TrainableLayers;
-    use dpsynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
-    use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan};
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::dpsgd::params::TrainableLayers;
+    use rhosynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
+    use rhosynth_shared::generators::findiff::{FinDiffModel, FinDiffPlan};
 
     let dir = tempfile::tempdir().unwrap();
     // Every row of a patient kept: no random subsampling, so all runs see the same examples.
@@ -813,12 +813,12 @@ async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
 /// bit for bit, k from every unit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_cast_the_same_selection_votes() {
-    use dpsynth_proto::task::Work;
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::dpsgd::compute_device;
-    use dpsynth_shared::generators::sequence::selection::{SelectionTask, features};
-    use dpsynth_shared::generators::sequence::{SequenceModel, SequencePlan, SequenceSampler};
+    use rhosynth_proto::task::Work;
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::dpsgd::compute_device;
+    use rhosynth_shared::generators::sequence::selection::{SelectionTask, features};
+    use rhosynth_shared::generators::sequence::{SequenceModel, SequencePlan, SequenceSampler};
 
     let dir = tempfile::tempdir().unwrap();
     let spec = JobSpec::parse(&sequence_spec(dir.path(), 60, 12), "selection").unwrap();
@@ -828,7 +828,7 @@ async fn one_two_and_four_workers_cast_the_same_selection_votes() {
     // Candidates from an untrained model (any histories will do).
     let model = SequenceModel::new(&plan.model, &compute_device());
     let sampler = SequenceSampler { transformer: model.transformer, spec: plan.model.clone(), temperature: 1.0 };
-    let candidates = sampler.histories(40, &mut dpsynth_shared::entropy::os_rng().unwrap());
+    let candidates = sampler.histories(40, &mut rhosynth_shared::entropy::os_rng().unwrap());
     let features = candidates.iter().flat_map(|h| features(&plan.model, h)).collect();
     let task = SelectionTask { model: plan.model.clone(), candidates: features, neighbours: 3 };
     let mut reference: Option<Vec<f64>> = None;
@@ -851,11 +851,11 @@ async fn one_two_and_four_workers_cast_the_same_selection_votes() {
 /// every row (every patient) counted once in every table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_two_and_four_workers_count_the_same_marginals() {
-    use dpsynth_proto::task::Work;
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::generators::aim::AimPlan;
-    use dpsynth_shared::generators::marginals::MarginalsPlan;
+    use rhosynth_proto::task::Work;
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::generators::aim::AimPlan;
+    use rhosynth_shared::generators::marginals::MarginalsPlan;
 
     let dir = tempfile::tempdir().unwrap();
     // Every row of a patient kept: no random subsampling, so all runs count the same rows.
@@ -908,9 +908,9 @@ async fn one_two_and_four_workers_count_the_same_marginals() {
 /// charged before the first round).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
-    use dpsynth_proto::coordinator_client::CoordinatorClient;
-    use dpsynth_proto::result_chunk::Part;
-    use dpsynth_proto::{
+    use rhosynth_proto::coordinator_client::CoordinatorClient;
+    use rhosynth_proto::result_chunk::Part;
+    use rhosynth_proto::{
         Dtype, PROTOCOL_VERSION, PollTaskRequest, RegisterWorkerRequest, ResultChunk, ResultHeader, TensorChunk,
         TensorMeta,
     };
@@ -921,13 +921,13 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
     config.env.scratch_url = dir.path().join("scratch").to_str().unwrap().to_string();
     let cluster = Standalone::start(config, 0).await.unwrap();
     let channel = tonic::transport::Endpoint::from_shared(cluster.url.clone()).unwrap().connect().await.unwrap();
-    let mut client = CoordinatorClient::new(channel).max_decoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES);
+    let mut client = CoordinatorClient::new(channel).max_decoding_message_size(rhosynth_proto::MAX_MESSAGE_BYTES);
     let worker_id = client
         .register_worker(RegisterWorkerRequest {
             protocol_version: PROTOCOL_VERSION,
             worker_name: "hostile".into(),
             capabilities: None,
-            dpsynth_version: "test".into(),
+            rhosynth_version: "test".into(),
         })
         .await
         .unwrap()
@@ -944,7 +944,7 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
             break task;
         }
     };
-    let Some(dpsynth_proto::task::Work::GradientSum(round)) = &task.work else { panic!("a DP-SGD round") };
+    let Some(rhosynth_proto::task::Work::GradientSum(round)) = &task.work else { panic!("a DP-SGD round") };
     let weights = &round.weights;
     // A declared shape whose product overflows u64 (it once panicked the handler): refused
     // as an invalid argument, and the task stays the worker's to answer.
@@ -957,7 +957,7 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
         tensors: vec![TensorMeta {
             name: "gradient_sum".into(),
             shape: vec![1 << 32, 1 << 32, 2],
-            dtype: dpsynth_proto::Dtype::F64 as i32,
+            dtype: rhosynth_proto::Dtype::F64 as i32,
         }],
     };
     let refused = client
@@ -984,7 +984,7 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
     };
     let bytes: Vec<u8> = sum.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut chunks = vec![ResultChunk { part: Some(Part::Header(header)) }];
-    for piece in bytes.chunks(dpsynth_proto::CHUNK_BYTES) {
+    for piece in bytes.chunks(rhosynth_proto::CHUNK_BYTES) {
         chunks.push(ResultChunk { part: Some(Part::Data(TensorChunk { tensor_index: 0, data: piece.to_vec() })) });
     }
     client.submit_result(tokio_stream::iter(chunks)).await.unwrap();
@@ -1015,9 +1015,9 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
 /// resampling (binomial over the n rows written): within five of each per cell.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_calibrated_job_matches_the_one_way_marginals_within_its_charge() {
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::generators::findiff::FinDiffPlan;
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::generators::findiff::FinDiffPlan;
 
     let dir = tempfile::tempdir().unwrap();
     let mut mean_tv = Vec::new();
@@ -1068,9 +1068,9 @@ async fn a_calibrated_job_matches_the_one_way_marginals_within_its_charge() {
 /// The calibration is charged in the run's one entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_calibrated_pate_job_runs_its_votes_and_charges_the_calibration() {
-    use dpsynth_shared::accounting::accountant::AccountingOptions;
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::generators::pate::PatePlan;
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::generators::pate::PatePlan;
 
     let dir = tempfile::tempdir().unwrap();
     let text = pate_spec(dir.path(), 60, 4).replace("[generator.pate]\n", "[generator.pate]\nteachers_per_task = 2\n")

@@ -1,6 +1,6 @@
 //! The trust boundary is in the dependency graph, not in comments: workers run beside the
 //! private rows, so nothing they link may draw privacy noise or write a ledger. Those live
-//! in `dpsynth-privacy` (its noise source is private to `release`, see its compile-fail
+//! in `rhosynth-privacy` (its noise source is private to `release`, see its compile-fail
 //! doc test), which only the coordinator depends on.
 
 use std::collections::{HashMap, HashSet};
@@ -40,8 +40,8 @@ fn reachable(from: &str) -> HashSet<String> {
 
 #[test]
 fn workers_cannot_reach_the_release_module_or_the_ledger() {
-    let worker = reachable("dpsynth-worker");
-    assert!(worker.contains("dpsynth-shared"), "the worker's task computations");
-    assert!(!worker.contains("dpsynth-privacy"), "the worker links the release module or the ledger");
-    assert!(reachable("dpsynth-coordinator").contains("dpsynth-privacy"));
+    let worker = reachable("rhosynth-worker");
+    assert!(worker.contains("rhosynth-shared"), "the worker's task computations");
+    assert!(!worker.contains("rhosynth-privacy"), "the worker links the release module or the ledger");
+    assert!(reachable("rhosynth-coordinator").contains("rhosynth-privacy"));
 }

@@ -1,15 +1,15 @@
 """AIM (McKenna, Mullins, Sheldon, Miklau 2022) on private-pgm's `mbi` 2.0 package.
 
-The reference that `compare.sh` runs beside dpsynth's AIM generator. `mbi` ships the
+The reference that `compare.sh` runs beside rhosynth's AIM generator. `mbi` ships the
 estimation engine (Private-PGM) but not the AIM mechanism itself, so the mechanism is
 written out here from the paper's Algorithm 1, with private-pgm's defaults: rounds 16·d,
 90% of each round's ρ on measurement and 10% on selection, annealing when the model moves
 less than the expected noise, a model-size limit that grows with the budget spent, and a
 final fit at the full iteration count.
 
-The data is discretised exactly as a dpsynth job spec declares it (the same bins, the same
+The data is discretised exactly as a rhosynth job spec declares it (the same bins, the same
 missing and `__other__` buckets), read from the spec's TOML, and the synthetic rows are
-written back in the input's CSV layout so that `dpsynth eval` scores both outputs alike.
+written back in the input's CSV layout so that `rhosynth eval` scores both outputs alike.
 
 This is a benchmark on data the operator owns: it reads the private rows directly and
 nothing it writes is charged to any ledger.
@@ -41,7 +41,7 @@ OTHER = "__other__"
 
 
 def integer_ranges(lo, hi, bins, default_bins):
-    """Inclusive integer ranges, as dpsynth's `integer_binning`."""
+    """Inclusive integer ranges, as rhosynth's `integer_binning`."""
     if isinstance(bins, list):
         starts = [math.ceil(e) for e in bins[:-1]]
         ranges = []
@@ -102,7 +102,7 @@ class Column:
         return min(int(np.searchsorted(self.edges, v, side="right")) - 1, self.values - 1)
 
     def decode(self, code, rng, null):
-        """A value inside bin `code`, drawn as dpsynth's `decode_bin` draws it."""
+        """A value inside bin `code`, drawn as rhosynth's `decode_bin` draws it."""
         if self.missing and code == self.values:
             return null
         if self.kind == "categorical":
@@ -287,7 +287,7 @@ def aim(data, workload, rho, rounds, max_model_mb, iters, rng, log):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--spec", required=True, help="a dpsynth job spec (TOML) with [generator.aim]")
+    parser.add_argument("--spec", required=True, help="a rhosynth job spec (TOML) with [generator.aim]")
     parser.add_argument("--out", required=True, help="CSV to write, in the spec's input layout")
     parser.add_argument("--degree", type=int, default=3, help="workload: every set of this many columns")
     parser.add_argument("--max-model-mb", type=float, default=80.0, help="private-pgm's default, 80 MB")

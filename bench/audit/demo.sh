@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `dpsynth audit` for every generator that runs on the demo's simulated ICU cohort: M
+# `rhosynth audit` for every generator that runs on the demo's simulated ICU cohort: M
 # canaries (default 1000), the job exactly as its spec configures it, and the ε lower bound
 # its release proves at 95% confidence beside the claimed ε. Prints one table row per
 # generator; a bound above its claim exits non-zero.
 #   cargo build --release --bins && bench/audit/demo.sh [M] [PATIENTS] [pairs|nearest|loss]
 # `loss` (white-box) audits the generators trained by DP-SGD only. With
-# DPSYNTH_SMOLLM2_GGUF naming SmolLM2-135M-Instruct's GGUF, DP-2Stage and HARMONIC (its
+# RHOSYNTH_SMOLLM2_GGUF naming SmolLM2-135M-Instruct's GGUF, DP-2Stage and HARMONIC (its
 # reference: another simulated cohort, public) run too: minutes each on 2 cores.
 # ONLY="name …" runs those generators alone. Each audit writes under a fresh temporary
 # directory (its report and its own ledger).
@@ -15,7 +15,7 @@ canaries=${1:-1000}
 patients=${2:-400}
 score=${3:-pairs}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bin=$root/target/release/dpsynth
+bin=$root/target/release/rhosynth
 [ -x "$bin" ] || { echo "build first: cargo build --release --bins" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -48,12 +48,12 @@ else
     "direct=$root/examples/icu-direct.toml"
   )
 fi
-if [ -n "${DPSYNTH_SMOLLM2_GGUF:-}" ]; then
+if [ -n "${RHOSYNTH_SMOLLM2_GGUF:-}" ]; then
   "$bin" simulate "$work/public.csv" --patients "$patients" --seed 7 2> /dev/null
   # The first block with LoRA adapters (as the Adult examples), 8 rows a unit, one pass;
   # HARMONIC 2 (an example is 3 rows of text: with 8, a round took 23 min on 2 cores).
   lm=$'blocks = 1\nlora = { rank = 8, alpha = 16.0, targets = ["qkv", "output", "up", "down"] }\nmax_rows_per_unit = 8\npseudo_rows = 2000\npseudo_batch = 16\nepochs = 1.0\nbatch_size = 256.0\nmicro_batch = 32'
-  model="checkpoint = \"$DPSYNTH_SMOLLM2_GGUF\""
+  model="checkpoint = \"$RHOSYNTH_SMOLLM2_GGUF\""
   specs+=(
     "dp2stage=$(variant dp2stage $'[generator]\nname = "dp2stage"\n\n[generator.dp2stage]\n'"$model"$'\n'"$lm" 'rows = 2000')"
     "harmonic=$(variant harmonic $'[generator]\nname = "harmonic"\n\n[generator.harmonic]\n'"$model"$'\nreference = "'"$work/public.csv"$'"\nneighbours = 2\n'"${lm/max_rows_per_unit = 8/max_rows_per_unit = 2}" 'rows = 2000')"

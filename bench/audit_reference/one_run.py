@@ -1,9 +1,9 @@
-"""The one-run audit bound of a public implementation, on the counts dpsynth's test checks.
+"""The one-run audit bound of a public implementation, on the counts rhosynth's test checks.
 
 Steinke, Nasr & Jagielski (2023), "Privacy auditing with one (1) training run", as
 jax-privacy 2.0.0 implements it (`jax_privacy.auditing._epsilon_one_run` and
 `_one_run_p_value`). Writes `shared/src/audit/one_run_vectors.json`, which
-`dpsynth_shared::audit::bound`'s test compares with, number for number.
+`rhosynth_shared::audit::bound`'s test compares with, number for number.
 
     python3 -m venv .venv && .venv/bin/pip install --require-hashes -r requirements.txt \
       && .venv/bin/pip install --no-deps --require-hashes -r jax_privacy.txt \

@@ -1,6 +1,6 @@
-//! `dpsynth audit`: the job's mechanism, exactly as configured, run once on a stand-in
+//! `rhosynth audit`: the job's mechanism, exactly as configured, run once on a stand-in
 //! dataset plus canary units each included with probability ½, and the ε lower bound its
-//! release proves (Steinke, Nasr & Jagielski 2023; `dpsynth_shared::audit`).
+//! release proves (Steinke, Nasr & Jagielski 2023; `rhosynth_shared::audit`).
 //!
 //! Nothing it produces is a release. The job is charged to an audit ledger of the audit's
 //! own (never the dataset's), with add/remove neighbours (the theorem's: a canary is in or
@@ -15,23 +15,23 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use dpsynth_proto::{GradientSum, JobState};
-use dpsynth_shared::accounting::Budget;
-use dpsynth_shared::accounting::PrivacyError;
-use dpsynth_shared::audit::bound::epsilon_lower_bound;
-use dpsynth_shared::audit::canary;
-use dpsynth_shared::audit::loss::{LossError, loss_gains};
-use dpsynth_shared::audit::score::{Score, guess, nearest_scores, pair_scores};
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::data::input::InputReader;
-use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
-use dpsynth_shared::entropy::os_rng;
-use dpsynth_shared::eval::{self, Table};
-use dpsynth_shared::output::{OutputWriter, SyntheticUnits, rows_to_batch};
-use dpsynth_shared::spec::{Format, JobSpec};
-use dpsynth_shared::storage;
 use object_store::ObjectStoreExt;
 use prost::Message;
+use rhosynth_proto::{GradientSum, JobState};
+use rhosynth_shared::accounting::Budget;
+use rhosynth_shared::accounting::PrivacyError;
+use rhosynth_shared::audit::bound::epsilon_lower_bound;
+use rhosynth_shared::audit::canary;
+use rhosynth_shared::audit::loss::{LossError, loss_gains};
+use rhosynth_shared::audit::score::{Score, guess, nearest_scores, pair_scores};
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::data::input::InputReader;
+use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter};
+use rhosynth_shared::entropy::os_rng;
+use rhosynth_shared::eval::{self, Table};
+use rhosynth_shared::output::{OutputWriter, SyntheticUnits, rows_to_batch};
+use rhosynth_shared::spec::{Format, JobSpec};
+use rhosynth_shared::storage;
 use serde::{Deserialize, Serialize};
 use tempfile::TempDir;
 
@@ -113,11 +113,11 @@ pub enum AuditError {
     #[error("audit options: {0}")]
     Options(String),
     #[error("the stand-in or the canaries: {0}")]
-    Data(#[from] dpsynth_shared::data::DataError),
+    Data(#[from] rhosynth_shared::data::DataError),
     #[error("writing the audit's input: {0}")]
-    Output(#[from] dpsynth_shared::output::OutputError),
+    Output(#[from] rhosynth_shared::output::OutputError),
     #[error("storage: {0}")]
-    Storage(#[from] dpsynth_shared::storage::StorageError),
+    Storage(#[from] rhosynth_shared::storage::StorageError),
     #[error("the audited job ended {state}: {message}")]
     Job { state: String, message: String },
     #[error("the loss score: {0}")]
@@ -134,7 +134,7 @@ pub enum AuditError {
 /// user alone. It holds a copy of the stand-in, the coins (in the job's input) and the
 /// job's output; its owner removes it once the audit's tasks have stopped.
 pub fn work_dir() -> std::io::Result<TempDir> {
-    tempfile::Builder::new().prefix("dpsynth-audit-").permissions(private()).tempdir()
+    tempfile::Builder::new().prefix("rhosynth-audit-").permissions(private()).tempdir()
 }
 
 fn private() -> std::fs::Permissions {
@@ -379,7 +379,7 @@ async fn run_job(
     keep_models: bool,
     output: &str,
     ledger: &str,
-) -> Result<dpsynth_shared::output::Manifest, AuditError> {
+) -> Result<rhosynth_shared::output::Manifest, AuditError> {
     let mut config = CoordinatorConfig::default();
     config.env.scratch_url = scratch.to_string();
     // For the loss score (a DP-SGD generator's, in the audit's own scratch store).

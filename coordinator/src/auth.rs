@@ -9,7 +9,7 @@
 //! ```toml
 //! [[submitter]]
 //! name = "analytics"
-//! token_sha256 = "…"   # `dpsynth token` prints a token and its hash
+//! token_sha256 = "…"   # `rhosynth token` prints a token and its hash
 //! datasets = ["mimic-iv-ed-2026"]
 //! output_root = "s3://releases/analytics/"
 //! ```
@@ -19,7 +19,7 @@
 //! process starts its own job, so no other local user can submit one to their port (its
 //! workers are not authenticated: a local process may still register as one).
 
-use dpsynth_shared::storage;
+use rhosynth_shared::storage;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
@@ -72,7 +72,7 @@ impl Access {
         let file: SubmittersFile = toml::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
         for s in &file.submitter {
             // A name prefixes its jobs' ids (`<name>.<job id>`), so it may not hold a dot.
-            if dpsynth_shared::spec::validate_id("submitter name", &s.name).is_err() || s.name.contains('.') {
+            if rhosynth_shared::spec::validate_id("submitter name", &s.name).is_err() || s.name.contains('.') {
                 return Err(format!("{path}: submitter '{}': names use letters, digits, '_' and '-'", s.name));
             }
             let (scheme, root) = storage::canonical_url(&s.output_root);
@@ -125,7 +125,7 @@ impl Access {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| Status::unauthenticated("a bearer token is required (dpsynth submit --token-file)"))?;
+            .ok_or_else(|| Status::unauthenticated("a bearer token is required (rhosynth submit --token-file)"))?;
         let hash = token_sha256(token.trim());
         submitters
             .iter()

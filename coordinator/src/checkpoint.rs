@@ -16,14 +16,14 @@
 //! Format: a u32 length, the JSON header, then the parameters and the optimizer's moments
 //! as little-endian f64.
 
-use dpsynth_privacy::ledger::{ChargeReceipt, ChargeRequest, ChargeStatus, Ledger};
-use dpsynth_shared::accounting::accountant::PrivacyCost;
-use dpsynth_shared::accounting::mechanism::Mechanism;
-use dpsynth_shared::dpsgd::optimizer::Optimizer;
-use dpsynth_shared::dpsgd::plan::RunPlan;
-use dpsynth_shared::spec::GeneratorName;
-use dpsynth_shared::storage::StoreLocation;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use rhosynth_privacy::ledger::{ChargeReceipt, ChargeRequest, ChargeStatus, Ledger};
+use rhosynth_shared::accounting::accountant::PrivacyCost;
+use rhosynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::dpsgd::optimizer::Optimizer;
+use rhosynth_shared::dpsgd::plan::RunPlan;
+use rhosynth_shared::spec::GeneratorName;
+use rhosynth_shared::storage::StoreLocation;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -215,10 +215,10 @@ pub async fn take_resume_lease(scratch: &StoreLocation, job_id: &str, seq: u64, 
 
 #[cfg(test)]
 mod tests {
-    use dpsynth_privacy::ledger::{Budget, ChargeReceipt, ChargeRequest, Ledger};
-    use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions};
-    use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
-    use dpsynth_shared::storage;
+    use rhosynth_privacy::ledger::{Budget, ChargeReceipt, ChargeRequest, Ledger};
+    use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions};
+    use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+    use rhosynth_shared::storage;
 
     use super::{take_resume_lease, verify_charged};
 

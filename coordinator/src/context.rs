@@ -5,15 +5,15 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use dpsynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, LedgerError};
-use dpsynth_privacy::release::{Private, Releases, Unpaid};
-use dpsynth_shared::accounting::mechanism::Mechanism;
-use dpsynth_shared::data::DataError;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::data::input::InputReader;
-use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
-use dpsynth_shared::spec::JobSpec;
-use dpsynth_shared::storage::StoreLocation;
+use rhosynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, LedgerError};
+use rhosynth_privacy::release::{Private, Releases, Unpaid};
+use rhosynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::data::DataError;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::data::input::InputReader;
+use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
+use rhosynth_shared::spec::JobSpec;
+use rhosynth_shared::storage::StoreLocation;
 
 use crate::gather::Gather;
 use crate::scheduler::Scheduler;
@@ -28,13 +28,13 @@ pub enum JobError {
     #[error(transparent)]
     Data(#[from] DataError),
     #[error(transparent)]
-    Output(#[from] dpsynth_shared::output::OutputError),
+    Output(#[from] rhosynth_shared::output::OutputError),
     #[error(transparent)]
-    Storage(#[from] dpsynth_shared::storage::StorageError),
+    Storage(#[from] rhosynth_shared::storage::StorageError),
     #[error(transparent)]
-    Plan(#[from] dpsynth_shared::generators::PlanError),
+    Plan(#[from] rhosynth_shared::generators::PlanError),
     #[error(transparent)]
-    Privacy(#[from] dpsynth_shared::accounting::PrivacyError),
+    Privacy(#[from] rhosynth_shared::accounting::PrivacyError),
     #[error(transparent)]
     Unpaid(#[from] Unpaid),
     #[error("worker {worker}: task {task_id} failed: {error}")]
@@ -55,7 +55,7 @@ pub enum JobError {
     )]
     OverRemainingBudget { epsilon: f64, remaining: f64, budget: f64 },
     #[error(transparent)]
-    Spec(#[from] dpsynth_shared::spec::SpecError),
+    Spec(#[from] rhosynth_shared::spec::SpecError),
     /// A release must never share a prefix with private or operator-only state.
     #[error("the output location {output} overlaps the coordinator's {store} store; choose another output prefix")]
     OutputOverlaps { output: String, store: &'static str },
@@ -146,7 +146,7 @@ pub struct JobEnv {
     /// for the data owner only); `None`: this coordinator refuses jobs that ask for one.
     pub diagnostics_url: Option<String>,
     /// Whether a DP-SGD job leaves its trained model in the scratch store
-    /// (`scratch::kept_model`): set by `dpsynth audit` for its white-box score, off on
+    /// (`scratch::kept_model`): set by `rhosynth audit` for its white-box score, off on
     /// every coordinator that serves or runs jobs.
     pub keep_trained_models: bool,
     /// This coordinator's liveness in the scratch store, shared by its jobs.

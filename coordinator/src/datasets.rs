@@ -8,7 +8,7 @@
 //! [[dataset]]
 //! id = "mimic-iv-ed-2026"
 //! unit_column = "subject_id"        # absent: each row is its own privacy unit
-//! ledger = "s3://dpsynth/ledger"     # absent: the coordinator's --ledger
+//! ledger = "s3://rhosynth/ledger"     # absent: the coordinator's --ledger
 //! budget = { epsilon = 10.0, delta = 1e-6 }
 //! holdout_urls = ["s3://private/ed/holdout.parquet"]   # evaluation only
 //! [dataset.input]
@@ -32,11 +32,11 @@
 
 use std::collections::HashMap;
 
-use dpsynth_privacy::ledger::{Budget, Ledger, LedgerError};
-use dpsynth_shared::accounting::accountant::AccountingOptions;
-use dpsynth_shared::accounting::mechanism::Adjacency;
-use dpsynth_shared::spec::{BadRows, ColumnKind, CsvOptions, Format, GeneratorSpec, InputSpec, validate_id};
-use dpsynth_shared::storage;
+use rhosynth_privacy::ledger::{Budget, Ledger, LedgerError};
+use rhosynth_shared::accounting::accountant::AccountingOptions;
+use rhosynth_shared::accounting::mechanism::Adjacency;
+use rhosynth_shared::spec::{BadRows, ColumnKind, CsvOptions, Format, GeneratorSpec, InputSpec, validate_id};
+use rhosynth_shared::storage;
 use serde::Deserialize;
 
 use crate::job::JobRequest;
@@ -89,7 +89,7 @@ pub struct DeclaredModel {
     pub url: String,
 }
 
-/// A public reference set (a public table or a dpsynth release) the operator offers to
+/// A public reference set (a public table or a rhosynth release) the operator offers to
 /// HARMONIC jobs on the datasets it names.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -145,7 +145,7 @@ impl Datasets {
             if dataset.input.bad_rows == Some(BadRows::Fail) {
                 return Err(invalid(format!(
                     "dataset '{}': bad_rows = \"fail\" would tell submitters, for free, whether a row breaks the \
-                     schema they declare; a declared dataset always skips such rows (check files with `dpsynth validate`)",
+                     schema they declare; a declared dataset always skips such rows (check files with `rhosynth validate`)",
                     dataset.id
                 )));
             }
@@ -236,7 +236,7 @@ impl Datasets {
         Ok(())
     }
 
-    /// What `dpsynth schema draft` reads and charges for a declared dataset: its input (one
+    /// What `rhosynth schema draft` reads and charges for a declared dataset: its input (one
     /// CSV file, read with its declared options), its unit column and its ledger store —
     /// never a caller's.
     pub fn draft_source(&self, id: &str) -> Result<(String, CsvOptions, Option<String>, String), DatasetsError> {
@@ -329,7 +329,7 @@ impl Datasets {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dpsynth_shared::spec::JobSpec;
+    use rhosynth_shared::spec::JobSpec;
 
     const DATASETS: &str = r#"
 [[dataset]]

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dpsynth_privacy::release::Private;
-use dpsynth_proto::task::Work;
+use rhosynth_privacy::release::Private;
+use rhosynth_proto::task::Work;
 use tokio::sync::mpsc;
 
 use crate::context::JobError;
@@ -136,7 +136,7 @@ impl Drop for Gather<'_> {
 mod tests {
     use std::time::Duration;
 
-    use dpsynth_proto::Capabilities;
+    use rhosynth_proto::Capabilities;
 
     use super::*;
     use crate::scheduler::TaskResult;

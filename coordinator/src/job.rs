@@ -2,7 +2,7 @@
 //! ledger and the scratch store → plan the generator → admit what the plan states, before
 //! any private read → partition → its rounds and charges (`Generator::fit`) → claim the release
 //! → write the parts its sampler draws → clean the scratch store → manifest. The
-//! coordinator is the only place noise is drawn (`dpsynth_privacy::release`, only for what
+//! coordinator is the only place noise is drawn (`rhosynth_privacy::release`, only for what
 //! a charge paid for) and the only ledger writer. A job that fails before its charge
 //! spends nothing; a charged job that then fails has spent its budget but released
 //! nothing; no manifest is written unless the whole output is. Every charge is released
@@ -18,18 +18,18 @@
 pub use crate::context::{INPUT_MISMATCH, JobEnv, JobError, JobRequest, Progress, ProgressHandle};
 use crate::context::{JobContext, blocking, set_stage};
 
-use dpsynth_privacy::ledger::{ChargeStatus, Ledger, LedgerError};
-use dpsynth_shared::accounting::accountant::AccountingOptions;
-use dpsynth_shared::accounting::mechanism::Adjacency;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::entropy::os_rng;
-use dpsynth_shared::generators::Sampler;
-use dpsynth_shared::output::{
+use rand::rngs::ChaCha20Rng;
+use rhosynth_privacy::ledger::{ChargeStatus, Ledger, LedgerError};
+use rhosynth_shared::accounting::accountant::AccountingOptions;
+use rhosynth_shared::accounting::mechanism::Adjacency;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::entropy::os_rng;
+use rhosynth_shared::generators::Sampler;
+use rhosynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
-use dpsynth_shared::spec::{GeneratorSpec, JobSpec};
-use dpsynth_shared::storage::{self, StoreLocation};
-use rand::rngs::ChaCha20Rng;
+use rhosynth_shared::spec::{GeneratorSpec, JobSpec};
+use rhosynth_shared::storage::{self, StoreLocation};
 
 use crate::generators::{
     Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Harmonic, Marginals, Pate, Sequence,
@@ -94,7 +94,7 @@ pub async fn run_job(
     let manifest = output
         .finish(Manifest {
             format: MANIFEST_FORMAT.to_string(),
-            dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
+            rhosynth_version: env!("CARGO_PKG_VERSION").to_string(),
             job_id: job_id.clone(),
             generator: spec.generator.name().as_str().to_string(),
             created_at: chrono::Utc::now(),
@@ -215,7 +215,7 @@ pub async fn evaluate_for_owner(request: &JobRequest, env: &JobEnv) {
     let diagnostics = format!("{}/{}", diagnostics.trim_end_matches('/'), request.job_id);
     let (train, test) = (&spec.input.urls, &evaluation.test_urls);
     let synthetic = request.resolved_output_url();
-    match dpsynth_shared::eval::run(spec, train, test, &synthetic, &diagnostics).await {
+    match rhosynth_shared::eval::run(spec, train, test, &synthetic, &diagnostics).await {
         Ok(_) => tracing::info!(diagnostics, "evaluation report written to the diagnostics store"),
         Err(e) => tracing::warn!(error = %e, "evaluation failed; the synthetic output is complete regardless"),
     }

@@ -1,4 +1,4 @@
-//! The dpsynth coordinator: owns jobs, splits private data into partitions by privacy
+//! The rhosynth coordinator: owns jobs, splits private data into partitions by privacy
 //! unit, hands tasks to workers, adds all noise, writes the privacy ledger and the output.
 
 pub mod audit;

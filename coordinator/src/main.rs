@@ -1,4 +1,4 @@
-//! `dpsynth`: the coordinator's command line.
+//! `rhosynth`: the coordinator's command line.
 //!
 //! Every command prints one JSON object as its last line on stdout, so scripts can read
 //! results without parsing prose; logs go to stderr (`RUST_LOG` sets the level).
@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "dpsynth", version, about = "Differentially private synthetic data at cluster scale")]
+#[command(name = "rhosynth", version, about = "Differentially private synthetic data at cluster scale")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,13 +18,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the built-in demo: simulated ICU vitals, 2 local workers, output under ./dpsynth-out/.
+    /// Run the built-in demo: simulated ICU vitals, 2 local workers, output under ./rhosynth-out/.
     Demo(commands::job::DemoArgs),
     /// Write a simulated ICU cohort (the demo's input) of any size, e.g. for benchmarks.
     Simulate(commands::job::SimulateArgs),
     /// Run a job on a standalone cluster: the coordinator and N local workers in this process.
     Run(commands::job::RunArgs),
-    /// Serve the coordinator over gRPC (workers connect with `dpsynth-worker`).
+    /// Serve the coordinator over gRPC (workers connect with `rhosynth-worker`).
     Serve(commands::job::ServeArgs),
     /// Submit a job to a running coordinator and follow it to the end.
     Submit(commands::job::SubmitArgs),
@@ -52,7 +52,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    dpsynth_shared::logging::init();
+    rhosynth_shared::logging::init();
+    if let Err(e) = rhosynth_shared::process::refuse_legacy_environment() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => commands::job::demo(args),

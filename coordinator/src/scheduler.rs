@@ -12,8 +12,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dpsynth_proto::Capabilities;
-use dpsynth_proto::task::Work;
+use rhosynth_proto::Capabilities;
+use rhosynth_proto::task::Work;
 use tokio::sync::{Notify, mpsc};
 
 /// One unit of work: what to compute (shared by the round's tasks), and the partitions it

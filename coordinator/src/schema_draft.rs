@@ -9,13 +9,13 @@
 //! once per value, in at most m values). A column uses either the numeric or the
 //! categorical releases; both are charged, since which one is decided by a release.
 
-use dpsynth_privacy::release::{Private, Releases, Unpaid};
-use dpsynth_shared::accounting::PrivacyError;
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, calibrate_sigma};
-use dpsynth_shared::accounting::math::normal_isf;
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
-use dpsynth_shared::schema_draft::profile::ColumnProfile;
-use dpsynth_shared::schema_draft::{GRID_CELLS, Measure, grid_cell};
+use rhosynth_privacy::release::{Private, Releases, Unpaid};
+use rhosynth_shared::accounting::PrivacyError;
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, calibrate_sigma};
+use rhosynth_shared::accounting::math::normal_isf;
+use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+use rhosynth_shared::schema_draft::profile::ColumnProfile;
+use rhosynth_shared::schema_draft::{GRID_CELLS, Measure, grid_cell};
 
 /// Buckets per doubling of magnitude: bounds within a factor 2^(1/4) (19%) of the data's.
 const PER_OCTAVE: i32 = 4;
@@ -190,7 +190,7 @@ mod tests {
         let options = AccountingOptions::default();
         let plan = DraftRelease::new(6, 2, 1.0, 1e-6, &options).unwrap();
         let mechanisms = plan.mechanisms();
-        let cost = dpsynth_shared::accounting::accountant::account(&mechanisms, Accountant::Rdp, 1e-6, &options);
+        let cost = rhosynth_shared::accounting::accountant::account(&mechanisms, Accountant::Rdp, 1e-6, &options);
         let epsilon = cost.unwrap().epsilon;
         assert!(epsilon <= 1.0 && epsilon > 0.999, "{epsilon}");
         let added: f64 = mechanisms.iter().map(Mechanism::added_delta).sum();

@@ -2,7 +2,7 @@
 //!
 //! Namespaces: `partitions/<instance>/<job>` (encoded private rows, per coordinator
 //! process), `checkpoints/<job>` (charged DP-SGD runs), `leases/<job>` (resume leases),
-//! `instances/<instance>` (each live coordinator's heartbeat) and, for `dpsynth audit` only,
+//! `instances/<instance>` (each live coordinator's heartbeat) and, for `rhosynth audit` only,
 //! `models/<job>` (a DP-SGD job's model before and after training).
 //!
 //! Partitions are keyed by the coordinator process that wrote them, so several
@@ -18,7 +18,7 @@ use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use tokio::sync::OnceCell;
 
-use dpsynth_shared::storage::StoreLocation;
+use rhosynth_shared::storage::StoreLocation;
 
 pub const PARTITIONS: &str = "partitions";
 pub const CHECKPOINTS: &str = "checkpoints";
@@ -140,7 +140,7 @@ pub async fn delete_prefix(scratch: &StoreLocation, prefix: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dpsynth_shared::storage;
+    use rhosynth_shared::storage;
 
     async fn put(scratch: &StoreLocation, name: &str, body: &str) {
         scratch.store.put(&scratch.child(name), PutPayload::from(body.to_string().into_bytes())).await.unwrap();

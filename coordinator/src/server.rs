@@ -1,6 +1,6 @@
 //! Serving the coordinator over gRPC, with the standard health service.
 
-use dpsynth_proto::coordinator_server::CoordinatorServer;
+use rhosynth_proto::coordinator_server::CoordinatorServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Server, ServerTlsConfig};
@@ -25,8 +25,8 @@ pub async fn serve(
         .add_service(health)
         .add_service(
             CoordinatorServer::new(service)
-                .max_decoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES),
+                .max_decoding_message_size(rhosynth_proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(rhosynth_proto::MAX_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

@@ -6,15 +6,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dpsynth_proto::coordinator_server::Coordinator;
-use dpsynth_proto::result_chunk::Part;
-use dpsynth_proto::{
+use rhosynth_proto::coordinator_server::Coordinator;
+use rhosynth_proto::result_chunk::Part;
+use rhosynth_proto::{
     GetJobRequest, HeartbeatRequest, HeartbeatResponse, JobState, JobStatus, PROTOCOL_VERSION, PollTaskRequest,
     PollTaskResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportFailureRequest, ReportFailureResponse,
     ResultChunk, SubmitJobRequest, SubmitJobResponse, SubmitResultResponse, Task,
 };
-use dpsynth_shared::metrics::Exposition;
-use dpsynth_shared::spec::JobSpec;
+use rhosynth_shared::metrics::Exposition;
+use rhosynth_shared::spec::JobSpec;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -47,8 +47,8 @@ impl Default for CoordinatorConfig {
             heartbeat_interval: Duration::from_millis(500),
             worker_timeout: Duration::from_secs(3),
             env: JobEnv {
-                scratch_url: "./dpsynth-out/scratch".into(),
-                default_ledger_url: "./dpsynth-out/ledger".into(),
+                scratch_url: "./rhosynth-out/scratch".into(),
+                default_ledger_url: "./rhosynth-out/ledger".into(),
                 diagnostics_url: None,
                 keep_trained_models: false,
                 heartbeat: Default::default(),
@@ -127,7 +127,7 @@ impl CoordinatorService {
                 s.name, request.spec.job.dataset_id
             )));
         }
-        dpsynth_shared::spec::validate_id("job id", &request.job_id)
+        rhosynth_shared::spec::validate_id("job id", &request.job_id)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         if let Some(datasets) = &self.config.datasets {
             datasets.bind(request).map_err(|e| match e {
@@ -138,7 +138,7 @@ impl CoordinatorService {
         }
         if let Some(s) = submitter {
             let output = request.resolved_output_url();
-            if !dpsynth_shared::storage::within(&output, &s.output_root) {
+            if !rhosynth_shared::storage::within(&output, &s.output_root) {
                 return Err(Status::permission_denied(format!(
                     "the output location {output} is outside submitter '{}''s output root {}",
                     s.name, s.output_root
@@ -226,9 +226,9 @@ impl CoordinatorService {
             *states.entry(state).or_default() += 1.0;
         }
         for (state, n) in states {
-            e.gauge("dpsynth_jobs", "Jobs known to this coordinator, by state.", &[("state", state)], n);
+            e.gauge("rhosynth_jobs", "Jobs known to this coordinator, by state.", &[("state", state)], n);
         }
-        e.gauge("dpsynth_workers", "Live workers.", &[], self.scheduler.live_workers().len() as f64);
+        e.gauge("rhosynth_workers", "Live workers.", &[], self.scheduler.live_workers().len() as f64);
         self.telemetry.render(&mut e);
         e.finish()
     }
@@ -282,9 +282,9 @@ impl Coordinator for CoordinatorService {
         let r = request.into_inner();
         if r.protocol_version != PROTOCOL_VERSION {
             return Err(Status::failed_precondition(format!(
-                "incompatible dpsynth protocol: worker '{}' ({}) speaks version {}, this coordinator ({}) speaks {}",
+                "incompatible rhosynth protocol: worker '{}' ({}) speaks version {}, this coordinator ({}) speaks {}",
                 r.worker_name,
-                r.dpsynth_version,
+                r.rhosynth_version,
                 r.protocol_version,
                 env!("CARGO_PKG_VERSION"),
                 PROTOCOL_VERSION
@@ -402,6 +402,6 @@ impl Coordinator for CoordinatorService {
 /// Plans the request's generator from public information, so that bad parameters are
 /// refused at submission rather than when the job runs.
 fn check_generator(request: &JobRequest) -> Result<(), Status> {
-    let domain = dpsynth_shared::data::domain::Domain::from_spec(&request.spec);
-    dpsynth_shared::generators::check(&request.spec, &domain).map_err(|e| Status::invalid_argument(e.to_string()))
+    let domain = rhosynth_shared::data::domain::Domain::from_spec(&request.spec);
+    rhosynth_shared::generators::check(&request.spec, &domain).map_err(|e| Status::invalid_argument(e.to_string()))
 }

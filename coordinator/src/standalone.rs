@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use dpsynth_proto::{JobState, JobStatus};
-use dpsynth_worker::WorkerConfig;
+use rhosynth_proto::{JobState, JobStatus};
+use rhosynth_worker::WorkerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -46,7 +46,7 @@ impl Standalone {
             .map(|i| {
                 let config = WorkerConfig::new(url.clone(), format!("local-{i}"));
                 tokio::spawn(async move {
-                    if let Err(e) = dpsynth_worker::run(config).await {
+                    if let Err(e) = rhosynth_worker::run(config).await {
                         tracing::error!(error = %e, "worker stopped");
                     }
                 })

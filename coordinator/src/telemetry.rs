@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dpsynth_shared::metrics::Exposition;
+use rhosynth_shared::metrics::Exposition;
 
 #[derive(Default)]
 pub struct Telemetry {
@@ -28,22 +28,22 @@ impl Telemetry {
     /// Adds this coordinator's samples to a scrape.
     pub fn render(&self, e: &mut Exposition) {
         e.counter(
-            "dpsynth_tasks_completed_total",
+            "rhosynth_tasks_completed_total",
             "Tasks (rounds of worker aggregation) completed.",
             &[],
             self.tasks_done.load(Ordering::Relaxed) as f64,
         );
         e.counter(
-            "dpsynth_task_seconds_total",
+            "rhosynth_task_seconds_total",
             "Seconds from hand-out to result, summed over completed tasks (divide by tasks for latency).",
             &[],
             *self.task_seconds.lock().unwrap_or_else(|e| e.into_inner()),
         );
         for (dataset, (spent, budget)) in self.datasets.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let labels = [("dataset", dataset.as_str())];
-            e.gauge("dpsynth_epsilon_spent", "Privacy budget ε spent by the dataset (ledger total).", &labels, *spent);
+            e.gauge("rhosynth_epsilon_spent", "Privacy budget ε spent by the dataset (ledger total).", &labels, *spent);
             e.gauge(
-                "dpsynth_epsilon_remaining",
+                "rhosynth_epsilon_remaining",
                 "Privacy budget ε the dataset has left.",
                 &labels,
                 (budget - spent).max(0.0),

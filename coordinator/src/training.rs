@@ -8,13 +8,13 @@
 
 use std::time::Instant;
 
-use dpsynth_privacy::ledger::ChargeReceipt;
-use dpsynth_privacy::release::Releases;
-use dpsynth_proto::gradient_sum::Model;
-use dpsynth_proto::task::Work;
-use dpsynth_shared::dpsgd::optimizer::Optimizer;
-use dpsynth_shared::dpsgd::{self, RoundSettings};
-use dpsynth_shared::entropy::os_seed;
+use rhosynth_privacy::ledger::ChargeReceipt;
+use rhosynth_privacy::release::Releases;
+use rhosynth_proto::gradient_sum::Model;
+use rhosynth_proto::task::Work;
+use rhosynth_shared::dpsgd::optimizer::Optimizer;
+use rhosynth_shared::dpsgd::{self, RoundSettings};
+use rhosynth_shared::entropy::os_seed;
 
 use crate::checkpoint::Checkpointer;
 use crate::context::{JobContext, JobError, Partitions};

@@ -4,8 +4,8 @@
 //! more bytes than it declared: a hostile worker cannot make the coordinator buffer more
 //! than the cap. What the values mean is checked later, by the generator that asked.
 
-pub use dpsynth_proto::MAX_RESULT_VALUES;
-use dpsynth_proto::{Dtype, ResultHeader, TensorChunk};
+pub use rhosynth_proto::MAX_RESULT_VALUES;
+use rhosynth_proto::{Dtype, ResultHeader, TensorChunk};
 
 use crate::scheduler::TaskResult;
 
@@ -86,7 +86,7 @@ impl ResultStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dpsynth_proto::TensorMeta;
+    use rhosynth_proto::TensorMeta;
 
     fn header(shape: Vec<u64>) -> ResultHeader {
         let tensors = vec![TensorMeta { name: "sum".into(), shape, dtype: Dtype::F64 as i32 }];

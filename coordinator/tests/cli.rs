@@ -1,14 +1,14 @@
-//! The `dpsynth` binary's privacy and ledger commands, run as a user would: a real process,
+//! The `rhosynth` binary's privacy and ledger commands, run as a user would: a real process,
 //! its last stdout line parsed as JSON, its exit status checked.
 
 use std::process::{Command, Output};
 
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
-use dpsynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+use rhosynth_shared::accounting::mechanism::Mechanism;
 use serde_json::Value;
 
-fn dpsynth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dpsynth")).args(args).output().expect("run dpsynth")
+fn rhosynth(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rhosynth")).args(args).output().expect("run rhosynth")
 }
 
 fn last_json(out: &Output) -> Value {
@@ -23,7 +23,7 @@ const RUN: [&str; 8] = ["--q", "0.01", "--sigma", "1.1", "--steps", "2000", "--d
 #[test]
 fn epsilon_agrees_with_the_library_for_both_accountants() {
     for (accountant, name) in [(Accountant::Rdp, "rdp"), (Accountant::Pld, "pld")] {
-        let out = dpsynth(&[&["privacy", "epsilon", "--accountant", name][..], &RUN].concat());
+        let out = rhosynth(&[&["privacy", "epsilon", "--accountant", name][..], &RUN].concat());
         assert!(out.status.success());
         let v = last_json(&out);
         let expected =
@@ -34,14 +34,14 @@ fn epsilon_agrees_with_the_library_for_both_accountants() {
         assert_eq!(v.get("order").is_some(), accountant == Accountant::Rdp);
     }
     // The classic conversion is never tighter than the improved one.
-    let classic = last_json(&dpsynth(&[&["privacy", "epsilon", "--conversion", "classic"][..], &RUN].concat()));
-    let improved = last_json(&dpsynth(&[&["privacy", "epsilon"][..], &RUN].concat()));
+    let classic = last_json(&rhosynth(&[&["privacy", "epsilon", "--conversion", "classic"][..], &RUN].concat()));
+    let improved = last_json(&rhosynth(&[&["privacy", "epsilon"][..], &RUN].concat()));
     assert!(classic["epsilon"].as_f64().unwrap() >= improved["epsilon"].as_f64().unwrap());
 }
 
 #[test]
 fn sigma_meets_the_target() {
-    let v = last_json(&dpsynth(&[
+    let v = last_json(&rhosynth(&[
         "privacy",
         "sigma",
         "--epsilon",
@@ -60,7 +60,7 @@ fn sigma_meets_the_target() {
 
 #[test]
 fn gnmax_reports_both_bounds_and_composes_data_independently() {
-    let v = last_json(&dpsynth(&[
+    let v = last_json(&rhosynth(&[
         "privacy",
         "gnmax",
         "--sigma",
@@ -80,7 +80,7 @@ fn gnmax_reports_both_bounds_and_composes_data_independently() {
     let gnmax = Mechanism::GnMax { sigma: 40.0, classes: 2, queries: 1000 };
     let expected = account(&[gnmax], Accountant::Rdp, 1e-5, &AccountingOptions::default()).unwrap();
     assert_eq!(v["epsilon"].as_f64().unwrap(), expected.epsilon);
-    let bad = dpsynth(&["privacy", "gnmax", "--sigma", "40", "--votes", "240,10", "--order", "1"]);
+    let bad = rhosynth(&["privacy", "gnmax", "--sigma", "40", "--votes", "240,10", "--order", "1"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("order > 1"));
 }
@@ -90,14 +90,14 @@ fn ledger_init_show_and_dry_run() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().to_str().unwrap();
     let at = ["--dataset", "cli-test", "--store", store];
-    let init = dpsynth(&[&["ledger", "init"][..], &at, &["--epsilon", "1.0", "--delta", "1e-5"]].concat());
+    let init = rhosynth(&[&["ledger", "init"][..], &at, &["--epsilon", "1.0", "--delta", "1e-5"]].concat());
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
-    let again = dpsynth(&[&["ledger", "init"][..], &at, &["--epsilon", "9", "--delta", "1e-5"]].concat());
+    let again = rhosynth(&[&["ledger", "init"][..], &at, &["--epsilon", "9", "--delta", "1e-5"]].concat());
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 
     let run = ["--q", "0.01", "--sigma", "4", "--steps", "1000", "--delta", "1e-5"];
-    let fits = dpsynth(&[&["ledger", "charge-dry-run"][..], &at, &run].concat());
+    let fits = rhosynth(&[&["ledger", "charge-dry-run"][..], &at, &run].concat());
     assert!(fits.status.success(), "{}", String::from_utf8_lossy(&fits.stderr));
     let v = last_json(&fits);
     assert_eq!(v["admitted"], true);
@@ -111,29 +111,29 @@ fn ledger_init_show_and_dry_run() {
 
     let gnmax = r#"{"kind":"gn_max","sigma":5,"classes":2,"queries":1000}"#;
     let too_much =
-        dpsynth(&[&["ledger", "charge-dry-run"][..], &at, &["--mechanism", gnmax, "--delta", "1e-5"]].concat());
+        rhosynth(&[&["ledger", "charge-dry-run"][..], &at, &["--mechanism", gnmax, "--delta", "1e-5"]].concat());
     assert_eq!(too_much.status.code(), Some(3), "budget refusal exits with 3");
     let v = last_json(&too_much);
     assert_eq!(v["admitted"], false);
     assert!(v["reason"].as_str().unwrap().contains("privacy budget exceeded"));
 
-    let show = dpsynth(&[&["ledger", "show"][..], &at].concat());
+    let show = rhosynth(&[&["ledger", "show"][..], &at].concat());
     assert!(show.status.success());
     let v = last_json(&show);
     assert_eq!(v["entries"], 1, "dry runs write nothing");
     assert_eq!(v["spent"]["epsilon"].as_f64().unwrap(), 0.0);
     assert_eq!(v["budget"]["epsilon"].as_f64().unwrap(), 1.0);
 
-    let missing = dpsynth(&["ledger", "show", "--dataset", "nope", "--store", store]);
+    let missing = rhosynth(&["ledger", "show", "--dataset", "nope", "--store", store]);
     assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("dpsynth ledger init"));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("rhosynth ledger init"));
 }
 
 /// `--worker-timeout 0` (and negative) once panicked at start; now a usage error.
 #[test]
 fn serve_refuses_a_worker_timeout_outside_its_range() {
     for bad in ["0", "-1", "NaN", "1e9"] {
-        let out = dpsynth(&["serve", "--dev", "--listen", "127.0.0.1:0", &format!("--worker-timeout={bad}")]);
+        let out = rhosynth(&["serve", "--dev", "--listen", "127.0.0.1:0", &format!("--worker-timeout={bad}")]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
         assert!(stderr.contains("--worker-timeout"), "{bad}: {stderr}");
@@ -145,13 +145,13 @@ fn serve_refuses_a_worker_timeout_outside_its_range() {
 /// them) only listens on loopback.
 #[test]
 fn serve_without_authentication_is_loopback_only() {
-    let out = dpsynth(&["serve", "--listen", "127.0.0.1:0"]);
+    let out = rhosynth(&["serve", "--listen", "127.0.0.1:0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     for flag in ["--datasets", "--submitters", "--tls-cert", "--tls-key", "--worker-ca"] {
         assert!(stderr.contains(flag), "{flag}: {stderr}");
     }
-    let out = dpsynth(&["serve", "--dev", "--listen", "0.0.0.0:0"]);
+    let out = rhosynth(&["serve", "--dev", "--listen", "0.0.0.0:0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("loopback only"), "{stderr}");
 }
@@ -162,12 +162,34 @@ fn serve_without_authentication_is_loopback_only() {
 fn demo_refuses_a_spec_that_reads_another_input() {
     let dir = tempfile::tempdir().unwrap();
     let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/pbcseq-sequence.toml");
-    let out = Command::new(env!("CARGO_BIN_EXE_dpsynth"))
+    let out = Command::new(env!("CARGO_BIN_EXE_rhosynth"))
         .args(["demo", "--patients", "10", "--spec", spec.to_str().unwrap()])
         .current_dir(dir.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("reads the simulated cohort"));
-    assert!(!dir.path().join("dpsynth-out").exists(), "nothing simulated");
+    assert!(!dir.path().join("rhosynth-out").exists(), "nothing simulated");
+}
+
+/// A variable of the project's former name (`DPSYNTH_LEDGER`) would be ignored: both
+/// binaries refuse to start, naming it and its new name, before doing anything.
+#[test]
+fn a_variable_of_the_former_name_is_refused_not_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rhosynth"))
+        .args(["demo", "--patients", "10"])
+        .env("DPSYNTH_LEDGER", "s3://bucket/ledger")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("DPSYNTH_LEDGER set") && stderr.contains("RHOSYNTH_LEDGER"), "{stderr}");
+    assert!(!dir.path().join("rhosynth-out").exists(), "nothing ran");
+    let worker = std::path::Path::new(env!("CARGO_BIN_EXE_rhosynth")).with_file_name("rhosynth-worker");
+    assert!(worker.exists(), "{} is missing: run `cargo test --workspace` (it builds every binary)", worker.display());
+    let out = Command::new(worker).env("DPSYNTH_COORDINATOR", "http://127.0.0.1:1").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("RHOSYNTH_COORDINATOR"), "{stderr}");
 }

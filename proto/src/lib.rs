@@ -1,10 +1,10 @@
-//! The gRPC protocol between the dpsynth coordinator and its workers (`dpsynth.proto`).
+//! The gRPC protocol between the rhosynth coordinator and its workers (`rhosynth.proto`).
 
-tonic::include_proto!("dpsynth.v1");
+tonic::include_proto!("rhosynth.v1");
 
 pub mod tls;
 
-/// Version of the protocol in `dpsynth.proto`; peers of another version are refused.
+/// Version of the protocol in `rhosynth.proto`; peers of another version are refused.
 /// 2: DP-SGD round tasks (`dpsgd`) and long polling.
 /// 3: typed tasks (`Task.work`, one message per kind) instead of a kind and opaque bytes.
 /// 4: DP-SGD rounds of the sequence generator (`SequenceModel`) and its selection votes.

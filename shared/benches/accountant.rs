@@ -1,12 +1,12 @@
 //! Accountant speed: ε of a 10⁶-step DP-SGD run under RDP (target: well under 50 ms) and
 //! of a 10⁵-step run under PLD (target: under 2 s), each beside a baseline measured in the
 //! same run (the RDP of an unsampled Gaussian: a closed form, so the ratio shows the cost
-//! of the subsampled analysis). Run with `cargo bench -p dpsynth-shared`.
+//! of the subsampled analysis). Run with `cargo bench -p rhosynth-shared`.
 
 use std::time::{Duration, Instant};
 
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
-use dpsynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+use rhosynth_shared::accounting::mechanism::Mechanism;
 
 /// Median wall time of `reps` runs of `f`.
 fn median(reps: usize, mut f: impl FnMut() -> f64) -> (Duration, f64) {

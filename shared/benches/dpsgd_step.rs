@@ -3,23 +3,23 @@
 //! book-keeping clipped sum), and their ratio (target: DP ≤ 1.5× the non-private time).
 //! Two models: the DP-FinDiff denoiser (batch 256 rows) and the sequence transformer
 //! (64 histories of the demo's ICU schema, one window each; tokens/s). Run with
-//! `cargo bench -p dpsynth-shared --bench dpsgd_step`.
+//! `cargo bench -p rhosynth-shared --bench dpsgd_step`.
 
 use std::time::{Duration, Instant};
 
-use dpsynth_shared::data::domain::{Binning, Domain, Encoding};
-use dpsynth_shared::data::examples::Examples;
-use dpsynth_shared::decoder::DecoderConfig;
-use dpsynth_shared::dpsgd::ghost::Plain;
-use dpsynth_shared::dpsgd::params::TrainableLayers;
-use dpsynth_shared::dpsgd::{DpModel, RoundSettings, clipped_gradient_sum, compute_device};
-use dpsynth_shared::generators::findiff::encoding::TabularEncoding;
-use dpsynth_shared::generators::findiff::model::DenoiserConfig;
-use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec};
-use dpsynth_shared::generators::sequence::{self, Histories, Layout, SequenceModel, SequenceModelSpec, WindowSpec};
-use dpsynth_shared::spec::JobSpec;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use rhosynth_shared::data::domain::{Binning, Domain, Encoding};
+use rhosynth_shared::data::examples::Examples;
+use rhosynth_shared::decoder::DecoderConfig;
+use rhosynth_shared::dpsgd::ghost::Plain;
+use rhosynth_shared::dpsgd::params::TrainableLayers;
+use rhosynth_shared::dpsgd::{DpModel, RoundSettings, clipped_gradient_sum, compute_device};
+use rhosynth_shared::generators::findiff::encoding::TabularEncoding;
+use rhosynth_shared::generators::findiff::model::DenoiserConfig;
+use rhosynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec};
+use rhosynth_shared::generators::sequence::{self, Histories, Layout, SequenceModel, SequenceModelSpec, WindowSpec};
+use rhosynth_shared::spec::JobSpec;
 
 const BATCH: usize = 256;
 /// Adult's feature width: 6 numeric columns and 9 categorical ones embedded in 2-d.
@@ -129,7 +129,7 @@ fn denoiser() {
         units: (0..BATCH).map(|u| (format!("u{u}"), u..u + 1)).collect(),
     };
     let units: Vec<usize> = (0..BATCH).collect();
-    let defaults = dpsynth_shared::spec::FinDiffParams::default();
+    let defaults = rhosynth_shared::spec::FinDiffParams::default();
     for hidden in [256, 512] {
         let spec = FinDiffModelSpec {
             domain: Domain { columns: Vec::new() },

@@ -1,22 +1,22 @@
-//! `dpsynth eval` at the scale that made it unusable (2·10⁵ rows × 40 columns: 20 numeric,
+//! `rhosynth eval` at the scale that made it unusable (2·10⁵ rows × 40 columns: 20 numeric,
 //! 19 categorical, a binary target), with the default `EvalLimits`: the time of every
 //! stage and what each metric sampled. The data are simulated (three latent factors drive
 //! every column; 2 % missing cells); the "synthetic" table is a shifted draw of the same
 //! model, the held-out table a quarter of the size.
 //!
-//! `cargo bench -p dpsynth-shared --bench eval_scale` runs the row-level case, then the
+//! `cargo bench -p rhosynth-shared --bench eval_scale` runs the row-level case, then the
 //! longitudinal one (5 rows per unit, ordered by the first numeric column). `EVAL_ROWS`
 //! sets the size, `EVAL_ROWS_PER_UNIT` the rows per unit; `-- flat` or `-- longitudinal`
 //! runs one case.
 
 use std::time::Instant;
 
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::eval::{EvalLimits, Table, evaluate_with};
-use dpsynth_shared::spec::JobSpec;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::eval::{EvalLimits, Table, evaluate_with};
+use rhosynth_shared::spec::JobSpec;
 
 const NUMERIC: usize = 20;
 const CATEGORICAL: usize = 19;

@@ -1,27 +1,27 @@
 //! A real pretrained model on this CPU (flex backend): SmolLM2-135M-Instruct from its GGUF
-//! file (`DPSYNTH_SMOLLM2_GGUF`; `.ci/run` shows where it comes from). Measures the load
+//! file (`RHOSYNTH_SMOLLM2_GGUF`; `.ci/run` shows where it comes from). Measures the load
 //! time, then for the whole model with LoRA adapters, and for its first blocks over Adult's
 //! row vocabulary (rows as text, `generators::row_text`) with LoRA and fully fine-tuned:
 //! the forward pass in tokens/s and one DP-SGD step (ghost norms and the clipped sum)
 //! against the ordinary backward pass of the same batch and trainable parameters, measured
 //! in the same run, with their ratio and the projected cost of an epoch over Adult's rows.
-//! Run with `cargo bench -p dpsynth-shared --bench pretrained`.
+//! Run with `cargo bench -p rhosynth-shared --bench pretrained`.
 
 use std::time::{Duration, Instant};
 
 use burn::module::{Module, ParamGroup};
 use bytes::Bytes;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::decoder::model::TokenBatch;
-use dpsynth_shared::decoder::tokenizer::TextTokenizer;
-use dpsynth_shared::decoder::{Checkpoint, Decoder, LoraConfig, next_token_losses};
-use dpsynth_shared::dpsgd::compute_device;
-use dpsynth_shared::dpsgd::ghost::{GhostTape, Hook, Plain, clipped_sum};
-use dpsynth_shared::dpsgd::params::TrainableLayers;
-use dpsynth_shared::generators::row_text::RowText;
-use dpsynth_shared::spec::JobSpec;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::decoder::model::TokenBatch;
+use rhosynth_shared::decoder::tokenizer::TextTokenizer;
+use rhosynth_shared::decoder::{Checkpoint, Decoder, LoraConfig, next_token_losses};
+use rhosynth_shared::dpsgd::compute_device;
+use rhosynth_shared::dpsgd::ghost::{GhostTape, Hook, Plain, clipped_sum};
+use rhosynth_shared::dpsgd::params::TrainableLayers;
+use rhosynth_shared::generators::row_text::RowText;
+use rhosynth_shared::spec::JobSpec;
 
 /// Units per step.
 const UNITS: usize = 8;
@@ -104,8 +104,8 @@ fn measure(name: &str, model: &Decoder, batch: &Batch) {
 }
 
 fn main() {
-    let Ok(path) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
-        eprintln!("set DPSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf");
+    let Ok(path) = std::env::var("RHOSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("set RHOSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf");
         return;
     };
     let device = compute_device();

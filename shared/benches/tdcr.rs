@@ -1,13 +1,13 @@
 //! TDCR nearest-table search at the scale the evaluation must handle: 10⁴ synthetic query
 //! tables against 10⁵ training tables (3 features, 4–30 rows each, random walks), beside
 //! a brute-force baseline on a subset measured in the same run. The data are simulated.
-//! Run with `cargo bench -p dpsynth-shared --bench tdcr`.
+//! Run with `cargo bench -p rhosynth-shared --bench tdcr`.
 
 use std::time::Instant;
 
-use dpsynth_shared::eval::longitudinal::{SeqTable, dtw, nearest};
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use rhosynth_shared::eval::longitudinal::{SeqTable, dtw, nearest};
 
 fn tables(rng: &mut ChaCha8Rng, n: usize) -> Vec<Vec<Vec<f64>>> {
     (0..n)

@@ -1,6 +1,6 @@
 //! Private randomness from the operating system: ChaCha20 keyed with 256 bits of OS
 //! entropy, for everything that must not be guessed (which units or rows are sampled,
-//! per-round seeds). Privacy *noise* is drawn only by `dpsynth-privacy`'s release module.
+//! per-round seeds). Privacy *noise* is drawn only by `rhosynth-privacy`'s release module.
 
 use rand::SeedableRng;
 use rand::TryRng;

@@ -1,4 +1,4 @@
-//! dpsynth's shared library: everything the coordinator and the workers have in common.
+//! rhosynth's shared library: everything the coordinator and the workers have in common.
 
 // Parameter checks are written `!(x > 0.0)` on purpose: NaN must fail them.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
@@ -18,6 +18,7 @@ pub mod output;
 pub mod pgm;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
+pub mod process;
 // `cargo test --workspace` unifies the tests crate's features into every crate it builds:
 // an optimised build (what ships) can never carry a planted bug.
 #[cfg(all(feature = "planted-bugs", not(debug_assertions)))]

@@ -58,12 +58,12 @@ mod tests {
     #[test]
     fn renders_families_once_with_escaped_labels() {
         let mut e = Exposition::default();
-        e.gauge("dpsynth_epsilon_spent", "ε spent", &[("dataset", "a\"b")], 0.5);
-        e.gauge("dpsynth_epsilon_spent", "ε spent", &[("dataset", "c")], 1.0);
-        e.counter("dpsynth_tasks_total", "tasks", &[], 3.0);
+        e.gauge("rhosynth_epsilon_spent", "ε spent", &[("dataset", "a\"b")], 0.5);
+        e.gauge("rhosynth_epsilon_spent", "ε spent", &[("dataset", "c")], 1.0);
+        e.counter("rhosynth_tasks_total", "tasks", &[], 3.0);
         let text = e.finish();
-        assert_eq!(text.matches("# TYPE dpsynth_epsilon_spent gauge").count(), 1);
-        assert!(text.contains("dpsynth_epsilon_spent{dataset=\"a\\\"b\"} 0.5"));
-        assert!(text.contains("dpsynth_tasks_total 3"));
+        assert_eq!(text.matches("# TYPE rhosynth_epsilon_spent gauge").count(), 1);
+        assert!(text.contains("rhosynth_epsilon_spent{dataset=\"a\\\"b\"} 0.5"));
+        assert!(text.contains("rhosynth_tasks_total 3"));
     }
 }

@@ -68,7 +68,9 @@ impl SyntheticUnits {
 }
 
 pub const MANIFEST: &str = "_manifest.json";
-pub const MANIFEST_FORMAT: &str = "dpsynth.manifest.v1";
+pub const MANIFEST_FORMAT: &str = "rhosynth.manifest.v1";
+/// The same format as written before the project was renamed: read, never written.
+pub const LEGACY_MANIFEST_FORMAT: &str = "dpsynth.manifest.v1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
@@ -110,7 +112,9 @@ pub struct ManifestPrivacy {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format: String,
-    pub dpsynth_version: String,
+    /// `dpsynth_version` in manifests written before the rename (read, never written).
+    #[serde(alias = "dpsynth_version")]
+    pub rhosynth_version: String,
     pub job_id: String,
     pub generator: String,
     pub created_at: DateTime<Utc>,

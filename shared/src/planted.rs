@@ -1,4 +1,4 @@
-//! Bugs planted on purpose, to show that `dpsynth audit` catches them: compiled only with
+//! Bugs planted on purpose, to show that `rhosynth audit` catches them: compiled only with
 //! the `planted-bugs` feature, which only the tests crate's dev-dependencies enable (so
 //! `cargo test --workspace` compiles it into that run's debug binaries too, where nothing
 //! calls it; an optimised build refuses the feature), and set only by a call from a test.

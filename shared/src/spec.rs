@@ -793,7 +793,7 @@ pub struct LanguageModelParams {
     pub lora: Option<LoraParams>,
     /// λ, the loss weight of value tokens (the format's tokens get 1 − λ).
     pub value_weight: f64,
-    /// A public table or a dpsynth release (e.g. a marginals job's output) in this job's
+    /// A public table or a rhosynth release (e.g. a marginals job's output) in this job's
     /// schema, never private data: HARMONIC's prompts come from it (required), and stage 1
     /// trains on it (DP-2Stage: instead of pseudo rows, if named).
     pub reference: Option<String>,

@@ -1,4 +1,4 @@
-//! Tasks on the wire: each task kind is a typed message of `dpsynth.proto`. A configuration
+//! Tasks on the wire: each task kind is a typed message of `rhosynth.proto`. A configuration
 //! fixed for the whole job (a domain, an encoding, a model's architecture) travels in it as
 //! JSON of the shared type that defines it, so it has one definition.
 
@@ -33,8 +33,8 @@ pub fn seed(bytes: &[u8]) -> Result<[u8; 32], WireError> {
 
 #[cfg(test)]
 mod tests {
-    use dpsynth_proto::gradient_sum::Model;
-    use dpsynth_proto::{GradientSum, TeacherVotes};
+    use rhosynth_proto::gradient_sum::Model;
+    use rhosynth_proto::{GradientSum, TeacherVotes};
 
     use super::*;
     use crate::accounting::accountant::AccountingOptions;
@@ -68,7 +68,7 @@ mod tests {
     fn count_tables_round_trip_and_refuse_columns_outside_the_domain_or_too_many_cells() {
         let spec = JobSpec::parse(DEMO, "demo.toml").unwrap();
         let task = MarginalsPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap().task;
-        let wire = dpsynth_proto::CountTables::from(&task);
+        let wire = rhosynth_proto::CountTables::from(&task);
         assert_eq!(MarginalsTask::try_from(&wire).unwrap(), task);
         let columns = task.domain.columns.len() as u32;
         let mut outside = wire.clone();
@@ -85,7 +85,7 @@ mod tests {
         let spec = job("[generator]\nname = \"marginals\"\n[generator.marginals]\nhistory_rows = 4\n\
                         static_columns = [\"rhythm\"]");
         let task = MarginalsPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap().task;
-        let wire = dpsynth_proto::CountTables::from(&task);
+        let wire = rhosynth_proto::CountTables::from(&task);
         assert_eq!(MarginalsTask::try_from(&wire).unwrap(), task);
         let variables = task.sizes().len() as u32;
         assert!(variables > columns && task.tables.iter().flatten().any(|&v| v as u32 >= columns));
@@ -154,8 +154,8 @@ mod tests {
         assert_eq!((back.fake_rows, back.queries, back.seed, back.question), (3, 2, [2; 32], Question::Realness));
         assert_eq!(back.teacher, task.teacher);
         let bad: [fn(&mut TeacherVotes); 5] = [
-            |w| w.question = dpsynth_proto::Question::Unspecified.into(),
-            |w| w.question = dpsynth_proto::Question::Target.into(),
+            |w| w.question = rhosynth_proto::Question::Unspecified.into(),
+            |w| w.question = rhosynth_proto::Question::Target.into(),
             |w| w.rows.truncate(1),
             |w| w.queries = u64::MAX,
             |w| w.seed.clear(),

@@ -3,10 +3,10 @@
 //! ε is monotone in T and q and antitone in σ, two halves compose to the whole,
 //! calibration round-trips, and the RDP computation stays finite across its range.
 
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, calibrate_sigma, rdp_curve};
-use dpsynth_shared::accounting::mechanism::Mechanism;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, calibrate_sigma, rdp_curve};
+use rhosynth_shared::accounting::mechanism::Mechanism;
 
 fn eps(accountant: Accountant, q: f64, sigma: f64, steps: u64) -> f64 {
     account(&[Mechanism::dp_sgd(q, sigma, steps)], accountant, 1e-5, &AccountingOptions::default()).unwrap().epsilon

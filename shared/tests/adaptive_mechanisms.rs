@@ -3,8 +3,8 @@
 //! privacy loss; its RDP is the smaller of the bounded-range bound α·ε²/8 and randomized
 //! response's Rényi divergence. A zCDP budget ρ is α·ρ at every order and has no PLD.
 
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, rdp_curve};
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, rdp_curve};
+use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 
 fn selections(epsilon: f64, k: u64) -> Vec<Mechanism> {
     vec![Mechanism::Exponential { sensitivity: 1.0, epsilon, selections: k }]
@@ -121,7 +121,7 @@ fn partition_selection_costs_the_gaussian_at_the_delta_its_threshold_leaves() {
     // τ = 1 + σ√L·z with P[Z > z] = δ_τ/L: a count of 1 plus N(0, (σ√L)²) passes with
     // probability exactly δ_τ/L.
     let tau = Mechanism::selection_threshold(3, 2.0, 4e-7);
-    let pass = dpsynth_shared::accounting::math::normal_sf((tau - 1.0) / (2.0 * 3f64.sqrt()));
+    let pass = rhosynth_shared::accounting::math::normal_sf((tau - 1.0) / (2.0 * 3f64.sqrt()));
     assert!((pass / (4e-7 / 3.0) - 1.0).abs() < 1e-9, "{pass}");
     assert!(
         Mechanism::PartitionSelection { max_partitions: 0, noise_multiplier: 1.0, threshold_delta: 1e-7 }

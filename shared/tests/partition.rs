@@ -3,11 +3,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use dpsynth_shared::data::EncodedBatch;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter, read_partition};
-use dpsynth_shared::spec::JobSpec;
-use dpsynth_shared::storage;
+use rhosynth_shared::data::EncodedBatch;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter, read_partition};
+use rhosynth_shared::spec::JobSpec;
+use rhosynth_shared::storage;
 
 const SPEC: &str = r#"
 [job]

@@ -1,18 +1,18 @@
 //! Reproduces every vector in `../shared/reference/accountant_vectors.json` (values from
 //! Google's dp_accounting 0.6.0 and Papernot et al.'s PATE analysis) within the tolerances
-//! stated in that file. Set `DPSYNTH_REFERENCE_DIR` to read the file from elsewhere.
+//! stated in that file. Set `RHOSYNTH_REFERENCE_DIR` to read the file from elsewhere.
 
 use std::path::PathBuf;
 
-use dpsynth_shared::accounting::accountant::{
+use rhosynth_shared::accounting::accountant::{
     Accountant, AccountingOptions, Conversion, RdpCurve, account, calibrate_sigma, rdp_curve,
 };
-use dpsynth_shared::accounting::gnmax;
-use dpsynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::accounting::gnmax;
+use rhosynth_shared::accounting::mechanism::Mechanism;
 use serde_json::Value;
 
 fn reference() -> Option<Value> {
-    let dir = std::env::var_os("DPSYNTH_REFERENCE_DIR")
+    let dir = std::env::var_os("RHOSYNTH_REFERENCE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference"));
     let path = dir.join("accountant_vectors.json");

@@ -1,8 +1,8 @@
 //! The pruned TDCR nearest-neighbour search returns exactly what brute force does.
 
-use dpsynth_shared::eval::longitudinal::{SeqTable, dtw, nearest};
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use rhosynth_shared::eval::longitudinal::{SeqTable, dtw, nearest};
 
 fn random_tables(rng: &mut ChaCha8Rng, n: usize) -> Vec<Vec<Vec<f64>>> {
     (0..n)

@@ -7,14 +7,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use dpsynth_privacy::ledger::Ledger;
-use dpsynth_shared::accounting::accountant::Accountant;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::data::input::InputReader;
-use dpsynth_shared::spec::{Format, JobSpec};
-use dpsynth_shared::storage;
+use rhosynth_privacy::ledger::Ledger;
+use rhosynth_shared::accounting::accountant::Accountant;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::data::input::InputReader;
+use rhosynth_shared::spec::{Format, JobSpec};
+use rhosynth_shared::storage;
 
-/// A workspace binary (`dpsynth`, `dpsynth-worker`), built by `cargo test --workspace`.
+/// A workspace binary (`rhosynth`, `rhosynth-worker`), built by `cargo test --workspace`.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe.parent().and_then(Path::parent).expect("target directory");
@@ -42,12 +42,12 @@ pub fn shared_data(relative: &str) -> Option<PathBuf> {
 /// The demo spec with its input, output and ledger moved under `dir`.
 pub fn demo_spec(dir: &Path, patients: usize) -> String {
     let input = dir.join("icu_vitals.csv");
-    std::fs::write(&input, dpsynth_shared::simulate::icu_vitals_csv(patients, 7)).unwrap();
+    std::fs::write(&input, rhosynth_shared::simulate::icu_vitals_csv(patients, 7)).unwrap();
     std::fs::read_to_string(repo().join("examples/demo.toml"))
         .unwrap()
-        .replace("./dpsynth-out/demo/input/icu_vitals.csv", input.to_str().unwrap())
-        .replace("./dpsynth-out/ledger", dir.join("ledger").to_str().unwrap())
-        .replace("./dpsynth-out/demo/synthetic", dir.join("out").to_str().unwrap())
+        .replace("./rhosynth-out/demo/input/icu_vitals.csv", input.to_str().unwrap())
+        .replace("./rhosynth-out/ledger", dir.join("ledger").to_str().unwrap())
+        .replace("./rhosynth-out/demo/synthetic", dir.join("out").to_str().unwrap())
 }
 
 /// A demo spec's text (from [`demo_spec`]) as an AIM job with `section` under
@@ -248,18 +248,18 @@ pub fn set_field(line: &mut String, index: usize, value: &str) {
 /// What a submitter is told when a job's input does not match its schema (whatever the
 /// input: no file, column or row).
 pub fn input_mismatch_message() -> String {
-    format!("{} (details are in the coordinator's operator log)", dpsynth_coordinator::job::INPUT_MISMATCH)
+    format!("{} (details are in the coordinator's operator log)", rhosynth_coordinator::job::INPUT_MISMATCH)
 }
 
-/// `dpsynth validate SPEC [args]`: (exit status, the JSON report, stderr).
+/// `rhosynth validate SPEC [args]`: (exit status, the JSON report, stderr).
 pub fn validate(spec: &Path, args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, serde_json::Value, String) {
-    let out = Command::new(bin("dpsynth"))
+    let out = Command::new(bin("rhosynth"))
         .arg("validate")
         .arg(spec)
         .args(args)
         .envs(envs.iter().copied())
         .output()
-        .expect("run dpsynth validate");
+        .expect("run rhosynth validate");
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     eprintln!("{stderr}");
     (out.status.code(), last_json(&out.stdout), stderr)

@@ -8,20 +8,20 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use dpsynth_proto::gradient_sum::Model;
-use dpsynth_proto::task::Work;
-use dpsynth_proto::{CountTables, GradientSum, SelectionVotes, Task, TeacherVotes};
-use dpsynth_shared::data::DataError;
-use dpsynth_shared::data::EncodedBatch;
-use dpsynth_shared::data::partition::read_partition;
-use dpsynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
-use dpsynth_shared::entropy::os_rng;
-use dpsynth_shared::generators::dp2stage::Dp2StageModelSpec;
-use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
-use dpsynth_shared::generators::marginals::MarginalsTask;
-use dpsynth_shared::generators::pate::VoteTask;
-use dpsynth_shared::generators::sequence::selection::SelectionTask;
-use dpsynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec};
+use rhosynth_proto::gradient_sum::Model;
+use rhosynth_proto::task::Work;
+use rhosynth_proto::{CountTables, GradientSum, SelectionVotes, Task, TeacherVotes};
+use rhosynth_shared::data::DataError;
+use rhosynth_shared::data::EncodedBatch;
+use rhosynth_shared::data::partition::read_partition;
+use rhosynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
+use rhosynth_shared::entropy::os_rng;
+use rhosynth_shared::generators::dp2stage::Dp2StageModelSpec;
+use rhosynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
+use rhosynth_shared::generators::marginals::MarginalsTask;
+use rhosynth_shared::generators::pate::VoteTask;
+use rhosynth_shared::generators::sequence::selection::SelectionTask;
+use rhosynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec};
 
 /// Named f64 tensors plus the number of privacy units that contributed (for a vote
 /// round: the number of teachers).
@@ -259,10 +259,10 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
 mod tests {
     use std::time::Duration;
 
-    use dpsynth_shared::data::domain::{ColumnDomain, Domain, Encoding};
-    use dpsynth_shared::data::partition::{PartitionKey, PartitionWriter};
-    use dpsynth_shared::storage;
-    use dpsynth_shared::testing::runtime_held;
+    use rhosynth_shared::data::domain::{ColumnDomain, Domain, Encoding};
+    use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter};
+    use rhosynth_shared::storage;
+    use rhosynth_shared::testing::runtime_held;
 
     use super::*;
 

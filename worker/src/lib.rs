@@ -1,4 +1,4 @@
-//! A dpsynth worker: registers with the coordinator, heartbeats, pulls tasks, reads only
+//! A rhosynth worker: registers with the coordinator, heartbeats, pulls tasks, reads only
 //! the partitions a task names and returns only the bounded aggregate it asks for. It
 //! never adds noise and never sends rows.
 
@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use dpsynth_proto::coordinator_client::CoordinatorClient;
-use dpsynth_proto::result_chunk::Part;
-use dpsynth_proto::task::Work;
-use dpsynth_proto::{
+use rhosynth_proto::coordinator_client::CoordinatorClient;
+use rhosynth_proto::result_chunk::Part;
+use rhosynth_proto::task::Work;
+use rhosynth_proto::{
     Capabilities, Dtype, HeartbeatRequest, PROTOCOL_VERSION, PollTaskRequest, RegisterWorkerRequest,
     ReportFailureRequest, ResultChunk, ResultHeader, Task, TensorChunk, TensorMeta,
 };
@@ -31,16 +31,16 @@ pub struct WorkerMetrics {
 
 impl WorkerMetrics {
     pub fn render(&self) -> String {
-        let mut e = dpsynth_shared::metrics::Exposition::default();
-        e.counter("dpsynth_worker_tasks_total", "Tasks completed.", &[], self.tasks.load(Ordering::Relaxed) as f64);
+        let mut e = rhosynth_shared::metrics::Exposition::default();
+        e.counter("rhosynth_worker_tasks_total", "Tasks completed.", &[], self.tasks.load(Ordering::Relaxed) as f64);
         e.counter(
-            "dpsynth_worker_task_failures_total",
+            "rhosynth_worker_task_failures_total",
             "Tasks failed.",
             &[],
             self.failures.load(Ordering::Relaxed) as f64,
         );
         e.gauge(
-            "dpsynth_worker_last_task_seconds",
+            "rhosynth_worker_last_task_seconds",
             "Wall time of the last task.",
             &[],
             f64::from_bits(self.last_seconds.load(Ordering::Relaxed)),
@@ -117,14 +117,14 @@ pub async fn run(config: WorkerConfig) -> anyhow::Result<()> {
         let channel = connect(&config.coordinator_url, config.tls.as_ref()).await;
         // Round tasks carry the model's weights; results carry gradient sums.
         let mut client = CoordinatorClient::new(channel)
-            .max_decoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(dpsynth_proto::MAX_MESSAGE_BYTES);
+            .max_decoding_message_size(rhosynth_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(rhosynth_proto::MAX_MESSAGE_BYTES);
         let registered = client
             .register_worker(RegisterWorkerRequest {
                 protocol_version: PROTOCOL_VERSION,
                 worker_name: config.name.clone(),
                 capabilities: Some(capabilities()),
-                dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
+                rhosynth_version: env!("CARGO_PKG_VERSION").to_string(),
             })
             .await;
         let registration = match registered {
@@ -252,7 +252,7 @@ async fn submit(
     let mut chunks = vec![ResultChunk { part: Some(Part::Header(header)) }];
     for (index, (_, values)) in aggregate.tensors.iter().enumerate() {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        for piece in bytes.chunks(dpsynth_proto::CHUNK_BYTES) {
+        for piece in bytes.chunks(rhosynth_proto::CHUNK_BYTES) {
             chunks.push(ResultChunk {
                 part: Some(Part::Data(TensorChunk { tensor_index: index as u32, data: piece.to_vec() })),
             });

@@ -1,38 +1,43 @@
-//! `dpsynth-worker`: one per CPU/GPU pod.
+//! `rhosynth-worker`: one per CPU/GPU pod.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use dpsynth_worker::{WorkerConfig, run};
+use rhosynth_worker::{WorkerConfig, run};
 
 #[derive(Parser)]
-#[command(name = "dpsynth-worker", version, about = "dpsynth worker: computes bounded aggregates over its partitions")]
+#[command(
+    name = "rhosynth-worker",
+    version,
+    about = "rhosynth worker: computes bounded aggregates over its partitions"
+)]
 struct Args {
     /// Coordinator gRPC URL.
-    #[arg(long, env = "DPSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
+    #[arg(long, env = "RHOSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
     coordinator: String,
     /// Name reported to the coordinator (defaults to the host name).
-    #[arg(long, env = "DPSYNTH_WORKER_NAME")]
+    #[arg(long, env = "RHOSYNTH_WORKER_NAME")]
     name: Option<String>,
     /// Serve Prometheus `/metrics` and `/healthz` on this address.
-    #[arg(long, env = "DPSYNTH_METRICS_LISTEN")]
+    #[arg(long, env = "RHOSYNTH_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// The CA that signed the coordinator's certificate (PEM); enables TLS.
-    #[arg(long, env = "DPSYNTH_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    #[arg(long, env = "RHOSYNTH_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
     tls_ca: Option<PathBuf>,
     /// This worker's client certificate, signed by the workers' CA (PEM).
-    #[arg(long, env = "DPSYNTH_TLS_CERT", requires = "tls_ca")]
+    #[arg(long, env = "RHOSYNTH_TLS_CERT", requires = "tls_ca")]
     tls_cert: Option<PathBuf>,
     /// This worker's key (PEM).
-    #[arg(long, env = "DPSYNTH_TLS_KEY", requires = "tls_ca")]
+    #[arg(long, env = "RHOSYNTH_TLS_KEY", requires = "tls_ca")]
     tls_key: Option<PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    dpsynth_shared::logging::init();
+    rhosynth_shared::logging::init();
+    rhosynth_shared::process::refuse_legacy_environment()?;
     let args = Args::parse();
     let name = args
         .name
@@ -40,12 +45,12 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| format!("worker-{}", std::process::id()));
     let mut config = WorkerConfig::new(args.coordinator, name);
     if let (Some(ca), Some(cert), Some(key)) = (&args.tls_ca, &args.tls_cert, &args.tls_key) {
-        config.tls = Some(dpsynth_proto::tls::client_config(ca, Some((cert, key))).context("reading the TLS files")?);
+        config.tls = Some(rhosynth_proto::tls::client_config(ca, Some((cert, key))).context("reading the TLS files")?);
     }
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let metrics = config.metrics.clone();
-        tokio::spawn(dpsynth_shared::metrics::serve(listener, Arc::new(move || metrics.render())));
+        tokio::spawn(rhosynth_shared::metrics::serve(listener, Arc::new(move || metrics.render())));
         tracing::info!(%addr, "metrics listening");
     }
     run(config).await

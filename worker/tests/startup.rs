@@ -6,7 +6,7 @@ use std::time::Duration;
 #[test]
 fn waits_for_an_unreachable_coordinator() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpsynth-worker"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rhosynth-worker"))
         .args(["--coordinator", &format!("http://127.0.0.1:{port}"), "--name", "early"])
         .stderr(Stdio::piped())
         .spawn()

@@ -1,4 +1,4 @@
-//! `dpsynth audit`: an empirical lower bound on the job's ε, from one run with canaries.
+//! `rhosynth audit`: an empirical lower bound on the job's ε, from one run with canaries.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use dpsynth_coordinator::audit::{self, AuditOptions};
-use dpsynth_shared::audit::score::Score;
-use dpsynth_shared::spec::JobSpec;
+use rhosynth_coordinator::audit::{self, AuditOptions};
+use rhosynth_shared::audit::score::Score;
+use rhosynth_shared::spec::JobSpec;
 
 use super::{EXIT_AUDIT_FAILED, print_json};
 
@@ -38,7 +38,7 @@ pub struct AuditArgs {
     #[arg(long, default_value_t = 2)]
     workers: usize,
     /// Where the audit's directory (report.json and its own ledger) is made.
-    #[arg(long, default_value = "./dpsynth-out/audit")]
+    #[arg(long, default_value = "./rhosynth-out/audit")]
     out: PathBuf,
 }
 

@@ -1,10 +1,10 @@
-//! `dpsynth eval`: fidelity, longitudinal and empirical-privacy report for synthetic data.
+//! `rhosynth eval`: fidelity, longitudinal and empirical-privacy report for synthetic data.
 
 use std::process::ExitCode;
 
 use clap::Args;
-use dpsynth_shared::eval;
-use dpsynth_shared::spec::JobSpec;
+use rhosynth_shared::eval;
+use rhosynth_shared::spec::JobSpec;
 
 use super::print_json;
 
@@ -19,7 +19,7 @@ pub struct EvalArgs {
     /// Real held-out data.
     #[arg(long, required = true)]
     test: Vec<String>,
-    /// Synthetic data: a dpsynth output prefix (with its manifest) or a file.
+    /// Synthetic data: a rhosynth output prefix (with its manifest) or a file.
     #[arg(long)]
     synthetic: String,
     /// Where to write report.json and report.html (path or URL): an operator-only location,

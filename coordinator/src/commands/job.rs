@@ -1,4 +1,4 @@
-//! `dpsynth run | demo | serve | submit`: running synthesis jobs.
+//! `rhosynth run | demo | serve | submit`: running synthesis jobs.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,28 +7,28 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use dpsynth_coordinator::auth::Access;
-use dpsynth_coordinator::datasets::Datasets;
-use dpsynth_coordinator::job::JobRequest;
-use dpsynth_coordinator::scratch;
-use dpsynth_coordinator::server::serve;
-use dpsynth_coordinator::service::{CoordinatorConfig, CoordinatorService, new_job_id};
-use dpsynth_coordinator::standalone::Standalone;
-use dpsynth_privacy::ledger::Ledger;
-use dpsynth_proto::coordinator_client::CoordinatorClient;
-use dpsynth_proto::{GetJobRequest, JobState, JobStatus, SubmitJobRequest};
-use dpsynth_shared::simulate;
-use dpsynth_shared::spec::JobSpec;
-use dpsynth_shared::storage;
 use indicatif::{ProgressBar, ProgressStyle};
+use rhosynth_coordinator::auth::Access;
+use rhosynth_coordinator::datasets::Datasets;
+use rhosynth_coordinator::job::JobRequest;
+use rhosynth_coordinator::scratch;
+use rhosynth_coordinator::server::serve;
+use rhosynth_coordinator::service::{CoordinatorConfig, CoordinatorService, new_job_id};
+use rhosynth_coordinator::standalone::Standalone;
+use rhosynth_privacy::ledger::Ledger;
+use rhosynth_proto::coordinator_client::CoordinatorClient;
+use rhosynth_proto::{GetJobRequest, JobState, JobStatus, SubmitJobRequest};
+use rhosynth_shared::simulate;
+use rhosynth_shared::spec::JobSpec;
+use rhosynth_shared::storage;
 
 use super::{EXIT_BUDGET_REFUSED, print_json};
 
 /// The demo's job spec, compiled in so the demo needs no files.
 const DEMO_SPEC: &str = include_str!("../../../examples/demo.toml");
 /// Where the demo writes its simulated cohorts (the demo and the ICU examples read them).
-const DEMO_INPUT: &str = "./dpsynth-out/demo/input/icu_vitals.csv";
-const DEMO_HOLDOUT: &str = "./dpsynth-out/demo/input/icu_vitals_holdout.csv";
+const DEMO_INPUT: &str = "./rhosynth-out/demo/input/icu_vitals.csv";
+const DEMO_HOLDOUT: &str = "./rhosynth-out/demo/input/icu_vitals_holdout.csv";
 
 #[derive(Args)]
 pub struct SimulateArgs {
@@ -82,11 +82,11 @@ pub struct RunArgs {
     ledger: Option<String>,
     /// Scratch store for the job's partitions (deleted when the job ends). Partitions a
     /// crashed coordinator or `run` left there are swept at start; live ones are kept.
-    #[arg(long, default_value = "./dpsynth-out/scratch")]
+    #[arg(long, default_value = "./rhosynth-out/scratch")]
     scratch: String,
     /// Where an `[evaluation]` report goes (`<diagnostics>/<job id>/`): it is computed on
     /// private data, for the data owner only, never beside the output.
-    #[arg(long, default_value = "./dpsynth-out/diagnostics")]
+    #[arg(long, default_value = "./rhosynth-out/diagnostics")]
     diagnostics: String,
 }
 
@@ -96,36 +96,36 @@ pub struct ServeArgs {
     #[arg(long, default_value = "0.0.0.0:50051")]
     listen: SocketAddr,
     /// Scratch store for partitions; workers must be able to read it.
-    #[arg(long, env = "DPSYNTH_SCRATCH", default_value = "./dpsynth-out/scratch")]
+    #[arg(long, env = "RHOSYNTH_SCRATCH", default_value = "./rhosynth-out/scratch")]
     scratch: String,
     /// Ledger store used when a job spec names none.
-    #[arg(long, env = "DPSYNTH_LEDGER", default_value = "./dpsynth-out/ledger")]
+    #[arg(long, env = "RHOSYNTH_LEDGER", default_value = "./rhosynth-out/ledger")]
     ledger: String,
     /// Seconds without heartbeat before a worker is declared dead (0.1 to 86400).
     #[arg(long, default_value_t = 3.0, value_parser = parse_worker_timeout)]
     worker_timeout: f64,
     /// The operator's store for evaluation reports (diagnostics computed on private data,
     /// for the data owner only). Without it, jobs asking for an evaluation are refused.
-    #[arg(long, env = "DPSYNTH_DIAGNOSTICS")]
+    #[arg(long, env = "RHOSYNTH_DIAGNOSTICS")]
     diagnostics: Option<String>,
     /// Serve Prometheus `/metrics` and `/healthz` on this address.
-    #[arg(long, env = "DPSYNTH_METRICS_LISTEN")]
+    #[arg(long, env = "RHOSYNTH_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
     /// Operator-declared datasets (TOML): jobs name one of these and get its input,
     /// privacy unit, ledger and budget from it.
-    #[arg(long, env = "DPSYNTH_DATASETS", required_unless_present = "dev")]
+    #[arg(long, env = "RHOSYNTH_DATASETS", required_unless_present = "dev")]
     datasets: Option<String>,
     /// Declared submitters (TOML): bearer-token hashes and the datasets each may use.
-    #[arg(long, env = "DPSYNTH_SUBMITTERS", required_unless_present = "dev")]
+    #[arg(long, env = "RHOSYNTH_SUBMITTERS", required_unless_present = "dev")]
     submitters: Option<String>,
     /// The coordinator's TLS certificate (PEM).
-    #[arg(long, env = "DPSYNTH_TLS_CERT", required_unless_present = "dev")]
+    #[arg(long, env = "RHOSYNTH_TLS_CERT", required_unless_present = "dev")]
     tls_cert: Option<PathBuf>,
     /// The coordinator's TLS key (PEM).
-    #[arg(long, env = "DPSYNTH_TLS_KEY", required_unless_present = "dev")]
+    #[arg(long, env = "RHOSYNTH_TLS_KEY", required_unless_present = "dev")]
     tls_key: Option<PathBuf>,
     /// The CA whose client certificates identify workers (PEM).
-    #[arg(long, env = "DPSYNTH_WORKER_CA", required_unless_present = "dev")]
+    #[arg(long, env = "RHOSYNTH_WORKER_CA", required_unless_present = "dev")]
     worker_ca: Option<PathBuf>,
     /// Development mode: no TLS and no authentication, submitters choose inputs and
     /// ledgers (so declared datasets are refused with it). Loopback only.
@@ -138,10 +138,10 @@ pub struct ServeArgs {
 #[derive(Args)]
 pub struct CoordinatorAddress {
     /// Coordinator gRPC URL (`https://` with --tls-ca).
-    #[arg(long, env = "DPSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
+    #[arg(long, env = "RHOSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
     coordinator: String,
     /// The CA that signed the coordinator's certificate (PEM).
-    #[arg(long, env = "DPSYNTH_TLS_CA")]
+    #[arg(long, env = "RHOSYNTH_TLS_CA")]
     tls_ca: Option<PathBuf>,
 }
 
@@ -151,7 +151,7 @@ pub struct SubmitArgs {
     spec: String,
     #[command(flatten)]
     address: CoordinatorAddress,
-    /// A file holding the submitter's bearer token (`DPSYNTH_TOKEN` also works).
+    /// A file holding the submitter's bearer token (`RHOSYNTH_TOKEN` also works).
     #[arg(long)]
     token_file: Option<PathBuf>,
     #[arg(long)]
@@ -307,13 +307,13 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let output = format!("{}/{job_id}", spec.output.url);
     let ledger_url = spec.privacy.ledger.clone().context("a demo spec names its ledger ([privacy] ledger)")?;
     let dataset = spec.job.dataset_id.clone();
-    let spec = JobSpec { job: dpsynth_shared::spec::JobSection { id: Some(job_id), ..spec.job.clone() }, ..spec };
+    let spec = JobSpec { job: rhosynth_shared::spec::JobSection { id: Some(job_id), ..spec.job.clone() }, ..spec };
     let rt = runtime()?;
     let at = Locations {
         output: Some(output),
         ledger: None,
-        scratch: "./dpsynth-out/scratch".into(),
-        diagnostics: "./dpsynth-out/diagnostics".into(),
+        scratch: "./rhosynth-out/scratch".into(),
+        diagnostics: "./rhosynth-out/diagnostics".into(),
     };
     let status = rt.block_on(run_standalone(spec, 2, at))?;
     let code = report(&status);
@@ -321,7 +321,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         let ledger = Ledger::open(&storage::open(&ledger_url)?, &dataset).await?;
         let spent = ledger.spent()?;
         eprintln!(
-            "privacy ledger of '{dataset}' at {ledger_url}: {} charges, ε spent {:.4} of {} (δ = {:e}); see `dpsynth ledger show --dataset {dataset} --store {ledger_url}`",
+            "privacy ledger of '{dataset}' at {ledger_url}: {} charges, ε spent {:.4} of {} (δ = {:e}); see `rhosynth ledger show --dataset {dataset} --store {ledger_url}`",
             ledger.charges().len(),
             spent.epsilon,
             ledger.budget().epsilon,
@@ -352,7 +352,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
             (Some(cert), Some(key), Some(ca), Some(submitters)) => {
                 config.access = Access::load_submitters(submitters).map_err(anyhow::Error::msg)?;
-                Some(dpsynth_proto::tls::server_config(cert, key, ca).context("reading the TLS files")?)
+                Some(rhosynth_proto::tls::server_config(cert, key, ca).context("reading the TLS files")?)
             }
             _ => bail!("serve needs --tls-cert, --tls-key, --worker-ca and --submitters (or --dev on loopback)"),
         };
@@ -367,7 +367,7 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(addr) = args.metrics_listen {
             let metrics = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
             let scraped = service.clone();
-            tokio::spawn(dpsynth_shared::metrics::serve(metrics, std::sync::Arc::new(move || scraped.metrics())));
+            tokio::spawn(rhosynth_shared::metrics::serve(metrics, std::sync::Arc::new(move || scraped.metrics())));
             tracing::info!(%addr, "metrics listening");
         }
         serve(listener, service, tls, async {
@@ -383,7 +383,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.spec).with_context(|| format!("reading {}", args.spec))?;
     // Validate locally first: a bad spec should fail here, with its path.
     JobSpec::parse(&text, &args.spec)?;
-    let token = match (&args.token_file, std::env::var("DPSYNTH_TOKEN")) {
+    let token = match (&args.token_file, std::env::var("RHOSYNTH_TOKEN")) {
         (Some(path), _) => Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?),
         (None, Ok(token)) => Some(token),
         (None, Err(_)) => None,
@@ -403,7 +403,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let mut endpoint = tonic::transport::Endpoint::from_shared(address.coordinator.clone())?;
         if let Some(ca) = &address.tls_ca {
-            endpoint = endpoint.tls_config(dpsynth_proto::tls::client_config(ca, None)?)?;
+            endpoint = endpoint.tls_config(rhosynth_proto::tls::client_config(ca, None)?)?;
         }
         let channel = endpoint
             .connect()

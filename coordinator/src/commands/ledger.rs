@@ -1,13 +1,13 @@
-//! `dpsynth ledger …`: create, inspect and test charges against a dataset's privacy ledger.
+//! `rhosynth ledger …`: create, inspect and test charges against a dataset's privacy ledger.
 
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use dpsynth_privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError, Spent};
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions};
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
-use dpsynth_shared::storage;
+use rhosynth_privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError, Spent};
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions};
+use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+use rhosynth_shared::storage;
 use serde_json::json;
 
 use super::{EXIT_BUDGET_REFUSED, print_json};

@@ -1,12 +1,12 @@
-//! `dpsynth privacy …`: check any accountant number from the command line.
+//! `rhosynth privacy …`: check any accountant number from the command line.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, Conversion, account, calibrate_sigma};
-use dpsynth_shared::accounting::gnmax;
-use dpsynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, Conversion, account, calibrate_sigma};
+use rhosynth_shared::accounting::gnmax;
+use rhosynth_shared::accounting::mechanism::Mechanism;
 use serde_json::json;
 
 use super::print_json;
@@ -71,7 +71,7 @@ pub struct AccountingArgs {
     #[arg(long, default_value = "improved", value_parser = parse_conversion)]
     conversion: Conversion,
     /// PLD discretisation interval of privacy-loss values.
-    #[arg(long, default_value_t = dpsynth_shared::accounting::accountant::pld::DEFAULT_INTERVAL)]
+    #[arg(long, default_value_t = rhosynth_shared::accounting::accountant::pld::DEFAULT_INTERVAL)]
     pld_interval: f64,
 }
 

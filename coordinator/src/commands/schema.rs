@@ -1,4 +1,4 @@
-//! `dpsynth schema draft`: a job spec drafted from a CSV file, for the data owner.
+//! `rhosynth schema draft`: a job spec drafted from a CSV file, for the data owner.
 //!
 //! With `--epsilon` the domains are released with DP: the ledger is checked before any row
 //! is read, charged before anything is drawn, and the draft's one release is claimed before
@@ -10,16 +10,16 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use dpsynth_coordinator::datasets::Datasets;
-use dpsynth_coordinator::schema_draft::DraftRelease;
-use dpsynth_coordinator::service::new_job_id;
-use dpsynth_privacy::ledger::{ChargeRequest, Ledger, LedgerError};
-use dpsynth_privacy::release::Releases;
-use dpsynth_shared::accounting::accountant::Accountant;
-use dpsynth_shared::schema_draft::profile::{header, profile};
-use dpsynth_shared::schema_draft::{DraftOptions, Exact, Provenance, draft, render};
-use dpsynth_shared::spec::CsvOptions;
-use dpsynth_shared::storage;
+use rhosynth_coordinator::datasets::Datasets;
+use rhosynth_coordinator::schema_draft::DraftRelease;
+use rhosynth_coordinator::service::new_job_id;
+use rhosynth_privacy::ledger::{ChargeRequest, Ledger, LedgerError};
+use rhosynth_privacy::release::Releases;
+use rhosynth_shared::accounting::accountant::Accountant;
+use rhosynth_shared::schema_draft::profile::{header, profile};
+use rhosynth_shared::schema_draft::{DraftOptions, Exact, Provenance, draft, render};
+use rhosynth_shared::spec::CsvOptions;
+use rhosynth_shared::storage;
 use serde_json::json;
 
 use super::{EXIT_BUDGET_REFUSED, print_json};
@@ -153,7 +153,7 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
     }
     let Some(store) = store else { bail!("--epsilon charges a ledger: pass --store (or --datasets)") };
     let mut ledger = Ledger::open(&storage::open(&store)?, &dataset_id).await.with_context(|| {
-        format!("opening the ledger of '{dataset_id}' in {store} (create it with `dpsynth ledger init`)")
+        format!("opening the ledger of '{dataset_id}' in {store} (create it with `rhosynth ledger init`)")
     })?;
     if let Some(u) = unit
         && !names.iter().any(|n| n == u)

@@ -1,8 +1,8 @@
-//! `dpsynth token`: a new submitter bearer token from the OS CSPRNG.
+//! `rhosynth token`: a new submitter bearer token from the OS CSPRNG.
 
 use std::process::ExitCode;
 
-use dpsynth_coordinator::auth::token_sha256;
+use rhosynth_coordinator::auth::token_sha256;
 
 use super::print_json;
 

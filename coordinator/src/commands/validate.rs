@@ -1,4 +1,4 @@
-//! `dpsynth validate`: the data owner's check of a job's input against its schema.
+//! `rhosynth validate`: the data owner's check of a job's input against its schema.
 //!
 //! It reads every input file of the spec as a job would (the same reader and encoder) and
 //! reports where rows break the declared schema: file, column, row and what is wrong,
@@ -12,10 +12,10 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use dpsynth_shared::data::DataError;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::data::input;
-use dpsynth_shared::spec::JobSpec;
+use rhosynth_shared::data::DataError;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::data::input;
+use rhosynth_shared::spec::JobSpec;
 use serde_json::json;
 
 use super::print_json;

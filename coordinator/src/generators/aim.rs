@@ -2,12 +2,12 @@
 //! zCDP budget charged, then the adaptive rounds — select, measure, refit — off the async
 //! threads, each release paid from the budget.
 
-use dpsynth_privacy::ledger::Ledger;
-use dpsynth_privacy::release::{Private, Releases, Unpaid, ZcdpRelease};
-use dpsynth_shared::generators::aim::AimPlan;
-use dpsynth_shared::generators::aim::rounds::{Schedule, eligible, qualities, quality_sensitivity};
-use dpsynth_shared::generators::marginals::MarginalsSampler;
-use dpsynth_shared::pgm::{GraphicalModel, Measurement};
+use rhosynth_privacy::ledger::Ledger;
+use rhosynth_privacy::release::{Private, Releases, Unpaid, ZcdpRelease};
+use rhosynth_shared::generators::aim::AimPlan;
+use rhosynth_shared::generators::aim::rounds::{Schedule, eligible, qualities, quality_sensitivity};
+use rhosynth_shared::generators::marginals::MarginalsSampler;
+use rhosynth_shared::pgm::{GraphicalModel, Measurement};
 
 use super::marginals::count_tables;
 use super::{Admission, Charged, Fitted, Generator, calibration};
@@ -123,15 +123,15 @@ fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases)
 
 #[cfg(test)]
 mod tests {
-    use dpsynth_privacy::ledger::{ChargeRequest, Ledger};
-    use dpsynth_privacy::release::{Private, Releases, ZcdpRelease};
-    use dpsynth_shared::accounting::Budget;
-    use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
-    use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism};
-    use dpsynth_shared::data::domain::Domain;
-    use dpsynth_shared::generators::aim::AimPlan;
-    use dpsynth_shared::spec::JobSpec;
     use rand::{RngExt, SeedableRng};
+    use rhosynth_privacy::ledger::{ChargeRequest, Ledger};
+    use rhosynth_privacy::release::{Private, Releases, ZcdpRelease};
+    use rhosynth_shared::accounting::Budget;
+    use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+    use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::generators::aim::AimPlan;
+    use rhosynth_shared::spec::JobSpec;
 
     const DEMO: &str = include_str!("../../../examples/demo.toml");
 
@@ -181,7 +181,7 @@ mod tests {
         }
 
         let dir = tempfile::tempdir().unwrap();
-        let store = dpsynth_shared::storage::open(dir.path().to_str().unwrap()).unwrap();
+        let store = rhosynth_shared::storage::open(dir.path().to_str().unwrap()).unwrap();
         let budget = Budget { epsilon: 10.0, delta: 1e-5 };
         let mut ledger = Ledger::init(&store, "aim-test", budget, Adjacency::AddRemove, options.clone()).await.unwrap();
         let request = ChargeRequest {

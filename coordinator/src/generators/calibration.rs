@@ -1,11 +1,11 @@
 //! Marginal calibration on the coordinator, for any generator whose spec asks for it: the
 //! plan's tables counted on the workers (as the marginals generator counts), released with
 //! the noise the generator's charge paid for, then the generator's sampler wrapped to rake
-//! its draws to them (`dpsynth_shared::calibration`).
+//! its draws to them (`rhosynth_shared::calibration`).
 
-use dpsynth_privacy::release::Releases;
-use dpsynth_shared::calibration::{CalibratedSampler, CalibrationPlan, Targets};
-use dpsynth_shared::generators::Sampler;
+use rhosynth_privacy::release::Releases;
+use rhosynth_shared::calibration::{CalibratedSampler, CalibrationPlan, Targets};
+use rhosynth_shared::generators::Sampler;
 
 use super::marginals::count_tables;
 use crate::context::{JobContext, JobError, Partitions};

@@ -6,23 +6,23 @@
 //! after its nearest others) runs after admission and before anything is
 //! charged; stage 2 is the engine's DP-SGD run; rows are drawn by constrained decoding.
 
-use dpsynth_privacy::ledger::Ledger;
-use dpsynth_proto::gradient_sum::Model;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::decoder::CheckpointError;
-use dpsynth_shared::decoder::checkpoint::fetch;
-use dpsynth_shared::dpsgd::compute_device;
-use dpsynth_shared::dpsgd::params::TrainableLayers;
-use dpsynth_shared::dpsgd::plan::RunPlan;
-use dpsynth_shared::entropy::os_seed;
-use dpsynth_shared::generators::dp2stage::plan::check;
-use dpsynth_shared::generators::dp2stage::pretrain::pretrain;
-use dpsynth_shared::generators::dp2stage::{Dp2StageModelSpec, Dp2StagePlan, TextSampler};
-use dpsynth_shared::generators::harmonic::Prompting;
-use dpsynth_shared::generators::{PlanError, Sampler};
-use dpsynth_shared::output::Manifest;
-use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec, LanguageModelParams};
-use dpsynth_shared::storage;
+use rhosynth_privacy::ledger::Ledger;
+use rhosynth_proto::gradient_sum::Model;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::decoder::CheckpointError;
+use rhosynth_shared::decoder::checkpoint::fetch;
+use rhosynth_shared::dpsgd::compute_device;
+use rhosynth_shared::dpsgd::params::TrainableLayers;
+use rhosynth_shared::dpsgd::plan::RunPlan;
+use rhosynth_shared::entropy::os_seed;
+use rhosynth_shared::generators::dp2stage::plan::check;
+use rhosynth_shared::generators::dp2stage::pretrain::pretrain;
+use rhosynth_shared::generators::dp2stage::{Dp2StageModelSpec, Dp2StagePlan, TextSampler};
+use rhosynth_shared::generators::harmonic::Prompting;
+use rhosynth_shared::generators::{PlanError, Sampler};
+use rhosynth_shared::output::Manifest;
+use rhosynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec, LanguageModelParams};
+use rhosynth_shared::storage;
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use crate::context::{JobError, blocking};
@@ -64,7 +64,7 @@ impl<const HARMONIC: bool> LanguageModel<HARMONIC> {
         let Some(m) = manifest else { return Ok(format!("{read}: public data, as declared")) };
         let p = &m.privacy;
         let release = format!(
-            "{read}: a dpsynth release of dataset {} by job {} (ε = {}, δ = {}, ledger entry {})",
+            "{read}: a rhosynth release of dataset {} by job {} (ε = {}, δ = {}, ledger entry {})",
             p.dataset_id, m.job_id, p.epsilon, p.delta, p.ledger_entry
         );
         if p.dataset_id != ledger.dataset_id() {
@@ -180,7 +180,7 @@ impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
 
     /// The same model every round: encoded once.
     fn round_model<'a>(model: &Dp2StageModelSpec, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a>, JobError> {
-        let wire = dpsynth_proto::Dp2StageModel::from(model);
+        let wire = rhosynth_proto::Dp2StageModel::from(model);
         Ok(Box::new(move |_| Model::Dp2stage(wire.clone())))
     }
 

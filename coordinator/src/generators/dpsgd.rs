@@ -5,18 +5,18 @@
 //! rounds; a coordinator restarted on the same job id resumes from it without charging
 //! again, once, under a resume lease.
 
-use dpsynth_privacy::ledger::{ChargeReceipt, Ledger};
-use dpsynth_privacy::release::Releases;
-use dpsynth_proto::gradient_sum::Model;
-use dpsynth_shared::accounting::mechanism::Mechanism;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::dpsgd::RoundSettings;
-use dpsynth_shared::dpsgd::optimizer::Optimizer;
-use dpsynth_shared::dpsgd::plan::RunPlan;
-use dpsynth_shared::generators::{PlanError, Sampler};
-use dpsynth_shared::spec::{GeneratorName, JobSpec};
 use object_store::{ObjectStoreExt, PutPayload};
 use prost::Message;
+use rhosynth_privacy::ledger::{ChargeReceipt, Ledger};
+use rhosynth_privacy::release::Releases;
+use rhosynth_proto::gradient_sum::Model;
+use rhosynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::dpsgd::RoundSettings;
+use rhosynth_shared::dpsgd::optimizer::Optimizer;
+use rhosynth_shared::dpsgd::plan::RunPlan;
+use rhosynth_shared::generators::{PlanError, Sampler};
+use rhosynth_shared::spec::{GeneratorName, JobSpec};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -140,7 +140,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         // Every round's task carries the weights: a model too large for one message is
         // refused here, before any private read.
         let bytes = initial.len().saturating_mul(4);
-        if bytes > dpsynth_proto::MAX_MESSAGE_BYTES / 2 {
+        if bytes > rhosynth_proto::MAX_MESSAGE_BYTES / 2 {
             return Err(JobError::Plan(PlanError::new(
                 G::NAME.as_str(),
                 format!("{} trainable parameters ({bytes} bytes a round) exceed a task's message", initial.len()),
@@ -235,7 +235,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
     }
 }
 
-/// Leaves the model in the scratch store (`dpsynth audit`'s white-box score): round
+/// Leaves the model in the scratch store (`rhosynth audit`'s white-box score): round
 /// `round`'s task with `parameters`, the public initial ones or those the charged run
 /// trained. The store is private.
 async fn keep_model<G: DpSgdGenerator>(

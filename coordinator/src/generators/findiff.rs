@@ -2,16 +2,16 @@
 //! the adaptive timestep sampler's exponent for the round's epoch, sampled by ancestral
 //! denoising.
 
-use dpsynth_privacy::ledger::Ledger;
-use dpsynth_proto::gradient_sum::Model;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::dpsgd::compute_device;
-use dpsynth_shared::dpsgd::params::TrainableLayers;
-use dpsynth_shared::dpsgd::plan::RunPlan;
-use dpsynth_shared::generators::Sampler;
-use dpsynth_shared::generators::findiff::diffusion::timestep_exponent;
-use dpsynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec, FinDiffPlan, FinDiffRound, FinDiffSampler};
-use dpsynth_shared::spec::{FinDiffParams, GeneratorName, GeneratorSpec, JobSpec};
+use rhosynth_privacy::ledger::Ledger;
+use rhosynth_proto::gradient_sum::Model;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::dpsgd::compute_device;
+use rhosynth_shared::dpsgd::params::TrainableLayers;
+use rhosynth_shared::dpsgd::plan::RunPlan;
+use rhosynth_shared::generators::Sampler;
+use rhosynth_shared::generators::findiff::diffusion::timestep_exponent;
+use rhosynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec, FinDiffPlan, FinDiffRound, FinDiffSampler};
+use rhosynth_shared::spec::{FinDiffParams, GeneratorName, GeneratorSpec, JobSpec};
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use crate::context::JobError;
@@ -45,11 +45,11 @@ impl DpSgdGenerator for FinDiff {
     /// The model's configuration is fixed for the run: encoded once; each round sets its
     /// timestep exponent.
     fn round_model<'a>(model: &FinDiffModelSpec, spec: &'a JobSpec, rate: f64) -> Result<RoundModel<'a>, JobError> {
-        let fixed = dpsynth_proto::FinDiffModel::from(&FinDiffRound { model: model.clone(), timestep_exponent: 0.0 });
+        let fixed = rhosynth_proto::FinDiffModel::from(&FinDiffRound { model: model.clone(), timestep_exponent: 0.0 });
         let params = params(spec)?;
         Ok(Box::new(move |round: u64| {
             let exponent = timestep_exponent(params.alpha_start, params.alpha_end, round as f64 * rate, params.epochs);
-            Model::Findiff(dpsynth_proto::FinDiffModel { timestep_exponent: exponent, ..fixed.clone() })
+            Model::Findiff(rhosynth_proto::FinDiffModel { timestep_exponent: exponent, ..fixed.clone() })
         }))
     }
 

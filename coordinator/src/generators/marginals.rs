@@ -1,10 +1,10 @@
 //! DP marginals on the coordinator: one round of contingency tables from the workers,
 //! charged once summed, then one Gaussian release of all of them, sampled from.
 
-use dpsynth_privacy::ledger::Ledger;
-use dpsynth_privacy::release::{Private, Releases};
-use dpsynth_proto::task::Work;
-use dpsynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler, MarginalsTask};
+use rhosynth_privacy::ledger::Ledger;
+use rhosynth_privacy::release::{Private, Releases};
+use rhosynth_proto::task::Work;
+use rhosynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler, MarginalsTask};
 
 use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};

@@ -1,7 +1,7 @@
 //! The coordinator's side of each generator, behind one trait: the job's lifecycle
 //! (`crate::job`) plans it, admits what the plan states before any private read (the
 //! lifecycle's step, not the generator's), partitions the input, lets it fit (its rounds
-//! through [`crate::gather`], every noisy value drawn through `dpsynth_privacy::release`
+//! through [`crate::gather`], every noisy value drawn through `rhosynth_privacy::release`
 //! after the charge that pays for it), then claims the one release and writes what its
 //! sampler draws. Its plan, task and sampler live in the shared crate's
 //! `generators::<name>`, beside its worker side.
@@ -15,10 +15,10 @@ pub mod marginals;
 pub mod pate;
 pub mod sequence;
 
-use dpsynth_privacy::ledger::{ChargeReceipt, Ledger};
-use dpsynth_shared::accounting::accountant::PrivacyCost;
-use dpsynth_shared::accounting::mechanism::Mechanism;
-use dpsynth_shared::generators::Sampler;
+use rhosynth_privacy::ledger::{ChargeReceipt, Ledger};
+use rhosynth_shared::accounting::accountant::PrivacyCost;
+use rhosynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::generators::Sampler;
 
 pub use aim::Aim;
 pub use dp2stage::{Dp2Stage, Harmonic};

@@ -13,19 +13,19 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dpsynth_privacy::ledger::Ledger;
-use dpsynth_privacy::release::{Private, Releases};
-use dpsynth_proto::task::Work;
-use dpsynth_shared::dpsgd::compute_device;
-use dpsynth_shared::entropy::os_seed;
-use dpsynth_shared::generators::pate::answers::{
+use rhosynth_privacy::ledger::Ledger;
+use rhosynth_privacy::release::{Private, Releases};
+use rhosynth_proto::task::Work;
+use rhosynth_shared::dpsgd::compute_device;
+use rhosynth_shared::entropy::os_seed;
+use rhosynth_shared::generators::pate::answers::{
     Threshold, label_shares, largest_votes, realness_answers, realness_votes,
 };
-use dpsynth_shared::generators::pate::gan::PateGan;
-use dpsynth_shared::generators::pate::task::validate_votes;
-use dpsynth_shared::generators::pate::teacher::TargetModel;
-use dpsynth_shared::generators::pate::{PatePlan, PateSampler, Question, VoteTask};
-use dpsynth_shared::spec::PateRelease;
+use rhosynth_shared::generators::pate::gan::PateGan;
+use rhosynth_shared::generators::pate::task::validate_votes;
+use rhosynth_shared::generators::pate::teacher::TargetModel;
+use rhosynth_shared::generators::pate::{PatePlan, PateSampler, Question, VoteTask};
+use rhosynth_shared::spec::PateRelease;
 
 use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::context::{JobContext, JobError, Partitions, blocking, release_count, set_stage};

@@ -4,21 +4,21 @@
 //! over-generated candidates (`generators::sequence::selection`), the vote release paid
 //! by the run's charge.
 
-use dpsynth_privacy::ledger::Ledger;
-use dpsynth_privacy::release::Releases;
-use dpsynth_proto::gradient_sum::Model;
-use dpsynth_proto::task::Work;
-use dpsynth_shared::accounting::mechanism::Mechanism;
-use dpsynth_shared::data::domain::Domain;
-use dpsynth_shared::dpsgd::compute_device;
-use dpsynth_shared::dpsgd::params::TrainableLayers;
-use dpsynth_shared::dpsgd::plan::RunPlan;
-use dpsynth_shared::entropy::os_rng;
-use dpsynth_shared::generators::Sampler;
-use dpsynth_shared::generators::sequence::sampler::SelectedHistories;
-use dpsynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
-use dpsynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler};
-use dpsynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec};
+use rhosynth_privacy::ledger::Ledger;
+use rhosynth_privacy::release::Releases;
+use rhosynth_proto::gradient_sum::Model;
+use rhosynth_proto::task::Work;
+use rhosynth_shared::accounting::mechanism::Mechanism;
+use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::dpsgd::compute_device;
+use rhosynth_shared::dpsgd::params::TrainableLayers;
+use rhosynth_shared::dpsgd::plan::RunPlan;
+use rhosynth_shared::entropy::os_rng;
+use rhosynth_shared::generators::Sampler;
+use rhosynth_shared::generators::sequence::sampler::SelectedHistories;
+use rhosynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
+use rhosynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler};
+use rhosynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec};
 use serde::{Deserialize, Serialize};
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
@@ -55,7 +55,7 @@ impl DpSgdGenerator for Sequence {
 
     /// The same model every round: encoded once.
     fn round_model<'a>(run: &SequenceRun, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a>, JobError> {
-        let wire = dpsynth_proto::SequenceModel::from(&run.model);
+        let wire = rhosynth_proto::SequenceModel::from(&run.model);
         Ok(Box::new(move |_| Model::Sequence(wire.clone())))
     }
 
@@ -145,7 +145,7 @@ fn vote_release(mechanism: &Mechanism, neighbours: usize) -> Result<(f64, f64), 
 
 #[cfg(test)]
 mod tests {
-    use dpsynth_shared::accounting::mechanism::Adjacency;
+    use rhosynth_shared::accounting::mechanism::Adjacency;
 
     use super::*;
 

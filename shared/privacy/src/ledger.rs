@@ -36,13 +36,13 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-pub use dpsynth_shared::accounting::Budget;
-use dpsynth_shared::accounting::PrivacyError;
-use dpsynth_shared::accounting::accountant::{
+pub use rhosynth_shared::accounting::Budget;
+use rhosynth_shared::accounting::PrivacyError;
+use rhosynth_shared::accounting::accountant::{
     Accountant, AccountingOptions, Conversion, PrivacyCost, RdpCurve, account, delta_left, rdp_curve,
 };
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism, PldComposition};
-use dpsynth_shared::storage::StoreLocation;
+use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism, PldComposition};
+use rhosynth_shared::storage::{self, StoreLocation};
 
 /// Version of the on-store format; loading refuses newer ones.
 pub const FORMAT_VERSION: u32 = 1;
@@ -75,7 +75,9 @@ pub enum EntryBody {
         adjacency: Adjacency,
         options: AccountingOptions,
         format_version: u32,
-        dpsynth_version: String,
+        /// Ledgers written before the rename name it `dpsynth_version` (read, never written).
+        #[serde(alias = "dpsynth_version")]
+        rhosynth_version: String,
     },
     /// A charge, durable before the charged output is released. `cost` is the job's own,
     /// for the record; the ledger's total composes `request.mechanisms`.
@@ -95,10 +97,12 @@ pub struct Entry {
     pub body: EntryBody,
 }
 
-/// How an entry is stored: the entry plus the hash of its canonical JSON.
+/// How an entry is stored: the entry plus the hash of its canonical JSON. An entry is
+/// read as the JSON written (`Value`) and hashed as such, so its hash does not depend on
+/// how today's types spell an old entry's fields.
 #[derive(Serialize, Deserialize)]
-struct StoredEntry {
-    entry: Entry,
+struct StoredEntry<E = Entry> {
+    entry: E,
     sha256: String,
 }
 
@@ -218,10 +222,16 @@ pub enum LedgerError {
          a charge is released at most once"
     )]
     AlreadyReleased { dataset_id: String, charge_seq: u64, location_of_first: String },
-    #[error("no privacy ledger for dataset '{dataset_id}' at {url}: create it with `dpsynth ledger init`")]
+    #[error("no privacy ledger for dataset '{dataset_id}' at {url}: create it with `rhosynth ledger init`")]
     NotInitialised { dataset_id: String, url: String },
     #[error("a privacy ledger for dataset '{dataset_id}' already exists at {url}")]
     AlreadyExists { dataset_id: String, url: String },
+    #[error(
+        "dataset '{dataset_id}' already has a privacy ledger at {legacy}, the default location before the project \
+         was renamed: a second ledger at {url} would give the dataset a second budget. Name {legacy} as the ledger \
+         (--ledger or [privacy] ledger), or move it to {url}."
+    )]
+    LegacyExists { dataset_id: String, url: String, legacy: String },
     #[error("privacy ledger object {object} is corrupt: {reason}. The ledger refuses to operate until it is repaired.")]
     Corrupt { object: String, reason: String },
     #[error("invalid dataset id {0:?}: use letters, digits, '.', '_' and '-'")]
@@ -331,9 +341,22 @@ fn valid_dataset_id(id: &str) -> bool {
         && !id.starts_with('.')
 }
 
-fn canonical_sha256(entry: &Entry) -> Result<String, serde_json::Error> {
-    // Through `Value`, keys are sorted: the hash does not depend on field order.
-    let bytes = serde_json::to_vec(&serde_json::to_value(entry)?)?;
+/// The directory a local ledger under `./rhosynth-out/` had before the project was renamed
+/// (`./dpsynth-out/`), where a dataset's ledger may already be (read, never written).
+fn legacy_default(url: &str) -> Option<std::path::PathBuf> {
+    let (scheme, path) = storage::canonical_url(url);
+    let path = std::path::Path::new(&path);
+    let renamed = path.components().any(|c| c.as_os_str() == "rhosynth-out");
+    (scheme == "file" && renamed).then(|| {
+        path.components()
+            .map(|c| if c.as_os_str() == "rhosynth-out" { "dpsynth-out".as_ref() } else { c.as_os_str() })
+            .collect()
+    })
+}
+
+fn canonical_sha256(entry: &serde_json::Value) -> Result<String, serde_json::Error> {
+    // A `Value`'s keys are sorted: the hash does not depend on field order.
+    let bytes = serde_json::to_vec(entry)?;
     Ok(format!("{:x}", Sha256::digest(&bytes)))
 }
 
@@ -355,13 +378,18 @@ impl Ledger {
             .into());
         }
         let mut ledger = Self::handle(location, dataset_id)?;
+        if let Some(legacy) = legacy_default(&location.url).filter(|dir| dir.join(dataset_id).join("entries").is_dir())
+        {
+            let (url, legacy) = (location.url.clone(), legacy.display().to_string());
+            return Err(LedgerError::LegacyExists { dataset_id: dataset_id.to_string(), url, legacy });
+        }
         let body = EntryBody::Init {
             dataset_id: dataset_id.to_string(),
             budget,
             adjacency,
             options,
             format_version: FORMAT_VERSION,
-            dpsynth_version: env!("CARGO_PKG_VERSION").to_string(),
+            rhosynth_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         if !ledger.try_append(body).await? {
             return Err(LedgerError::AlreadyExists { dataset_id: dataset_id.to_string(), url: location.url.clone() });
@@ -430,13 +458,13 @@ impl Ledger {
 
     fn verify_and_push(&mut self, seq: u64, path: &Path, bytes: &[u8]) -> Result<(), LedgerError> {
         let corrupt = |reason: String| LedgerError::Corrupt { object: path.to_string(), reason };
-        let stored: StoredEntry = serde_json::from_slice(bytes)
+        let stored: StoredEntry<serde_json::Value> = serde_json::from_slice(bytes)
             .map_err(|e| corrupt(format!("unreadable (torn or truncated write?): {e}")))?;
         let hash = canonical_sha256(&stored.entry).map_err(|e| corrupt(e.to_string()))?;
         if hash != stored.sha256 {
             return Err(corrupt("checksum mismatch: the entry was altered after it was written".into()));
         }
-        let entry = stored.entry;
+        let entry: Entry = serde_json::from_value(stored.entry).map_err(|e| corrupt(format!("unreadable: {e}")))?;
         if entry.seq != seq {
             return Err(corrupt(format!("records sequence number {} at position {seq}", entry.seq)));
         }
@@ -445,7 +473,7 @@ impl Ledger {
         }
         match (&entry.body, seq) {
             (EntryBody::Init { format_version, .. }, 0) if *format_version > FORMAT_VERSION => {
-                return Err(corrupt(format!("written by a newer dpsynth (format {format_version})")));
+                return Err(corrupt(format!("written by a newer rhosynth (format {format_version})")));
             }
             (EntryBody::Init { .. }, 0) => {}
             (_, 0) => {
@@ -482,7 +510,7 @@ impl Ledger {
         let entry = Entry { seq, timestamp: Utc::now(), prev_sha256: self.hashes.last().cloned(), body };
         let path = self.object_path(seq);
         let corrupt = |e: serde_json::Error| LedgerError::Corrupt { object: path.to_string(), reason: e.to_string() };
-        let sha256 = canonical_sha256(&entry).map_err(corrupt)?;
+        let sha256 = canonical_sha256(&serde_json::to_value(&entry).map_err(corrupt)?).map_err(corrupt)?;
         let bytes = serde_json::to_vec_pretty(&StoredEntry { entry, sha256 }).map_err(corrupt)?;
         let options = PutOptions { mode: PutMode::Create, ..Default::default() };
         match self.store.put_opts(&path, PutPayload::from(bytes.clone()), options).await {

@@ -1,4 +1,4 @@
-//! Releasing private aggregates: the one place dpsynth draws privacy noise.
+//! Releasing private aggregates: the one place rhosynth draws privacy noise.
 //!
 //! A [`Releases`] is made from the ledger's receipt for a charge and holds what that charge
 //! paid for. Each release names its sensitivity and noise multiplier; it draws noise only
@@ -11,22 +11,22 @@
 //!
 //! ```compile_fail
 //! // Nothing outside `release` can draw privacy noise.
-//! let _ = dpsynth_privacy::release::Noise::from_os();
+//! let _ = rhosynth_privacy::release::Noise::from_os();
 //! ```
 //!
 //! Noise comes from ChaCha20 keyed from the operating system's entropy source. Floating-point
 //! caveat: samples are IEEE-754 doubles (Ziggurat for the normal). Textbook floating-point
 //! noise is known to leak through the low-order bits of `value + noise` (Mironov 2012), an
-//! attack that needs the exact noisy output at full precision. dpsynth does not publish raw
+//! attack that needs the exact noisy output at full precision. rhosynth does not publish raw
 //! noisy sums: DP-SGD sums feed an optimizer whose parameters are released only after many
 //! steps, noisy counts are rounded at once, and PATE publishes only comparisons and
 //! normalised shares.
 
-use dpsynth_shared::accounting::mechanism::{Mechanism, Sampling};
-use dpsynth_shared::entropy::os_rng;
 use rand::rngs::ChaCha20Rng;
 use rand::{CryptoRng, RngExt, SeedableRng};
 use rand_distr::StandardNormal;
+use rhosynth_shared::accounting::mechanism::{Mechanism, Sampling};
+use rhosynth_shared::entropy::os_rng;
 
 use crate::ledger::ChargeReceipt;
 
@@ -145,7 +145,7 @@ const ZCDP_SLACK: f64 = 1e-9;
 
 impl Releases {
     /// Everything `receipt`'s charge paid for.
-    pub fn paid_by(receipt: &ChargeReceipt) -> Result<Self, dpsynth_shared::accounting::PrivacyError> {
+    pub fn paid_by(receipt: &ChargeReceipt) -> Result<Self, rhosynth_shared::accounting::PrivacyError> {
         // Identical mechanisms pool their releases: which entry pays for a draw is immaterial.
         let mut paid: Vec<Paid> = Vec::new();
         let mut zcdp_left = 0.0;
@@ -358,7 +358,7 @@ struct Noise<R: CryptoRng = ChaCha20Rng> {
 }
 
 impl Noise<ChaCha20Rng> {
-    fn from_os() -> Result<Self, dpsynth_shared::accounting::PrivacyError> {
+    fn from_os() -> Result<Self, rhosynth_shared::accounting::PrivacyError> {
         Ok(Self { rng: os_rng()? })
     }
 }
@@ -367,7 +367,7 @@ impl<R: CryptoRng> Noise<R> {
     /// The private values with N(0, std²) added to each: now they may be released.
     fn noised(&mut self, exact: Private<Vec<f64>>, std: f64) -> Vec<f64> {
         #[cfg(feature = "planted-bugs")]
-        let std = std / dpsynth_shared::planted::noise_divisor();
+        let std = std / rhosynth_shared::planted::noise_divisor();
         let mut values = exact.0;
         self.add_gaussian(&mut values, std);
         values
@@ -414,9 +414,9 @@ mod tests {
     //! the sample mean has std σ/√n and the sample variance σ²·√(2/n); we allow 5 standard
     //! errors. The Kolmogorov–Smirnov statistic's 0.1% critical value is 1.949/√n.
 
-    use dpsynth_shared::accounting::math::normal_cdf;
-    use dpsynth_shared::accounting::mechanism::{Adjacency, Sampling};
     use rand::SeedableRng;
+    use rhosynth_shared::accounting::math::normal_cdf;
+    use rhosynth_shared::accounting::mechanism::{Adjacency, Sampling};
 
     use super::*;
 

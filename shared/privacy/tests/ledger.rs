@@ -8,10 +8,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dpsynth_privacy::ledger::{Budget, ChargeRequest, ChargeStatus, EntryBody, Ledger, LedgerError};
-use dpsynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
-use dpsynth_shared::accounting::mechanism::{Adjacency, Mechanism, Sampling};
-use dpsynth_shared::storage;
+use rhosynth_privacy::ledger::{Budget, ChargeRequest, ChargeStatus, EntryBody, Ledger, LedgerError};
+use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
+use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism, Sampling};
+use rhosynth_shared::storage;
 use sha2::{Digest, Sha256};
 
 const DATASET: &str = "test-dataset";
@@ -419,10 +419,10 @@ async fn concurrent_tasks_never_exceed_the_budget() {
 /// Child-process body for the multi-process tests; does nothing unless spawned by them.
 #[tokio::test]
 async fn child_writer() {
-    let Ok(dir) = std::env::var("DPSYNTH_LEDGER_CHILD_DIR") else {
+    let Ok(dir) = std::env::var("RHOSYNTH_LEDGER_CHILD_DIR") else {
         return;
     };
-    let sigma: f64 = std::env::var("DPSYNTH_LEDGER_CHILD_SIGMA").unwrap().parse().unwrap();
+    let sigma: f64 = std::env::var("RHOSYNTH_LEDGER_CHILD_SIGMA").unwrap().parse().unwrap();
     let won = charge_until_refused(Path::new(&dir), &format!("p{}", std::process::id()), sigma).await;
     println!("\nCHILD_WON={won}");
 }
@@ -430,8 +430,8 @@ async fn child_writer() {
 fn spawn_child(dir: &Path, sigma: f64) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
-        .env("DPSYNTH_LEDGER_CHILD_DIR", dir)
-        .env("DPSYNTH_LEDGER_CHILD_SIGMA", sigma.to_string())
+        .env("RHOSYNTH_LEDGER_CHILD_DIR", dir)
+        .env("RHOSYNTH_LEDGER_CHILD_SIGMA", sigma.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -541,4 +541,83 @@ async fn partition_selection_takes_its_delta_from_the_budgets() {
     assert!(ledger.charge(&request("exhausts δ", big, Accountant::Rdp, 1e-3)).await.is_err());
     assert_eq!(snapshot(dir.path()), before);
     assert_eq!(open(dir.path()).await.unwrap().spent().unwrap().epsilon, expected(0.6 * DELTA));
+}
+
+/// Copies the files under `from` into `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() { copy_tree(&path, &target) } else { std::fs::copy(&path, &target).map(drop).unwrap() }
+    }
+}
+
+/// The ledger `dpsynth demo --patients 30` wrote before the project was renamed (entries
+/// init, one marginals charge, its release): `dpsynth_version` in its initialisation.
+fn legacy_fixture() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dpsynth-ledger")
+}
+
+/// A ledger written under the old name opens (every checksum and link verifies), keeps its
+/// charge and release, and composes a new charge exactly as a ledger written today does.
+#[tokio::test]
+async fn a_ledger_written_under_the_old_name_opens_and_composes() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(&legacy_fixture(), dir.path());
+    let location = storage::open(dir.path().to_str().unwrap()).unwrap();
+    let mut old = Ledger::open(&location, "demo-icu-vitals").await.unwrap();
+    assert_eq!(old.budget(), Budget { epsilon: 10.0, delta: 1e-5 });
+    assert_eq!(old.adjacency(), Adjacency::AddRemove);
+    let charges: Vec<ChargeRequest> = old
+        .charges()
+        .iter()
+        .map(|(entry, status)| {
+            assert_eq!(*status, ChargeStatus::Released);
+            let EntryBody::Charge { request, .. } = &entry.body else { unreachable!() };
+            request.clone()
+        })
+        .collect();
+    assert_eq!(charges.len(), 1);
+    assert!((old.spent().unwrap().epsilon - 0.914_950).abs() < 1e-6, "{:?}", old.spent());
+
+    // The same charges, plus one more, in a ledger written today.
+    let fresh = tempfile::tempdir().unwrap();
+    let fresh_location = storage::open(fresh.path().to_str().unwrap()).unwrap();
+    let options = AccountingOptions::default();
+    let mut today =
+        Ledger::init(&fresh_location, "demo-icu-vitals", old.budget(), Adjacency::AddRemove, options).await.unwrap();
+    today.charge(&charges[0]).await.unwrap();
+    let next = request("after-the-rename", gaussian(3.0), Accountant::Rdp, 1e-5);
+    old.charge(&next).await.unwrap();
+    today.charge(&next).await.unwrap();
+    let reopened = Ledger::open(&location, "demo-icu-vitals").await.unwrap();
+    assert_eq!(reopened.charges().len(), 2);
+    let (composed, expected) = (reopened.spent().unwrap(), today.spent().unwrap());
+    assert_eq!(composed.epsilon, expected.epsilon);
+    assert!(composed.epsilon > 0.914_950 + 0.1, "{composed:?}");
+    // What the new charge wrote names no old version.
+    let written =
+        std::fs::read_to_string(dir.path().join("demo-icu-vitals/entries/00000000000000000003.json")).unwrap();
+    assert!(!written.contains("dpsynth"), "{written}");
+}
+
+/// The former default location `./dpsynth-out/ledger` holds a dataset's ledger: creating one
+/// at the new default `./rhosynth-out/ledger` is refused (it would be a second budget).
+#[tokio::test]
+async fn a_new_default_ledger_beside_an_old_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(&legacy_fixture(), &dir.path().join("dpsynth-out/ledger"));
+    let location = storage::open(dir.path().join("rhosynth-out/ledger").to_str().unwrap()).unwrap();
+    let budget = Budget { epsilon: 10.0, delta: 1e-5 };
+    let options = AccountingOptions::default();
+    let err = Ledger::init(&location, "demo-icu-vitals", budget, Adjacency::AddRemove, options.clone())
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::LegacyExists { .. }), "{err}");
+    assert!(err.to_string().contains("dpsynth-out/ledger"), "{err}");
+    assert!(!dir.path().join("rhosynth-out/ledger/demo-icu-vitals").exists());
+    // Another dataset has no old ledger: created as usual.
+    Ledger::init(&location, "another", budget, Adjacency::AddRemove, options).await.unwrap();
 }

@@ -1,4 +1,4 @@
-//! Descriptions of the noise mechanisms dpsynth runs, each with its sensitivity and its
+//! Descriptions of the noise mechanisms rhosynth runs, each with its sensitivity and its
 //! privacy map (RDP curve, PLD) stated next to it.
 //!
 //! Sensitivities are per *privacy unit* (a row, or a whole patient history). When a unit

@@ -1,6 +1,6 @@
 //! Privacy accounting: mechanism descriptions with their privacy maps, the RDP and PLD
 //! accountants, noise calibration and PATE's GNMax analysis. Pure arithmetic on public
-//! parameters: workers may link it. Drawing noise and the ledger live in `dpsynth-privacy`,
+//! parameters: workers may link it. Drawing noise and the ledger live in `rhosynth-privacy`,
 //! which only the coordinator depends on.
 
 pub mod accountant;

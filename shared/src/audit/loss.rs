@@ -7,8 +7,8 @@
 //! examples it would have trained as (its rows, their window, their text).
 
 use burn::tensor::Device;
-use dpsynth_proto::GradientSum;
-use dpsynth_proto::gradient_sum::Model;
+use rhosynth_proto::GradientSum;
+use rhosynth_proto::gradient_sum::Model;
 
 use crate::accounting::PrivacyError;
 use crate::data::DataError;

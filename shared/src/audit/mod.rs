@@ -6,7 +6,7 @@
 //! at the wrong scale, a release that bypassed the ledger).
 //!
 //! This module holds the parts that need no cluster: the bound, the canaries, the scores
-//! and a trained model's losses. `dpsynth_coordinator::audit` runs the job.
+//! and a trained model's losses. `rhosynth_coordinator::audit` runs the job.
 
 pub mod bound;
 pub mod canary;

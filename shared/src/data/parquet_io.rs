@@ -64,7 +64,7 @@ pub async fn open_stream(
     Ok((schema, builder.with_batch_size(batch_rows).build()?))
 }
 
-/// Rows per row group of what dpsynth writes: a writer buffers one row group, so this
+/// Rows per row group of what rhosynth writes: a writer buffers one row group, so this
 /// bounds its memory whatever the number of rows (the format's default, 2²⁰ rows, would
 /// buffer whole partitions of most data sets).
 const ROW_GROUP_ROWS: usize = 65_536;

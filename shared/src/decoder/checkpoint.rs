@@ -128,7 +128,7 @@ fn hf_config(json: &[u8]) -> Result<DecoderConfig, CheckpointError> {
         "llama" => {
             for unsupported in ["rope_scaling", "attention_bias", "mlp_bias"] {
                 if config.get(unsupported).is_some_and(|v| !v.is_null() && v != &Json::Bool(false)) {
-                    return Err(format(format!("Llama config sets {unsupported}, which dpsynth does not implement")));
+                    return Err(format(format!("Llama config sets {unsupported}, which rhosynth does not implement")));
                 }
             }
             let activation = text("hidden_act");
@@ -150,7 +150,7 @@ fn hf_config(json: &[u8]) -> Result<DecoderConfig, CheckpointError> {
             .with_norm_epsilon(number("rms_norm_eps", 1e-6))
             .with_tied_head(flag("tie_word_embeddings", false)))
         }
-        other => Err(format(format!("model type {other:?}: dpsynth loads gpt2 and llama checkpoints"))),
+        other => Err(format(format!("model type {other:?}: rhosynth loads gpt2 and llama checkpoints"))),
     }
 }
 
@@ -160,7 +160,7 @@ fn gguf_config(file: &Gguf) -> Result<DecoderConfig, CheckpointError> {
     let family = match arch.as_str() {
         "gpt2" => Family::Gpt,
         "llama" => Family::Llama,
-        other => return Err(format(format!("GGUF architecture {other:?}: dpsynth loads gpt2 and llama"))),
+        other => return Err(format(format!("GGUF architecture {other:?}: rhosynth loads gpt2 and llama"))),
     };
     let size = |key: &str| -> Result<usize, CheckpointError> {
         let key = format!("{arch}.{key}");
@@ -179,7 +179,7 @@ fn gguf_config(file: &Gguf) -> Result<DecoderConfig, CheckpointError> {
     let partial = size("rope.dimension_count").ok().is_some_and(|d| heads == 0 || d != width / heads);
     if scaled || partial || file.has_tensor("rope_freqs.weight") {
         return Err(format(
-            "GGUF sets rope scaling, per-frequency factors or partial rotary dimensions, which dpsynth does not implement",
+            "GGUF sets rope scaling, per-frequency factors or partial rotary dimensions, which rhosynth does not implement",
         ));
     }
     let epsilon = match family {
@@ -209,7 +209,7 @@ fn safetensor(tensors: &SafeTensors<'_>, name: &str) -> Result<Option<Weights>, 
         Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
         Dtype::F16 => data.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         Dtype::BF16 => data.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        other => return Err(format(format!("tensor {name} is {other:?}; dpsynth reads F32, F16 and BF16"))),
+        other => return Err(format(format!("tensor {name} is {other:?}; rhosynth reads F32, F16 and BF16"))),
     };
     Ok(Some(Weights { shape: view.shape().to_vec(), values }))
 }

@@ -282,7 +282,7 @@ impl Gguf {
         let Some(info) = self.tensors.get(name) else { return Ok(None) };
         let storage = Storage::of(info.code).ok_or_else(|| {
             format(format!(
-                "tensor {name} is stored as type {}; dpsynth dequantizes F32, F16, BF16, Q4_0, Q4_1 and Q8_0",
+                "tensor {name} is stored as type {}; rhosynth dequantizes F32, F16, BF16, Q4_0, Q4_1 and Q8_0",
                 info.code
             ))
         })?;

@@ -826,10 +826,10 @@ fn full_fine_tuning_ghost_clipping_covers_rms_norms_and_the_untied_head() {
 // --- a real pretrained model -----------------------------------------------------------------
 
 /// SmolLM2-135M-Instruct as GGUF (Q4_1 linears, Q8_0 embedding), which `.ci/run` takes from
-/// a registry package; `DPSYNTH_SMOLLM2_GGUF` names the file.
+/// a registry package; `RHOSYNTH_SMOLLM2_GGUF` names the file.
 fn smollm2() -> Option<Bytes> {
-    let Ok(path) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
-        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (.ci/run fetches it)");
+    let Ok(path) = std::env::var("RHOSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set RHOSYNTH_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (.ci/run fetches it)");
         return None;
     };
     Some(Bytes::from(std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))))

@@ -105,11 +105,11 @@ pub struct RoundSettings {
     pub micro_batch: usize,
 }
 
-/// A round as `GradientSum` (`dpsynth.proto`).
+/// A round as `GradientSum` (`rhosynth.proto`).
 #[cfg(feature = "wire")]
 mod wire {
-    use dpsynth_proto::GradientSum;
-    use dpsynth_proto::gradient_sum::Model;
+    use rhosynth_proto::GradientSum;
+    use rhosynth_proto::gradient_sum::Model;
 
     use super::RoundSettings;
     use crate::wire::{WireError, seed};

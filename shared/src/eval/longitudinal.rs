@@ -20,7 +20,7 @@
 //! 32 with the smallest range gap, so the best distance tightens early. Up to
 //! `EvalLimits::tdcr_queries` synthetic and held-out query tables are searched against up
 //! to `tdcr_reference` training tables (uniform samples of the units beyond that; the same
-//! reference sample for both query sets), in parallel; `cargo bench -p dpsynth-shared
+//! reference sample for both query sets), in parallel; `cargo bench -p rhosynth-shared
 //! --bench tdcr` times 10⁴ × 10⁵. A comparison costs O(n·m) DTW cells per feature, so both
 //! samples shrink by one factor when a brute-force search would fill more than
 //! `tdcr_cells` cells (see [`tdcr_caps`]). State transitions, pooled W1 and sequence

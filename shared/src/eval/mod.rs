@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::DataError;
 use crate::data::domain::{ColumnDomain, Domain, Encoding};
 use crate::data::input::InputReader;
-use crate::output::{MANIFEST, Manifest};
+use crate::output::{LEGACY_MANIFEST_FORMAT, MANIFEST, MANIFEST_FORMAT, Manifest};
 use crate::spec::{Format, JobSpec};
 use crate::storage;
 
@@ -186,7 +186,7 @@ pub async fn load_first(spec: &JobSpec, domain: &Domain, urls: &[String], rows: 
     spec.input.urls = urls.to_vec();
     spec.input.format = None;
     if urls.iter().all(|u| Format::detect(u) == Format::Parquet) {
-        // dpsynth's own output spells values exactly as declared.
+        // rhosynth's own output spells values exactly as declared.
         spec.input.csv.strip_suffix = None;
     }
     let mut table = Table { units: Vec::new(), columns: vec![Vec::new(); domain.columns.len()] };
@@ -219,7 +219,7 @@ pub fn is_numeric(c: &ColumnDomain) -> bool {
     matches!(c.encoding, Encoding::Numeric { .. })
 }
 
-/// Everything `dpsynth eval` reports.
+/// Everything `rhosynth eval` reports.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EvalReport {
     /// Always present, first: "NOT DIFFERENTIALLY PRIVATE — DO NOT PUBLISH." and why.
@@ -376,7 +376,7 @@ pub enum EvalError {
     BesideRelease { out: String, reason: String },
 }
 
-/// The files of the table at `url`: a dpsynth release (its manifest lists the parts and
+/// The files of the table at `url`: a rhosynth release (its manifest lists the parts and
 /// states the guarantee) or a single file.
 pub async fn release_parts(url: &str) -> Result<(Vec<String>, Option<Manifest>), DataError> {
     if std::path::Path::new(url.trim_start_matches("file://")).is_file() {
@@ -388,6 +388,9 @@ pub async fn release_parts(url: &str) -> Result<(Vec<String>, Option<Manifest>),
         Ok(got) => {
             let bytes = got.bytes().await.map_err(|e| read(e.to_string()))?;
             let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| read(format!("{MANIFEST}: {e}")))?;
+            if ![MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT].contains(&manifest.format.as_str()) {
+                return Err(read(format!("{MANIFEST} has format {:?}, not {MANIFEST_FORMAT}", manifest.format)));
+            }
             let base = url.trim_end_matches('/');
             // A manifest names files inside its own prefix by plain relative paths, never
             // elsewhere (`..`, a root, a scheme).
@@ -404,7 +407,7 @@ pub async fn release_parts(url: &str) -> Result<(Vec<String>, Option<Manifest>),
 }
 
 /// Refuses a report location that is the synthetic prefix itself, or that is (or lies
-/// under) a prefix holding a dpsynth manifest: a report must never sit beside a release.
+/// under) a prefix holding a rhosynth manifest: a report must never sit beside a release.
 pub async fn check_report_location(out: &str, synthetic_url: &str) -> Result<(), EvalError> {
     let refuse = |reason: String| Err(EvalError::BesideRelease { out: out.to_string(), reason });
     let (scheme, path) = storage::canonical_url(out);
@@ -419,7 +422,7 @@ pub async fn check_report_location(out: &str, synthetic_url: &str) -> Result<(),
             let prefix = parts[..depth].join("/");
             let manifest = if prefix.is_empty() { MANIFEST.to_string() } else { format!("{prefix}/{MANIFEST}") };
             match location.store.head(&location.child(&manifest)).await {
-                Ok(_) => return refuse(format!("s3://{bucket}/{manifest} exists (a dpsynth release)")),
+                Ok(_) => return refuse(format!("s3://{bucket}/{manifest} exists (a rhosynth release)")),
                 Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(EvalError::Io(format!("checking s3://{bucket}/{manifest}: {e}"))),
             }
@@ -428,7 +431,7 @@ pub async fn check_report_location(out: &str, synthetic_url: &str) -> Result<(),
         for dir in std::path::Path::new(&path).ancestors() {
             let manifest = dir.join(MANIFEST);
             if manifest.exists() {
-                return refuse(format!("{} exists (a dpsynth release)", manifest.display()));
+                return refuse(format!("{} exists (a rhosynth release)", manifest.display()));
             }
         }
     }
@@ -510,7 +513,7 @@ mod tests {
         std::fs::create_dir_all(&release).unwrap();
         let manifest = |part: &str| {
             serde_json::json!({
-                "format": "parquet", "dpsynth_version": "0", "job_id": "j", "generator": "marginals",
+                "format": MANIFEST_FORMAT, "rhosynth_version": "0", "job_id": "j", "generator": "marginals",
                 "created_at": "2026-11-24T00:00:00Z", "rows": 1, "columns": [],
                 "parts": [{"path": part, "rows": 1, "bytes": 1, "sha256": ""}],
                 "privacy": {"epsilon": 1.0, "delta": 0.0, "accountant": "rdp", "mechanisms": [], "dataset_id": "d",

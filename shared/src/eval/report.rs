@@ -105,7 +105,7 @@ pub fn html(report: &EvalReport) -> String {
         body,
         "<div class=\"banner\" role=\"alert\"><strong>{}</strong><br>This report is computed on private data and is \
          not differentially private. Do not publish it, and do not store it beside the released synthetic data.</div>\
-         <h1>dpsynth evaluation report</h1><p class=\"notice\">{}</p>",
+         <h1>rhosynth evaluation report</h1><p class=\"notice\">{}</p>",
         escape(NOT_DP),
         escape(explanation)
     );
@@ -136,7 +136,7 @@ pub fn html(report: &EvalReport) -> String {
                     + " schema items (bounds, categories, bins) from the job spec"
             );
         }
-        None => body.push_str("<p>No dpsynth manifest with the synthetic data: no formal guarantee is known.</p>"),
+        None => body.push_str("<p>No rhosynth manifest with the synthetic data: no formal guarantee is known.</p>"),
     }
     if let Some(u) = &report.utility {
         let _ = write!(
@@ -272,7 +272,7 @@ pub fn html(report: &EvalReport) -> String {
         let _ = write!(body, "<p>Time per stage: {}.</p>", stages.join(", "));
     }
     format!(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dpsynth evaluation report (not differentially private: do not publish)</title>\
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>rhosynth evaluation report (not differentially private: do not publish)</title>\
          <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}}table{{border-collapse:collapse;margin:1em 0}}\
          td,th{{border:1px solid #ccc;padding:4px 8px}}\
          .banner{{background:#b00020;color:#fff;padding:12px 16px;font-size:1.15em;border-radius:4px}}.notice{{background:#fff3cd;padding:8px}}svg.plot{{display:block;margin:8px 0}}code{{word-break:break-all}}</style>\

@@ -4,7 +4,7 @@
 //! mechanisms it is charged for), `task` (the worker's side: the aggregate it computes,
 //! its wire form, and the coordinator's check of a worker's answer) and `sampler` (rows
 //! drawn from what was fitted to released values), beside the model's own modules. The
-//! coordinator's side (rounds, charges, releases) is `dpsynth_coordinator::generators`.
+//! coordinator's side (rounds, charges, releases) is `rhosynth_coordinator::generators`.
 
 pub mod aim;
 pub mod dp2stage;

@@ -451,8 +451,8 @@ pub(crate) mod tests {
     /// columns reads and parses back.
     #[test]
     fn smollm2_tokenizes_every_adult_value_unambiguously() {
-        let Ok(path) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
-            eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF (.ci/run fetches it)");
+        let Ok(path) = std::env::var("RHOSYNTH_SMOLLM2_GGUF") else {
+            eprintln!("SKIPPED: set RHOSYNTH_SMOLLM2_GGUF (.ci/run fetches it)");
             return;
         };
         let gguf = Gguf::parse(bytes::Bytes::from(std::fs::read(path).unwrap())).unwrap();

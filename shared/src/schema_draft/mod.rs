@@ -1,4 +1,4 @@
-//! `dpsynth schema draft`: a job spec drafted from a CSV file, for a data owner who has no
+//! `rhosynth schema draft`: a job spec drafted from a CSV file, for a data owner who has no
 //! public metadata yet. Every domain in a spec must be public (a category list or a bound
 //! read off the private rows leaks them), so a draft is either released with DP — values by
 //! partition selection, bounds and bins from noisy histograms, charged to the dataset's
@@ -218,7 +218,7 @@ pub fn render(draft: &Draft, input_url: &str, dataset_id: &str, provenance: &Pro
     let mark =
         if private { "  # PRIVATE: read from the data; replace with public metadata before any release" } else { "" };
     let mut out = String::new();
-    let _ = writeln!(out, "# Spec draft written by `dpsynth schema draft` from {input_url}.");
+    let _ = writeln!(out, "# Spec draft written by `rhosynth schema draft` from {input_url}.");
     match provenance {
         Provenance::Exact => {
             let _ = writeln!(
@@ -284,7 +284,7 @@ pub fn render(draft: &Draft, input_url: &str, dataset_id: &str, provenance: &Pro
     let _ = writeln!(
         out,
         "\n[privacy]\nepsilon = 1.0\ndelta = 1e-5\n\n[generator]\nname = \"marginals\"\n\n[output]\nurl = {}",
-        quote(&format!("./dpsynth-out/{dataset_id}"))
+        quote(&format!("./rhosynth-out/{dataset_id}"))
     );
     out
 }

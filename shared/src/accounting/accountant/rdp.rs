@@ -1,4 +1,4 @@
-//! Rényi-DP accountant: RDP curves of the mechanisms dpsynth uses, composition by
+//! Rényi-DP accountant: RDP curves of the mechanisms rhosynth uses, composition by
 //! adding curves, and conversion to (ε, δ).
 //!
 //! The subsampled-Gaussian computation follows Mironov, Talwar & Zhang (2019),

@@ -55,7 +55,7 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, Pla
     let harmonic = matches!(spec.generator, GeneratorSpec::Harmonic(_));
     if harmonic && params.reference.is_none() {
         return Err(invalid(
-            "reference: name the public reference set prompts are made of (a public table or a dpsynth release in \
+            "reference: name the public reference set prompts are made of (a public table or a rhosynth release in \
              this job's schema, e.g. a marginals job's output; never private data)"
                 .into(),
         ));

@@ -85,10 +85,10 @@ impl Dp2StageModelSpec {
     }
 }
 
-/// The model as `Dp2StageModel` (`dpsynth.proto`).
+/// The model as `Dp2StageModel` (`rhosynth.proto`).
 #[cfg(feature = "wire")]
 mod wire {
-    use dpsynth_proto::Dp2StageModel;
+    use rhosynth_proto::Dp2StageModel;
 
     use super::Dp2StageModelSpec;
     use crate::wire::{WireError, from_json, to_json};

@@ -228,8 +228,8 @@ fn bad_parameters_are_refused_from_the_spec_alone() {
 /// file whose bytes changed since is refused (SmolLM2's GGUF file, when it is there).
 #[tokio::test]
 async fn a_checkpoint_that_changed_since_the_plan_is_refused() {
-    let Ok(path) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
-        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF (.ci/run fetches it)");
+    let Ok(path) = std::env::var("RHOSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set RHOSYNTH_SMOLLM2_GGUF (.ci/run fetches it)");
         return;
     };
     let fetched = crate::decoder::checkpoint::fetch(&path).await.unwrap();
@@ -293,8 +293,8 @@ async fn encoding_a_workers_rows_leaves_the_runtime_free() {
 /// building the model leave the runtime free (when the file is there).
 #[tokio::test(flavor = "current_thread")]
 async fn loading_a_checkpoint_leaves_the_runtime_free() {
-    let Ok(path) = std::env::var("DPSYNTH_SMOLLM2_GGUF") else {
-        eprintln!("SKIPPED: set DPSYNTH_SMOLLM2_GGUF (.ci/run fetches it)");
+    let Ok(path) = std::env::var("RHOSYNTH_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: set RHOSYNTH_SMOLLM2_GGUF (.ci/run fetches it)");
         return;
     };
     let (fetched, took, longest) = runtime_held(crate::decoder::checkpoint::fetch(&path)).await;

@@ -44,10 +44,10 @@ pub struct FinDiffRound {
     pub timestep_exponent: f64,
 }
 
-/// The round's model as `FinDiffModel` (`dpsynth.proto`).
+/// The round's model as `FinDiffModel` (`rhosynth.proto`).
 #[cfg(feature = "wire")]
 mod wire {
-    use dpsynth_proto::FinDiffModel;
+    use rhosynth_proto::FinDiffModel;
 
     use super::FinDiffRound;
     use crate::wire::{WireError, from_json, to_json};

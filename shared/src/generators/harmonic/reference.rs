@@ -1,5 +1,5 @@
 //! The public reference set HARMONIC's prompts are made of, and its nearest rows to a
-//! row. Read by the coordinator when it plans (a public table or a dpsynth release, never
+//! row. Read by the coordinator when it plans (a public table or a rhosynth release, never
 //! the job's input) and sent to workers with the model.
 
 use serde::{Deserialize, Serialize};
@@ -32,7 +32,7 @@ pub struct Prompting {
 }
 
 impl Prompting {
-    /// Reads the first `rows` rows of the reference set at `url` (a dpsynth release, whose
+    /// Reads the first `rows` rows of the reference set at `url` (a rhosynth release, whose
     /// manifest lists its parts and is returned, or files in the job's input format) in the
     /// job's schema. `source` names the URL and the SHA-256 of the rows read; whoever plans
     /// the job states the guarantee they carry.

@@ -141,10 +141,35 @@ fn the_spec_names_a_reference_set() {
         ("harmonic", "reference = \"r\"\nneighbours = 0", "neighbours"),
         ("harmonic", "reference = \"r\"\nneighbours = 17", "neighbours"),
         ("harmonic", "reference = \"r\"\nreference_rows = 0", "reference_rows"),
-        ("harmonic", "reference = \"./dpsynth-out/demo/input\"", "overlaps the job's private data"),
-        ("harmonic", "reference = \"releases/../dpsynth-out/demo/input\"", "`..`"),
+        ("harmonic", "reference = \"./rhosynth-out/demo/input\"", "overlaps the job's private data"),
+        ("harmonic", "reference = \"releases/../rhosynth-out/demo/input\"", "`..`"),
     ] {
         let err = check(name, section).unwrap_err();
         assert!(err.contains(says), "{name} {section}: {err}");
     }
+}
+
+/// A release written before the project was renamed (`dpsynth demo --patients 30`:
+/// format `dpsynth.manifest.v1`, `dpsynth_version`) is still read as a reference set, with
+/// its manifest; a manifest of another format is refused.
+#[tokio::test]
+async fn a_release_written_under_the_old_name_is_a_reference() {
+    let spec = crate::spec::JobSpec::parse(include_str!("../../../../examples/demo.toml"), "demo").unwrap();
+    let domain = crate::data::domain::Domain::from_spec(&spec);
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/dpsynth-release");
+    let (prompting, manifest) = Prompting::load(&spec, &domain, fixture, 100, 2).await.unwrap();
+    let manifest = manifest.expect("the release's manifest");
+    assert_eq!((manifest.format.as_str(), manifest.rhosynth_version.as_str()), ("dpsynth.manifest.v1", "0.1.0"));
+    assert_eq!((manifest.privacy.dataset_id.as_str(), manifest.privacy.ledger_entry), ("demo-icu-vitals", 1));
+    assert_eq!(prompting.reference.len(), manifest.rows as usize);
+
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["_manifest.json", "part-00000.parquet"] {
+        std::fs::copy(format!("{fixture}/{file}"), dir.path().join(file)).unwrap();
+    }
+    let text = std::fs::read_to_string(dir.path().join("_manifest.json")).unwrap();
+    std::fs::write(dir.path().join("_manifest.json"), text.replace("dpsynth.manifest.v1", "other.manifest.v9"))
+        .unwrap();
+    let err = Prompting::load(&spec, &domain, dir.path().to_str().unwrap(), 100, 2).await.unwrap_err().to_string();
+    assert!(err.contains("format \"other.manifest.v9\""), "{err}");
 }

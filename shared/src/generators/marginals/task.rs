@@ -187,10 +187,10 @@ impl<R: CryptoRng> Counter<'_, R> {
     }
 }
 
-/// The task as `CountTables` (`dpsynth.proto`).
+/// The task as `CountTables` (`rhosynth.proto`).
 #[cfg(feature = "wire")]
 mod wire {
-    use dpsynth_proto::{CountTables, MAX_RESULT_VALUES, TableColumns};
+    use rhosynth_proto::{CountTables, MAX_RESULT_VALUES, TableColumns};
 
     use super::MarginalsTask;
     use crate::data::domain::Domain;

@@ -65,7 +65,7 @@ mod tests {
     use super::*;
 
     /// What each release is drawn on, and the answers read from its noisy values (the
-    /// noise's law is `dpsynth-privacy`'s to test).
+    /// noise's law is `rhosynth-privacy`'s to test).
     #[test]
     fn realness_and_label_answers_are_post_processing_of_their_releases() {
         let votes = [30.0, 10.0];

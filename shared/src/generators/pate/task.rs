@@ -125,10 +125,10 @@ impl VoteTask {
         Ok(teacher.votes(queries, w, self.teacher.vote))
     }
 }
-/// The round as `TeacherVotes` (`dpsynth.proto`).
+/// The round as `TeacherVotes` (`rhosynth.proto`).
 #[cfg(feature = "wire")]
 mod wire {
-    use dpsynth_proto::{MAX_RESULT_VALUES, TeacherVotes};
+    use rhosynth_proto::{MAX_RESULT_VALUES, TeacherVotes};
 
     use super::{PateEncoding, Question, VoteTask};
     use crate::wire::{WireError, from_json, seed, to_json};
@@ -138,8 +138,8 @@ mod wire {
         /// queries).
         pub fn task(&self, rows: Vec<f32>) -> TeacherVotes {
             let question = match self.question {
-                Question::Realness => dpsynth_proto::Question::Realness,
-                Question::Target => dpsynth_proto::Question::Target,
+                Question::Realness => rhosynth_proto::Question::Realness,
+                Question::Target => rhosynth_proto::Question::Target,
             };
             TeacherVotes {
                 encoding_json: to_json(&self.encoding),
@@ -158,9 +158,9 @@ mod wire {
 
         fn try_from(wire: &TeacherVotes) -> Result<Self, WireError> {
             let question = match wire.question() {
-                dpsynth_proto::Question::Realness => Question::Realness,
-                dpsynth_proto::Question::Target => Question::Target,
-                dpsynth_proto::Question::Unspecified => return Err(WireError::new("a vote round asks no question")),
+                rhosynth_proto::Question::Realness => Question::Realness,
+                rhosynth_proto::Question::Target => Question::Target,
+                rhosynth_proto::Question::Unspecified => return Err(WireError::new("a vote round asks no question")),
             };
             let encoding: PateEncoding = from_json("encoding", &wire.encoding_json)?;
             let (fake_rows, queries) = (wire.fake_rows as usize, wire.queries as usize);

@@ -141,10 +141,10 @@ pub fn check_votes(votes: &[f64], units: u64, candidates: usize, per_unit: usize
     Ok(())
 }
 
-/// The wire form (`SelectionVotes` in `dpsynth.proto`).
+/// The wire form (`SelectionVotes` in `rhosynth.proto`).
 #[cfg(feature = "wire")]
 mod wire {
-    use dpsynth_proto::SelectionVotes;
+    use rhosynth_proto::SelectionVotes;
 
     use super::{SelectionTask, feature_count};
     use crate::generators::sequence::SequenceModelSpec;

@@ -98,10 +98,10 @@ impl SequenceModelSpec {
     }
 }
 
-/// The model as `SequenceModel` (`dpsynth.proto`).
+/// The model as `SequenceModel` (`rhosynth.proto`).
 #[cfg(feature = "wire")]
 mod wire {
-    use dpsynth_proto::SequenceModel;
+    use rhosynth_proto::SequenceModel;
 
     use super::SequenceModelSpec;
     use crate::wire::{WireError, from_json, to_json};
