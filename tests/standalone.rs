@@ -419,6 +419,68 @@ async fn a_job_over_budget_is_refused_before_it_starts() {
     assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0);
     // Refused at planning: nothing was partitioned.
     assert!(walk(&dir.path().join("scratch/partitions")).is_empty());
+    // Its claim on the output prefix went with it.
+    assert!(walk(&dir.path().join("out")).is_empty(), "{:?}", walk(&dir.path().join("out")));
+}
+
+/// One job writes one prefix. While a job runs it holds a claim on its output prefix; a
+/// second job to that prefix is refused before the ledger changes, and told why (a public
+/// cause); the first completes, its manifest replacing the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_job_to_a_claimed_prefix_is_refused_before_the_ledger_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&demo_spec(dir.path(), 2000), "claim").unwrap();
+    let mut config = CoordinatorConfig::default();
+    config.env.scratch_url = dir.path().join("scratch").to_str().unwrap().to_string();
+    let cluster = Standalone::start(config, 2).await.unwrap();
+    let request =
+        |job_id: &str| JobRequest { job_id: job_id.into(), spec: spec.clone(), output_url: None, ledger_url: None };
+    let ended = async |job_id: &str| loop {
+        let s = cluster.service.job_status(job_id).unwrap();
+        if s.state != RUNNING {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cluster.service.start_job(request("first")).unwrap();
+    let claim = dir.path().join("out/_claim.json");
+    while !claim.exists() && cluster.service.job_status("first").unwrap().state == RUNNING {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(claim.exists(), "the first job holds its prefix while it runs");
+    cluster.service.start_job(request("second")).unwrap();
+    let second = ended("second").await;
+    assert_eq!(second.state, JobState::Failed as i32, "{}", second.message);
+    assert!(second.message.contains("is being written by job first"), "{}", second.message);
+    let first = ended("first").await;
+    cluster.shutdown().await;
+    assert_eq!(first.state, SUCCEEDED, "{}", first.message);
+    assert!(manifest(&dir.path().join("out")).is_some() && !claim.exists(), "the manifest replaced the claim");
+    let ledger = Ledger::open(&storage::open(dir.path().join("ledger").to_str().unwrap()).unwrap(), "demo-icu-vitals")
+        .await
+        .unwrap();
+    let jobs: Vec<&str> = ledger
+        .charges()
+        .iter()
+        .map(|(e, _)| match &e.body {
+            EntryBody::Charge { request, .. } => request.job_id.as_str(),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(jobs, ["first"], "only the first job was charged");
+
+    // A claim left by a job that is gone: refused, saying so, with nothing charged or read.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&demo_spec(dir.path(), 30), "claimed").unwrap();
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    std::fs::write(dir.path().join("out/_claim.json"), r#"{"job_id":"gone","claimed_at":"2026-11-26T00:00:00Z"}"#)
+        .unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, JobState::Failed as i32, "{message}");
+    assert!(message.contains("is being written by job gone") && message.contains("_claim.json"), "{message}");
+    assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0, "nothing charged");
+    assert!(walk(&dir.path().join("scratch/partitions")).is_empty(), "nothing read");
+    assert!(dir.path().join("out/_claim.json").exists(), "another job's claim is left alone");
 }
 
 /// A generator's parameters are checked when the job is submitted: a bad one is refused

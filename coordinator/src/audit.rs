@@ -317,7 +317,7 @@ fn input_units(domain: &Domain, stand_in: &Table, canaries: &SyntheticUnits, inc
 
 /// Writes units as Parquet parts in the spec's columns (ids renumbered); returns the parts.
 async fn write_units(spec: &JobSpec, units: &SyntheticUnits, url: &str) -> Result<Vec<String>, AuditError> {
-    let mut writer = OutputWriter::create(storage::open(url)?).await?;
+    let mut writer = OutputWriter::create(storage::open(url)?, "audit-stand-in").await?;
     let mut first = 0;
     while first < units.units() {
         let last = (first + UNITS_PER_PART).min(units.units());

@@ -92,6 +92,7 @@ impl JobError {
             | JobError::Unpaid(_)
             | JobError::OutputOverlaps { .. }
             | JobError::Storage(_) => self.to_string(),
+            JobError::Output(e) if e.is_public() => self.to_string(),
             JobError::Data(_) => format!("{INPUT_MISMATCH} (details are in the coordinator's operator log)"),
             JobError::Output(_) | JobError::Task { .. } | JobError::BadResult { .. } | JobError::Other(_) => {
                 "the job failed while processing private data; the reason is in the coordinator's operator log".into()
@@ -169,8 +170,6 @@ pub(crate) struct JobContext<'a> {
     pub scratch: &'a StoreLocation,
     /// `JobEnv::keep_trained_models`.
     pub keep_trained_model: bool,
-    /// The release's prefix.
-    pub output_url: &'a str,
     pub scheduler: &'a Scheduler,
     pub telemetry: &'a Telemetry,
     pub progress: &'a ProgressHandle,

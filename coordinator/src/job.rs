@@ -57,31 +57,52 @@ pub async fn run_job(
 
     set_stage(&progress, "planning");
     refuse_overlaps(&output_url, &ledger_url, env)?;
+    // Before the ledger is opened: a second job to the same prefix is refused with nothing
+    // charged, and this job's release marker names a prefix no other job writes.
+    let output = OutputWriter::create(storage::open(&output_url)?, job_id).await?;
+    let claim = output.claim();
+    let written = claimed(&request, env, scheduler, telemetry, &progress, output, &ledger_url).await;
+    if written.is_err() {
+        claim.abandon().await;
+    }
+    written
+}
+
+/// A job whose output prefix is claimed, from its ledger to its manifest.
+async fn claimed(
+    request: &JobRequest,
+    env: &JobEnv,
+    scheduler: &Scheduler,
+    telemetry: &Telemetry,
+    progress: &ProgressHandle,
+    output: OutputWriter,
+    ledger_url: &str,
+) -> Result<Manifest, JobError> {
+    let JobRequest { job_id, spec, .. } = request;
     let domain = Domain::from_spec(spec);
-    let ledger_location = storage::open(&ledger_url)?;
+    let ledger_location = storage::open(ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
     let scratch_store = storage::open(&env.scratch_url)?;
     // Before any partition exists, so a coordinator sharing the store never sweeps ours.
     env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Other(format!("scratch heartbeat: {e}")))?;
     let ctx = JobContext {
-        request: &request,
+        request,
         domain: &domain,
         scratch: &scratch_store,
         keep_trained_model: env.keep_trained_models,
-        output_url: &output_url,
         scheduler,
         telemetry,
-        progress: &progress,
+        progress,
     };
     // The registry: one line per generator.
     let released = match &spec.generator {
-        GeneratorSpec::Marginals(_) => synthesize::<Marginals>(&ctx, &mut ledger).await,
-        GeneratorSpec::Aim(_) => synthesize::<Aim>(&ctx, &mut ledger).await,
-        GeneratorSpec::Findiff(_) => synthesize::<DpSgdJob<FinDiff>>(&ctx, &mut ledger).await,
-        GeneratorSpec::Pate(_) => synthesize::<Pate>(&ctx, &mut ledger).await,
-        GeneratorSpec::Sequence(_) => synthesize::<DpSgdJob<Sequence>>(&ctx, &mut ledger).await,
-        GeneratorSpec::Dp2stage(_) => synthesize::<DpSgdJob<Dp2Stage>>(&ctx, &mut ledger).await,
-        GeneratorSpec::Harmonic(_) => synthesize::<DpSgdJob<Harmonic>>(&ctx, &mut ledger).await,
+        GeneratorSpec::Marginals(_) => synthesize::<Marginals>(&ctx, &mut ledger, output).await,
+        GeneratorSpec::Aim(_) => synthesize::<Aim>(&ctx, &mut ledger, output).await,
+        GeneratorSpec::Findiff(_) => synthesize::<DpSgdJob<FinDiff>>(&ctx, &mut ledger, output).await,
+        GeneratorSpec::Pate(_) => synthesize::<Pate>(&ctx, &mut ledger, output).await,
+        GeneratorSpec::Sequence(_) => synthesize::<DpSgdJob<Sequence>>(&ctx, &mut ledger, output).await,
+        GeneratorSpec::Dp2stage(_) => synthesize::<DpSgdJob<Dp2Stage>>(&ctx, &mut ledger, output).await,
+        GeneratorSpec::Harmonic(_) => synthesize::<DpSgdJob<Harmonic>>(&ctx, &mut ledger, output).await,
     };
     // Only this process's partitions of the job: another coordinator sharing the scratch
     // store may hold the same job id.
@@ -111,13 +132,13 @@ pub async fn run_job(
                 accountant: cost.accountant,
                 mechanisms,
                 dataset_id: spec.job.dataset_id.clone(),
-                ledger_url: ledger_url.clone(),
+                ledger_url: ledger_url.to_string(),
                 ledger_entry: receipt.seq,
                 public_inputs,
             },
         })
         .await?;
-    set_stage(&progress, "done");
+    set_stage(progress, "done");
     Ok(manifest)
 }
 
@@ -126,11 +147,11 @@ pub async fn run_job(
 async fn synthesize<G: Generator>(
     ctx: &JobContext<'_>,
     ledger: &mut Ledger,
+    output: OutputWriter,
 ) -> Result<(OutputWriter, Charged), JobError> {
     let mut generator = G::plan(ctx, ledger).await?;
     admit(ctx, ledger, generator.admission()).await?;
     generator.prepare(ctx).await?;
-    let output = OutputWriter::create(storage::open(ctx.output_url)?).await?;
     let partitions = ctx.partition().await?;
     let Fitted { sampler, released_count, charged } = generator.fit(ctx, ledger, &partitions).await?;
     let units = ctx.spec().declared_output_size().or(released_count).ok_or_else(|| {

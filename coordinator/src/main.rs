@@ -53,6 +53,7 @@ enum Command {
 
 fn main() -> ExitCode {
     rhosynth_shared::logging::init();
+    rhosynth_shared::process::private_files();
     if let Err(e) = rhosynth_shared::process::refuse_legacy_environment() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;

@@ -8,7 +8,6 @@
 
 use std::time::Instant;
 
-use rhosynth_privacy::ledger::ChargeReceipt;
 use rhosynth_privacy::release::Releases;
 use rhosynth_proto::gradient_sum::Model;
 use rhosynth_proto::task::Work;
@@ -24,8 +23,8 @@ use crate::gather::{Answer, Gather, Round};
 pub struct TrainingRun<'a> {
     /// Units in each partition bound a worker's claim of how many it sampled.
     pub partitions: &'a Partitions,
-    /// The run's charge: it pays for every round's noise.
-    pub receipt: &'a ChargeReceipt,
+    /// The run's one allowance: it pays for every round's noise.
+    pub releases: &'a mut Releases,
     pub rate: f64,
     pub clip: f64,
     pub noise_multiplier: f64,
@@ -37,21 +36,20 @@ pub struct TrainingRun<'a> {
     pub epsilon: f64,
 }
 
-/// Trains `parameters` in place from `optimizer.step` to `run.steps` through the job's
+/// Trains `parameters` in place from `optimizer.step` to `run.steps` (the run's releases
+/// already spent for the steps before it) through the job's
 /// `gather` (its task ids continue across every round of the job); `model(round)` is
 /// the model the workers train in that round, `checkpointer` saves the run every so many
 /// rounds.
 pub async fn train<M: Clone + serde::Serialize>(
     ctx: &JobContext<'_>,
     gather: &mut Gather<'_>,
-    run: &TrainingRun<'_>,
+    run: &mut TrainingRun<'_>,
     parameters: &mut [f64],
     optimizer: &mut Optimizer,
     model: impl Fn(u64) -> Model,
     checkpointer: &Checkpointer<'_, M>,
 ) -> Result<(), JobError> {
-    let mut releases = Releases::paid_by(run.receipt)?;
-    releases.resume_after(optimizer.step)?;
     let started = Instant::now();
     let first_step = optimizer.step;
     let mut last_report = Instant::now();
@@ -74,7 +72,7 @@ pub async fn train<M: Clone + serde::Serialize>(
                 .check(|units| dpsgd::validate(a.values, a.claimed_units.min(units[a.group]), a.values.len(), run.clip))
         };
         let gradient = gather.round(round_tasks, check, |_, _| {}).await?;
-        let mut gradient = releases.dp_sgd_step(gradient, run.clip, run.noise_multiplier, run.rate)?;
+        let mut gradient = run.releases.dp_sgd_step(gradient, run.clip, run.noise_multiplier, run.rate)?;
         gradient.iter_mut().for_each(|g| *g /= run.expected_batch);
         optimizer.step(parameters, &gradient);
         checkpointer.after_round(optimizer, parameters).await?;

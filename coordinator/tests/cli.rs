@@ -193,3 +193,36 @@ fn a_variable_of_the_former_name_is_refused_not_ignored() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("RHOSYNTH_COORDINATOR"), "{stderr}");
 }
+
+/// Whatever umask the operator's shell has, every file and directory a job writes (the
+/// simulated input, scratch, ledger, the evaluation's diagnostics, the release) is its
+/// user's alone: private rows are never readable by other users of the machine.
+#[test]
+fn every_file_a_job_writes_is_private_to_its_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/icu-marginals.toml");
+    let command = format!(
+        "umask 022 && exec '{}' demo --patients 30 --spec '{}'",
+        env!("CARGO_BIN_EXE_rhosynth"),
+        spec.display()
+    );
+    let out = Command::new("sh").args(["-c", &command]).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fn walk(path: &std::path::Path, seen: &mut Vec<(String, u32)>) {
+        seen.push((path.display().to_string(), std::fs::metadata(path).unwrap().permissions().mode() & 0o777));
+        if path.is_dir() {
+            for entry in std::fs::read_dir(path).unwrap() {
+                walk(&entry.unwrap().path(), seen);
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    walk(&dir.path().join("rhosynth-out"), &mut seen);
+    for store in ["scratch/instances", "/entries/", "diagnostics", "demo/input", "icu-marginals"] {
+        assert!(seen.iter().any(|(path, _)| path.contains(store)), "{store} was written: {seen:?}");
+    }
+    assert!(seen.iter().any(|(path, _)| path.ends_with("report.json")), "the evaluation's report: {seen:?}");
+    let open: Vec<_> = seen.iter().filter(|(_, mode)| mode & 0o077 != 0).collect();
+    assert!(open.is_empty(), "readable by others: {open:?}");
+}

@@ -72,12 +72,37 @@ pub const MANIFEST_FORMAT: &str = "rhosynth.manifest.v1";
 /// The same format as written before the project was renamed: read, never written.
 pub const LEGACY_MANIFEST_FORMAT: &str = "dpsynth.manifest.v1";
 
+/// The marker a job holds on its output prefix from before its admission until its
+/// manifest is written (or its failure): one job writes one prefix.
+pub const CLAIM: &str = "_claim.json";
+
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
     #[error("output {url} already holds a complete dataset ({MANIFEST} exists); choose another output")]
     AlreadyComplete { url: String },
+    #[error(
+        "output {url} is being written by job {job_id} ({CLAIM} exists); choose another output, or remove {CLAIM} \
+         once that job has ended"
+    )]
+    Claimed { url: String, job_id: String },
+    #[error("output {url} cannot be written: {message}")]
+    Unwritable { url: String, message: String },
     #[error("writing output {url}: {message}")]
     Write { url: String, message: String },
+}
+
+impl OutputError {
+    /// Found before any private read (the claim is taken first): the cause is public.
+    pub fn is_public(&self) -> bool {
+        !matches!(self, OutputError::Write { .. })
+    }
+}
+
+/// What a claim records.
+#[derive(Serialize, Deserialize)]
+struct Claim {
+    job_id: String,
+    claimed_at: DateTime<Utc>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -193,16 +218,97 @@ pub fn rows_to_batch(spec: &JobSpec, units: &SyntheticUnits, first_id: u64) -> R
 pub struct OutputWriter {
     location: StoreLocation,
     parts: Vec<PartInfo>,
+    claim: OutputClaim,
+}
+
+/// A job's claim on its output prefix, as written, and the parts written under it.
+#[derive(Clone)]
+pub struct OutputClaim {
+    location: StoreLocation,
+    bytes: Vec<u8>,
+    written: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl OutputClaim {
+    /// Whether the prefix's claim is still this one (an operator may have removed a stale
+    /// claim, and another job taken the prefix since).
+    async fn held(&self) -> bool {
+        let held = async { self.location.store.get(&self.location.child(CLAIM)).await?.bytes().await }.await;
+        held.is_ok_and(|held| held == self.bytes)
+    }
+
+    /// Deletes the claim if it is still this one.
+    async fn release(&self) {
+        if self.held().await
+            && let Err(e) = self.location.store.delete(&self.location.child(CLAIM)).await
+        {
+            tracing::warn!(url = self.location.url, error = %e, "an output claim could not be deleted");
+        }
+    }
+
+    /// For a failed job: deletes the parts it wrote, then its claim if the claim is still
+    /// its own, so no partial output stays and the prefix is free again. A part that cannot
+    /// be deleted keeps the claim.
+    pub async fn abandon(&self) {
+        let written = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        for part in written {
+            if let Err(e) = self.location.store.delete(&self.location.child(&part)).await {
+                return tracing::warn!(part, error = %e, "a failed job's part stays, and its claim");
+            }
+        }
+        self.release().await;
+    }
 }
 
 impl OutputWriter {
-    /// Refuses an output that already holds a complete dataset.
-    pub async fn create(location: StoreLocation) -> Result<Self, OutputError> {
-        match location.store.head(&location.child(MANIFEST)).await {
-            Ok(_) => Err(OutputError::AlreadyComplete { url: location.url.clone() }),
-            Err(object_store::Error::NotFound { .. }) => Ok(Self { location, parts: Vec::new() }),
-            Err(e) => Err(OutputError::Write { url: location.url.clone(), message: e.to_string() }),
+    /// Claims the output prefix for `job_id` (create-if-absent), refusing one that holds a
+    /// complete dataset or another job's claim; a claim of the same job id (a run resumed
+    /// after its coordinator died) is taken over. The caller
+    /// [`abandon`](OutputClaim::abandon)s the claim if the job fails.
+    pub async fn create(location: StoreLocation, job_id: &str) -> Result<Self, OutputError> {
+        let url = location.url.clone();
+        let unwritable = |e: object_store::Error| OutputError::Unwritable { url: url.clone(), message: e.to_string() };
+        let complete = async || match location.store.head(&location.child(MANIFEST)).await {
+            Ok(_) => Err(OutputError::AlreadyComplete { url: url.clone() }),
+            Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(unwritable(e)),
+        };
+        complete().await?;
+        let claim = serde_json::to_vec(&Claim { job_id: job_id.to_string(), claimed_at: Utc::now() })
+            .expect("a claim serialises");
+        let path = location.child(CLAIM);
+        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match location.store.put_opts(&path, PutPayload::from(claim.clone()), options).await {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                let held = location.store.get(&path).await.map_err(unwritable)?.bytes().await.map_err(unwritable)?;
+                match serde_json::from_slice::<Claim>(&held) {
+                    // The same job, resumed after its coordinator died: only one copy can
+                    // claim the release in the ledger, and parts follow that claim.
+                    Ok(held) if held.job_id == job_id => {
+                        location.store.put(&path, PutPayload::from(claim.clone())).await.map_err(unwritable)?;
+                    }
+                    held => {
+                        let job_id = held.map_or_else(|_| "unknown (an unreadable claim)".into(), |c| c.job_id);
+                        return Err(OutputError::Claimed { url, job_id });
+                    }
+                }
+            }
+            Err(e) => return Err(unwritable(e)),
         }
+        let claim = OutputClaim { location: location.clone(), bytes: claim, written: Arc::default() };
+        // A job that finished between the first look and the claim.
+        if let Err(e) = complete().await {
+            claim.release().await;
+            return Err(e);
+        }
+        Ok(Self { location, parts: Vec::new(), claim })
+    }
+
+    /// The claim this writer holds, for its job to [`abandon`](OutputClaim::abandon) if
+    /// the job fails after the writer has moved on.
+    pub fn claim(&self) -> OutputClaim {
+        self.claim.clone()
     }
 
     /// The output prefix, as given.
@@ -227,6 +333,7 @@ impl OutputWriter {
             bytes: bytes.len() as u64,
             sha256: format!("{:x}", Sha256::digest(&bytes)),
         };
+        self.claim.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(name.clone());
         self.location.store.put(&self.location.child(&name), PutPayload::from(bytes)).await.map_err(|e| self.err(e))?;
         self.parts.push(info);
         Ok(())
@@ -238,7 +345,8 @@ impl OutputWriter {
         self.parts.iter().map(|p| format!("{base}/{}", p.path)).collect()
     }
 
-    /// Writes the manifest (create-if-absent): from here on the output is complete.
+    /// Writes the manifest (create-if-absent), then drops the claim: from here on the output
+    /// is complete.
     pub async fn finish(self, mut manifest: Manifest) -> Result<Manifest, OutputError> {
         manifest.parts = self.parts.clone();
         manifest.rows = self.parts.iter().map(|p| p.rows).sum();
@@ -246,11 +354,103 @@ impl OutputWriter {
         let options = PutOptions { mode: PutMode::Create, ..Default::default() };
         let path: Path = self.location.child(MANIFEST);
         match self.location.store.put_opts(&path, PutPayload::from(bytes), options).await {
-            Ok(_) => Ok(manifest),
+            Ok(_) => {
+                // The manifest replaces the claim: the prefix is complete.
+                self.claim.release().await;
+                Ok(manifest)
+            }
             Err(object_store::Error::AlreadyExists { .. }) => {
                 Err(OutputError::AlreadyComplete { url: self.location.url.clone() })
             }
             Err(e) => Err(self.err(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage;
+
+    fn manifest() -> Manifest {
+        let privacy = ManifestPrivacy {
+            epsilon: 1.0,
+            delta: 0.0,
+            accountant: Accountant::Rdp,
+            mechanisms: Vec::new(),
+            dataset_id: "d".into(),
+            ledger_url: "l".into(),
+            ledger_entry: 1,
+            public_inputs: Vec::new(),
+        };
+        Manifest {
+            format: MANIFEST_FORMAT.into(),
+            rhosynth_version: "test".into(),
+            job_id: "a".into(),
+            generator: "marginals".into(),
+            created_at: Utc::now(),
+            rows: 0,
+            columns: Vec::new(),
+            parts: Vec::new(),
+            privacy,
+        }
+    }
+
+    /// A prefix is claimed by one job at a time (a resumed run of the same job takes it
+    /// over), freed when the job fails with only its own parts deleted, and refused once a
+    /// manifest completes it.
+    #[tokio::test]
+    async fn one_job_claims_a_prefix_until_its_manifest_or_its_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("out");
+        let location = || storage::open(url.to_str().unwrap()).unwrap();
+        let files = || {
+            let mut names: Vec<String> = std::fs::read_dir(&url)
+                .map(|d| d.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
+                .unwrap_or_default();
+            names.sort();
+            names
+        };
+        let mut first = OutputWriter::create(location(), "a").await.unwrap();
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)])),
+            vec![Arc::new(Int64Array::from(vec![1, 2]))],
+        )
+        .unwrap();
+        first.write_part(&batch).await.unwrap();
+        let taken = OutputWriter::create(location(), "b").await.map(drop).unwrap_err();
+        assert!(matches!(&taken, OutputError::Claimed { job_id, .. } if job_id == "a"), "{taken}");
+        assert!(taken.is_public());
+        // Other files under the prefix are not the failed job's to delete.
+        std::fs::create_dir_all(url.join("below")).unwrap();
+        std::fs::write(url.join("below/part-00000.parquet"), b"another release").unwrap();
+        std::fs::write(url.join("part-00001.parquet"), b"not written by this job").unwrap();
+        first.claim().abandon().await;
+        assert_eq!(files(), ["below", "part-00001.parquet"]);
+        std::fs::remove_dir_all(url.join("below")).unwrap();
+        std::fs::remove_file(url.join("part-00001.parquet")).unwrap();
+
+        // The same job, resumed after its coordinator died, takes its claim over; the
+        // copy it replaced no longer holds the prefix, so it frees nothing.
+        let dead = OutputWriter::create(location(), "r").await.unwrap().claim();
+        let resumed = OutputWriter::create(location(), "r").await.unwrap();
+        dead.abandon().await;
+        assert_eq!(files(), [CLAIM]);
+        resumed.claim().abandon().await;
+        assert_eq!(files(), Vec::<String>::new());
+
+        // A claim an operator removed and another job took is not released by the first.
+        let stale = OutputWriter::create(location(), "b").await.unwrap().claim();
+        std::fs::remove_file(url.join(CLAIM)).unwrap();
+        let mut second = OutputWriter::create(location(), "c").await.unwrap();
+        stale.abandon().await;
+        assert_eq!(files(), [CLAIM]);
+        second.write_part(&batch).await.unwrap();
+        let written = second.finish(manifest()).await.unwrap();
+        assert_eq!(written.rows, 2);
+        assert_eq!(files(), [MANIFEST, "part-00000.parquet"], "the manifest replaced the claim");
+        let complete = OutputWriter::create(location(), "d").await.map(drop).unwrap_err();
+        assert!(matches!(complete, OutputError::AlreadyComplete { .. }), "{complete}");
+        assert_eq!(files(), [MANIFEST, "part-00000.parquet"], "no claim left by the refusal");
     }
 }

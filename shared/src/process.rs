@@ -28,3 +28,29 @@ pub fn refuse_legacy_environment() -> Result<(), ProcessError> {
         example,
     })
 }
+
+/// Makes every file and directory this process creates private to its user (0600 / 0700),
+/// whatever umask it inherited: scratch partitions, checkpoints, ledgers, diagnostics and
+/// kept models hold private rows or their accounting (releases too: share one by copying).
+pub fn private_files() {
+    // SAFETY: umask only sets this process's file-creation mask; it cannot fail.
+    unsafe { libc::umask(0o077) };
+}
+
+/// Warns loudly when the local store at `url` (the `what` store) already exists with
+/// group or other access: files written before, or by another tool, may be readable by
+/// other users of the machine. Object stores are the bucket policy's to protect.
+pub fn warn_if_shared(what: &str, url: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let (scheme, path) = crate::storage::canonical_url(url);
+    let Ok(meta) = std::fs::metadata(&path) else { return };
+    let mode = meta.permissions().mode() & 0o777;
+    if scheme == "file" && mode & 0o077 != 0 {
+        tracing::warn!(
+            store = what,
+            path,
+            mode = format!("{mode:o}"),
+            "the {what} store is readable by other users of this machine: `chmod -R go-rwx {path}`"
+        );
+    }
+}

@@ -137,7 +137,11 @@ pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
             if rest.is_empty() {
                 return Err(invalid("empty path"));
             }
-            std::fs::create_dir_all(rest).map_err(|e| open_err(Box::new(e)))?;
+            // New directories are their user's alone, whatever the process's umask: a store
+            // may hold private rows (scratch), the ledger or diagnostics.
+            std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+                .create(rest)
+                .map_err(|e| open_err(Box::new(e)))?;
             // fsync: a ledger charge must be on disk before the output it pays for leaves.
             let fs = LocalFileSystem::new_with_prefix(rest).map_err(|e| open_err(Box::new(e)))?.with_fsync(true);
             Ok(StoreLocation { store: Arc::new(fs), prefix: Path::default(), url: url.to_string() })

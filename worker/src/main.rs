@@ -37,6 +37,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     rhosynth_shared::logging::init();
+    rhosynth_shared::process::private_files();
     rhosynth_shared::process::refuse_legacy_environment()?;
     let args = Args::parse();
     let name = args

@@ -18,9 +18,9 @@ use rhosynth_coordinator::standalone::Standalone;
 use rhosynth_privacy::ledger::Ledger;
 use rhosynth_proto::coordinator_client::CoordinatorClient;
 use rhosynth_proto::{GetJobRequest, JobState, JobStatus, SubmitJobRequest};
-use rhosynth_shared::simulate;
 use rhosynth_shared::spec::JobSpec;
 use rhosynth_shared::storage;
+use rhosynth_shared::{process, simulate};
 
 use super::{EXIT_BUDGET_REFUSED, print_json};
 
@@ -254,6 +254,10 @@ struct Locations {
 
 /// Runs a job on an in-process cluster (coordinator + local workers over loopback gRPC).
 async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow::Result<JobStatus> {
+    let ledger = at.ledger.as_ref().or(spec.privacy.ledger.as_ref());
+    for (store, url) in [("scratch", Some(&at.scratch)), ("diagnostics", Some(&at.diagnostics)), ("ledger", ledger)] {
+        url.into_iter().for_each(|url| process::warn_if_shared(store, url));
+    }
     sweep_stale_partitions(&at.scratch).await?;
     let mut config = CoordinatorConfig::default();
     config.env.scratch_url = at.scratch;
@@ -338,6 +342,13 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
             bail!("--dev serves without TLS or authentication, so it listens on loopback only (not {})", args.listen);
         }
         let mut config = CoordinatorConfig::default();
+        for (store, url) in [
+            ("scratch", Some(&args.scratch)),
+            ("ledger", Some(&args.ledger)),
+            ("diagnostics", args.diagnostics.as_ref()),
+        ] {
+            url.into_iter().for_each(|url| process::warn_if_shared(store, url));
+        }
         sweep_stale_partitions(&args.scratch).await?;
         if let Some(path) = &args.datasets {
             let datasets = Datasets::load(path, &args.ledger)?;

@@ -7,7 +7,7 @@
 
 use object_store::{ObjectStoreExt, PutPayload};
 use prost::Message;
-use rhosynth_privacy::ledger::{ChargeReceipt, Ledger};
+use rhosynth_privacy::ledger::Ledger;
 use rhosynth_privacy::release::Releases;
 use rhosynth_proto::gradient_sum::Model;
 use rhosynth_shared::accounting::mechanism::Mechanism;
@@ -70,8 +70,8 @@ pub(crate) struct Trained<'t, 'a, M> {
     /// The job's rounds, for rounds after training.
     pub gather: &'t mut Gather<'a>,
     pub partitions: &'t Partitions,
-    /// The run's charge, with what it paid for after training.
-    pub receipt: &'t ChargeReceipt,
+    /// What the run's charge paid for after training.
+    pub releases: &'t mut Releases,
     pub plan: &'t RunPlan,
     /// The released unit count.
     pub released_units: u64,
@@ -167,9 +167,13 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         ctx.progress_mut().epsilon_spent = run.cost.epsilon;
         set_stage(ctx.progress, "training (DP-SGD)");
         ctx.progress_mut().tasks_total = run.steps as u32;
-        let training = TrainingRun {
+        // The run's one allowance: training's steps (those before a resumed checkpoint's
+        // step spent already), then what it paid for after training.
+        let mut releases = Releases::paid_by(&run.receipt)?;
+        releases.resume_after(optimizer.step)?;
+        let mut training = TrainingRun {
             partitions,
-            receipt: &run.receipt,
+            releases: &mut releases,
             rate: run.rate,
             clip: run.plan.clip,
             noise_multiplier: run.sigma,
@@ -183,7 +187,8 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         // One gather for all of the job's rounds, so their task ids never repeat.
         let mut gather = ctx.gather();
         let trained =
-            training::train(ctx, &mut gather, &training, &mut parameters, &mut optimizer, model, &checkpointer).await;
+            training::train(ctx, &mut gather, &mut training, &mut parameters, &mut optimizer, model, &checkpointer)
+                .await;
         // From here on the run is not resumable: a failed run stays charged and releases
         // nothing; a finished one is about to release, and resuming it would add rounds the
         // ledger never charged. A checkpoint that cannot be deleted stops the job before any
@@ -213,19 +218,13 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
             ctx,
             gather: &mut gather,
             partitions,
-            receipt: &receipt,
+            releases: &mut releases,
             plan: &plan,
             released_units,
         };
         let sampler = G::sampler(trained).await?;
-        let calibration = calibration::release(
-            ctx,
-            &mut gather,
-            partitions,
-            &mut Releases::paid_by(&receipt)?,
-            plan.calibration.as_deref(),
-        )
-        .await?;
+        let calibration =
+            calibration::release(ctx, &mut gather, partitions, &mut releases, plan.calibration.as_deref()).await?;
         let sampler = calibration::apply(calibration, sampler, &mut public_inputs);
         Ok(Fitted {
             sampler,

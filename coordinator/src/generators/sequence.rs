@@ -5,7 +5,6 @@
 //! by the run's charge.
 
 use rhosynth_privacy::ledger::Ledger;
-use rhosynth_privacy::release::Releases;
 use rhosynth_proto::gradient_sum::Model;
 use rhosynth_proto::task::Work;
 use rhosynth_shared::accounting::mechanism::Mechanism;
@@ -118,7 +117,7 @@ async fn select(
         })
     };
     let votes = trained.gather.round(round, check, |_, _| {}).await?;
-    let noisy = Releases::paid_by(trained.receipt)?.gaussian(votes, l2_sensitivity, noise_multiplier)?;
+    let noisy = trained.releases.gaussian(votes, l2_sensitivity, noise_multiplier)?;
     let mut order: Vec<usize> = (0..count).collect();
     order.sort_by(|&a, &b| noisy[b].total_cmp(&noisy[a]).then(a.cmp(&b)));
     let mut chosen = vec![false; count];

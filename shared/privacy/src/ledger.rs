@@ -172,12 +172,31 @@ pub struct ChargeReceipt {
     /// from the ledger's own entry.
     #[serde(skip)]
     mechanisms: Vec<Mechanism>,
+    #[serde(skip)]
+    opened: Opened,
+}
+
+/// Whether the releases a charge paid for have been opened: shared by a receipt's clones,
+/// so one charge opens one allowance (a second would spend the charge again).
+#[derive(Clone, Debug, Default)]
+struct Opened(Arc<std::sync::atomic::AtomicBool>);
+
+impl PartialEq for Opened {
+    /// Receipts compare by what was charged.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl ChargeReceipt {
     /// The mechanisms charged.
     pub fn mechanisms(&self) -> &[Mechanism] {
         &self.mechanisms
+    }
+
+    /// `true` the first time only, for this receipt and all its clones.
+    pub(crate) fn open(&self) -> bool {
+        !self.opened.0.swap(true, std::sync::atomic::Ordering::SeqCst)
     }
 
     #[cfg(test)]
@@ -193,7 +212,7 @@ impl ChargeReceipt {
             pld_epsilon: None,
         };
         let admission = Admission { cost, before: spent, after: spent, budget };
-        Self { seq: 1, admission, mechanisms }
+        Self { seq: 1, admission, mechanisms, opened: Opened::default() }
     }
 }
 
@@ -681,7 +700,12 @@ impl Ledger {
                     total_epsilon = admission.after.epsilon,
                     "privacy ledger charged"
                 );
-                return Ok(ChargeReceipt { seq, admission, mechanisms: request.mechanisms.clone() });
+                return Ok(ChargeReceipt {
+                    seq,
+                    admission,
+                    mechanisms: request.mechanisms.clone(),
+                    opened: Opened::default(),
+                });
             }
             tracing::debug!(seq, "ledger write lost a race; reloading");
         }

@@ -144,8 +144,12 @@ pub struct Releases {
 const ZCDP_SLACK: f64 = 1e-9;
 
 impl Releases {
-    /// Everything `receipt`'s charge paid for.
+    /// Everything `receipt`'s charge paid for, once: a second call on the same charge (this
+    /// receipt or a clone) is refused, so one charge is never spent twice.
     pub fn paid_by(receipt: &ChargeReceipt) -> Result<Self, rhosynth_shared::accounting::PrivacyError> {
+        if !receipt.open() {
+            return Err(rhosynth_shared::accounting::PrivacyError::SpentTwice(receipt.seq));
+        }
         // Identical mechanisms pool their releases: which entry pays for a draw is immaterial.
         let mut paid: Vec<Paid> = Vec::new();
         let mut zcdp_left = 0.0;
@@ -546,6 +550,21 @@ mod tests {
             Releases::paid_by(&ChargeReceipt::for_test(vec![Mechanism::GnMax { sigma: 10.0, classes: 2, queries: 1 }]))
                 .unwrap();
         assert!(none.zcdp_gaussian(Private::new(vec![0.0]), 1.0, 100.0).is_err());
+    }
+
+    /// One charge, one allowance: a second `paid_by` on the same receipt, or on a clone of
+    /// it, is refused (it would spend the whole charge again).
+    #[test]
+    fn a_charge_opens_its_releases_once() {
+        let receipt = ChargeReceipt::for_test(vec![Mechanism::GnMax { sigma: 10.0, classes: 2, queries: 1 }]);
+        let copy = receipt.clone();
+        let mut releases = Releases::paid_by(&receipt).unwrap();
+        for again in [&receipt, &copy] {
+            let refused = Releases::paid_by(again).map(drop).unwrap_err();
+            assert!(matches!(refused, rhosynth_shared::accounting::PrivacyError::SpentTwice(1)), "{refused}");
+        }
+        releases.gnmax(Private::new(vec![3.0, 1.0]), 2, 10.0).unwrap();
+        assert!(releases.gnmax(Private::new(vec![3.0, 1.0]), 2, 10.0).is_err(), "one query was paid");
     }
 
     #[test]

@@ -621,3 +621,38 @@ async fn a_new_default_ledger_beside_an_old_one_is_refused() {
     // Another dataset has no old ledger: created as usual.
     Ledger::init(&location, "another", budget, Adjacency::AddRemove, options).await.unwrap();
 }
+
+/// Every mechanism kind prices a substitution ledger at its substitution sensitivity or is
+/// refused there. GNMax (PATE's teachers are keyed by the unit: a substitution moves two
+/// votes, 2√2 not √2), the exponential mechanism and partition selection are analysed under
+/// add/remove only; Gaussian and zCDP runs state their adjacency and are admitted only by a
+/// ledger of the same one.
+#[tokio::test]
+async fn every_mechanism_kind_states_its_adjacency_or_is_refused() {
+    let gaussian_of =
+        |adjacency| Mechanism::Gaussian { l2_sensitivity: 1.0, noise_multiplier: 40.0, releases: 1, adjacency };
+    let zcdp_of = |adjacency| Mechanism::Zcdp { rho: 0.01, adjacency };
+    let add_remove_only = [
+        Mechanism::GnMax { sigma: 40.0, classes: 2, queries: 100 },
+        Mechanism::Exponential { sensitivity: 1.0, epsilon: 0.1, selections: 1 },
+        Mechanism::PartitionSelection { max_partitions: 1, noise_multiplier: 40.0, threshold_delta: 1e-7 },
+        Mechanism::dp_sgd(0.01, 2.0, 10),
+        gaussian_of(Adjacency::AddRemove),
+        zcdp_of(Adjacency::AddRemove),
+    ];
+    let budget = Budget { epsilon: 100.0, delta: 1e-5 };
+    let (add_remove, substitution) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut add_remove = init_with(add_remove.path(), budget, Adjacency::AddRemove).await;
+    let mut substitution = init_with(substitution.path(), budget, Adjacency::Substitution).await;
+    for m in &add_remove_only {
+        add_remove.charge(&request("a", m.clone(), Accountant::Rdp, 1e-5)).await.unwrap();
+        let err = substitution.charge(&request("s", m.clone(), Accountant::Rdp, 1e-5)).await.unwrap_err();
+        assert!(matches!(err, LedgerError::Mechanism(_)), "{}: {err}", m.describe());
+    }
+    assert_eq!(substitution.entries().len(), 1, "nothing charged on the substitution ledger");
+    for m in [gaussian_of(Adjacency::Substitution), zcdp_of(Adjacency::Substitution)] {
+        substitution.charge(&request("s", m.clone(), Accountant::Rdp, 1e-5)).await.unwrap();
+        let err = add_remove.charge(&request("a", m.clone(), Accountant::Rdp, 1e-5)).await.unwrap_err();
+        assert!(matches!(err, LedgerError::Mechanism(_)), "{}: {err}", m.describe());
+    }
+}

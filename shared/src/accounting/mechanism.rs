@@ -53,12 +53,13 @@ pub enum Mechanism {
     /// times C (1 when a unit's rows form one example or are summed before clipping).
     SubsampledGaussian { sampling: Sampling, noise_multiplier: f64, steps: u64, max_examples_per_unit: u32 },
     /// PATE GNMax: `queries` answered argmaxes of k = `classes`-class vote histograms with
-    /// N(0, σ²) on every count. One unit changes one teacher's vote: L2 sensitivity √2,
-    /// under either adjacency. Charged data-independently: RDP α/σ² per answer.
+    /// N(0, σ²) on every count. Adding or removing one unit changes one teacher's vote: L2
+    /// sensitivity √2. Charged data-independently: RDP α/σ² per answer. Add/remove only:
+    /// substituting a unit can change two teachers (2√2).
     GnMax { sigma: f64, classes: u32, queries: u64 },
     /// `selections` draws of the exponential mechanism: one candidate picked with
-    /// probability ∝ exp(ε·score / (2Δ)) from scores that one unit moves by at most Δ =
-    /// `sensitivity` (under the job's adjacency), so each draw is ε-DP and ε-bounded-range.
+    /// probability ∝ exp(ε·score / (2Δ)) from scores that adding or removing one unit moves
+    /// by at most Δ = `sensitivity`, so each draw is ε-DP and ε-bounded-range (add/remove only).
     /// RDP: min(α·ε²/8 (bounded range, Cesar & Rogers 2021), randomized response's RDP
     /// (any ε-DP mechanism)); PLD: randomized response's, which dominates any ε-DP
     /// mechanism — sound, looser than the bounded-range analysis.
@@ -167,7 +168,11 @@ impl Mechanism {
             }
             // The caller states Δ under the job's adjacency; the map holds for either.
             Mechanism::Zcdp { adjacency: a, .. } => *a == adjacency,
-            Mechanism::GnMax { .. } | Mechanism::Exponential { .. } => true,
+            // Teachers are disjoint partitions keyed by the unit: substituting a unit can
+            // change two teachers' votes (L2 2√2, four times the RDP the map charges).
+            Mechanism::GnMax { .. } => adjacency == Adjacency::AddRemove,
+            // Its Δ is a unit's under add/remove (the only place it runs is AIM's zCDP run).
+            Mechanism::Exponential { .. } => adjacency == Adjacency::AddRemove,
             Mechanism::PartitionSelection { .. } => adjacency == Adjacency::AddRemove,
         }
     }

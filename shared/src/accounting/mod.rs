@@ -29,4 +29,6 @@ pub enum PrivacyError {
     Unreachable(String),
     #[error("entropy source failed: {0}")]
     Entropy(String),
+    #[error("charge {0} already opened the releases it paid for: a charge is spent once")]
+    SpentTwice(u64),
 }
