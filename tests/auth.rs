@@ -77,7 +77,7 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
 
     let port = free_port();
     let mut cmd = Command::new(bin("rhosynth"));
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--worker-timeout", "1"])
+    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--worker-timeout", "1", "--release-quantum", "0.2"])
         .args(["--scratch", d.join("scratch").to_str().unwrap(), "--ledger", d.join("ledger").to_str().unwrap()])
         .args(["--datasets", d.join("datasets.toml").to_str().unwrap()])
         .args(["--submitters", d.join("submitters.toml").to_str().unwrap()])

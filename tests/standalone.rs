@@ -405,6 +405,34 @@ async fn an_output_inside_the_ledger_or_scratch_store_is_refused() {
         assert_eq!(ledger_state(&dir.path().join("ledger"), &spec.job.dataset_id).await.0, 0, "nothing charged");
         assert!(walk(&dir.path().join("scratch/partitions")).is_empty(), "nothing read");
     }
+    // A language model's reference set is read as public: never from the scratch store
+    // (partitions of private rows); and no output over its checkpoint.
+    let lm = |extra: &str| {
+        JobSpec::parse(&with_generator(&demo_spec(dir.path(), 30), &lm_generator(dir.path(), extra)), "lm").unwrap()
+    };
+    let scratch = dir.path().join("scratch");
+    // (The ledger is refused when the spec is checked, before the job starts.)
+    let extra = format!("reference = \"{}\"", scratch.join("partitions").display());
+    let (state, message) = run(lm(&extra), &scratch).await;
+    assert_eq!(state, JobState::Failed as i32, "{message}");
+    assert!(message.contains("reference set") && message.contains("overlaps the coordinator's scratch"), "{message}");
+    assert_eq!(ledger_state(&dir.path().join("ledger"), "demo-icu-vitals").await.0, 0, "nothing charged");
+    let over_model =
+        demo_spec(dir.path(), 30).replace(out.to_str().unwrap(), dir.path().join("models").to_str().unwrap());
+    let reference = format!("reference = \"{}\"", dir.path().join("public").display());
+    let spec = JobSpec::parse(&with_generator(&over_model, &lm_generator(dir.path(), &reference)), "lm").unwrap();
+    let (state, message) = run(spec, &scratch).await;
+    assert!(
+        state == JobState::Failed as i32 && message.contains("overlaps the coordinator's model store"),
+        "{message}"
+    );
+}
+
+fn lm_generator(dir: &std::path::Path, extra: &str) -> String {
+    format!(
+        "[generator]\nname = \"harmonic\"\n\n[generator.harmonic]\ncheckpoint = \"{}\"\n{extra}",
+        dir.join("models/smol.gguf").display()
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,7 @@ use rhosynth_shared::spec::JobSpec;
 use rhosynth_shared::storage::StoreLocation;
 
 use crate::gather::Gather;
+use crate::schedule::Schedule;
 use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
@@ -59,6 +60,9 @@ pub enum JobError {
     /// A release must never share a prefix with private or operator-only state.
     #[error("the output location {output} overlaps the coordinator's {store} store; choose another output prefix")]
     OutputOverlaps { output: String, store: &'static str },
+    /// A reference set is read as public: never from a store of private rows or accounting.
+    #[error("the reference set {reference} overlaps the coordinator's {store} store; name a public table or release")]
+    ReferenceOverlaps { reference: String, store: &'static str },
     #[error("{0}")]
     Other(String),
 }
@@ -91,6 +95,7 @@ impl JobError {
             | JobError::Privacy(_)
             | JobError::Unpaid(_)
             | JobError::OutputOverlaps { .. }
+            | JobError::ReferenceOverlaps { .. }
             | JobError::Storage(_) => self.to_string(),
             JobError::Output(e) if e.is_public() => self.to_string(),
             JobError::Data(_) => format!("{INPUT_MISMATCH} (details are in the coordinator's operator log)"),
@@ -152,6 +157,10 @@ pub struct JobEnv {
     pub keep_trained_models: bool,
     /// This coordinator's liveness in the scratch store, shared by its jobs.
     pub heartbeat: scratch::Heartbeat,
+    /// A served dataset's submitters see a job's release and end only at the boundaries
+    /// of a schedule with this quantum (`schedule`); `None`: as they happen (the data
+    /// owner's own `run`).
+    pub release_quantum: Option<std::time::Duration>,
 }
 
 /// A job's partitions in the scratch store. Their unit counts are private: a release
@@ -173,6 +182,8 @@ pub(crate) struct JobContext<'a> {
     pub scheduler: &'a Scheduler,
     pub telemetry: &'a Telemetry,
     pub progress: &'a ProgressHandle,
+    /// When its charges and release may happen (served datasets).
+    pub schedule: Option<Schedule>,
 }
 
 impl<'a> JobContext<'a> {
@@ -217,6 +228,11 @@ impl<'a> JobContext<'a> {
 
     /// Charges the ledger: after this, and only after this, may derived output leave.
     pub async fn charge(&self, ledger: &mut Ledger, charge: &ChargeRequest) -> Result<ChargeReceipt, JobError> {
+        // A charge's time follows the private reading before it, and any submitter of the
+        // dataset sees the ledger (a refusal states what is spent): at a boundary.
+        if let Some(schedule) = &self.schedule {
+            schedule.hold().await;
+        }
         set_stage(self.progress, "charging the ledger");
         let receipt = ledger.charge(charge).await?;
         self.telemetry.dataset(
@@ -241,11 +257,11 @@ impl<'a> JobContext<'a> {
         while let Some(batch) = input.next_batch().await? {
             writer.write(batch).await?;
         }
-        if let Some(skipped) = input.skipped().filter(|s| s.rows > 0) {
+        if let Some(skipped) = input.skipped().filter(|s| !s.by_column.is_empty()) {
             // Row-level and private: the operator's log only.
             let by_column: Vec<String> =
                 skipped.by_column.iter().map(|((column, reason), n)| format!("{column}: {reason} ×{n}")).collect();
-            tracing::warn!(rows = skipped.rows, ?by_column, "rows left out: they break the job's schema");
+            tracing::warn!(rows_left_out = skipped.rows, ?by_column, "values that break the job's schema");
         }
         let Partitioned { urls, units, units_per_partition } = writer.finish().await?;
         Ok(Partitions { urls, units: Private::new(units), units_per_partition: Private::new(units_per_partition) })

@@ -35,7 +35,9 @@ use std::collections::HashMap;
 use rhosynth_privacy::ledger::{Budget, Ledger, LedgerError};
 use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::accounting::mechanism::Adjacency;
-use rhosynth_shared::spec::{BadRows, ColumnKind, CsvOptions, Format, GeneratorSpec, InputSpec, validate_id};
+use rhosynth_shared::spec::{
+    BadRows, ColumnKind, CsvOptions, Format, GeneratorSpec, InputSpec, MissingPolicy, UnknownPolicy, validate_id,
+};
 use rhosynth_shared::storage;
 use serde::Deserialize;
 
@@ -53,6 +55,8 @@ pub enum DatasetsError {
     Ledger { dataset: String, message: String },
     #[error("dataset '{dataset}' has privacy unit '{unit}': the spec must declare it as an identifier column")]
     UnitColumnMissing { dataset: String, unit: String },
+    #[error("dataset '{dataset}' takes jobs of ε ≥ {floor} (min_job_epsilon), not ε = {epsilon}")]
+    BelowMinJobEpsilon { dataset: String, epsilon: f64, floor: f64 },
     #[error("the output location {output} overlaps a declared dataset's input or ledger; choose another prefix")]
     OutputOverlaps { output: String },
     #[error("model '{0}' is not declared on this coordinator: name a declared model's id as the checkpoint")]
@@ -78,6 +82,14 @@ pub struct DeclaredDataset {
     /// Held-out files for evaluation reports (diagnostics for the data owner).
     #[serde(default)]
     pub holdout_urls: Vec<String>,
+    /// The least ε a job may declare: the budget then runs at most budget/floor jobs, each
+    /// showing its submitter a little timing (`schedule`).
+    #[serde(default = "default_min_job_epsilon")]
+    pub min_job_epsilon: f64,
+}
+
+fn default_min_job_epsilon() -> f64 {
+    0.01
 }
 
 /// A public pretrained checkpoint the operator offers to language-model jobs.
@@ -145,13 +157,31 @@ impl Datasets {
             if dataset.input.bad_rows == Some(BadRows::Fail) {
                 return Err(invalid(format!(
                     "dataset '{}': bad_rows = \"fail\" would tell submitters, for free, whether a row breaks the \
-                     schema they declare; a declared dataset always skips such rows (check files with `rhosynth validate`)",
+                     schema they declare; a declared dataset reads such values as missing (check files with \
+                     `rhosynth validate`)",
                     dataset.id
                 )));
             }
             let Budget { epsilon, delta } = dataset.budget;
             if !(epsilon > 0.0 && epsilon.is_finite() && (0.0..1.0).contains(&delta)) {
                 return Err(invalid(format!("dataset '{}' needs a budget with ε > 0 and δ in [0, 1)", dataset.id)));
+            }
+            if !(dataset.min_job_epsilon > 0.0 && dataset.min_job_epsilon <= epsilon) {
+                return Err(invalid(format!("dataset '{}' needs 0 < min_job_epsilon ≤ its budget's ε", dataset.id)));
+            }
+            // One person's rows under two declarations would have two budgets.
+            let files = |d: &DeclaredDataset| d.input.urls.iter().chain(&d.holdout_urls).cloned().collect::<Vec<_>>();
+            for other in by_id.values() {
+                for (a, b) in files(&dataset).iter().flat_map(|a| files(other).into_iter().map(move |b| (a.clone(), b)))
+                {
+                    if storage::nested(&a, &b) {
+                        return Err(invalid(format!(
+                            "datasets '{}' and '{}' name overlapping files ({a}, {b}): the same people would have two \
+                             budgets",
+                            other.id, dataset.id
+                        )));
+                    }
+                }
             }
             let id = dataset.id.clone();
             if by_id.insert(id.clone(), dataset).is_some() {
@@ -287,7 +317,7 @@ impl Datasets {
         }
         // A submitter reads everything under its output prefix: it may not hold (or sit
         // inside) any declared input, held-out file or ledger store; nor may it overwrite a
-        // declared reference set.
+        // declared reference set or model (later jobs read them as public).
         let output = request.resolved_output_url();
         let declared = self
             .by_id
@@ -295,7 +325,8 @@ impl Datasets {
             .flat_map(|d| {
                 d.input.urls.iter().chain(&d.holdout_urls).cloned().chain(std::iter::once(self.ledger_url(d)))
             })
-            .chain(self.references.values().map(|r| r.url.clone()));
+            .chain(self.references.values().map(|r| r.url.clone()))
+            .chain(self.models.values().cloned());
         if declared.into_iter().any(|url| storage::nested(&output, &url)) {
             return Err(DatasetsError::OutputOverlaps { output });
         }
@@ -315,8 +346,21 @@ impl Datasets {
                 *reference = declared.url.clone();
             }
         }
+        if spec.privacy.epsilon < dataset.min_job_epsilon {
+            let (epsilon, floor) = (spec.privacy.epsilon, dataset.min_job_epsilon);
+            return Err(DatasetsError::BelowMinJobEpsilon { dataset: id, epsilon, floor });
+        }
         spec.input = dataset.input.clone();
-        spec.input.bad_rows = Some(BadRows::Skip);
+        // Every row is read whatever the submitter's schema: a value it does not fit is
+        // missing (or `__other__`), so the work a job does never counts rows that fit a
+        // predicate the submitter chose.
+        spec.input.bad_rows = Some(BadRows::AsMissing);
+        for column in &mut spec.schema.columns {
+            column.missing = MissingPolicy::Keep;
+            if column.kind == ColumnKind::Categorical {
+                column.unknown = UnknownPolicy::Other;
+            }
+        }
         spec.schema.unit_column = dataset.unit_column.clone();
         if let Some(evaluation) = &mut spec.evaluation {
             evaluation.test_urls = dataset.holdout_urls.clone();
@@ -377,13 +421,55 @@ url = "/srv/out"
         assert_eq!(job.spec.input.urls, ["/srv/icu/vitals.csv"]);
         assert_eq!(job.spec.evaluation.unwrap().test_urls, ["/srv/icu/holdout.csv"]);
         assert_eq!(job.ledger_url.as_deref(), Some("/srv/ledger"));
-        assert_eq!(job.spec.input.bad_rows, Some(BadRows::Skip), "a row that breaks the schema is never reported");
+        assert_eq!(job.spec.input.bad_rows, Some(BadRows::AsMissing), "a row that breaks the schema is never reported");
+        // Nor left out: a value the schema does not fit is read as missing or `__other__`.
+        let pain = job.spec.schema.columns.iter().find(|c| c.name == "pain").unwrap();
+        assert_eq!(pain.missing, MissingPolicy::Keep);
         let failing = DATASETS.replace("[dataset.input]\n", "[dataset.input]\nbad_rows = \"fail\"\n");
         let err = Datasets::parse(&failing, "datasets.toml", "/default").unwrap_err();
         assert!(err.to_string().contains("bad_rows = \"fail\""), "{err}");
         let headless = format!("{DATASETS}[dataset.input.csv]\nhas_header = false\n");
         let err = Datasets::parse(&headless, "datasets.toml", "/default").unwrap_err();
         assert!(err.to_string().contains("need a header line"), "{err}");
+    }
+
+    /// A dataset takes jobs of at least its `min_job_epsilon` (0.01 unless declared), so a
+    /// budget runs a bounded number of them.
+    #[test]
+    fn a_job_below_the_datasets_epsilon_floor_is_refused() {
+        let datasets = Datasets::parse(DATASETS, "datasets.toml", "/default").unwrap();
+        let mut job = request("");
+        job.spec.privacy.epsilon = 0.009;
+        let err = datasets.bind(&mut job).unwrap_err();
+        assert!(matches!(err, DatasetsError::BelowMinJobEpsilon { floor: 0.01, .. }), "{err}");
+        let floored = DATASETS.replace("holdout_urls", "min_job_epsilon = 0.5\nholdout_urls");
+        let datasets = Datasets::parse(&floored, "datasets.toml", "/default").unwrap();
+        let mut job = request("");
+        job.spec.privacy.epsilon = 0.4;
+        assert!(datasets.bind(&mut job).unwrap_err().to_string().contains("ε ≥ 0.5"));
+        job.spec.privacy.epsilon = 0.5;
+        datasets.bind(&mut job).unwrap();
+        let above = DATASETS.replace("holdout_urls", "min_job_epsilon = 11.0\nholdout_urls");
+        assert!(Datasets::parse(&above, "datasets.toml", "/default").is_err());
+    }
+
+    /// Two declarations may not name the same or nested files: one person's rows would
+    /// have two budgets.
+    #[test]
+    fn overlapping_declared_inputs_are_refused() {
+        for (second, holdout) in
+            [("/srv/icu/vitals.csv", "/h.csv"), ("/srv/icu", "/h.csv"), ("/other.csv", "/srv/icu/holdout.csv")]
+        {
+            let text = format!(
+                "{DATASETS}\n[[dataset]]\nid = \"copy\"\nbudget = {{ epsilon = 1.0, delta = 1e-6 }}\nholdout_urls = [\"{holdout}\"]\n[dataset.input]\nurls = [\"{second}\"]\n"
+            );
+            let err = Datasets::parse(&text, "datasets.toml", "/default").map(drop).unwrap_err().to_string();
+            assert!(err.contains("overlapping files"), "{second}: {err}");
+        }
+        let apart = format!(
+            "{DATASETS}\n[[dataset]]\nid = \"other\"\nbudget = {{ epsilon = 1.0, delta = 1e-6 }}\n[dataset.input]\nurls = [\"/srv/claims.csv\"]\n"
+        );
+        Datasets::parse(&apart, "datasets.toml", "/default").unwrap();
     }
 
     #[test]
@@ -476,6 +562,12 @@ url = "/srv/out"
         let mut overwrite = job("icu-marginals");
         overwrite.output_url = Some("/srv/releases/icu-marginals".into());
         assert!(matches!(datasets.bind(&mut overwrite), Err(DatasetsError::OutputOverlaps { .. })));
+        // Nor over (or around) a declared model, which later jobs read as public.
+        for over in ["/srv/models/smol.gguf", "/srv/models"] {
+            let mut overwrite = job("icu-marginals");
+            overwrite.output_url = Some(over.into());
+            assert!(matches!(datasets.bind(&mut overwrite), Err(DatasetsError::OutputOverlaps { .. })), "{over}");
+        }
         // Declared for no dataset of this job: refused as undeclared.
         let elsewhere = Datasets::parse(&declare("/srv/releases/icu-marginals", ""), "d", "/default").unwrap();
         assert!(matches!(elsewhere.bind(&mut job("icu-marginals")), Err(DatasetsError::UnknownReference(_))));

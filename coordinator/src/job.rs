@@ -34,6 +34,7 @@ use rhosynth_shared::storage::{self, StoreLocation};
 use crate::generators::{
     Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Harmonic, Marginals, Pate, Sequence,
 };
+use crate::schedule::Schedule;
 use crate::scheduler::Scheduler;
 use crate::scratch;
 use crate::telemetry::Telemetry;
@@ -48,24 +49,30 @@ pub async fn run_job(
     progress: ProgressHandle,
 ) -> Result<Manifest, JobError> {
     let JobRequest { job_id, spec, .. } = &request;
+    // Fixed as the job starts, before any private read.
+    let schedule = env.release_quantum.map(|quantum| Schedule { started: std::time::Instant::now(), quantum });
     let output_url = request.resolved_output_url();
-    let ledger_url = request
-        .ledger_url
-        .clone()
-        .or_else(|| spec.privacy.ledger.clone())
-        .unwrap_or_else(|| env.default_ledger_url.clone());
-
     set_stage(&progress, "planning");
-    refuse_overlaps(&output_url, &ledger_url, env)?;
+    refuse_overlaps(spec, &output_url, &ledger_url(&request, env), env)?;
     // Before the ledger is opened: a second job to the same prefix is refused with nothing
     // charged, and this job's release marker names a prefix no other job writes.
     let output = OutputWriter::create(storage::open(&output_url)?, job_id).await?;
     let claim = output.claim();
-    let written = claimed(&request, env, scheduler, telemetry, &progress, output, &ledger_url).await;
+    let written = claimed(&request, env, scheduler, telemetry, &progress, schedule, output).await;
     if written.is_err() {
+        // The claim's going shows the prefix's watcher when the job failed: at a boundary.
+        if let Some(schedule) = &schedule {
+            schedule.hold().await;
+        }
         claim.abandon().await;
     }
     written
+}
+
+/// The ledger store a job charges: the request's, its spec's or the coordinator's default.
+fn ledger_url(request: &JobRequest, env: &JobEnv) -> String {
+    let spec_ledger = || request.spec.privacy.ledger.clone();
+    request.ledger_url.clone().or_else(spec_ledger).unwrap_or_else(|| env.default_ledger_url.clone())
 }
 
 /// A job whose output prefix is claimed, from its ledger to its manifest.
@@ -75,10 +82,11 @@ async fn claimed(
     scheduler: &Scheduler,
     telemetry: &Telemetry,
     progress: &ProgressHandle,
+    schedule: Option<Schedule>,
     output: OutputWriter,
-    ledger_url: &str,
 ) -> Result<Manifest, JobError> {
     let JobRequest { job_id, spec, .. } = request;
+    let ledger_url = &ledger_url(request, env);
     let domain = Domain::from_spec(spec);
     let ledger_location = storage::open(ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
@@ -93,6 +101,7 @@ async fn claimed(
         scheduler,
         telemetry,
         progress,
+        schedule,
     };
     // The registry: one line per generator.
     let released = match &spec.generator {
@@ -158,6 +167,10 @@ async fn synthesize<G: Generator>(
         JobError::Other("the spec declares no output size and the generator released no count".into())
     })?;
 
+    // Its first part would show a submitter when fitting ended: at a boundary instead.
+    if let Some(schedule) = &ctx.schedule {
+        schedule.hold().await;
+    }
     set_stage(ctx.progress, "sampling");
     // Sampling is post-processing: its randomness is not private.
     let rng = os_rng()?;
@@ -243,16 +256,29 @@ pub async fn evaluate_for_owner(request: &JobRequest, env: &JobEnv) {
 }
 
 /// Refuses an output prefix that is, contains or lies under the ledger, scratch or
-/// diagnostics store: a submitter reads everything under the prefix it names.
-fn refuse_overlaps(output_url: &str, ledger_url: &str, env: &JobEnv) -> Result<(), JobError> {
+/// diagnostics store (a submitter reads everything under the prefix it names) or the
+/// job's checkpoint (later jobs treat it as public); and a language model's reference set
+/// there (it is read as public, and a store holds private rows or their accounting).
+fn refuse_overlaps(spec: &JobSpec, output_url: &str, ledger_url: &str, env: &JobEnv) -> Result<(), JobError> {
+    let (checkpoint, reference) = match &spec.generator {
+        GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => {
+            (Some(p.checkpoint.as_str()), p.reference.as_deref())
+        }
+        _ => (None, None),
+    };
     let stores = [
         ("ledger", Some(ledger_url)),
         ("scratch", Some(env.scratch_url.as_str())),
         ("diagnostics", env.diagnostics_url.as_deref()),
+        ("model", checkpoint),
     ];
     for (store, url) in stores {
-        if url.is_some_and(|url| storage::nested(output_url, url)) {
+        let Some(url) = url.filter(|url| !url.is_empty()) else { continue };
+        if storage::nested(output_url, url) {
             return Err(JobError::OutputOverlaps { output: output_url.to_string(), store });
+        }
+        if store != "model" && reference.is_some_and(|reference| storage::nested(reference, url)) {
+            return Err(JobError::ReferenceOverlaps { reference: reference.unwrap_or_default().to_string(), store });
         }
     }
     Ok(())

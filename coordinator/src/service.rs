@@ -4,7 +4,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rhosynth_proto::coordinator_server::Coordinator;
 use rhosynth_proto::result_chunk::Part;
@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{Access, Submitter};
 use crate::datasets::{Datasets, DatasetsError};
 use crate::job::{JobEnv, JobRequest, Progress, ProgressHandle, evaluate_for_owner, run_job};
+use crate::schedule::Schedule;
 use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
 use crate::worker_result::{ResultError, ResultStream};
@@ -52,6 +53,7 @@ impl Default for CoordinatorConfig {
                 diagnostics_url: None,
                 keep_trained_models: false,
                 heartbeat: Default::default(),
+                release_quantum: None,
             },
             datasets: None,
             access: Access::Open,
@@ -67,6 +69,10 @@ struct JobEntry {
     diagnostics_pending: bool,
     /// The authenticated submitter that owns the job (`None` under open access).
     submitter: Option<String>,
+    /// When it started and ended: a submitter of a served dataset sees its end at the
+    /// boundary of its schedule (`CoordinatorService::submitter_status`).
+    started: Instant,
+    ended: Option<Instant>,
 }
 
 /// The coordinator: scheduler, jobs and configuration behind the gRPC service.
@@ -132,7 +138,9 @@ impl CoordinatorService {
         if let Some(datasets) = &self.config.datasets {
             datasets.bind(request).map_err(|e| match e {
                 DatasetsError::Unknown(_) => Status::not_found(e.to_string()),
-                DatasetsError::UnitColumnMissing { .. } => Status::invalid_argument(e.to_string()),
+                DatasetsError::UnitColumnMissing { .. } | DatasetsError::BelowMinJobEpsilon { .. } => {
+                    Status::invalid_argument(e.to_string())
+                }
                 _ => Status::permission_denied(e.to_string()),
             })?;
         }
@@ -166,6 +174,8 @@ impl CoordinatorService {
                 outcome: None,
                 diagnostics_pending: false,
                 submitter: submitter.map(|s| s.name.clone()),
+                started: Instant::now(),
+                ended: None,
             }),
         };
         let this = self.clone();
@@ -198,6 +208,7 @@ impl CoordinatorService {
             let evaluate = evaluation.filter(|_| succeeded);
             if let Some(entry) = this.jobs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&job_id) {
                 entry.outcome = Some(outcome);
+                entry.ended = Some(Instant::now());
                 entry.diagnostics_pending = evaluate.is_some();
             }
             // The status is final before the data owner's diagnostics start.
@@ -266,7 +277,34 @@ impl CoordinatorService {
         }
         Some(status)
     }
+
+    /// What a submitter sees of a job (`GetJob`). With a release quantum (a coordinator
+    /// serving declared datasets) a job is only "running" — no stage, task count or ε —
+    /// until the first boundary of its schedule after it ended: what changes before depends
+    /// on public parameters alone. Stages and progress stay in the operator's log and
+    /// metrics; `job_status` is the in-process (data owner's) view.
+    pub fn submitter_status(&self, job_id: &str) -> Option<JobStatus> {
+        let Some(quantum) = self.config.env.release_quantum else { return self.job_status(job_id) };
+        let visible = {
+            let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = jobs.get(job_id)?;
+            let schedule = Schedule { started: entry.started, quantum };
+            entry.ended.is_some_and(|ended| Instant::now() >= schedule.boundary_after(ended))
+        };
+        if visible {
+            return self.job_status(job_id);
+        }
+        Some(JobStatus {
+            job_id: job_id.to_string(),
+            state: JobState::Running as i32,
+            message: SCHEDULED.into(),
+            ..Default::default()
+        })
+    }
 }
+
+/// A served job's status until its end is shown.
+pub const SCHEDULED: &str = "running (its end is shown at a boundary of its schedule)";
 
 fn invalid(e: ResultError) -> Status {
     Status::invalid_argument(e.to_string())
@@ -395,7 +433,7 @@ impl Coordinator for CoordinatorService {
         // Another submitter's job is reported as absent, not as forbidden.
         let owned =
             self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(&id).is_some_and(|e| e.submitter == submitter);
-        let status = if owned { self.job_status(&id) } else { None };
+        let status = if owned { self.submitter_status(&id) } else { None };
         status.map(Response::new).ok_or_else(|| Status::not_found(format!("no job {id}")))
     }
 }

@@ -140,10 +140,15 @@ pub enum BadRows {
     #[default]
     Fail,
     /// The row is left out and counted in the operator's log. Leaving out a row depends on
-    /// that row alone, so the job's guarantee covers it. A coordinator serving declared
-    /// datasets always skips: a failure would tell a submitter, for free, whether some row
-    /// breaks the schema the submitter chose.
+    /// that row alone, so the job's guarantee covers it.
     Skip,
+    /// The value is read as missing and counted in the operator's log; the row stays (a row
+    /// without its unit id is left out). A coordinator serving declared datasets reads
+    /// this way, with every column keeping missing values and undeclared categories in
+    /// `__other__`: then the rows a job reads, and the work it does, do not depend on the
+    /// schema its submitter chose (a failure, or a count of rows kept, would tell it whether
+    /// rows break that schema).
+    AsMissing,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -102,8 +102,13 @@ pub struct ServeArgs {
     #[arg(long, env = "RHOSYNTH_LEDGER", default_value = "./rhosynth-out/ledger")]
     ledger: String,
     /// Seconds without heartbeat before a worker is declared dead (0.1 to 86400).
-    #[arg(long, default_value_t = 3.0, value_parser = parse_worker_timeout)]
+    #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
     worker_timeout: f64,
+    /// With declared datasets: a job's release and end are shown to its submitter only at
+    /// q, 2q, 4q, … seconds after it started (0.1 to 86400), so their timing, which
+    /// follows the private rows, shows a submitter little.
+    #[arg(long, env = "RHOSYNTH_RELEASE_QUANTUM", default_value_t = 10.0, value_parser = parse_seconds)]
+    release_quantum: f64,
     /// The operator's store for evaluation reports (diagnostics computed on private data,
     /// for the data owner only). Without it, jobs asking for an evaluation are refused.
     #[arg(long, env = "RHOSYNTH_DIAGNOSTICS")]
@@ -160,7 +165,7 @@ pub struct SubmitArgs {
     ledger: Option<String>,
 }
 
-fn parse_worker_timeout(text: &str) -> Result<f64, String> {
+fn parse_seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(s) if (0.1..=86_400.0).contains(&s) => Ok(s),
         Ok(s) => Err(format!("{s} is outside 0.1 to 86400 seconds")),
@@ -371,6 +376,9 @@ pub fn serve_command(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.env.default_ledger_url = args.ledger;
         config.env.diagnostics_url = args.diagnostics;
         config.worker_timeout = Duration::from_secs_f64(args.worker_timeout);
+        if config.datasets.is_some() {
+            config.env.release_quantum = Some(Duration::from_secs_f64(args.release_quantum));
+        }
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         tracing::info!(address = %listener.local_addr()?, tls = tls.is_some(), "coordinator listening");

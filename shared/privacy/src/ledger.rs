@@ -513,7 +513,18 @@ impl Ledger {
                     )));
                 }
             }
-            (EntryBody::Charge { .. }, _) => {}
+            (EntryBody::Charge { request, .. }, _) => {
+                // A charge priced before its mechanism's map refused this adjacency (GNMax on
+                // a substitution ledger, until 2026-11) would be composed below its cost.
+                let adjacency = self.adjacency();
+                if let Some(m) = request.mechanisms.iter().find(|m| !m.supports(adjacency)) {
+                    return Err(corrupt(format!(
+                        "charges {}, which is not analysed under this ledger's adjacency ({adjacency}): the total \
+                         would understate what was spent",
+                        m.describe()
+                    )));
+                }
+            }
         }
         if let EntryBody::Release { charge_seq, .. } = entry.body {
             self.releases.insert(charge_seq, seq);

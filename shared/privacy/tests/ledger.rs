@@ -656,3 +656,31 @@ async fn every_mechanism_kind_states_its_adjacency_or_is_refused() {
         assert!(matches!(err, LedgerError::Mechanism(_)), "{}: {err}", m.describe());
     }
 }
+
+/// A substitution ledger written before GNMax was refused there may hold a GNMax charge,
+/// which its total composes at a quarter of its cost: such a ledger is refused when read
+/// (it must be repaired), never composed.
+#[tokio::test]
+async fn a_charge_the_ledger_cannot_price_under_its_adjacency_is_refused_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = init_with(dir.path(), Budget { epsilon: 10.0, delta: 1e-5 }, Adjacency::AddRemove).await;
+    let gnmax = Mechanism::GnMax { sigma: 40.0, classes: 2, queries: 100 };
+    ledger.charge(&request("pate", gnmax, Accountant::Rdp, 1e-5)).await.unwrap();
+    // As such a ledger was written: created under substitution, the chain intact.
+    let entries = dir.path().join(DATASET).join("entries");
+    let mut previous: Option<String> = None;
+    for seq in 0..2 {
+        let path = entries.join(format!("{seq:020}.json"));
+        let mut stored: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        if seq == 0 {
+            stored["entry"]["body"]["adjacency"] = "substitution".into();
+        }
+        stored["entry"]["prev_sha256"] = serde_json::json!(previous);
+        let hash = format!("{:x}", Sha256::digest(serde_json::to_vec(&stored["entry"]).unwrap()));
+        stored["sha256"] = hash.clone().into();
+        std::fs::write(&path, serde_json::to_vec_pretty(&stored).unwrap()).unwrap();
+        previous = Some(hash);
+    }
+    let err = open(dir.path()).await.map(drop).unwrap_err();
+    assert!(matches!(err, LedgerError::Corrupt { .. }) && err.to_string().contains("not analysed under"), "{err}");
+}

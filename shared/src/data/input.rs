@@ -59,6 +59,9 @@ enum OnBadValue {
     Collect(Problems),
     /// The row is left out and counted (a job under [`BadRows::Skip`]).
     Skip(SkippedRows),
+    /// The value is read as missing and counted; a row without its unit is left out (a job
+    /// under [`BadRows::AsMissing`]).
+    AsMissing(SkippedRows),
 }
 
 impl OnBadValue {
@@ -70,12 +73,24 @@ impl OnBadValue {
                 p.record(problem);
                 Ok(false)
             }
-            OnBadValue::Skip(skipped) => {
+            OnBadValue::Skip(skipped) | OnBadValue::AsMissing(skipped) => {
                 if let DataError::Value { column, reason, .. } = problem {
                     *skipped.by_column.entry((column, reason)).or_default() += 1;
                 }
-                Ok(true)
+                Ok(matches!(self, OnBadValue::Skip(_)))
             }
+        }
+    }
+
+    /// Handles a row without its unit id: `Ok(true)` when it is to be left out.
+    fn handle_unitless(&mut self, problem: DataError) -> Result<bool, DataError> {
+        Ok(self.handle(problem)? || matches!(self, OnBadValue::AsMissing(_)))
+    }
+
+    fn counts(&mut self) -> Option<&mut SkippedRows> {
+        match self {
+            OnBadValue::Skip(skipped) | OnBadValue::AsMissing(skipped) => Some(skipped),
+            _ => None,
         }
     }
 }
@@ -203,8 +218,11 @@ impl<'a> Encoder<'a> {
                 Some(u) => match self.cell(columns[u].as_string::<i32>(), i) {
                     Some(id) => id.to_string(),
                     None => {
-                        *left_out |=
-                            on_bad.handle(self.error(&self.plans[u].name, row, "the privacy-unit id is missing"))?;
+                        *left_out |= on_bad.handle_unitless(self.error(
+                            &self.plans[u].name,
+                            row,
+                            "the privacy-unit id is missing",
+                        ))?;
                         String::new()
                     }
                 },
@@ -214,7 +232,7 @@ impl<'a> Encoder<'a> {
             out.units.push(unit);
         }
         self.rows_seen += n as u64;
-        if let OnBadValue::Skip(skipped) = on_bad
+        if let Some(skipped) = on_bad.counts()
             && left_out.contains(&true)
         {
             skipped.rows += left_out.iter().filter(|l| **l).count() as u64;
@@ -280,14 +298,16 @@ impl<'a> InputReader<'a> {
         let on_bad = match spec.input.bad_rows.unwrap_or_default() {
             BadRows::Fail => OnBadValue::Stop,
             BadRows::Skip => OnBadValue::Skip(SkippedRows::default()),
+            BadRows::AsMissing => OnBadValue::AsMissing(SkippedRows::default()),
         };
         Self { spec, domain, next_file: 0, current: None, on_bad }
     }
 
-    /// The rows left out so far (none unless the spec skips bad rows).
+    /// The rows left out and the values that broke the schema so far (none unless the spec
+    /// skips bad rows or reads their values as missing).
     pub fn skipped(&self) -> Option<&SkippedRows> {
         match &self.on_bad {
-            OnBadValue::Skip(skipped) => Some(skipped),
+            OnBadValue::Skip(skipped) | OnBadValue::AsMissing(skipped) => Some(skipped),
             _ => None,
         }
     }
