@@ -8,7 +8,7 @@
 //! - Linear z = a·W + b: unit u's gradient is Σ_{r∈u} a_rᵀ δ_r. Its squared norm is either
 //!   the Gram form Σ_{r,s∈u} (a_r·a_s + 1)(δ_r·δ_s) (the +1 is the bias), summed in f64,
 //!   or, when every unit has T rows and T·in·out < T²·(in + out), the per-unit gradient
-//!   itself as one batched matmul (a sum of squares: no cancellation). Clipped sum:
+//!   itself as one batched matmul in f64 (its entries may cancel). Clipped sum:
 //!   Aᵀ·(c ⊙ Δ).
 //! - Embedding z_r = E[id_r]: unit u's gradient has row v = Σ_{r∈u, id_r=v} δ_r, so its
 //!   squared norm is Σ over position pairs with equal ids of δ_r·δ_s, computed as the
@@ -23,11 +23,11 @@ use std::collections::HashMap;
 
 use burn::module::ParamId;
 use burn::nn::{Embedding, Linear};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use super::DpSgdError;
 use super::layers::{Layer, Norm};
-use super::params::{TrainableLayers, values};
+use super::params::{TrainableLayers, values, values_f64};
 
 /// How a model applies its layers: plainly, or recording what ghost clipping needs.
 pub trait Hook {
@@ -233,14 +233,17 @@ fn layer_norms2(
                     units.iter().zip(per_row).for_each(|(&u, v)| out[u] += f64::from(v));
                     out
                 }
+                // The per-unit gradient's entries are sums that may cancel, and its squared
+                // norm a sum of many terms: both in f64, or a norm read short would let a
+                // clipped gradient exceed C.
                 Layout::Uniform(t) if inputs * width < t * (inputs + width) => {
-                    let per_unit = a.clone().reshape([unit_count, *t, inputs]).swap_dims(1, 2);
-                    let d3 = delta.clone().reshape([unit_count, *t, width]);
+                    let per_unit = a.clone().cast(FloatDType::F64).reshape([unit_count, *t, inputs]).swap_dims(1, 2);
+                    let d3 = delta.clone().cast(FloatDType::F64).reshape([unit_count, *t, width]);
                     let weight = per_unit.matmul(d3.clone()).square().sum_dim(2).sum_dim(1);
-                    let mut out: Vec<f64> = values(weight.into_data()).into_iter().map(f64::from).collect();
+                    let mut out = values_f64(weight.into_data());
                     if bias {
-                        let b = values(d3.sum_dim(1).square().sum_dim(2).into_data());
-                        out.iter_mut().zip(b).for_each(|(o, v)| *o += f64::from(v));
+                        let b = values_f64(d3.sum_dim(1).square().sum_dim(2).into_data());
+                        out.iter_mut().zip(b).for_each(|(o, v)| *o += v);
                     }
                     out
                 }
@@ -329,6 +332,28 @@ fn layer_clipped_sum(layer: &Layer<'_>, record: &Record, delta: Tensor<2>, per_r
     }
 }
 
+/// Each unit's factor min(1, C/‖g_u‖) as the f32 the sums are scaled by, rounded down so
+/// that the clipped norm c_u·‖g_u‖ never exceeds C; refused if it could (a norm that is not
+/// a number would leave its unit unclipped).
+fn clip_factors(norms: &[f64], clip: f64) -> Result<Vec<f32>, DpSgdError> {
+    norms
+        .iter()
+        .map(|&n| {
+            if !n.is_finite() {
+                return Err(DpSgdError::Model(format!("a unit's gradient norm is {n}")));
+            }
+            let mut c = if n > clip { (clip / n) as f32 } else { 1.0 };
+            if f64::from(c) * n > clip {
+                c = c.next_down();
+            }
+            if f64::from(c) * n > clip * (1.0 + 1e-9) {
+                return Err(DpSgdError::Model(format!("a clipped norm {} exceeds C = {clip}", f64::from(c) * n)));
+            }
+            Ok(c)
+        })
+        .collect()
+}
+
 /// The parameter a layer's record is keyed by, and whether it has a bias (a norm: a shift β).
 fn key(layer: &Layer<'_>) -> (ParamId, bool) {
     match layer {
@@ -386,7 +411,7 @@ pub fn clipped_sum<M: TrainableLayers>(
         pending.push((layer, record, delta));
     }
     let norms: Vec<f64> = norms2.into_iter().map(|n| n.max(0.0).sqrt()).collect();
-    let factors: Vec<f32> = norms.iter().map(|&n| if n > clip { (clip / n) as f32 } else { 1.0 }).collect();
+    let factors = clip_factors(&norms, clip)?;
     let per_row: Vec<f32> = units.iter().map(|&u| factors[u]).collect();
     let mut sum = Vec::with_capacity(model.parameter_count());
     for (layer, record, delta) in pending {
@@ -397,7 +422,45 @@ pub fn clipped_sum<M: TrainableLayers>(
 
 #[cfg(test)]
 mod tests {
-    use super::unit_norms2;
+    use super::*;
+
+    /// Units of T rows whose per-unit gradient entries cancel (terms of 10⁷): the batched
+    /// form's squared norm matches the exact one to f64 precision (summed in f32 it was off
+    /// by 1.4·10⁻⁴ of itself, either way), and a clipped norm never exceeds C.
+    #[test]
+    fn a_uniform_layouts_norm_is_exact_when_entries_cancel() {
+        let (units, t, inputs, width) = (2, 4, 2, 2);
+        let device = Default::default();
+        // Rows alternate (a, δ) and (a + ε, −δ): each entry Σ_t a_t δ_t is about t·ε·δ, its terms 10⁷.
+        let a: Vec<f32> = (0..units * t * inputs)
+            .map(|i| 1e4 + 0.013 * i as f32 + if (i / inputs) % 2 == 1 { 1.37 } else { 0.0 })
+            .collect();
+        let sign = |r: usize| if r.is_multiple_of(2) { 1.0 } else { -1.0 };
+        let d: Vec<f32> = (0..units * t * width).map(|i| (1e3 + 0.7 * (i % width) as f32) * sign(i / width)).collect();
+        let record = Record::Linear {
+            input: Tensor::<2>::from_data(TensorData::new(a.clone(), [units * t, inputs]), &device),
+            probe: Tensor::<2>::zeros([units * t, width], &device),
+        };
+        let delta = Tensor::<2>::from_data(TensorData::new(d.clone(), [units * t, width]), &device);
+        let rows: Vec<usize> = (0..units * t).map(|r| r / t).collect();
+        let got = layer_norms2(&record, &delta, false, &rows, units, &Layout::Uniform(t));
+        for (u, got) in got.iter().enumerate() {
+            let mut exact = 0.0;
+            for i in 0..inputs {
+                for j in 0..width {
+                    let g: f64 =
+                        (u * t..(u + 1) * t).map(|r| f64::from(a[r * inputs + i]) * f64::from(d[r * width + j])).sum();
+                    exact += g * g;
+                }
+            }
+            assert!((got - exact).abs() <= 1e-12 * exact, "unit {u}: {got} vs {exact}");
+        }
+        for (norm, clip) in [(3.0, 1.0), (1.0 + 1e-12, 1.0), (7.0, 0.3), (0.5, 1.0)] {
+            let c = clip_factors(&[norm], clip).unwrap()[0];
+            assert!(f64::from(c) * norm <= clip, "{norm} {clip}: {c}");
+        }
+        assert!(clip_factors(&[f64::NAN], 1.0).is_err(), "a NaN norm is refused, not left unclipped");
+    }
 
     /// Two rows of one unit whose gradients almost cancel: a_rᵀδ_r + a_sᵀδ_s is small while
     /// each term is large. The f64 Gram sum matches the norm of the summed gradient.

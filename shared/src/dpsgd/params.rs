@@ -138,3 +138,8 @@ impl Slicer<'_> {
 pub fn values(data: TensorData) -> Vec<f32> {
     data.convert::<f32>().try_into_vec::<f32>().expect("an f32 tensor converts to f32")
 }
+
+/// A float tensor's values as f64.
+pub fn values_f64(data: TensorData) -> Vec<f64> {
+    data.convert::<f64>().try_into_vec::<f64>().expect("a float tensor converts to f64")
+}
