@@ -2,7 +2,9 @@
 //! its data. Each dataset has an id, its input, its privacy unit, its total budget and its
 //! ledger store, all chosen by the operator. A job names a dataset id and may not set input
 //! files, held-out files, the unit column, a ledger or a budget: the coordinator fills
-//! them in from the declaration, so one input is always charged to one ledger.
+//! them in from the declaration, so one input is always charged to one ledger (and no two
+//! declarations name the same file). Every row is read whatever the submitter's schema:
+//! a value it does not fit is read as missing or `__other__`.
 //!
 //! ```toml
 //! [[dataset]]
@@ -10,6 +12,7 @@
 //! unit_column = "subject_id"        # absent: each row is its own privacy unit
 //! ledger = "s3://rhosynth/ledger"     # absent: the coordinator's --ledger
 //! budget = { epsilon = 10.0, delta = 1e-6 }
+//! min_job_epsilon = 0.05            # absent: 0.01; a job declares at least this ε
 //! holdout_urls = ["s3://private/ed/holdout.parquet"]   # evaluation only
 //! [dataset.input]
 //! urls = ["s3://private/ed/vitals.parquet"]

@@ -1,7 +1,7 @@
 //! Streaming the private input (CSV or Parquet, from any object store) in record batches
 //! and encoding each value against the public schema. Memory is bounded by the batch
 //! size. A row that breaks the schema either stops the job with an error naming file,
-//! column and row, or is left out ([`BadRows`]). Values are never echoed into errors or
+//! column and row, is left out, or has its bad values read as missing ([`BadRows`]). Values are never echoed into errors or
 //! logs: they are private. Such an error is itself row-level and private (it says where a
 //! row breaks the schema): the coordinator logs it for its operator only. [`validate`]
 //! reads the same way for the data owner, collecting problems instead of stopping.
@@ -42,7 +42,8 @@ impl Problems {
     }
 }
 
-/// Rows left out because they break the schema ([`BadRows::Skip`]), by column and reason.
+/// Values that break the schema, by column and reason, and the rows left out for them
+/// ([`BadRows::Skip`]; under [`BadRows::AsMissing`] only rows without their unit).
 /// Row-level and private: for the operator's log only.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SkippedRows {
