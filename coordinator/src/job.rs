@@ -277,8 +277,8 @@ fn refuse_overlaps(spec: &JobSpec, output_url: &str, ledger_url: &str, env: &Job
         if storage::nested(output_url, url) {
             return Err(JobError::OutputOverlaps { output: output_url.to_string(), store });
         }
-        if store != "model" && reference.is_some_and(|reference| storage::nested(reference, url)) {
-            return Err(JobError::ReferenceOverlaps { reference: reference.unwrap_or_default().to_string(), store });
+        if let Some(reference) = reference.filter(|reference| store != "model" && storage::nested(reference, url)) {
+            return Err(JobError::ReferenceOverlaps { reference: reference.to_string(), store });
         }
     }
     Ok(())

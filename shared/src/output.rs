@@ -92,7 +92,8 @@ pub enum OutputError {
 }
 
 impl OutputError {
-    /// Found before any private read (the claim is taken first): the cause is public.
+    /// The cause is the store's state (a manifest, a claim, a refused write of the claim),
+    /// never the data: a submitter may be told it.
     pub fn is_public(&self) -> bool {
         !matches!(self, OutputError::Write { .. })
     }
