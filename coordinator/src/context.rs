@@ -63,6 +63,10 @@ pub enum JobError {
     /// A reference set is read as public: never from a store of private rows or accounting.
     #[error("the reference set {reference} overlaps the coordinator's {store} store; name a public table or release")]
     ReferenceOverlaps { reference: String, store: &'static str },
+    /// Another live process trains this job's run (`run_lease`): the scratch store's
+    /// state, never the data's.
+    #[error("job {job_id} is being trained by another coordinator; refusing to train it twice")]
+    RunHeld { job_id: String },
     #[error("{0}")]
     Other(String),
 }
@@ -96,6 +100,7 @@ impl JobError {
             | JobError::Unpaid(_)
             | JobError::OutputOverlaps { .. }
             | JobError::ReferenceOverlaps { .. }
+            | JobError::RunHeld { .. }
             | JobError::Storage(_) => self.to_string(),
             JobError::Output(e) if e.is_public() => self.to_string(),
             JobError::Data(_) => format!("{INPUT_MISMATCH} (details are in the coordinator's operator log)"),

@@ -34,6 +34,7 @@ use rhosynth_shared::storage::{self, StoreLocation};
 use crate::generators::{
     Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Harmonic, Marginals, Pate, Sequence,
 };
+use crate::run_lease;
 use crate::schedule::Schedule;
 use crate::scheduler::Scheduler;
 use crate::scratch;
@@ -113,9 +114,10 @@ async fn claimed(
         GeneratorSpec::Dp2stage(_) => synthesize::<DpSgdJob<Dp2Stage>>(&ctx, &mut ledger, output).await,
         GeneratorSpec::Harmonic(_) => synthesize::<DpSgdJob<Harmonic>>(&ctx, &mut ledger, output).await,
     };
-    // Only this process's partitions of the job: another coordinator sharing the scratch
-    // store may hold the same job id.
+    // Only this process's partitions and run lease of the job: another coordinator
+    // sharing the scratch store may hold the same job id.
     scratch::delete_prefix(&scratch_store, &scratch::partition_prefix(job_id)).await;
+    run_lease::give_back(&scratch_store, &spec.job.dataset_id, job_id).await;
     let (output, Charged { receipt, cost, mechanisms, mut public_inputs }) = released?;
     // The charge is released, so no checkpoint of it may be resumed: its leases are moot.
     scratch::delete_prefix(&scratch_store, &format!("{}/{job_id}", scratch::LEASES)).await;

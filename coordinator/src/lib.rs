@@ -9,6 +9,7 @@ pub mod datasets;
 pub mod gather;
 pub(crate) mod generators;
 pub mod job;
+pub(crate) mod run_lease;
 pub mod schedule;
 pub mod scheduler;
 pub mod schema_draft;

@@ -27,9 +27,9 @@ const MODELS: &str = "models";
 const INSTANCES: &str = "instances";
 
 /// How often a coordinator process renews its heartbeat.
-const HEARTBEAT: Duration = Duration::from_secs(30);
+pub const HEARTBEAT: Duration = Duration::from_secs(30);
 /// A heartbeat older than this marks a crashed process (ten missed renewals).
-const STALE_AFTER: chrono::Duration = chrono::Duration::seconds(300);
+pub const STALE_AFTER: chrono::Duration = chrono::Duration::seconds(300);
 
 /// This process's name in the scratch store: random, so two processes never collide.
 pub fn instance() -> &'static str {
@@ -108,7 +108,8 @@ pub async fn sweep_stale(scratch: &StoreLocation) -> object_store::Result<Vec<St
     Ok(swept)
 }
 
-async fn alive(scratch: &StoreLocation, owner: &str) -> object_store::Result<bool> {
+/// Whether coordinator process `owner` has a heartbeat younger than `STALE_AFTER`.
+pub async fn alive(scratch: &StoreLocation, owner: &str) -> object_store::Result<bool> {
     let path = scratch.child(&format!("{INSTANCES}/{owner}"));
     let bytes = match scratch.store.get(&path).await {
         Ok(found) => found.bytes().await?,

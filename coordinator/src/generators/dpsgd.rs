@@ -22,8 +22,9 @@ use serde::de::DeserializeOwned;
 
 use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::checkpoint::{self, ChargedRun, Checkpoint, Checkpointer};
-use crate::context::{JobContext, JobError, Partitions, release_count, set_stage};
+use crate::context::{JobContext, JobError, Partitions, blocking, release_count, set_stage};
 use crate::gather::Gather;
+use crate::run_lease;
 use crate::scratch;
 use crate::training::{self, TrainingRun};
 
@@ -94,6 +95,8 @@ enum Start<M> {
 impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
     async fn plan(ctx: &JobContext<'_>, ledger: &Ledger) -> Result<Self, JobError> {
         let (scratch, job_id) = (ctx.scratch, &ctx.request.job_id);
+        // One process trains a job's run, fresh or resumed: taken before its checkpoint is read.
+        run_lease::take(scratch, &ctx.spec().job.dataset_id, job_id, run_lease::PATIENCE).await?;
         let start = match checkpoint::load::<G::Model>(scratch, job_id, G::NAME).await? {
             Some(mut saved) => {
                 saved.run.receipt = checkpoint::verify_charged(ledger, job_id, &saved.run.charge, &saved.run.receipt)?;
@@ -115,9 +118,10 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
             }
             None => {
                 let (model, plan) = G::plan(ctx.spec(), ctx.domain, ledger).await?;
-                let provisional = plan.provisional_rate();
-                let cap = plan.calibrate(ctx.spec(), ledger.options(), provisional)?;
-                Start::Fresh { bound: plan.mechanisms(provisional, cap), model, plan, parameters: None }
+                let provisional = plan.provisional_units();
+                let (planned, spec, options) = (plan.clone(), ctx.spec().clone(), ledger.options().clone());
+                let cap = blocking(move || planned.calibrate(&spec, &options, provisional)).await??;
+                Start::Fresh { bound: plan.mechanisms(plan.rate(provisional), cap), model, plan, parameters: None }
             }
         };
         Ok(Self { start })
@@ -273,13 +277,12 @@ async fn charge_run<G: DpSgdGenerator>(
     let count_receipt = ctx.charge(ledger, &count_charge).await?;
     let noisy_units = release_count(&mut Releases::paid_by(&count_receipt)?, partitions, plan.count_noise_multiplier)?;
     let rate = plan.rate(noisy_units);
-    let sigma = match plan.noise_multiplier {
-        Some(sigma) => sigma,
-        None => plan.calibrate(spec, ledger.options(), rate)?,
-    };
+    // σ and the job's cost at its held orders: the cost stated (manifest, progress) is
+    // that bound, never a tighter figure picked after N̂ (`dpsgd::plan::COUNT_BAND`).
+    let (settling, owned, options) = (plan.clone(), spec.clone(), ledger.options().clone());
+    let (sigma, cost) = blocking(move || settling.settle(&owned, &options, noisy_units)).await??;
     let mechanisms = plan.mechanisms(rate, sigma);
     // A given σ must still fit the job's own ε (a calibrated one does by construction).
-    let cost = ledger.price(&ctx.charge_request(mechanisms.clone()))?;
     if cost.epsilon > spec.privacy.epsilon * (1.0 + 1e-9) {
         return Err(JobError::OverJobEpsilon {
             cost: cost.epsilon,

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::optimizer::{OptimizerSpec, Schedule};
 use crate::accounting::PrivacyError;
-use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
+use crate::accounting::accountant::{Accountant, AccountingOptions, PrivacyCost, account, calibrate_sigma, delta_left};
+use crate::accounting::math::normal_sf;
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::spec::JobSpec;
@@ -30,6 +31,18 @@ macro_rules! run_plan {
                 return Err($crate::generators::PlanError::new(
                     $generator,
                     "noise_multiplier must be a positive number",
+                ));
+            }
+            // The count's noise spans the orders a run is held at (`COUNT_BAND`): a few
+            // hundred units of noise already hide any one unit, and more would only cost
+            // calibrations.
+            if !(p.count_noise_multiplier <= $crate::dpsgd::plan::MAX_COUNT_NOISE_MULTIPLIER) {
+                return Err($crate::generators::PlanError::new(
+                    $generator,
+                    format!(
+                        "count_noise_multiplier must be at most {}",
+                        $crate::dpsgd::plan::MAX_COUNT_NOISE_MULTIPLIER
+                    ),
                 ));
             }
             if p.micro_batch == 0 {
@@ -86,10 +99,10 @@ impl RunPlan {
         (self.batch_size / noisy_units.max(1.0)).min(1.0)
     }
 
-    /// A stand-in rate for the pre-flight budget check (a calibrated run's cost does not
-    /// depend on q).
-    pub fn provisional_rate(&self) -> f64 {
-        self.rate(self.batch_size * 100.0)
+    /// A stand-in unit count for the pre-flight budget check (a calibrated run's cost
+    /// does not depend on q).
+    pub fn provisional_units(&self) -> f64 {
+        self.batch_size * 100.0
     }
 
     /// T = ⌈epochs / q⌉ rounds.
@@ -126,10 +139,148 @@ impl RunPlan {
         self.mechanisms(rate, sigma).split_off(1)
     }
 
-    /// The smallest σ for which the whole job meets its (ε, δ).
-    pub fn calibrate(&self, spec: &JobSpec, options: &AccountingOptions, rate: f64) -> Result<f64, PrivacyError> {
-        calibrate_sigma(spec.privacy.epsilon, spec.privacy.delta, spec.privacy.accountant, options, |s| {
-            self.mechanisms(rate, s)
+    /// The RDP order at which the job is held for a pair of neighbouring datasets whose
+    /// unit count is `units`: the best order of the run calibrated at the rate of the grid
+    /// count at or below `units` (a public function of `units`, cheap to tabulate).
+    pub fn order_for(&self, spec: &JobSpec, options: &AccountingOptions, units: f64) -> Result<f64, PrivacyError> {
+        self.order_at_grid(spec, options, self.grid_step(units))
+    }
+
+    /// The grid step k of a unit count, COUNT_GRID^k ≤ units (every count up to one
+    /// batch samples at q = 1 and shares the batch's step).
+    fn grid_step(&self, units: f64) -> i32 {
+        let units = units.max(self.batch_size).max(1.0);
+        (units.ln() / COUNT_GRID.ln()).floor() as i32
+    }
+
+    /// [`RunPlan::order_for`] at the grid count COUNT_GRID^k.
+    fn order_at_grid(&self, spec: &JobSpec, options: &AccountingOptions, step: i32) -> Result<f64, PrivacyError> {
+        let rate = self.rate(COUNT_GRID.powi(step));
+        let delta = held_delta(spec)?;
+        // The calibrated run's order, a declared σ or not: a declared σ that meets ε at
+        // its own best order and not at this one is below the calibrated σ, so it meets
+        // it at no order.
+        let sigma =
+            calibrate_sigma(spec.privacy.epsilon, delta, Accountant::Rdp, options, |s| self.mechanisms(rate, s))?;
+        let cost = account(&self.mechanisms(rate, sigma), Accountant::Rdp, delta, options)?;
+        cost.order.ok_or_else(|| {
+            PrivacyError::Unreachable(format!(
+                "no RDP order bounds the run at ε = {} and δ = {}",
+                spec.privacy.epsilon, spec.privacy.delta
+            ))
         })
     }
+
+    /// The orders of every unit count within [`COUNT_BAND`] count-σ (and the unit N̂ was
+    /// rounded to) of `noisy_units`: the run released after that N̂ must meet the job's
+    /// target at each of them.
+    pub fn held_orders(
+        &self,
+        spec: &JobSpec,
+        options: &AccountingOptions,
+        noisy_units: f64,
+    ) -> Result<Vec<f64>, PrivacyError> {
+        // One unit more: N̂ is the noisy count rounded to a whole unit.
+        let reach = COUNT_BAND * self.count_noise_multiplier + 1.0;
+        let mut orders = Vec::new();
+        for step in self.grid_step(noisy_units - reach)..=self.grid_step(noisy_units + reach) {
+            let order = self.order_at_grid(spec, options, step)?;
+            if !orders.contains(&order) {
+                orders.push(order);
+            }
+        }
+        Ok(orders)
+    }
+
+    /// The job's (ε, δ) cost after `noisy_units` with noise multiplier `sigma`: the worst
+    /// over its held orders, each converted at δ less the count's tail.
+    pub fn held_cost(
+        &self,
+        spec: &JobSpec,
+        options: &AccountingOptions,
+        noisy_units: f64,
+        sigma: f64,
+    ) -> Result<PrivacyCost, PrivacyError> {
+        let rate = self.rate(noisy_units);
+        let delta = held_delta(spec)?;
+        let mut worst: Option<PrivacyCost> = None;
+        for order in self.held_orders(spec, options, noisy_units)? {
+            let cost = account(&self.mechanisms(rate, sigma), Accountant::Rdp, delta, &at_order(options, order))?;
+            if worst.as_ref().is_none_or(|w| cost.epsilon > w.epsilon) {
+                worst = Some(cost);
+            }
+        }
+        worst.ok_or_else(|| PrivacyError::Unreachable("no RDP order holds the run".into()))
+    }
+
+    /// The smallest σ for which the job meets its (ε, δ) at every held order of
+    /// `noisy_units` (see [`COUNT_BAND`] for why).
+    pub fn calibrate(
+        &self,
+        spec: &JobSpec,
+        options: &AccountingOptions,
+        noisy_units: f64,
+    ) -> Result<f64, PrivacyError> {
+        let rate = self.rate(noisy_units);
+        let delta = held_delta(spec)?;
+        let mut sigma: f64 = 0.0;
+        for order in self.held_orders(spec, options, noisy_units)? {
+            let at = calibrate_sigma(spec.privacy.epsilon, delta, Accountant::Rdp, &at_order(options, order), |s| {
+                self.mechanisms(rate, s)
+            })?;
+            sigma = sigma.max(at);
+        }
+        Ok(sigma)
+    }
+
+    /// The run's noise multiplier after `noisy_units` (declared, or calibrated) and the
+    /// job's cost at its held orders, stated at the job's δ.
+    pub fn settle(
+        &self,
+        spec: &JobSpec,
+        options: &AccountingOptions,
+        noisy_units: f64,
+    ) -> Result<(f64, PrivacyCost), PrivacyError> {
+        let sigma = match self.noise_multiplier {
+            Some(sigma) => sigma,
+            None => self.calibrate(spec, options, noisy_units)?,
+        };
+        let held = self.held_cost(spec, options, noisy_units, sigma)?;
+        Ok((sigma, PrivacyCost { delta: spec.privacy.delta, ..held }))
+    }
+}
+
+/// Count-σ multiples within which N̂ lies but for [`count_tail`] of the time.
+///
+/// Why: q, T and σ follow the released count N̂, so the run is chosen adaptively. Rényi
+/// divergences of one order add up under adaptive composition (ρ(α) ≤ ρ_count(α) +
+/// sup over N̂ of ρ_run(α; N̂)); picking each N̂'s best order afterwards bounds no such
+/// sum. For neighbouring datasets with N units the job is held at one order α_N
+/// ([`RunPlan::order_for`]), and every N̂ within ±6σ of N is calibrated to meet the job's
+/// ε at α_N, at δ less the tail. Outside the band (probability [`count_tail`]) nothing is
+/// claimed and the tail is counted in δ, so the job is (ε, δ)-DP whatever N̂ turns out
+/// to be. Since N is private, the run released after N̂ meets the target at the order of
+/// every N whose band holds N̂ ([`RunPlan::held_orders`]); at large N that is one or two
+/// orders, next to the best one, so holding them costs almost no noise.
+pub const COUNT_BAND: f64 = 6.0;
+
+/// The largest count noise multiplier a run may declare.
+pub const MAX_COUNT_NOISE_MULTIPLIER: f64 = 1000.0;
+
+/// Ratio of the geometric grid of unit counts on which [`RunPlan::order_for`] is fixed.
+const COUNT_GRID: f64 = 1.05;
+
+/// P[|N̂ − N| > 6σ]: the δ outside the band.
+pub fn count_tail() -> f64 {
+    2.0 * normal_sf(COUNT_BAND)
+}
+
+/// The job's δ less the count's tail.
+fn held_delta(spec: &JobSpec) -> Result<f64, PrivacyError> {
+    delta_left(count_tail(), spec.privacy.delta)
+}
+
+/// `options` with the one RDP order `order`.
+fn at_order(options: &AccountingOptions, order: f64) -> AccountingOptions {
+    AccountingOptions { orders: vec![order], ..options.clone() }
 }

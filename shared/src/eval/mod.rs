@@ -20,10 +20,12 @@ pub mod utility;
 use std::borrow::Cow;
 use std::time::Instant;
 
+use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rand::SeedableRng;
 use rand::rngs::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::data::DataError;
 use crate::data::domain::{ColumnDomain, Domain, Encoding};
@@ -398,6 +400,20 @@ pub async fn release_parts(url: &str) -> Result<(Vec<String>, Option<Manifest>),
             if let Some(outside) = manifest.parts.iter().find(|p| !plain(&p.path)) {
                 return Err(read(format!("{MANIFEST} names a part outside the release: {}", outside.path)));
             }
+            // Each part is the one released: its bytes hash to the manifest's SHA-256, so a
+            // part changed after the release (say, to rows of a private input) is refused.
+            // Streamed; the message names the part only (its bytes may not be public).
+            for part in &manifest.parts {
+                let got = location.store.get(&location.child(&part.path)).await.map_err(|e| read(e.to_string()))?;
+                let mut stream = got.into_stream();
+                let mut hash = Sha256::new();
+                while let Some(chunk) = stream.try_next().await.map_err(|e| read(e.to_string()))? {
+                    hash.update(&chunk);
+                }
+                if format!("{:x}", hash.finalize()) != part.sha256 {
+                    return Err(read(format!("part {} is not the part released (its SHA-256 differs)", part.path)));
+                }
+            }
             let parts: Vec<String> = manifest.parts.iter().map(|p| format!("{base}/{}", p.path)).collect();
             Ok((parts, Some(manifest)))
         }
@@ -515,7 +531,7 @@ mod tests {
             serde_json::json!({
                 "format": MANIFEST_FORMAT, "rhosynth_version": "0", "job_id": "j", "generator": "marginals",
                 "created_at": "2026-11-24T00:00:00Z", "rows": 1, "columns": [],
-                "parts": [{"path": part, "rows": 1, "bytes": 1, "sha256": ""}],
+                "parts": [{"path": part, "rows": 1, "bytes": 0, "sha256": format!("{:x}", Sha256::digest(b""))}],
                 "privacy": {"epsilon": 1.0, "delta": 0.0, "accountant": "rdp", "mechanisms": [], "dataset_id": "d",
                             "ledger_url": "l", "ledger_entry": 0, "public_inputs": []}
             })
@@ -528,9 +544,35 @@ mod tests {
             assert!(err.contains("outside the release"), "{part}: {err}");
         }
         std::fs::write(release.join(MANIFEST), manifest("part-00000.parquet")).unwrap();
+        std::fs::write(release.join("part-00000.parquet"), "").unwrap();
         let (parts, read) = release_parts(url).await.unwrap();
         assert_eq!(parts, [format!("{url}/part-00000.parquet")]);
         assert_eq!(read.unwrap().job_id, "j");
+    }
+
+    /// A part whose bytes are not the ones released (changed, or swapped for another file)
+    /// is refused, naming the part; the part as released is read.
+    #[tokio::test]
+    async fn a_part_changed_after_its_release_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let release = dir.path().join("release");
+        std::fs::create_dir_all(&release).unwrap();
+        let released = b"a,b\n1,2\n";
+        let manifest = serde_json::json!({
+            "format": MANIFEST_FORMAT, "rhosynth_version": "0", "job_id": "j", "generator": "marginals",
+            "created_at": "2026-11-24T00:00:00Z", "rows": 1, "columns": [],
+            "parts": [{"path": "part-00000.csv", "rows": 1, "bytes": released.len(),
+                       "sha256": format!("{:x}", Sha256::digest(released))}],
+            "privacy": {"epsilon": 1.0, "delta": 0.0, "accountant": "rdp", "mechanisms": [], "dataset_id": "d",
+                        "ledger_url": "l", "ledger_entry": 0, "public_inputs": []}
+        });
+        std::fs::write(release.join(MANIFEST), manifest.to_string()).unwrap();
+        let url = release.to_str().unwrap();
+        std::fs::write(release.join("part-00000.csv"), released).unwrap();
+        release_parts(url).await.unwrap();
+        std::fs::write(release.join("part-00000.csv"), b"a,b\n1,3\n").unwrap();
+        let err = release_parts(url).await.unwrap_err().to_string();
+        assert!(err.contains("part-00000.csv is not the part released"), "{err}");
     }
 
     #[tokio::test]
