@@ -91,11 +91,13 @@ fn killing_a_worker_during_dp_sgd_rounds_completes_with_the_same_charge() {
     let stormy = rt.block_on(ledger_state(&dir.path().join("ledger"), "stormy-sgd"));
     assert_eq!((calm.0, stormy.0), (2, 2), "each run charged exactly once (its unit count, then its run)");
     for job in ["calm-sgd", "stormy-sgd"] {
-        // The count and the run together are calibrated to the job's ε = 1 under RDP; the
-        // ledger's total (the tighter of RDP and PLD) is no larger.
+        // The count and the run together are calibrated to the job's ε = 1 under RDP at the
+        // orders held for the released count (`dpsgd::plan::COUNT_BAND`), so at the best
+        // order the ledger's RDP total is at most 1 and within a few percent of it; its total
+        // (the tighter of RDP and PLD) is no larger.
         let rdp = rt.block_on(ledger_total_under(&dir.path().join("ledger"), job, Accountant::Rdp));
         let total = rt.block_on(ledger_state(&dir.path().join("ledger"), job)).1;
-        assert!((rdp - 1.0).abs() < 1e-3 && total <= rdp + 1e-12, "calibrated to ε = 1: {job} {rdp} {total}");
+        assert!(rdp <= 1.0 + 1e-9 && rdp > 0.97 && total <= rdp + 1e-12, "calibrated to ε = 1: {job} {rdp} {total}");
     }
 }
 
