@@ -29,9 +29,27 @@ async fn a_table_against_itself_scores_perfectly() {
     assert!(report.fidelity.columns.iter().all(|c| c.w1.unwrap_or(0.0) == 0.0 && c.js.unwrap_or(0.0) == 0.0));
     assert_eq!(report.privacy.exact_copy_rate, 1.0);
     assert_eq!((report.privacy.dcr_synthetic_median, report.privacy.dcr_holdout_p5), (0.0, 0.0));
-    let l = report.longitudinal.expect("unit and order_by make it longitudinal");
+    let l = report.longitudinal.as_ref().expect("unit and order_by make it longitudinal");
     assert_eq!((l.state_transition_divergence, l.sequence_length_tv, l.tdcr_synthetic_median), (0.0, 0.0, 0.0));
     assert_eq!(l.tdcr_js, 0.0);
+    // Dynamics: every numeric vital, the same three ways, and the demo's vitals persist.
+    let order = spec.schema.order_by.as_deref();
+    let numeric: Vec<&str> = domain
+        .columns
+        .iter()
+        .filter(|c| eval::is_numeric(c) && Some(c.name.as_str()) != order)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(l.dynamics.iter().map(|d| d.column.as_str()).collect::<Vec<_>>(), numeric);
+    for d in &l.dynamics {
+        assert_eq!((d.lag1_synthetic, d.lag1_holdout), (d.lag1_real, d.lag1_real), "{}", d.column);
+        assert_eq!((d.transition_error, d.holdout_transition_error), (0.0, 0.0), "{}", d.column);
+    }
+    assert_eq!((l.mean_lag1_gap(), l.holdout_mean_lag1_gap()), (Some(0.0), Some(0.0)));
+    let persistent = l.dynamics.iter().filter(|d| d.lag1_real.is_some_and(|r| r > 0.2)).count();
+    assert!(persistent > 0, "{:?}", l.dynamics);
+    let html = eval::report::html(&report);
+    assert!(html.contains("Dynamics within units") && html.contains("lag-1 autocorrelation per column"));
 }
 
 /// Splits a CSV by unit (column `unit`, an integer or `P…` id) into train and test files.
@@ -104,9 +122,9 @@ fn eval_on_the_demo_output_renders() {
     let (train, test) = split_by_unit(&dir.path().join("icu_vitals.csv"), 0, dir.path());
     let spec = spec.replace(dir.path().join("icu_vitals.csv").to_str().unwrap(), &train);
     let report = run_and_evaluate(&spec, &train, &test, dir.path());
-    // 9 columns, rows per unit, DCR.
+    // 9 columns, rows per unit, lag-1 and transition error per vital, DCR.
     if let Some(plots) = rendered_plots(&report.join("report.html")) {
-        assert_eq!(plots, 11);
+        assert_eq!(plots, 13);
     }
 }
 
@@ -120,9 +138,10 @@ fn eval_on_pbcseq_renders() {
     let spec =
         example[..example.find("[evaluation]").unwrap()].replace("./rhosynth-out/pbcseq-split/train.csv", &train);
     let report = run_and_evaluate(&spec, &train, &test, dir.path());
-    // 18 synthesised columns, rows per unit, DCR.
+    // 18 synthesised columns, rows per unit, lag-1 and transition error per numeric
+    // column, DCR.
     if let Some(plots) = rendered_plots(&report.join("report.html")) {
-        assert_eq!(plots, 20);
+        assert_eq!(plots, 22);
     }
 }
 

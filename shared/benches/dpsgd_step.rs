@@ -89,8 +89,13 @@ fn transformer() {
     for width in [64, 128] {
         let transformer =
             DecoderConfig::new(layout.vocabulary(), layout.max_tokens(window.rows()), width, 4, 2, 4 * width);
-        let spec =
-            SequenceModelSpec { domain: domain.clone(), layout: layout.clone(), transformer, window: window.clone() };
+        let spec = SequenceModelSpec {
+            domain: domain.clone(),
+            layout: layout.clone(),
+            transformer,
+            window: window.clone(),
+            lagged: layout.lag_inputs(),
+        };
         let model = SequenceModel::new(&spec, &device);
         let tracked = model.tracked();
         let settings = RoundSettings { round: 0, rate: 1.0, clip: 1.0, seed: [1; 32], micro_batch: units };

@@ -40,7 +40,7 @@ fn losses(decoder: &Decoder, batch: &Batch, hook: &mut impl Hook) -> burn::tenso
     let n = batch.length - 1;
     let inputs: Vec<u32> = batch.tokens.chunks(batch.length).flat_map(|s| s[..n].to_vec()).collect();
     let targets: Vec<u32> = batch.tokens.chunks(batch.length).flat_map(|s| s[1..].to_vec()).collect();
-    let logits = decoder.forward(&TokenBatch { tokens: &inputs, sequences: UNITS, length: n }, hook);
+    let logits = decoder.forward(&TokenBatch { tokens: &inputs, sequences: UNITS, length: n, lagged: &[] }, hook);
     let rows = inputs.len();
     next_token_losses(logits, &targets, vec![0.0; rows * decoder.vocabulary()], vec![1.0; rows], UNITS)
 }
@@ -64,7 +64,10 @@ fn measure(name: &str, model: &Decoder, batch: &Batch) {
     let forward = median(
         || {
             model
-                .forward(&TokenBatch { tokens: &batch.tokens, sequences: UNITS, length: batch.length }, &mut Plain)
+                .forward(
+                    &TokenBatch { tokens: &batch.tokens, sequences: UNITS, length: batch.length, lagged: &[] },
+                    &mut Plain,
+                )
                 .into_data();
         },
         3,

@@ -40,18 +40,27 @@ pub struct SimulateArgs {
     /// The simulator's seed (simulated data hold no person, so a fixed seed is fine).
     #[arg(long, default_value_t = 2026)]
     seed: u64,
+    /// What the vitals do over time: `hidden-state` (a clinical state drifting between
+    /// visits), `ar1:ρ` (each vital AR(1), lag-1 autocorrelation ρ) or `treated:ρ` (AR(1),
+    /// and a treatment that lowers later values).
+    #[arg(long, default_value = "hidden-state")]
+    dynamics: simulate::Dynamics,
+    /// Irregular sampling: bursts of visits minutes apart between gaps of up to two days.
+    #[arg(long)]
+    irregular: bool,
 }
 
 /// Writes a simulated ICU cohort (the demo's private input, at any size).
 pub fn simulate_command(args: SimulateArgs) -> anyhow::Result<ExitCode> {
-    write_cohort(&args.out, args.patients, args.seed, "")?;
+    let cohort = simulate::Cohort { patients: args.patients, dynamics: args.dynamics, irregular: args.irregular };
+    write_cohort(&args.out, &cohort, args.seed, "")?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes a simulated cohort of `patients` to `path` and says so (`what`: its role).
-fn write_cohort(path: &str, patients: usize, seed: u64, what: &str) -> anyhow::Result<()> {
-    std::fs::write(path, simulate::icu_vitals_csv(patients, seed)).with_context(|| format!("writing {path}"))?;
-    eprintln!("simulated {patients} ICU patients' vital signs into {path}{what}");
+/// Writes a simulated cohort to `path` and says so (`what`: its role).
+fn write_cohort(path: &str, cohort: &simulate::Cohort, seed: u64, what: &str) -> anyhow::Result<()> {
+    std::fs::write(path, simulate::cohort_csv(cohort, seed)).with_context(|| format!("writing {path}"))?;
+    eprintln!("simulated {} ICU patients' vital signs ({:?}) into {path}{what}", cohort.patients, cohort.dynamics);
     Ok(())
 }
 
@@ -65,6 +74,12 @@ pub struct DemoArgs {
     /// a fifth as many patients for its evaluation.
     #[arg(long)]
     spec: Option<String>,
+    /// What the simulated vitals do over time (as `simulate --dynamics`).
+    #[arg(long, default_value = "hidden-state")]
+    dynamics: simulate::Dynamics,
+    /// Irregular sampling (as `simulate --irregular`).
+    #[arg(long)]
+    irregular: bool,
 }
 
 #[derive(Args)]
@@ -310,8 +325,9 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let patients = args.patients.max(1);
     let holdout = (patients / 5).max(1);
     // Fixed seeds: the cohorts are simulated (no real person), so the demo is reproducible.
-    write_cohort(DEMO_INPUT, patients, 2026, " (the demo's private input)")?;
-    write_cohort(DEMO_HOLDOUT, holdout, 2027, " (the demo's held-out cohort)")?;
+    let cohort = |patients| simulate::Cohort { patients, dynamics: args.dynamics, irregular: args.irregular };
+    write_cohort(DEMO_INPUT, &cohort(patients), 2026, " (the demo's private input)")?;
+    write_cohort(DEMO_HOLDOUT, &cohort(holdout), 2027, " (the demo's held-out cohort)")?;
     let job_id = new_job_id();
     let output = format!("{}/{job_id}", spec.output.url);
     let ledger_url = spec.privacy.ledger.clone().context("a demo spec names its ledger ([privacy] ledger)")?;

@@ -23,16 +23,17 @@ impl KvCache {
 }
 
 impl Decoder {
-    /// Feeds sequence s its next token `tokens[s]` (at position `caches[s]`'s length) and
-    /// returns the logits of the token after it, sequences × vocabulary: the logits
-    /// `forward` gives at that position, without recomputing the positions before it.
-    pub fn step(&self, tokens: &[u32], caches: &mut [KvCache]) -> Vec<f32> {
+    /// Feeds sequence s its next token `tokens[s]` (at position `caches[s]`'s length; with
+    /// `lagged[k][s]`, its further inputs) and returns the logits of the token after it,
+    /// sequences × vocabulary: the logits `forward` gives at that position, without
+    /// recomputing the positions before it.
+    pub fn step(&self, tokens: &[u32], lagged: &[&[u32]], caches: &mut [KvCache]) -> Vec<f32> {
         let heads = self.heads();
         let (q_width, kv_width) = (heads.heads * heads.dim, heads.kv_width());
         let positions: Vec<u32> = caches.iter().map(|c| c.len(kv_width) as u32).collect();
         let mut plain = Plain;
         let mut layers = Layers { hook: &mut plain, frozen: true };
-        let mut x = self.embed(&mut layers, tokens, &positions);
+        let mut x = self.embed(&mut layers, tokens, &positions, lagged);
         let device = x.device();
         let rotary = self.positions.is_none();
         for (i, block) in self.blocks.iter().enumerate() {

@@ -79,6 +79,9 @@ pub struct Decoder {
     pub tokens: Embedding,
     /// Learned positions (GPT); rotary models have none.
     pub positions: Option<Embedding>,
+    /// Further inputs per position, each embedded by a table of its own and added to the
+    /// token's: the sequence generator's lag-1 tokens (`Decoder::with_lagged`).
+    pub lagged: Vec<Embedding>,
     pub blocks: Vec<Block>,
     pub final_norm: Norm,
     /// `None`: tied to the token embedding.
@@ -148,6 +151,7 @@ impl DecoderConfig {
         Decoder {
             tokens: embedding(self.vocabulary),
             positions: gpt.then(|| embedding(self.positions)),
+            lagged: Vec::new(),
             blocks: (0..self.layers)
                 .map(|_| Block {
                     attention_norm: norm(),
@@ -173,6 +177,8 @@ pub struct TokenBatch<'a> {
     pub tokens: &'a [u32],
     pub sequences: usize,
     pub length: usize,
+    /// The further inputs, one slice (sequences × length) per table of the decoder's.
+    pub lagged: &'a [&'a [u32]],
 }
 
 /// Applies a decoder's layers: trainable ones through the hook, frozen ones (the base
@@ -237,13 +243,24 @@ impl Decoder {
         self.positions.is_none()
     }
 
-    /// The token embeddings plus learned positions (rotary models add theirs in attention).
-    pub(super) fn embed<H: Hook>(&self, layers: &mut Layers<'_, H>, tokens: &[u32], positions: &[u32]) -> Tensor<2> {
-        let x = layers.embedding(&self.tokens, tokens);
-        match &self.positions {
-            Some(table) => x + layers.embedding(table, positions),
-            None => x,
+    /// The token embeddings plus learned positions (rotary models add theirs in attention)
+    /// plus the further inputs' embeddings.
+    pub(super) fn embed<H: Hook>(
+        &self,
+        layers: &mut Layers<'_, H>,
+        tokens: &[u32],
+        positions: &[u32],
+        lagged: &[&[u32]],
+    ) -> Tensor<2> {
+        assert_eq!(lagged.len(), self.lagged.len(), "one input per table of further inputs");
+        let mut x = layers.embedding(&self.tokens, tokens);
+        if let Some(table) = &self.positions {
+            x = x + layers.embedding(table, positions);
         }
+        for (table, ids) in self.lagged.iter().zip(lagged) {
+            x = x + layers.embedding(table, ids);
+        }
+        x
     }
 
     /// A block's MLP on its normalised input.
@@ -279,7 +296,7 @@ impl Decoder {
         let (b, t) = (batch.sequences, batch.length);
         let positions: Vec<u32> = (0..b).flat_map(|_| 0..t as u32).collect();
         let mut layers = Layers { hook, frozen: self.adapted() };
-        let mut x = self.embed(&mut layers, batch.tokens, &positions);
+        let mut x = self.embed(&mut layers, batch.tokens, &positions, batch.lagged);
         let rotary = self.gated().then_some(self.rope_base);
         for block in &self.blocks {
             let h = layers.norm(&block.attention_norm, x.clone());
@@ -290,6 +307,18 @@ impl Decoder {
             x = x + self.mlp(&mut layers, block, h);
         }
         self.logits(&mut layers, x)
+    }
+
+    /// Adds tables for further inputs per position, of `sizes` ids each (small normal
+    /// embeddings, as the token table's).
+    pub fn with_lagged(mut self, sizes: &[usize], device: &Device) -> Self {
+        let width = self.width();
+        let small = Initializer::Normal { mean: 0.0, std: 0.02 };
+        self.lagged = sizes
+            .iter()
+            .map(|&n| EmbeddingConfig::new(n, width).with_initializer(small.clone()).init(device))
+            .collect();
+        self
     }
 
     /// Attaches fresh LoRA adapters to the configured targets; the rest becomes frozen.
@@ -402,6 +431,7 @@ impl TrainableLayers for Decoder {
         if !frozen {
             out.push(Layer::Embedding(&self.tokens));
             out.extend(self.positions.as_ref().map(Layer::Embedding));
+            out.extend(self.lagged.iter().map(Layer::Embedding));
         }
         for b in &self.blocks {
             if !frozen {
@@ -430,6 +460,7 @@ impl TrainableLayers for Decoder {
         if !frozen {
             out.push(LayerMut::Embedding(&mut self.tokens));
             out.extend(self.positions.as_mut().map(LayerMut::Embedding));
+            out.extend(self.lagged.iter_mut().map(LayerMut::Embedding));
         }
         for b in &mut self.blocks {
             if !frozen {

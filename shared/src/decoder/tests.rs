@@ -486,7 +486,7 @@ fn gpt2_gguf(config: &DecoderConfig, t: &BTreeMap<String, Weights>) -> Bytes {
 }
 
 fn logits(decoder: &Decoder, tokens: &[u32]) -> Vec<f32> {
-    let batch = TokenBatch { tokens, sequences: 1, length: tokens.len() };
+    let batch = TokenBatch { tokens, sequences: 1, length: tokens.len(), lagged: &[] };
     values(decoder.forward(&batch, &mut Plain).into_data())
 }
 
@@ -604,7 +604,7 @@ fn cached_decoding_equals_the_full_pass_with_rotary_grouped_heads() {
     let full = logits(&decoder, &tokens);
     let mut cache = [KvCache::default()];
     for (i, &token) in tokens.iter().enumerate() {
-        let step = decoder.step(&[token], &mut cache);
+        let step = decoder.step(&[token], &[], &mut cache);
         let want = &full[i * 40..(i + 1) * 40];
         let err = step.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(err < 1e-4, "position {i}: max |Δ| {err}");
@@ -704,7 +704,7 @@ fn unit_losses(
     let length = sequences[0].len() - 1;
     let inputs: Vec<u32> = sequences.iter().flat_map(|s| s[..length].to_vec()).collect();
     let targets: Vec<u32> = sequences.iter().flat_map(|s| s[1..].to_vec()).collect();
-    let batch = TokenBatch { tokens: &inputs, sequences: sequences.len(), length };
+    let batch = TokenBatch { tokens: &inputs, sequences: sequences.len(), length, lagged: &[] };
     let logits = decoder.forward(&batch, hook);
     let rows = inputs.len();
     let vocabulary = decoder.vocabulary();
@@ -863,4 +863,17 @@ fn smollm2_loads_and_predicts_sensible_next_tokens() {
         eprintln!("{prompt:?} → {top:?} ({} tokens in {:.2} s)", ids.len(), started.elapsed().as_secs_f64());
         assert_eq!(top[0], expected, "{prompt:?}: top five {top:?}");
     }
+}
+
+/// Tables of further inputs add their parameters to the decoder's, as trainable layers
+/// (so ghost clipping covers them), and nothing else changes.
+#[test]
+fn further_input_tables_are_trainable_layers_of_their_size() {
+    use crate::dpsgd::params::TrainableLayers;
+    let device = crate::dpsgd::compute_device();
+    let config = DecoderConfig::new(40, 12, 16, 2, 1, 32);
+    let plain = config.init(&device);
+    let with = config.init(&device).with_lagged(&[43, 41], &device);
+    assert_eq!(with.parameter_count(), plain.parameter_count() + (43 + 41) * 16);
+    assert_eq!(with.layers().len(), plain.layers().len() + 2);
 }

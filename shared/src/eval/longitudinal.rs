@@ -10,7 +10,13 @@
 //!   absolute-difference cost; each synthetic table and each held-out table gets its
 //!   nearest-neighbour distance to the training tables, and the report gives the
 //!   Jensen–Shannon distance (natural log; maximum √ln 2) between the two histograms;
-//! * sequence lengths: rows per unit, real against synthetic (total variation).
+//! * sequence lengths: rows per unit, real against synthetic (total variation);
+//! * dynamics, per numeric feature: the lag-1 autocorrelation (Pearson correlation of each
+//!   value with the unit's previous present value, over all units' consecutive pairs) of
+//!   the training, held-out and synthetic tables, and the feature's transition error (the
+//!   Frobenius norm above) of the synthetic and of the held-out tables against the
+//!   training tables — the held-out figures are the real-vs-real floor. Rows that look
+//!   right one at a time can still have no dynamics; these say so.
 //!
 //! Nearest-neighbour search is exact and pruned by lower bounds of the normalised DTW:
 //! the gap between two sequences' value ranges (every matched pair costs at least that),
@@ -47,6 +53,61 @@ pub struct Longitudinal {
     pub lengths: Vec<usize>,
     pub real_lengths: Vec<f64>,
     pub synthetic_lengths: Vec<f64>,
+    /// Per numeric feature, what it does over time within a unit.
+    #[serde(default)]
+    pub dynamics: Vec<Dynamics>,
+}
+
+/// A numeric feature's dynamics within units.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Dynamics {
+    pub column: String,
+    /// Lag-1 autocorrelation of the training, held-out and synthetic tables (`None`: fewer
+    /// than two consecutive pairs, or no variation).
+    pub lag1_real: Option<f64>,
+    pub lag1_holdout: Option<f64>,
+    pub lag1_synthetic: Option<f64>,
+    /// Transition error against the training tables: synthetic, and held-out (the floor).
+    pub transition_error: f64,
+    pub holdout_transition_error: f64,
+}
+
+impl Longitudinal {
+    /// Mean over features of |lag-1 synthetic − lag-1 real| (features whose real lag-1
+    /// exists; a synthetic table without one counts as 0, no dynamics).
+    pub fn mean_lag1_gap(&self) -> Option<f64> {
+        mean_gap(&self.dynamics, |d| d.lag1_synthetic)
+    }
+
+    /// The same for the held-out tables: the real-vs-real floor.
+    pub fn holdout_mean_lag1_gap(&self) -> Option<f64> {
+        mean_gap(&self.dynamics, |d| d.lag1_holdout)
+    }
+
+    /// Mean over features of the held-out tables' transition error.
+    pub fn holdout_transition_error(&self) -> f64 {
+        let n = self.dynamics.len().max(1) as f64;
+        self.dynamics.iter().map(|d| d.holdout_transition_error).sum::<f64>() / n
+    }
+}
+
+fn mean_gap(dynamics: &[Dynamics], other: impl Fn(&Dynamics) -> Option<f64>) -> Option<f64> {
+    let gaps: Vec<f64> = dynamics.iter().filter_map(|d| Some((other(d).unwrap_or(0.0) - d.lag1_real?).abs())).collect();
+    (!gaps.is_empty()).then(|| gaps.iter().sum::<f64>() / gaps.len() as f64)
+}
+
+/// Lag-1 autocorrelation of `feature` over every unit's consecutive values.
+pub fn lag1(tables: &[Vec<Vec<f64>>], feature: usize) -> Option<f64> {
+    let pairs = || tables.iter().flat_map(|t| t[feature].windows(2).map(|w| (w[0], w[1])));
+    let n = pairs().count() as f64;
+    if n < 2.0 {
+        return None;
+    }
+    let (mx, my) = pairs().fold((0.0, 0.0), |(a, b), (x, y)| (a + x / n, b + y / n));
+    let (sxy, sxx, syy) = pairs().fold((0.0, 0.0, 0.0), |(c, vx, vy), (x, y)| {
+        (c + (x - mx) * (y - my), vx + (x - mx).powi(2), vy + (y - my).powi(2))
+    });
+    (sxx > 0.0 && syy > 0.0).then(|| sxy / (sxx * syy).sqrt())
 }
 
 /// DTW with absolute cost: (total cost, warping-path length). `abandon`: give up (return
@@ -312,16 +373,30 @@ pub fn evaluate(
     let (tr, te, sy) =
         (sequences(train, order, &features), sequences(test, order, &features), sequences(synthetic, order, &features));
 
-    let mut divergence = 0.0;
-    for (f, _) in features.iter().enumerate() {
+    let mut dynamics = Vec::with_capacity(features.len());
+    for (f, &column) in features.iter().enumerate() {
         let mut pooled: Vec<f64> = tr.iter().flat_map(|t| t[f].iter().copied()).collect();
         pooled.sort_by(f64::total_cmp);
         let cuts: Vec<f64> =
             (1..STATES).map(|k| pooled.get(k * pooled.len() / STATES).copied().unwrap_or(0.0)).collect();
-        let (a, b) = (transition_matrix(&tr, f, &cuts), transition_matrix(&sy, f, &cuts));
-        divergence += a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+        let real = transition_matrix(&tr, f, &cuts);
+        let error = |tables: &[Vec<Vec<f64>>]| {
+            real.iter().zip(&transition_matrix(tables, f, &cuts)).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt()
+        };
+        dynamics.push(Dynamics {
+            column: domain.columns[column].name.clone(),
+            lag1_real: lag1(&tr, f),
+            lag1_holdout: lag1(&te, f),
+            lag1_synthetic: lag1(&sy, f),
+            transition_error: error(&sy),
+            holdout_transition_error: error(&te),
+        });
     }
-    let state_transition_divergence = if features.is_empty() { 0.0 } else { divergence / features.len() as f64 };
+    let state_transition_divergence = if features.is_empty() {
+        0.0
+    } else {
+        dynamics.iter().map(|d| d.transition_error).sum::<f64>() / features.len() as f64
+    };
 
     sampling.record("state transitions, sequence lengths", "train", train.rows(), train.rows());
     sampling.record("state transitions, sequence lengths", "synthetic", synthetic.rows(), synthetic.rows());
@@ -362,12 +437,42 @@ pub fn evaluate(
         lengths: (0..=max_len).collect(),
         real_lengths,
         synthetic_lengths,
+        dynamics,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lag-1 of AR(1) sequences x_t = ρ·x_{t−1} + e_t (stationary start) is ρ within a
+    /// few standard errors, (1 − ρ²)/√n for n pairs; of independent values, 0 likewise.
+    #[test]
+    fn lag1_of_ar1_histories_is_their_rho() {
+        use rand::SeedableRng;
+        use rand_distr::{Distribution, StandardNormal};
+        let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(7);
+        for rho in [0.0, 0.3, 0.8] {
+            let tables: Vec<Vec<Vec<f64>>> = (0..400)
+                .map(|_| {
+                    let mut x: f64 = StandardNormal.sample(&mut rng);
+                    x /= (1.0f64 - rho * rho).sqrt();
+                    let mut values = Vec::new();
+                    for _ in 0..10 {
+                        values.push(x);
+                        let e: f64 = StandardNormal.sample(&mut rng);
+                        x = rho * x + e;
+                    }
+                    vec![values]
+                })
+                .collect();
+            let n = 400.0 * 9.0;
+            let got = lag1(&tables, 0).unwrap();
+            assert!((got - rho).abs() < 4.0 * (1.0 - rho * rho) / f64::sqrt(n), "ρ = {rho}: {got}");
+        }
+        assert_eq!(lag1(&[vec![vec![1.0, 2.0]]], 0), None, "one pair");
+        assert_eq!(lag1(&[vec![vec![3.0, 3.0, 3.0]]], 0), None, "no variation");
+    }
 
     #[test]
     fn dtw_worked_example_from_path() {

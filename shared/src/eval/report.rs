@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use super::longitudinal::Longitudinal;
 use super::{EvalReport, NOT_DP};
 
 const REAL: &str = "#1f77b4";
@@ -85,6 +86,98 @@ fn cdfs(title: &str, a: &[f64], a_name: &str, b: &[f64], b_name: &str) -> String
         w - pad - 30.0,
         h + 14.0
     )
+}
+
+/// The dynamics section: per numeric column, lag-1 autocorrelation and transition error,
+/// with the held-out tables' figures as the real-vs-real floor; then both as plots.
+fn dynamics(l: &Longitudinal) -> String {
+    if l.dynamics.is_empty() {
+        return String::new();
+    }
+    let figure = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.3}"));
+    let mut out = String::from(
+        "<h3>Dynamics within units</h3><p>Lag-1: the correlation of each value with the unit's previous one. \
+         Transition error: the Frobenius norm of the difference of lag-1 transition matrices over the training \
+         data's quintiles. Held-out is real against real: the floor (higher when the held-out set is small).</p>",
+    );
+    out.push_str(&metric_table(&[
+        ("mean lag-1 gap, synthetic", figure(l.mean_lag1_gap()), "mean |lag-1 synthetic − lag-1 real| over columns"),
+        ("mean lag-1 gap, held-out (floor)", figure(l.holdout_mean_lag1_gap()), "the same for real held-out units"),
+        ("transition error, held-out (floor)", format!("{:.4}", l.holdout_transition_error()), "mean over columns"),
+    ]));
+    out.push_str(
+        "<table><tr><th>column</th><th>lag-1 real</th><th>lag-1 held-out</th><th>lag-1 synthetic</th>\
+         <th>transition error</th><th>held-out (floor)</th></tr>",
+    );
+    for d in &l.dynamics {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td></tr>",
+            escape(&d.column),
+            figure(d.lag1_real),
+            figure(d.lag1_holdout),
+            figure(d.lag1_synthetic),
+            d.transition_error,
+            d.holdout_transition_error
+        );
+    }
+    out.push_str("</table>");
+    out.push_str(&lag1_dots(l));
+    let labels: Vec<String> = l.dynamics.iter().map(|d| d.column.clone()).collect();
+    let floor: Vec<f64> = l.dynamics.iter().map(|d| d.holdout_transition_error).collect();
+    let error: Vec<f64> = l.dynamics.iter().map(|d| d.transition_error).collect();
+    out.push_str("<h4>transition error per column</h4>");
+    out.push_str(&bars("transition error per column", &labels, &floor, &error, "held-out (floor)"));
+    out
+}
+
+/// Lag-1 autocorrelation per column on a −1…1 axis: real, held-out and synthetic.
+fn lag1_dots(l: &Longitudinal) -> String {
+    let (w, pad, row) = (640.0, 120.0, 22.0);
+    let h = row * l.dynamics.len() as f64 + 40.0;
+    let x = |v: f64| pad + (v.clamp(-1.0, 1.0) + 1.0) / 2.0 * (w - pad - 20.0);
+    let mut svg = format!(
+        "<h4>lag-1 autocorrelation per column</h4><svg class=\"plot\" xmlns=\"http://www.w3.org/2000/svg\" \
+         width=\"{w}\" height=\"{h}\" role=\"img\"><title>lag-1 autocorrelation per column</title>\
+         <line x1=\"{0:.1}\" y1=\"20\" x2=\"{0:.1}\" y2=\"{1:.1}\" stroke=\"#999\"/>",
+        x(0.0),
+        h - 16.0
+    );
+    for (i, d) in l.dynamics.iter().enumerate() {
+        let y = 30.0 + i as f64 * row;
+        let _ = write!(svg, "<text x=\"4\" y=\"{:.1}\" font-size=\"10\">{}</text>", y + 4.0, escape(&d.column));
+        for (value, color, name) in [
+            (d.lag1_real, REAL, "real"),
+            (d.lag1_holdout, "#777", "held-out"),
+            (d.lag1_synthetic, SYNTHETIC, "synthetic"),
+        ] {
+            if let Some(v) = value {
+                let _ = write!(
+                    svg,
+                    "<circle cx=\"{:.1}\" cy=\"{y:.1}\" r=\"5\" fill=\"{color}\"><title>{} {name}: {v:.3}</title></circle>",
+                    x(v),
+                    escape(&d.column)
+                );
+            }
+        }
+    }
+    let _ = write!(
+        svg,
+        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">−1</text><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">0</text>\
+         <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">1</text>\
+         <text x=\"{pad}\" y=\"12\" font-size=\"12\" fill=\"{REAL}\">● real (train)</text>\
+         <text x=\"{:.1}\" y=\"12\" font-size=\"12\" fill=\"#777\">● held-out</text>\
+         <text x=\"{:.1}\" y=\"12\" font-size=\"12\" fill=\"{SYNTHETIC}\">● synthetic</text></svg>",
+        x(-1.0) - 4.0,
+        h - 2.0,
+        x(0.0) - 3.0,
+        h - 2.0,
+        x(1.0) - 3.0,
+        h - 2.0,
+        pad + 110.0,
+        pad + 200.0
+    );
+    svg
 }
 
 /// A "metric / value / meaning" table.
@@ -209,6 +302,7 @@ pub fn html(report: &EvalReport) -> String {
         let labels: Vec<String> = l.lengths.iter().map(ToString::to_string).collect();
         body.push_str("<h4>rows per unit</h4>");
         body.push_str(&bars("rows per unit", &labels, &l.real_lengths, &l.synthetic_lengths, "real (train)"));
+        body.push_str(&dynamics(l));
     }
     let p = &report.privacy;
     body.push_str("<h2>Empirical privacy (diagnostics, not guarantees)</h2>");

@@ -172,7 +172,7 @@ pub fn row_losses(
             units.push(*unit);
         }
     }
-    let batch = TokenBatch { tokens: &inputs, sequences: rows.len(), length };
+    let batch = TokenBatch { tokens: &inputs, sequences: rows.len(), length, lagged: &[] };
     let logits = decoder.forward(&batch, hook);
     let vocabulary = decoder.vocabulary();
     let losses = next_token_losses(logits, &targets, vec![0.0; inputs.len() * vocabulary], weights, rows.len());

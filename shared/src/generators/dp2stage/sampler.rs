@@ -65,7 +65,7 @@ impl TextSampler {
         while !live.is_empty() {
             let inputs: Vec<u32> = live.iter().map(|&i| next[i]).collect();
             let mut batch: Vec<KvCache> = live.iter().map(|&i| std::mem::take(&mut caches[i])).collect();
-            let logits = self.decoder.step(&inputs, &mut batch);
+            let logits = self.decoder.step(&inputs, &[], &mut batch);
             for ((s, &i), cache) in live.iter().enumerate().zip(batch) {
                 caches[i] = cache;
                 next[i] = match pending[i].pop() {

@@ -52,7 +52,7 @@ fn a_prompted_example_trains_only_its_answer() {
     let device = compute_device();
     let got: f32 = m.losses(&examples, &[0], &[0; 32], &device, &mut Plain).losses.into_scalar();
     let t = &example.tokens;
-    let batch = TokenBatch { tokens: &t[..t.len() - 1], sequences: 1, length: t.len() - 1 };
+    let batch = TokenBatch { tokens: &t[..t.len() - 1], sequences: 1, length: t.len() - 1, lagged: &[] };
     let logp = log_softmax(m.decoder.forward(&batch, &mut Plain), 1).into_data().try_to_vec::<f32>().unwrap();
     let vocabulary = m.decoder.vocabulary();
     let (mut sum, mut weights) = (0.0f64, 0.0f64);

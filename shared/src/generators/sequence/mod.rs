@@ -9,9 +9,11 @@
 //!   unit's sensitivity is one clipped gradient whatever its history's length.
 //! - Model (`model`): the engine's decoder (`crate::decoder`, GPT block); every parameter (embeddings and norms included)
 //!   is clipped per unit by the engine's ghost tape.
+//! - The ceiling (`ceiling`): the same model trained without privacy, a benchmark only.
 //! - Sampling (`sampler`): constrained decoding of whole histories, a key/value cache per
 //!   history; optionally a private selection among over-generated ones (`selection`).
 
+pub mod ceiling;
 pub mod model;
 pub mod plan;
 pub mod sampler;

@@ -20,7 +20,7 @@ pub struct SequenceModel {
 
 impl SequenceModel {
     pub fn new(spec: &SequenceModelSpec, device: &Device) -> Self {
-        Self { transformer: spec.transformer.init(device), spec: spec.clone() }
+        Self { transformer: spec.transformer.init(device).with_lagged(&spec.lagged, device), spec: spec.clone() }
     }
 
     /// A copy whose parameters track gradients: the ordinary (non-private) backward pass,
@@ -61,7 +61,14 @@ impl DpModel for SequenceModel {
             })
             .collect();
         let padded = pad(layout, &windows);
-        let batch = TokenBatch { tokens: &padded.inputs, sequences: units.len(), length: padded.length };
+        // A model charged before lag-1 inputs existed (a resumed checkpoint) has no tables.
+        let lagged = [&padded.lagged[0][..], &padded.lagged[1][..]];
+        let batch = TokenBatch {
+            tokens: &padded.inputs,
+            sequences: units.len(),
+            length: padded.length,
+            lagged: &lagged[..self.transformer.lagged.len()],
+        };
         let logits = self.transformer.forward(&batch, hook);
         let losses = next_token_losses(logits, &padded.targets, padded.allowed, padded.weights, units.len());
         Batch { losses, units: (0..units.len() * padded.length).map(|r| r / padded.length).collect() }

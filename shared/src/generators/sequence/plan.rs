@@ -85,7 +85,8 @@ impl SequencePlan {
                 "[calibration] and select_epsilon both choose the output among drawn histories: use one",
             ));
         }
-        let model = SequenceModelSpec { domain: domain.clone(), layout, transformer, window };
+        let lagged = layout.lag_inputs();
+        let model = SequenceModelSpec { domain: domain.clone(), layout, transformer, window, lagged };
         let selection = params
             .select_epsilon
             .map(|_| SelectionSpec { neighbours: params.select_neighbours, candidates: params.select_candidates });

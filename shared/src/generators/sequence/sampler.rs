@@ -19,6 +19,8 @@ struct Draw<'a> {
     /// The current window's tokens, how many of them the model has been fed (its cache
     /// holds their keys and values) and the grammar walked over them.
     tokens: Vec<u32>,
+    /// Each token's lag-1 inputs (`Cursor::lagged` after it).
+    lagged: Vec<[u32; 2]>,
     fed: usize,
     cache: KvCache,
     cursor: Cursor<'a>,
@@ -108,6 +110,7 @@ impl SequenceSampler {
             let cache = KvCache::default();
             Draw {
                 tokens: vec![BOS],
+                lagged: vec![cursor.lagged()],
                 fed: 0,
                 cache,
                 cursor,
@@ -124,8 +127,11 @@ impl SequenceSampler {
                 break;
             }
             let inputs: Vec<u32> = live.iter().map(|&i| draws[i].tokens[draws[i].fed]).collect();
+            let lagged: [Vec<u32>; 2] =
+                [0, 1].map(|k| live.iter().map(|&i| draws[i].lagged[draws[i].fed][k]).collect());
             let mut caches: Vec<KvCache> = live.iter().map(|&i| std::mem::take(&mut draws[i].cache)).collect();
-            let logits = model.step(&inputs, &mut caches);
+            // A model trained before lag-1 inputs existed has no tables for them.
+            let logits = model.step(&inputs, &[&lagged[0][..], &lagged[1][..]][..model.lagged.len()], &mut caches);
             for ((s, &i), cache) in live.iter().enumerate().zip(caches) {
                 let d = &mut draws[i];
                 d.cache = cache;
@@ -139,6 +145,7 @@ impl SequenceSampler {
                 let token = draw_allowed(logits, &cursor.allowed(), self.temperature, rng);
                 cursor.advance(token).expect("an allowed token");
                 d.tokens.push(token);
+                d.lagged.push(cursor.lagged());
                 if cursor.is_done() || cursor.at_boundary() {
                     // A row is complete (or the history): bring the history up to date.
                     let known = d.rows.len() - d.window_first;
@@ -162,8 +169,10 @@ impl SequenceSampler {
                     let start = Start::Window { rows_before: d.window_first };
                     d.tokens = layout.encode(start, length, &d.rows[0], &d.rows[d.window_first..], false);
                     let mut replay = Cursor::new(layout, d.window_first);
+                    d.lagged.clear();
                     for &t in &d.tokens {
                         replay.advance(t).expect("a re-encoded window follows the grammar");
+                        d.lagged.push(replay.lagged());
                     }
                     // The window's clock continues the history's last known time.
                     let last = order.and_then(|o| d.rows.iter().rev().find_map(|r| r[o]));

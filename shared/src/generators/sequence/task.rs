@@ -20,6 +20,10 @@ pub struct SequenceModelSpec {
     pub layout: Layout,
     pub transformer: DecoderConfig,
     pub window: WindowSpec,
+    /// Sizes of the decoder's lag-1 input tables (`Layout::lag_inputs`); empty in a model
+    /// charged before they existed (a checkpoint resumed across the upgrade).
+    #[serde(default)]
+    pub lagged: Vec<usize>,
 }
 
 /// A worker's units, each with its rows in order (values in domain order), at most the

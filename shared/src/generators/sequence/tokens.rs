@@ -11,8 +11,12 @@
 //!   geometric);
 //! - the static columns appear once, the others once per row;
 //! - each value is a *field*: one token per bin of its column (the missing bin included),
-//!   then, for a numeric bin holding more than one value, one of [`Layout::fine`] shared
-//!   refinement tokens for its position inside the bin (uniform sub-cells);
+//!   then, for a numeric bin holding more than one value, one of [`Layout::fine`]
+//!   refinement tokens *of that column* for its position inside the bin (uniform
+//!   sub-cells). A column's own refinement tokens let attention find the previous row's
+//!   value of the same column by content: where a column's within-unit variation lies
+//!   inside one or two of its bins, its dynamics live in the refinements (layouts saved
+//!   before shared one set of refinement tokens, and still read so);
 //! - with an order column, a row begins with it: the first row of a sequence carries its
 //!   value, later rows the gap to the previous row, in public gap bins (geometric between
 //!   0 and the column's declared range, or declared edges);
@@ -64,6 +68,10 @@ struct FieldTokens {
     bins: u32,
     missing: bool,
     integer: bool,
+    /// First of this field's own refinement tokens; `None`: the set every field shared in
+    /// layouts saved before (from `SPECIAL`).
+    #[serde(default)]
+    fine_offset: Option<u32>,
 }
 
 impl FieldTokens {
@@ -73,11 +81,26 @@ impl FieldTokens {
             Encoding::Numeric { kind, binning, .. } => (Some(binning.clone()), *kind == ColumnKind::Integer),
         };
         let bins = (column.bins() - usize::from(column.missing)) as u32;
-        Self { offset, binning, bins, missing: column.missing, integer }
+        Self { offset, binning, bins, missing: column.missing, integer, fine_offset: None }
     }
 
     fn tokens(&self) -> Range<u32> {
         self.offset..self.offset + self.bins + u32::from(self.missing)
+    }
+
+    /// Gives a numeric field its own `fine` refinement tokens from `next`; returns the
+    /// next free token.
+    fn with_refinements(mut self, next: u32, fine: u32) -> (Self, u32) {
+        if self.binning.is_none() {
+            return (self, next);
+        }
+        self.fine_offset = Some(next);
+        (self, next + fine)
+    }
+
+    /// The first refinement token of this field.
+    fn fine_start(&self) -> u32 {
+        self.fine_offset.unwrap_or(SPECIAL)
     }
 
     /// Refinement levels of a bin (0: the bin is one value, or missing, or a category).
@@ -185,13 +208,14 @@ impl Layout {
         fine: u32,
         max_rows: usize,
     ) -> Self {
-        let mut next = SPECIAL + fine;
+        let mut next = SPECIAL;
         let columns: Vec<FieldTokens> = domain
             .columns
             .iter()
             .map(|c| {
-                let field = FieldTokens::of_column(c, next);
-                next = field.tokens().end;
+                let bins = FieldTokens::of_column(c, next);
+                let (field, end) = bins.clone().with_refinements(bins.tokens().end, fine);
+                next = end;
                 field
             })
             .collect();
@@ -199,8 +223,16 @@ impl Layout {
             let column = &domain.columns[index];
             let integer = matches!(column.encoding, Encoding::Numeric { kind: ColumnKind::Integer, .. });
             let bins = binning.len() as u32;
-            let gap = FieldTokens { offset: next, binning: Some(binning), bins, missing: column.missing, integer };
-            next = gap.tokens().end;
+            let gap = FieldTokens {
+                offset: next,
+                binning: Some(binning),
+                bins,
+                missing: column.missing,
+                integer,
+                fine_offset: None,
+            };
+            let (gap, end) = gap.clone().with_refinements(gap.tokens().end, fine);
+            next = end;
             (index, gap)
         });
         let order_index = order.as_ref().map(|(i, _)| *i);
@@ -241,6 +273,16 @@ impl Layout {
 
     pub fn vocabulary(&self) -> usize {
         self.vocabulary as usize
+    }
+
+    /// The lag-1 input where a token has none; lag-1 inputs are token ids or this.
+    pub fn no_lag(&self) -> u32 {
+        self.vocabulary
+    }
+
+    /// The size of each table of lag-1 inputs (bins, refinements).
+    pub fn lag_inputs(&self) -> Vec<usize> {
+        vec![self.vocabulary as usize + 1; 2]
     }
 
     /// Columns of a row of output (the domain's).
@@ -289,7 +331,7 @@ impl Layout {
         let tokens = self.field_tokens(field);
         let (bin, refined) = tokens.encode(value, self.fine);
         out.push(tokens.offset + bin);
-        out.extend(refined.map(|f| SPECIAL + f));
+        out.extend(refined.map(|f| tokens.fine_start() + f));
         tokens.decode(bin, refined, self.fine)
     }
 
@@ -399,11 +441,20 @@ enum Stage {
     Boundary,
     /// The i-th field of the current row.
     Row(usize),
-    /// The refinement token of a field's bin, `levels` of them valid.
+    /// The refinement token of a field's bin: `levels` of them valid, from `start`.
     Fine {
+        start: u32,
         levels: u32,
     },
     Done,
+}
+
+/// A row field's tokens, kept for the next row's lag-1 inputs.
+#[derive(Clone, Copy, Debug)]
+struct Lagged {
+    field: Field,
+    bin: Option<u32>,
+    refinement: Option<u32>,
 }
 
 /// The grammar, walked token by token: what may come next, and the rows read so far.
@@ -422,6 +473,10 @@ pub struct Cursor<'a> {
     pub rows: Vec<Vec<Option<f64>>>,
     /// Last known order value.
     previous: Option<f64>,
+    /// Per field of a row, which field it is and its bin and refinement tokens, in the
+    /// last complete row and in the current one: the lag-1 inputs ([`Cursor::lagged`]).
+    last_row: Vec<Lagged>,
+    this_row: Vec<Lagged>,
 }
 
 impl<'a> Cursor<'a> {
@@ -436,6 +491,32 @@ impl<'a> Cursor<'a> {
             statics: vec![None; layout.width()],
             rows: Vec::new(),
             previous: None,
+            last_row: Vec::new(),
+            this_row: Vec::new(),
+        }
+    }
+
+    /// The lag-1 inputs of the next token: the bin and the refinement tokens the same
+    /// field took in the previous row, each [`Layout::no_lag`] where there is none (no
+    /// previous row in this sequence, no refinement, statics, the start). They let the
+    /// model read a value's predecessor directly, at full resolution, whatever the tokens
+    /// between them, so a few hundred rounds learn what a history does over time.
+    pub fn lagged(&self) -> [u32; 2] {
+        let none = self.layout.no_lag();
+        // The previous row's tokens of `field` at slot i: none where that slot held another
+        // field (a sequence's first row carries the order value, later rows its gap).
+        let slot = |row: &[Lagged], i: usize, field: Field| match row.get(i) {
+            Some(lagged) if lagged.field == field => [lagged.bin.unwrap_or(none), lagged.refinement.unwrap_or(none)],
+            _ => [none, none],
+        };
+        match (self.stage, self.after_fine) {
+            (Stage::Row(i), _) => match self.field(Stage::Row(i)) {
+                Some(field) => slot(&self.last_row, i, field),
+                None => [none, none],
+            },
+            (Stage::Fine { .. }, Some((Stage::Row(i), field, _))) => slot(&self.last_row, i, field),
+            (Stage::Boundary, _) if !self.this_row.is_empty() => slot(&self.this_row, 0, self.first_row_field()),
+            _ => [none, none],
         }
     }
 
@@ -490,7 +571,7 @@ impl<'a> Cursor<'a> {
                 std::iter::once(self.layout.field_tokens(self.first_row_field()).tokens()).collect()
             }
             Stage::Boundary => vec![EOH..EOH + 1, self.layout.field_tokens(self.first_row_field()).tokens()],
-            Stage::Fine { levels } => std::iter::once(SPECIAL..SPECIAL + levels).collect(),
+            Stage::Fine { start, levels } => std::iter::once(start..start + levels).collect(),
             Stage::Done => Vec::new(),
         }
     }
@@ -554,26 +635,35 @@ impl<'a> Cursor<'a> {
             Stage::Boundary | Stage::Static(_) | Stage::Row(_) => {
                 let stage = if self.stage == Stage::Boundary {
                     self.rows.push(self.statics.clone());
+                    self.last_row = std::mem::take(&mut self.this_row);
                     Stage::Row(0)
                 } else {
                     self.stage
                 };
                 let field = self.field(stage).expect("a field stage");
+                if let Stage::Row(i) = stage {
+                    let unset = Lagged { field, bin: None, refinement: None };
+                    self.this_row.resize(self.this_row.len().max(i + 1), unset);
+                    self.this_row[i] = Lagged { field, bin: Some(token), refinement: None };
+                }
                 let tokens = self.layout.field_tokens(field);
                 let bin = token - tokens.offset;
                 let levels = tokens.levels(bin, self.layout.fine);
                 if levels > 0 {
                     self.after_fine = Some((stage, field, bin));
-                    self.stage = Stage::Fine { levels };
+                    self.stage = Stage::Fine { start: tokens.fine_start(), levels };
                 } else {
                     let value = tokens.decode(bin, None, self.layout.fine);
                     self.store(field, value, stage);
                     self.stage = self.after(stage);
                 }
             }
-            Stage::Fine { .. } => {
+            Stage::Fine { start, .. } => {
                 let (stage, field, bin) = self.after_fine.take().expect("a refinement follows a bin");
-                let value = self.layout.field_tokens(field).decode(bin, Some(token - SPECIAL), self.layout.fine);
+                if let Stage::Row(i) = stage {
+                    self.this_row[i].refinement = Some(token);
+                }
+                let value = self.layout.field_tokens(field).decode(bin, Some(token - start), self.layout.fine);
                 self.store(field, value, stage);
                 self.stage = self.after(stage);
             }

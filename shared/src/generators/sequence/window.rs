@@ -52,6 +52,9 @@ pub fn window(layout: &Layout, spec: &WindowSpec, rows: &[Vec<Option<f64>>], see
 pub struct PaddedBatch {
     /// Inputs, sequences × length.
     pub inputs: Vec<u32>,
+    /// Each input's lag-1 tokens (`Cursor::lagged`: the bin and the refinement the field
+    /// the next token belongs to held in the previous row), one vector per kind.
+    pub lagged: [Vec<u32>; 2],
     pub targets: Vec<u32>,
     /// Additive grammar mask per input position: 0 for allowed next tokens, −10⁹ else.
     pub allowed: Vec<f32>,
@@ -67,6 +70,7 @@ pub fn pad(layout: &Layout, windows: &[Window]) -> PaddedBatch {
     let n = windows.len() * length;
     let mut batch = PaddedBatch {
         inputs: vec![super::tokens::EOH; n],
+        lagged: [vec![layout.no_lag(); n], vec![layout.no_lag(); n]],
         targets: vec![super::tokens::EOH; n],
         allowed: vec![0.0; n * vocabulary],
         weights: vec![0.0; n],
@@ -78,6 +82,8 @@ pub fn pad(layout: &Layout, windows: &[Window]) -> PaddedBatch {
         for i in 1..w.tokens.len() {
             let p = s * length + i - 1;
             batch.inputs[p] = w.tokens[i - 1];
+            let [bin, refinement] = cursor.lagged();
+            (batch.lagged[0][p], batch.lagged[1][p]) = (bin, refinement);
             batch.targets[p] = w.tokens[i];
             let mask = &mut batch.allowed[p * vocabulary..(p + 1) * vocabulary];
             mask.fill(-1e9);
