@@ -201,16 +201,8 @@ impl RunPlan {
         noisy_units: f64,
         sigma: f64,
     ) -> Result<PrivacyCost, PrivacyError> {
-        let rate = self.rate(noisy_units);
-        let delta = held_delta(spec)?;
-        let mut worst: Option<PrivacyCost> = None;
-        for order in self.held_orders(spec, options, noisy_units)? {
-            let cost = account(&self.mechanisms(rate, sigma), Accountant::Rdp, delta, &at_order(options, order))?;
-            if worst.as_ref().is_none_or(|w| cost.epsilon > w.epsilon) {
-                worst = Some(cost);
-            }
-        }
-        worst.ok_or_else(|| PrivacyError::Unreachable("no RDP order holds the run".into()))
+        let orders = self.held_orders(spec, options, noisy_units)?;
+        self.cost_at(spec, options, self.rate(noisy_units), sigma, &orders)
     }
 
     /// The smallest σ for which the job meets its (ε, δ) at every held order of
@@ -221,32 +213,64 @@ impl RunPlan {
         options: &AccountingOptions,
         noisy_units: f64,
     ) -> Result<f64, PrivacyError> {
-        let rate = self.rate(noisy_units);
-        let delta = held_delta(spec)?;
-        let mut sigma: f64 = 0.0;
-        for order in self.held_orders(spec, options, noisy_units)? {
-            let at = calibrate_sigma(spec.privacy.epsilon, delta, Accountant::Rdp, &at_order(options, order), |s| {
-                self.mechanisms(rate, s)
-            })?;
-            sigma = sigma.max(at);
-        }
-        Ok(sigma)
+        let orders = self.held_orders(spec, options, noisy_units)?;
+        self.calibrate_at(spec, options, self.rate(noisy_units), &orders)
     }
 
     /// The run's noise multiplier after `noisy_units` (declared, or calibrated) and the
-    /// job's cost at its held orders, stated at the job's δ.
+    /// job's cost at its held orders, stated at the job's δ (the orders found once).
     pub fn settle(
         &self,
         spec: &JobSpec,
         options: &AccountingOptions,
         noisy_units: f64,
     ) -> Result<(f64, PrivacyCost), PrivacyError> {
+        let (rate, orders) = (self.rate(noisy_units), self.held_orders(spec, options, noisy_units)?);
         let sigma = match self.noise_multiplier {
             Some(sigma) => sigma,
-            None => self.calibrate(spec, options, noisy_units)?,
+            None => self.calibrate_at(spec, options, rate, &orders)?,
         };
-        let held = self.held_cost(spec, options, noisy_units, sigma)?;
+        let held = self.cost_at(spec, options, rate, sigma, &orders)?;
         Ok((sigma, PrivacyCost { delta: spec.privacy.delta, ..held }))
+    }
+
+    /// The worst cost over `orders` at `rate` and `sigma`, at δ less the count's tail.
+    fn cost_at(
+        &self,
+        spec: &JobSpec,
+        options: &AccountingOptions,
+        rate: f64,
+        sigma: f64,
+        orders: &[f64],
+    ) -> Result<PrivacyCost, PrivacyError> {
+        let delta = held_delta(spec)?;
+        let mut worst: Option<PrivacyCost> = None;
+        for &order in orders {
+            let cost = account(&self.mechanisms(rate, sigma), Accountant::Rdp, delta, &at_order(options, order))?;
+            if worst.as_ref().is_none_or(|w| cost.epsilon > w.epsilon) {
+                worst = Some(cost);
+            }
+        }
+        worst.ok_or_else(|| PrivacyError::Unreachable("no RDP order holds the run".into()))
+    }
+
+    /// The smallest σ meeting the job's (ε, δ less the tail) at every one of `orders`.
+    fn calibrate_at(
+        &self,
+        spec: &JobSpec,
+        options: &AccountingOptions,
+        rate: f64,
+        orders: &[f64],
+    ) -> Result<f64, PrivacyError> {
+        let delta = held_delta(spec)?;
+        let mut sigma: f64 = 0.0;
+        for &order in orders {
+            let at = calibrate_sigma(spec.privacy.epsilon, delta, Accountant::Rdp, &at_order(options, order), |s| {
+                self.mechanisms(rate, s)
+            })?;
+            sigma = sigma.max(at);
+        }
+        Ok(sigma)
     }
 }
 

@@ -12,7 +12,8 @@
 //!   Jensen–Shannon distance (natural log; maximum √ln 2) between the two histograms;
 //! * sequence lengths: rows per unit, real against synthetic (total variation);
 //! * dynamics, per numeric feature: the lag-1 autocorrelation (Pearson correlation of each
-//!   value with the unit's previous present value, over all units' consecutive pairs) of
+//!   value with the unit's previous present value, over all units' consecutive pairs; the
+//!   values clamped to the declared bounds, as every metric here reads them) of
 //!   the training, held-out and synthetic tables, and the feature's transition error (the
 //!   Frobenius norm above) of the synthetic and of the held-out tables against the
 //!   training tables — the held-out figures are the real-vs-real floor. Rows that look

@@ -96,7 +96,8 @@ fn dynamics(l: &Longitudinal) -> String {
     }
     let figure = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.3}"));
     let mut out = String::from(
-        "<h3>Dynamics within units</h3><p>Lag-1: the correlation of each value with the unit's previous one. \
+        "<h3>Dynamics within units</h3><p>Lag-1: the correlation of each value with the unit's previous one, on values as the \
+         schema reads them (clamped to its declared bounds). \
          Transition error: the Frobenius norm of the difference of lag-1 transition matrices over the training \
          data's quintiles. Held-out is real against real: the floor (higher when the held-out set is small).</p>",
     );
