@@ -62,12 +62,19 @@ async fn a_released_draft_is_charged_holds_only_common_values_and_parses() {
     let out = draft(dir.path(), &data);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
-    // One charge, at most ε = 1 at δ = 1e-6, then its release marker.
+    // The ledger bound to the file read, one charge, at most ε = 1 at δ = 1e-6, then its
+    // release marker.
     let ledger =
         Ledger::open(&storage::open(dir.path().join("ledger").to_str().unwrap()).unwrap(), "visits").await.unwrap();
     let bodies: Vec<&EntryBody> = ledger.entries().iter().map(|e| &e.body).collect();
-    assert_eq!(bodies.len(), 3, "init, charge, release");
-    let EntryBody::Charge { request, cost } = bodies[1] else { panic!("entry 1 is the charge") };
+    assert_eq!(bodies.len(), 4, "init, input, charge, release");
+    let canonical = format!("file://{}", data.canonicalize().unwrap().display());
+    assert!(
+        matches!(bodies[1], EntryBody::Input { urls } if urls == std::slice::from_ref(&canonical)),
+        "{:?}",
+        bodies[1]
+    );
+    let EntryBody::Charge { request, cost } = bodies[2] else { panic!("entry 2 is the charge") };
     assert!(cost.epsilon <= 1.0 && cost.epsilon > 0.99, "{}", cost.epsilon);
     // Four columns: three Gaussian histograms and one partition selection each, with
     // Δ = m = 2 and L = m = 2.
@@ -78,7 +85,7 @@ async fn a_released_draft_is_charged_holds_only_common_values_and_parses() {
         .filter(|m| matches!(m, Mechanism::PartitionSelection { max_partitions: 2, .. }))
         .count();
     assert_eq!(selections, 4);
-    assert!(matches!(bodies[2], EntryBody::Release { charge_seq: 1, .. }));
+    assert!(matches!(bodies[3], EntryBody::Release { charge_seq: 2, .. }));
 
     let text = std::fs::read_to_string(dir.path().join("draft.toml")).unwrap();
     assert!(!text.contains("PRIVATE") && text.contains("partition selection"), "{text}");
@@ -105,6 +112,16 @@ async fn a_released_draft_is_charged_holds_only_common_values_and_parses() {
     let (min, max) = (bound(&age.min), bound(&age.max));
     assert!((16.0..=23.0).contains(&min) && (76.0..=108.0).contains(&max), "age {min}..{max}");
     assert_eq!(column("score").kind, ColumnKind::Continuous);
+    // Another file charged to the same dataset: refused before it is read, nothing written.
+    let other = dir.path().join("other.csv");
+    std::fs::copy(&data, &other).unwrap();
+    std::fs::remove_file(dir.path().join("draft.toml")).unwrap();
+    let refused = draft(dir.path(), &other);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is bound to the input") && stderr.contains("ledger bind"), "{stderr}");
+    assert_eq!(std::fs::read_dir(dir.path().join("ledger/visits/entries")).unwrap().count(), 4);
+    assert!(!dir.path().join("draft.toml").exists());
 }
 
 /// Over budget: refused (exit 3) at the check, before the rows are read, and nothing is
@@ -169,7 +186,7 @@ async fn a_draft_charges_a_ledger_only_for_its_declared_unit_and_input() {
     assert_eq!(entries(), before);
     let out = with(&["--out", dir.path().join("draft.toml").to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(entries(), before + 2, "the charge and its release marker");
+    assert_eq!(entries(), before + 3, "the input binding, the charge and its release marker");
     let text = std::fs::read_to_string(dir.path().join("draft.toml")).unwrap();
     let spec = JobSpec::parse(&text, "draft").unwrap();
     assert_eq!(spec.schema.unit_column.as_deref(), Some("patient"));

@@ -23,11 +23,17 @@ const REFUSED: i32 = JobState::Refused as i32;
 
 /// Runs a job on a fresh 2-worker standalone cluster; returns (state, message).
 async fn run(spec: JobSpec, scratch: &std::path::Path) -> (i32, String) {
+    run_with_floor(spec, scratch, None).await
+}
+
+/// [`run`], the job's planned charge held to `charge_floor` as a served dataset's is.
+async fn run_with_floor(spec: JobSpec, scratch: &std::path::Path, charge_floor: Option<f64>) -> (i32, String) {
     let mut config = CoordinatorConfig::default();
     config.env.scratch_url = scratch.to_str().unwrap().to_string();
     let cluster = Standalone::start(config, 2).await.unwrap();
     let job_id = format!("test-{}", std::process::id());
-    cluster.service.start_job(JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None }).unwrap();
+    let request = JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None, charge_floor };
+    cluster.service.start_job(request).unwrap();
     let status = loop {
         let s = cluster.service.job_status(&job_id).unwrap();
         if s.state != RUNNING {
@@ -271,8 +277,13 @@ async fn a_harmonic_job_prompts_with_a_release_within_its_charge() {
         JobSpec::parse(&with_generator(&demo_spec(dir, 60), generator), "harmonic").unwrap()
     };
     let dir = tempfile::tempdir().unwrap();
-    let text = with_generator(&demo_spec(dir.path(), 60), &generator)
-        .replace(dir.path().join("ledger").to_str().unwrap(), ledger.to_str().unwrap());
+    let same_data = |text: String, dir: &std::path::Path| {
+        text.replace(dir.join("ledger").to_str().unwrap(), ledger.to_str().unwrap()).replace(
+            dir.join("icu_vitals.csv").to_str().unwrap(),
+            released.path().join("icu_vitals.csv").to_str().unwrap(),
+        )
+    };
+    let text = same_data(with_generator(&demo_spec(dir.path(), 60), &generator), dir.path());
     let spec = JobSpec::parse(&text, "harmonic").unwrap();
     let manifest = fine_tunes_within_its_charge(&spec, dir.path(), released.path(), 1, "harmonic").await;
     let inputs = manifest["privacy"]["public_inputs"].to_string();
@@ -296,11 +307,13 @@ async fn a_harmonic_job_prompts_with_a_release_within_its_charge() {
     }
     let before = charged_mechanisms(released.path(), &spec.job.dataset_id).await.len();
     let dir = tempfile::tempdir().unwrap();
-    let text = with_generator(
-        &demo_spec(dir.path(), 60),
-        &generator.replace(&reference.display().to_string(), copy.to_str().unwrap()),
-    )
-    .replace(dir.path().join("ledger").to_str().unwrap(), ledger.to_str().unwrap());
+    let text = same_data(
+        with_generator(
+            &demo_spec(dir.path(), 60),
+            &generator.replace(&reference.display().to_string(), copy.to_str().unwrap()),
+        ),
+        dir.path(),
+    );
     let (state, message) = run(JobSpec::parse(&text, "harmonic").unwrap(), &dir.path().join("scratch")).await;
     assert_ne!(state, SUCCEEDED);
     assert!(message.contains("this ledger did not charge and release"), "{message}");
@@ -461,8 +474,13 @@ async fn a_second_job_to_a_claimed_prefix_is_refused_before_the_ledger_changes()
     let mut config = CoordinatorConfig::default();
     config.env.scratch_url = dir.path().join("scratch").to_str().unwrap().to_string();
     let cluster = Standalone::start(config, 2).await.unwrap();
-    let request =
-        |job_id: &str| JobRequest { job_id: job_id.into(), spec: spec.clone(), output_url: None, ledger_url: None };
+    let request = |job_id: &str| JobRequest {
+        job_id: job_id.into(),
+        spec: spec.clone(),
+        output_url: None,
+        ledger_url: None,
+        charge_floor: None,
+    };
     let ended = async |job_id: &str| loop {
         let s = cluster.service.job_status(job_id).unwrap();
         if s.state != RUNNING {
@@ -526,7 +544,8 @@ async fn bad_generator_parameters_are_refused_at_submission() {
     for (i, (text, expected)) in cases.into_iter().enumerate() {
         let spec = JobSpec::parse(&text, "bad").unwrap();
         let job_id = format!("bad-{i}");
-        let request = JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None };
+        let request =
+            JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None, charge_floor: None };
         let status = cluster.service.start_job(request).unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains(expected), "{status:?}");
@@ -570,6 +589,41 @@ async fn dp_sgd_budgets_are_enforced_before_training() {
         adjacency: Adjacency::AddRemove,
     };
     assert_eq!(charged, vec![vec![count]], "exactly the unit count release was charged");
+}
+
+/// A dataset's ledger charges one input: a job that reads another file is refused before
+/// a row is read, with nothing charged. A job's planned charge must reach its dataset's
+/// floor: one planned at exactly the floor runs, one below it is refused from its plan
+/// alone, before anything is read or charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_reads_its_ledgers_input_and_pays_at_least_the_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::parse(&demo_spec(dir.path(), 30), "first").unwrap();
+    let epsilon = spec.privacy.epsilon;
+    let (state, message) = run_with_floor(spec.clone(), &dir.path().join("scratch"), Some(epsilon)).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+    let ledger = dir.path().join("ledger");
+    let charges = || charged_mechanisms(dir.path(), &spec.job.dataset_id);
+    assert_eq!(charges().await.len(), 1);
+
+    let other = tempfile::tempdir().unwrap();
+    let text =
+        demo_spec(other.path(), 30).replace(other.path().join("ledger").to_str().unwrap(), ledger.to_str().unwrap());
+    let (state, message) = run(JobSpec::parse(&text, "copy").unwrap(), &other.path().join("scratch")).await;
+    assert_ne!(state, SUCCEEDED);
+    assert!(message.contains("not bound to the input this job reads"), "{message}");
+    assert!(!message.contains("icu_vitals.csv"), "the operator's file names stay in its log: {message}");
+    assert!(walk(&other.path().join("scratch/partitions")).is_empty(), "nothing was read");
+    assert_eq!(charges().await.len(), 1, "nothing was charged");
+
+    let text = demo_spec(dir.path(), 30)
+        .replace(dir.path().join("out").to_str().unwrap(), dir.path().join("out-2").to_str().unwrap());
+    let spec = JobSpec::parse(&text, "below-floor").unwrap();
+    let (state, message) = run_with_floor(spec, &dir.path().join("scratch"), Some(2.0 * epsilon)).await;
+    assert_eq!(state, REFUSED, "{message}");
+    assert!(message.contains(&format!("below this dataset's floor of ε = {}", 2.0 * epsilon)), "{message}");
+    assert!(walk(&dir.path().join("scratch/partitions")).is_empty(), "refused at planning: nothing was partitioned");
+    assert_eq!(charges().await.len(), 1, "nothing was charged");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -917,7 +971,8 @@ async fn one_two_and_four_workers_cast_the_same_selection_votes() {
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
     // Candidates from an untrained model (any histories will do).
     let model = SequenceModel::new(&plan.model, &compute_device());
-    let sampler = SequenceSampler { transformer: model.transformer, spec: plan.model.clone(), temperature: 1.0 };
+    let sampler =
+        SequenceSampler { transformer: model.transformer, spec: plan.model.clone(), temperature: 1.0 };
     let candidates = sampler.histories(40, &mut rhosynth_shared::entropy::os_rng().unwrap());
     let features = candidates.iter().flat_map(|h| features(&plan.model, h)).collect();
     let task = SelectionTask { model: plan.model.clone(), candidates: features, neighbours: 3 };
@@ -1025,7 +1080,13 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
         .worker_id;
     cluster
         .service
-        .start_job(JobRequest { job_id: "hostile".into(), spec: spec.clone(), output_url: None, ledger_url: None })
+        .start_job(JobRequest {
+            job_id: "hostile".into(),
+            spec: spec.clone(),
+            output_url: None,
+            ledger_url: None,
+            charge_floor: None,
+        })
         .unwrap();
 
     let task = loop {

@@ -392,6 +392,7 @@ async fn run_job(
         spec,
         output_url: Some(output.to_string()),
         ledger_url: Some(ledger.to_string()),
+        charge_floor: None,
     };
     let mut last_log = Instant::now();
     let status = cluster

@@ -55,6 +55,12 @@ pub enum JobError {
          nothing was read or charged"
     )]
     OverRemainingBudget { epsilon: f64, remaining: f64, budget: f64 },
+    /// Decided on the plan alone (public), before any private read.
+    #[error(
+        "the job's planned charge is ε = {cost:.6}, below this dataset's floor of ε = {floor} per job \
+         (min_job_epsilon); nothing was read or charged"
+    )]
+    BelowChargeFloor { cost: f64, floor: f64 },
     #[error(transparent)]
     Spec(#[from] rhosynth_shared::spec::SpecError),
     /// A release must never share a prefix with private or operator-only state.
@@ -82,6 +88,7 @@ impl JobError {
             JobError::Ledger(LedgerError::BudgetExceeded { .. })
                 | JobError::OverJobEpsilon { .. }
                 | JobError::OverRemainingBudget { .. }
+                | JobError::BelowChargeFloor { .. }
         )
     }
 
@@ -91,9 +98,14 @@ impl JobError {
     /// aggregate), so the submitter gets a fixed sentence and the operator's log the detail.
     pub fn submitter_message(&self) -> String {
         match self {
+            // The operator's file names stay in the operator's log.
+            JobError::Ledger(LedgerError::OtherInput { .. } | LedgerError::Unbound { .. }) => {
+                "the dataset's ledger is not bound to the input this job reads; the operator's log says why".into()
+            }
             JobError::Ledger(_)
             | JobError::OverJobEpsilon { .. }
             | JobError::OverRemainingBudget { .. }
+            | JobError::BelowChargeFloor { .. }
             | JobError::Spec(_)
             | JobError::Plan(_)
             | JobError::Privacy(_)
@@ -120,6 +132,9 @@ pub struct JobRequest {
     pub output_url: Option<String>,
     /// Overrides the spec's ledger store.
     pub ledger_url: Option<String>,
+    /// The least ε the job's planned charge may state (a served dataset's
+    /// `min_job_epsilon`): each job that reads the data costs at least this much.
+    pub charge_floor: Option<f64>,
 }
 
 impl JobRequest {

@@ -236,15 +236,15 @@ impl Datasets {
         dataset.ledger.clone().unwrap_or_else(|| self.default_ledger.clone())
     }
 
-    /// Creates the ledgers that do not exist yet with their declared budgets, and refuses
-    /// a declaration whose budget differs from its existing ledger's: a ledger's budget is
-    /// fixed when it is created, and a declaration may not pretend otherwise.
+    /// Creates the ledgers that do not exist yet with their declared budgets and inputs, and
+    /// refuses a declaration whose budget or input differs from its existing ledger's: a
+    /// ledger's budget is fixed when it is created, its input until an operator rebinds it.
     pub async fn init_ledgers(&self) -> Result<(), DatasetsError> {
         for dataset in self.by_id.values() {
             let fail = |message: String| DatasetsError::Ledger { dataset: dataset.id.clone(), message };
             let location = storage::open(&self.ledger_url(dataset)).map_err(|e| fail(e.to_string()))?;
             let options = AccountingOptions::default();
-            let ledger = match Ledger::open(&location, &dataset.id).await {
+            let mut ledger = match Ledger::open(&location, &dataset.id).await {
                 Err(LedgerError::NotInitialised { .. }) => {
                     tracing::info!(dataset = dataset.id, "creating the declared dataset's ledger");
                     match Ledger::init(&location, &dataset.id, dataset.budget, Adjacency::AddRemove, options).await {
@@ -264,6 +264,15 @@ impl Datasets {
                     ledger.budget().epsilon,
                     ledger.budget().delta
                 )));
+            }
+            // Every job of the dataset reads its declared input: the ledger records which
+            // (the operator's declaration binds a ledger made before inputs were recorded).
+            ledger.bind_input(&dataset.input.urls).await.or_else(|e| match e {
+                LedgerError::Unbound { .. } => Ok(()),
+                e => Err(fail(e.to_string())),
+            })?;
+            if ledger.input().is_none() {
+                ledger.rebind_input(&dataset.input.urls).await.map_err(|e| fail(e.to_string()))?;
             }
         }
         Ok(())
@@ -353,6 +362,19 @@ impl Datasets {
             let (epsilon, floor) = (spec.privacy.epsilon, dataset.min_job_epsilon);
             return Err(DatasetsError::BelowMinJobEpsilon { dataset: id, epsilon, floor });
         }
+        // The declared ε is the submitter's word; the plan's charge must reach the floor too,
+        // so a DP-SGD run's σ is calibrated from ε (a declared σ would set its cost apart
+        // from the plan admitted, and could fail the job after its count was read).
+        let declared_sigma = match &spec.generator {
+            GeneratorSpec::Findiff(p) => p.noise_multiplier,
+            GeneratorSpec::Sequence(p) => p.noise_multiplier,
+            GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => p.noise_multiplier,
+            _ => None,
+        };
+        if declared_sigma.is_some() {
+            return refuse("a DP-SGD noise_multiplier (it is calibrated from the job's ε)");
+        }
+        request.charge_floor = Some(dataset.min_job_epsilon);
         spec.input = dataset.input.clone();
         // Every row is read whatever the submitter's schema: a value it does not fit is
         // missing (or `__other__`), so the work a job does never counts rows that fit a
@@ -413,7 +435,7 @@ url = "/srv/out"
 
     fn request(extra: &str) -> JobRequest {
         let spec = JobSpec::parse(&format!("{SPEC}{extra}"), "job.toml").unwrap();
-        JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None }
+        JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None }
     }
 
     #[test]
@@ -518,7 +540,7 @@ url = "/srv/out"
                 &format!("name = \"dp2stage\"\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\""),
             );
             let spec = JobSpec::parse(&text, "job.toml").unwrap();
-            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None }
+            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None }
         };
         let mut named = job("smol");
         datasets.bind(&mut named).unwrap();
@@ -550,7 +572,7 @@ url = "/srv/out"
                 ),
             );
             let spec = JobSpec::parse(&text, "job.toml").unwrap();
-            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None }
+            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None }
         };
         let mut named = job("icu-marginals");
         datasets.bind(&mut named).unwrap();
@@ -599,5 +621,51 @@ url = "/srv/out"
         let raised = text.replace("epsilon = 10.0", "epsilon = 100.0");
         let err = Datasets::parse(&raised, "datasets.toml", "/default").unwrap().init_ledgers().await.unwrap_err();
         assert!(err.to_string().contains("differs from the ledger's"), "{err}");
+        // The ledger is bound to the declared input; another is refused until it is rebound.
+        assert_eq!(opened.input(), Some(["file:///srv/icu/vitals.csv".to_string()].as_slice()));
+        let moved = text.replace("/srv/icu/vitals.csv", "/srv/icu/other.csv");
+        let err = Datasets::parse(&moved, "datasets.toml", "/default").unwrap().init_ledgers().await.unwrap_err();
+        assert!(err.to_string().contains("is bound to the input"), "{err}");
+
+        // A ledger made before inputs were recorded, already charged: the declaration binds it.
+        let legacy = tempfile::tempdir().unwrap();
+        let location = storage::open(legacy.path().to_str().unwrap()).unwrap();
+        let budget = Budget { epsilon: 10.0, delta: 1e-6 };
+        let mut old =
+            Ledger::init(&location, "icu", budget, Adjacency::AddRemove, AccountingOptions::default()).await.unwrap();
+        let gaussian = rhosynth_shared::accounting::mechanism::Mechanism::Gaussian {
+            l2_sensitivity: 1.0,
+            noise_multiplier: 10.0,
+            releases: 1,
+            adjacency: Adjacency::AddRemove,
+        };
+        let accountant = rhosynth_shared::accounting::accountant::Accountant::Rdp;
+        let charge = rhosynth_privacy::ledger::ChargeRequest {
+            job_id: "old".into(),
+            mechanisms: vec![gaussian],
+            accountant,
+            delta: 1e-6,
+        };
+        old.charge(&charge).await.unwrap();
+        let text = DATASETS.replace("/srv/ledger", legacy.path().to_str().unwrap());
+        Datasets::parse(&text, "datasets.toml", "/default").unwrap().init_ledgers().await.unwrap();
+        let bound = Ledger::open(&location, "icu").await.unwrap();
+        assert_eq!(bound.input(), Some(["file:///srv/icu/vitals.csv".to_string()].as_slice()));
+    }
+
+    /// A served job's planned charge is held to the dataset's floor (`charge_floor`), and a
+    /// DP-SGD run's σ is calibrated from its ε: a declared σ is refused.
+    #[test]
+    fn a_served_job_is_held_to_the_floor_and_its_sigma_is_calibrated() {
+        let datasets = Datasets::parse(DATASETS, "datasets.toml", "/default").unwrap();
+        let mut job = request("");
+        datasets.bind(&mut job).unwrap();
+        assert_eq!(job.charge_floor, Some(0.01));
+        let text =
+            SPEC.replace("name = \"marginals\"", "name = \"findiff\"\n[generator.findiff]\nnoise_multiplier = 50.0");
+        let spec = JobSpec::parse(&text, "job.toml").unwrap();
+        let mut job = JobRequest { spec, ..request("") };
+        let err = datasets.bind(&mut job).unwrap_err();
+        assert!(matches!(err, DatasetsError::SetBySubmitter { .. }) && err.to_string().contains("noise_multiplier"));
     }
 }

@@ -19,7 +19,7 @@ pub use crate::context::{INPUT_MISMATCH, JobEnv, JobError, JobRequest, Progress,
 use crate::context::{JobContext, blocking, set_stage};
 
 use rand::rngs::ChaCha20Rng;
-use rhosynth_privacy::ledger::{ChargeStatus, Ledger, LedgerError};
+use rhosynth_privacy::ledger::{ChargeRequest, ChargeStatus, Ledger, LedgerError};
 use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::accounting::mechanism::Adjacency;
 use rhosynth_shared::data::domain::Domain;
@@ -91,6 +91,8 @@ async fn claimed(
     let domain = Domain::from_spec(spec);
     let ledger_location = storage::open(ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
+    // A dataset's budget covers the people of one input: never charged for another file.
+    ledger.bind_input(&spec.input.urls).await?;
     let scratch_store = storage::open(&env.scratch_url)?;
     // Before any partition exists, so a coordinator sharing the store never sweeps ours.
     env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Other(format!("scratch heartbeat: {e}")))?;
@@ -123,32 +125,33 @@ async fn claimed(
     scratch::delete_prefix(&scratch_store, &format!("{}/{job_id}", scratch::LEASES)).await;
 
     public_inputs.splice(0..0, declared_inputs(spec));
-    let manifest = output
-        .finish(Manifest {
-            format: MANIFEST_FORMAT.to_string(),
-            rhosynth_version: env!("CARGO_PKG_VERSION").to_string(),
-            job_id: job_id.clone(),
-            generator: spec.generator.name().as_str().to_string(),
-            created_at: chrono::Utc::now(),
-            rows: 0,
-            columns: output_schema(spec)
-                .fields()
-                .iter()
-                .map(|f| ManifestColumn { name: f.name().clone(), data_type: f.data_type().to_string() })
-                .collect(),
-            parts: Vec::new(),
-            privacy: ManifestPrivacy {
-                epsilon: cost.epsilon,
-                delta: cost.delta,
-                accountant: cost.accountant,
-                mechanisms,
-                dataset_id: spec.job.dataset_id.clone(),
-                ledger_url: ledger_url.to_string(),
-                ledger_entry: receipt.seq,
-                public_inputs,
-            },
-        })
-        .await?;
+    let sealed = output.seal(Manifest {
+        format: MANIFEST_FORMAT.to_string(),
+        rhosynth_version: env!("CARGO_PKG_VERSION").to_string(),
+        job_id: job_id.clone(),
+        generator: spec.generator.name().as_str().to_string(),
+        created_at: chrono::Utc::now(),
+        rows: 0,
+        columns: output_schema(spec)
+            .fields()
+            .iter()
+            .map(|f| ManifestColumn { name: f.name().clone(), data_type: f.data_type().to_string() })
+            .collect(),
+        parts: Vec::new(),
+        privacy: ManifestPrivacy {
+            epsilon: cost.epsilon,
+            delta: cost.delta,
+            accountant: cost.accountant,
+            mechanisms,
+            dataset_id: spec.job.dataset_id.clone(),
+            ledger_url: ledger_url.to_string(),
+            ledger_entry: receipt.seq,
+            public_inputs,
+        },
+    })?;
+    // Before the manifest completes the release: the ledger records which manifest it is.
+    ledger.record_published(receipt.seq, &sealed.sha256).await?;
+    let manifest = output.finish(sealed).await?;
     set_stage(progress, "done");
     Ok(manifest)
 }
@@ -183,12 +186,32 @@ async fn synthesize<G: Generator>(
     Ok((output, charged))
 }
 
-/// Refuses the job unless the ledger admits `admission`.
+/// How far under the floor a plan's charge may be: calibrations land just under their
+/// target, and a run's admission is priced at its best order (its held orders cost more).
+const FLOOR_SLACK: f64 = 0.05;
+
+/// Refuses the job unless the ledger admits `admission`, and (on a served dataset) unless
+/// its planned charge reaches the dataset's floor: a job that reads the data costs at least
+/// that, so a budget admits a bounded number of them.
 async fn admit(ctx: &JobContext<'_>, ledger: &mut Ledger, admission: Admission) -> Result<(), JobError> {
+    // Priced at the budget's δ (a job's own tiny δ would state a larger ε), with the slack
+    // of a calibration that lands just under its target.
+    let floor = |ledger: &Ledger, request: &ChargeRequest| {
+        let Some(floor) = ctx.request.charge_floor else { return Ok(()) };
+        let at_budget = ChargeRequest { delta: ledger.budget().delta, ..request.clone() };
+        let cost = ledger.price(&at_budget)?.epsilon;
+        if cost < floor * (1.0 - FLOOR_SLACK) { Err(JobError::BelowChargeFloor { cost, floor }) } else { Ok(()) }
+    };
     match admission {
-        Admission::Cost(mechanisms) => ctx.admit(ledger, &ctx.charge_request(mechanisms)).await.map(drop),
+        Admission::Cost(mechanisms) => {
+            let request = ctx.charge_request(mechanisms);
+            ctx.admit(ledger, &request).await?;
+            floor(ledger, &request)
+        }
         Admission::Bound(mechanisms) => {
-            let admission = ctx.admit(ledger, &ctx.charge_request(mechanisms)).await?;
+            let request = ctx.charge_request(mechanisms);
+            let admission = ctx.admit(ledger, &request).await?;
+            floor(ledger, &request)?;
             let remaining = admission.budget.epsilon - admission.before.epsilon;
             let epsilon = ctx.spec().privacy.epsilon;
             if epsilon > remaining {

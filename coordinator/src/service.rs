@@ -416,8 +416,13 @@ impl Coordinator for CoordinatorService {
         if let Some(s) = &submitter {
             job_id = format!("{}.{job_id}", s.name);
         }
-        let mut request =
-            JobRequest { job_id: job_id.clone(), spec, output_url: r.output_url, ledger_url: r.ledger_url };
+        let mut request = JobRequest {
+            job_id: job_id.clone(),
+            spec,
+            output_url: r.output_url,
+            ledger_url: r.ledger_url,
+            charge_floor: None,
+        };
         self.accept(&mut request, submitter.as_ref())?;
         // Planning can take a while (PATE searches its accountant): off the async threads.
         let request = tokio::task::spawn_blocking(move || check_generator(&request).map(|()| request))

@@ -346,19 +346,26 @@ impl OutputWriter {
         self.parts.iter().map(|p| format!("{base}/{}", p.path)).collect()
     }
 
-    /// Writes the manifest (create-if-absent), then drops the claim: from here on the output
-    /// is complete.
-    pub async fn finish(self, mut manifest: Manifest) -> Result<Manifest, OutputError> {
+    /// The manifest of the parts written, as it will be stored: its SHA-256 is recorded in
+    /// the ledger before it is written, so the release read back is known to be this one.
+    pub fn seal(&self, mut manifest: Manifest) -> Result<Sealed, OutputError> {
         manifest.parts = self.parts.clone();
         manifest.rows = self.parts.iter().map(|p| p.rows).sum();
         let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| self.err(e))?;
+        let sha256 = format!("{:x}", Sha256::digest(&bytes));
+        Ok(Sealed { manifest, bytes, sha256 })
+    }
+
+    /// Writes the sealed manifest (create-if-absent), then drops the claim: from here on the
+    /// output is complete.
+    pub async fn finish(self, sealed: Sealed) -> Result<Manifest, OutputError> {
         let options = PutOptions { mode: PutMode::Create, ..Default::default() };
         let path: Path = self.location.child(MANIFEST);
-        match self.location.store.put_opts(&path, PutPayload::from(bytes), options).await {
+        match self.location.store.put_opts(&path, PutPayload::from(sealed.bytes), options).await {
             Ok(_) => {
                 // The manifest replaces the claim: the prefix is complete.
                 self.claim.release().await;
-                Ok(manifest)
+                Ok(sealed.manifest)
             }
             Err(object_store::Error::AlreadyExists { .. }) => {
                 Err(OutputError::AlreadyComplete { url: self.location.url.clone() })
@@ -366,6 +373,13 @@ impl OutputWriter {
             Err(e) => Err(self.err(e)),
         }
     }
+}
+
+/// A manifest serialised as it will be written, with the SHA-256 of those bytes.
+pub struct Sealed {
+    manifest: Manifest,
+    bytes: Vec<u8>,
+    pub sha256: String,
 }
 
 #[cfg(test)]
@@ -447,7 +461,8 @@ mod tests {
         stale.abandon().await;
         assert_eq!(files(), [CLAIM]);
         second.write_part(&batch).await.unwrap();
-        let written = second.finish(manifest()).await.unwrap();
+        let sealed = second.seal(manifest()).unwrap();
+        let written = second.finish(sealed).await.unwrap();
         assert_eq!(written.rows, 2);
         assert_eq!(files(), [MANIFEST, "part-00000.parquet"], "the manifest replaced the claim");
         let complete = OutputWriter::create(location(), "d").await.map(drop).unwrap_err();

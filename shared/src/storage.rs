@@ -65,7 +65,8 @@ pub fn canonical_url(url: &str) -> (String, String) {
         && let Ok(real) = existing.canonicalize()
         && let Ok(rest) = normal.strip_prefix(&existing)
     {
-        normal = real.join(rest);
+        // `join("")` would end an existing file's path with a separator.
+        normal = if rest.as_os_str().is_empty() { real } else { real.join(rest) };
     }
     (scheme.into(), normal.to_string_lossy().into_owned())
 }
@@ -161,7 +162,19 @@ pub fn open(url: &str) -> Result<StoreLocation, StorageError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{nested, within};
+    use super::{canonical_url, nested, within};
+
+    /// An existing file is named by its resolved path, without a trailing separator.
+    #[test]
+    fn an_existing_file_has_one_canonical_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.csv");
+        std::fs::write(&file, "a\n").unwrap();
+        let real = std::fs::canonicalize(&file).unwrap().display().to_string();
+        for spelled in [file.display().to_string(), format!("file://{}/./a.csv", dir.path().display())] {
+            assert_eq!(canonical_url(&spelled), ("file".to_string(), real.clone()), "{spelled}");
+        }
+    }
 
     #[test]
     fn nested_locations_are_found_however_they_are_spelled() {

@@ -27,6 +27,19 @@ pub enum LedgerCommand {
         /// Neighbouring relation every charge must be analysed under.
         #[arg(long, value_enum, default_value = "add-remove")]
         adjacency: AdjacencyArg,
+        /// The dataset's input (repeatable): every charge must read exactly these files.
+        /// Absent: the first charge binds the ledger to what it reads.
+        #[arg(long)]
+        input: Vec<String>,
+    },
+    /// Bind the ledger to its input's new place (the data moved): later charges must read
+    /// these files. The binding is an entry of the ledger, kept with the others.
+    Bind {
+        #[command(flatten)]
+        at: LedgerAt,
+        /// The dataset's input (repeatable).
+        #[arg(long, required = true)]
+        input: Vec<String>,
     },
     /// Print the budget, every entry and the total spent.
     Show {
@@ -113,14 +126,24 @@ fn describe(spent: &Spent) -> String {
 
 async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        LedgerCommand::Init { at, epsilon, delta, adjacency } => {
+        LedgerCommand::Init { at, epsilon, delta, adjacency, input } => {
             let location = storage::open(&at.store)?;
             let budget = Budget { epsilon, delta };
-            let ledger =
+            let mut ledger =
                 Ledger::init(&location, &at.dataset, budget, adjacency.into(), AccountingOptions::default()).await?;
+            if !input.is_empty() {
+                ledger.rebind_input(&input).await?;
+            }
             eprintln!("created the privacy ledger of '{}' at {} with ε = {epsilon}, δ = {delta}", at.dataset, at.store);
             print_json(&json!({"dataset": ledger.dataset_id(), "store": at.store, "budget": budget,
-                "adjacency": ledger.adjacency()}));
+                "adjacency": ledger.adjacency(), "input": ledger.input()}));
+        }
+        LedgerCommand::Bind { at, input } => {
+            let mut ledger = open(&at).await?;
+            let before = ledger.input().map(<[String]>::to_vec);
+            ledger.rebind_input(&input).await?;
+            eprintln!("the privacy ledger of '{}' is bound to {:?} (was {before:?})", at.dataset, ledger.input());
+            print_json(&json!({"dataset": ledger.dataset_id(), "input": ledger.input(), "before": before}));
         }
         LedgerCommand::Show { at } => {
             let ledger = open(&at).await?;
@@ -133,6 +156,7 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
                 budget.delta,
                 ledger.adjacency()
             );
+            eprintln!("input: {}", ledger.input().map_or("not bound yet".to_string(), |urls| urls.join(", ")));
             eprintln!(
                 "{:>5}  {:<25}  {:<10}  {:<4}  {:>10}  {:<9}  mechanisms",
                 "seq", "time", "job", "acct", "ε (job)", "status"
@@ -167,7 +191,7 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
                 .collect();
             print_json(&json!({
                 "dataset": ledger.dataset_id(), "budget": budget, "adjacency": ledger.adjacency(),
-                "spent": spent, "remaining_epsilon": (budget.epsilon - spent.epsilon).max(0.0),
+                "input": ledger.input(), "spent": spent, "remaining_epsilon": (budget.epsilon - spent.epsilon).max(0.0),
                 "entries": ledger.entries().len(), "charges": charges,
             }));
         }

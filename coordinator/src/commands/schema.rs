@@ -155,6 +155,8 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
     let mut ledger = Ledger::open(&storage::open(&store)?, &dataset_id).await.with_context(|| {
         format!("opening the ledger of '{dataset_id}' in {store} (create it with `rhosynth ledger init`)")
     })?;
+    // The ledger's budget covers the people of its own input, not any file named here.
+    ledger.bind_input(std::slice::from_ref(&data)).await?;
     if let Some(u) = unit
         && !names.iter().any(|n| n == u)
     {

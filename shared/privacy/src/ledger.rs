@@ -7,7 +7,10 @@
 //! claims the one release of a charge: the coordinator writes it *before* the first part
 //! of the output, and the ledger refuses a second one for the same charge (a second
 //! marker found on load makes the ledger corrupt), so neither a racing coordinator nor a
-//! resumed copy of a job can release a charged run twice. Entries are
+//! resumed copy of a job can release a charged run twice; once the parts are written, the
+//! manifest's SHA-256 is recorded before the manifest itself, so a release read back as a
+//! reference is known to be the one released. An input entry binds the ledger to the
+//! input its charges read (canonical URLs): a charge for another file is refused. Entries are
 //! append-only and hash-chained: each object carries the SHA-256 of its own canonical
 //! body and of its predecessor's, so a torn, edited or missing entry is detected on load
 //! and the ledger refuses to operate until an operator repairs it (fail closed).
@@ -85,6 +88,14 @@ pub enum EntryBody {
     /// Claims the one release of charge `charge_seq`, to `location`; written before the
     /// first part of its output (free; at most one per charge).
     Release { charge_seq: u64, job_id: String, location: String },
+    /// The input the ledger's charges read (canonical URLs, sorted): a dataset's budget
+    /// covers the people of one input, so a charge that reads another is refused until an
+    /// operator binds the ledger anew (the data moved). The last such entry holds.
+    Input { urls: Vec<String> },
+    /// The SHA-256 of the manifest completing charge `charge_seq`'s release, written after
+    /// its release marker and before the manifest (at most one per charge): a release read
+    /// back as a reference must be the one released, manifest and (through it) every part.
+    Published { charge_seq: u64, manifest_sha256: String },
 }
 
 /// An entry with its place in the chain.
@@ -251,6 +262,21 @@ pub enum LedgerError {
          (--ledger or [privacy] ledger), or move it to {url}."
     )]
     LegacyExists { dataset_id: String, url: String, legacy: String },
+    #[error(
+        "the privacy ledger of dataset '{dataset_id}' is bound to the input {bound:?}, not {given:?}: a dataset's \
+         budget covers the people of its own input. If the data moved, the operator binds the ledger to its new \
+         place with `rhosynth ledger bind`; other data is another dataset, with a ledger of its own."
+    )]
+    OtherInput { dataset_id: String, bound: Vec<String>, given: Vec<String> },
+    #[error(
+        "the privacy ledger of dataset '{dataset_id}' holds charges but records no input: the operator binds it to \
+         the files its charges read with `rhosynth ledger bind --input …` (ledgers made before inputs were recorded)"
+    )]
+    Unbound { dataset_id: String },
+    #[error("the input of dataset '{dataset_id}': {reason}")]
+    InvalidInput { dataset_id: String, reason: String },
+    #[error("charge {charge_seq}'s release is not claimed, or its manifest is already recorded")]
+    NotPublishable { charge_seq: u64 },
     #[error("privacy ledger object {object} is corrupt: {reason}. The ledger refuses to operate until it is repaired.")]
     Corrupt { object: String, reason: String },
     #[error("invalid dataset id {0:?}: use letters, digits, '.', '_' and '-'")]
@@ -274,6 +300,10 @@ pub struct Ledger {
     hashes: Vec<String>,
     /// Charge seq → seq of its release marker.
     releases: HashMap<u64, u64>,
+    /// Charge seq → the SHA-256 of its release's manifest.
+    published: HashMap<u64, String>,
+    /// The input this handle's next charge reads, to bind an unbound ledger to with it.
+    reading: Option<Vec<String>>,
     /// Totals of the loaded charges; behind a lock so that `spent(&self)` can extend it.
     cache: Mutex<Option<Cache>>,
 }
@@ -437,6 +467,8 @@ impl Ledger {
             entries: Vec::new(),
             hashes: Vec::new(),
             releases: HashMap::new(),
+            published: HashMap::new(),
+            reading: None,
             cache: Mutex::new(None),
         })
     }
@@ -513,6 +545,15 @@ impl Ledger {
                     )));
                 }
             }
+            (EntryBody::Published { charge_seq, .. }, _) => {
+                if !self.releases.contains_key(charge_seq) {
+                    return Err(corrupt(format!("publishes charge {charge_seq}, whose release was not claimed")));
+                }
+                if self.published.contains_key(charge_seq) {
+                    return Err(corrupt(format!("a second manifest for charge {charge_seq}")));
+                }
+            }
+            (EntryBody::Input { .. }, _) => {}
             (EntryBody::Charge { request, .. }, _) => {
                 // A charge priced before its mechanism's map refused this adjacency (GNMax on
                 // a substitution ledger, until 2026-11) would be composed below its cost.
@@ -526,8 +567,14 @@ impl Ledger {
                 }
             }
         }
-        if let EntryBody::Release { charge_seq, .. } = entry.body {
-            self.releases.insert(charge_seq, seq);
+        match &entry.body {
+            EntryBody::Release { charge_seq, .. } => {
+                self.releases.insert(*charge_seq, seq);
+            }
+            EntryBody::Published { charge_seq, manifest_sha256 } => {
+                self.published.insert(*charge_seq, manifest_sha256.clone());
+            }
+            _ => {}
         }
         self.entries.push(entry);
         self.hashes.push(hash);
@@ -616,6 +663,24 @@ impl Ledger {
         }
     }
 
+    /// Every claimed release: its charge and location.
+    pub fn release_locations(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.releases.keys().filter_map(|&charge| Some((charge, self.release_location(charge)?)))
+    }
+
+    /// The SHA-256 of charge `seq`'s released manifest, if recorded.
+    pub fn published(&self, seq: u64) -> Option<&str> {
+        self.published.get(&seq).map(String::as_str)
+    }
+
+    /// The input the ledger is bound to (canonical URLs, sorted), if any.
+    pub fn input(&self) -> Option<&[String]> {
+        self.entries.iter().rev().find_map(|e| match &e.body {
+            EntryBody::Input { urls } => Some(urls.as_slice()),
+            _ => None,
+        })
+    }
+
     /// Runs `f` on the totals of every loaded charge, first composing those loaded since
     /// the last call.
     fn with_cache<T>(&self, f: impl FnOnce(&mut Cache) -> T) -> T {
@@ -699,6 +764,13 @@ impl Ledger {
             if !admission.fits() {
                 return Err(self.refusal(request, &admission));
             }
+            // An unbound ledger is bound to the input this charge read, just before it.
+            if let Some(reading) = self.reading.clone() {
+                self.check_input(&reading)?;
+                if self.input().is_none() && !self.try_append(EntryBody::Input { urls: reading }).await? {
+                    continue;
+                }
+            }
             let seq = self.entries.len() as u64;
             let body = EntryBody::Charge { request: request.clone(), cost: cost.clone() };
             if self.try_append(body).await? {
@@ -761,6 +833,86 @@ impl Ledger {
             }
             let seq = self.entries.len() as u64;
             let body = EntryBody::Release { charge_seq, job_id, location: location.to_string() };
+            if self.try_append(body).await? {
+                return Ok(seq);
+            }
+        }
+        Err(LedgerError::Contention(MAX_ATTEMPTS))
+    }
+
+    /// States the input this handle's charges read, before any of it is read: refused when
+    /// the ledger is bound to another, or is unbound but already holds charges (whose input
+    /// no one recorded: the operator binds it, `rhosynth ledger bind`). An unbound ledger
+    /// is bound to it with the next charge (a refused charge writes nothing).
+    pub async fn bind_input(&mut self, urls: &[String]) -> Result<(), LedgerError> {
+        let given = self.canonical_input(urls)?;
+        self.refresh().await?;
+        self.check_input(&given)?;
+        self.reading = Some(given);
+        Ok(())
+    }
+
+    fn check_input(&self, given: &[String]) -> Result<(), LedgerError> {
+        let dataset_id = self.dataset_id().to_string();
+        match self.input() {
+            Some(bound) if bound == given => Ok(()),
+            Some(bound) => Err(LedgerError::OtherInput { dataset_id, bound: bound.to_vec(), given: given.to_vec() }),
+            None if self.entries.iter().any(|e| matches!(e.body, EntryBody::Charge { .. })) => {
+                Err(LedgerError::Unbound { dataset_id })
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Binds the ledger to `urls` whatever it was bound to: the operator's, for a ledger
+    /// made before bindings or when the data moved (`rhosynth ledger bind`, a declared
+    /// dataset's input when `serve` starts).
+    pub async fn rebind_input(&mut self, urls: &[String]) -> Result<(), LedgerError> {
+        let urls = self.canonical_input(urls)?;
+        for _ in 0..MAX_ATTEMPTS {
+            self.refresh().await?;
+            if self.try_append(EntryBody::Input { urls: urls.clone() }).await? {
+                return Ok(());
+            }
+        }
+        Err(LedgerError::Contention(MAX_ATTEMPTS))
+    }
+
+    /// An input as a ledger records it: each URL canonical (scheme, absolute path, links
+    /// resolved), sorted. A `..` segment is refused (a store resolves it after a link, not
+    /// before, so the text names another file than the one read), as is a file named twice.
+    fn canonical_input(&self, urls: &[String]) -> Result<Vec<String>, LedgerError> {
+        let invalid = |reason: String| LedgerError::InvalidInput { dataset_id: self.dataset_id().to_string(), reason };
+        if let Some(url) = urls.iter().find(|url| url.split('/').any(|part| part == "..")) {
+            return Err(invalid(format!("{url} has a `..` segment: name the file by its own path")));
+        }
+        let mut canonical: Vec<String> = urls
+            .iter()
+            .map(|url| {
+                let (scheme, path) = storage::canonical_url(url);
+                format!("{scheme}://{path}")
+            })
+            .collect();
+        canonical.sort();
+        if let Some(twice) = canonical.windows(2).find(|w| w[0] == w[1]) {
+            return Err(invalid(format!("{} is named twice", twice[0])));
+        }
+        if canonical.is_empty() {
+            return Err(invalid("no input files".into()));
+        }
+        Ok(canonical)
+    }
+
+    /// Records the SHA-256 of the manifest about to complete charge `charge_seq`'s release:
+    /// after its release marker, before the manifest is written.
+    pub async fn record_published(&mut self, charge_seq: u64, manifest_sha256: &str) -> Result<u64, LedgerError> {
+        for _ in 0..MAX_ATTEMPTS {
+            self.refresh().await?;
+            if !self.releases.contains_key(&charge_seq) || self.published.contains_key(&charge_seq) {
+                return Err(LedgerError::NotPublishable { charge_seq });
+            }
+            let seq = self.entries.len() as u64;
+            let body = EntryBody::Published { charge_seq, manifest_sha256: manifest_sha256.to_string() };
             if self.try_append(body).await? {
                 return Ok(seq);
             }

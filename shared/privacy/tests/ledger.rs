@@ -684,3 +684,84 @@ async fn a_charge_the_ledger_cannot_price_under_its_adjacency_is_refused_when_re
     let err = open(dir.path()).await.map(drop).unwrap_err();
     assert!(matches!(err, LedgerError::Corrupt { .. }) && err.to_string().contains("not analysed under"), "{err}");
 }
+
+/// A ledger is bound to one input. An unbound ledger is bound to the input of its first
+/// charge, written with that charge (a refused charge writes nothing); the same files
+/// spelled another way are the same input; another file, a superset, a `..` or a file
+/// named twice is refused with nothing written. A ledger that holds charges but no input
+/// (made before inputs were recorded) waits for the operator's binding, an entry like
+/// the others, which also moves a bound ledger to its data's new place.
+#[tokio::test]
+async fn a_ledger_charges_one_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (a, b) = (data.path().join("a.csv").display().to_string(), data.path().join("b.csv").display().to_string());
+    let mut ledger = init(dir.path(), 1.0, DELTA).await;
+    ledger.bind_input(std::slice::from_ref(&a)).await.unwrap();
+    assert_eq!((ledger.input(), ledger.entries().len()), (None, 1), "stating the input writes nothing");
+    let refused = ledger.charge(&request("big", gaussian(0.1), Accountant::Rdp, DELTA)).await.unwrap_err();
+    assert!(matches!(refused, LedgerError::BudgetExceeded { .. }));
+    assert_eq!((ledger.input(), ledger.entries().len()), (None, 1), "a refused charge binds nothing");
+    ledger.charge(&request("j", gaussian(10.0), Accountant::Rdp, DELTA)).await.unwrap();
+    let canonical_a = format!("file://{}", std::fs::canonicalize(data.path()).unwrap().join("a.csv").display());
+    assert_eq!(ledger.input(), Some([canonical_a].as_slice()));
+    assert!(matches!(ledger.entries()[1].body, EntryBody::Input { .. }));
+    assert!(matches!(ledger.entries()[2].body, EntryBody::Charge { .. }));
+
+    let before = snapshot(dir.path());
+    let mut reopened = open(dir.path()).await.unwrap();
+    reopened.bind_input(&[format!("file://{}/./a.csv", data.path().display())]).await.unwrap();
+    let err = reopened.bind_input(std::slice::from_ref(&b)).await.unwrap_err();
+    assert!(matches!(err, LedgerError::OtherInput { .. }) && err.to_string().contains("ledger bind"), "{err}");
+    let superset = [a.clone(), b.clone()];
+    assert!(matches!(reopened.bind_input(&superset).await, Err(LedgerError::OtherInput { .. })));
+    for bad in [vec![format!("{}/x/../a.csv", data.path().display())], vec![a.clone(), a.clone()]] {
+        assert!(matches!(reopened.bind_input(&bad).await, Err(LedgerError::InvalidInput { .. })), "{bad:?}");
+    }
+    assert_eq!(before, snapshot(dir.path()), "refusals write nothing");
+    reopened.rebind_input(std::slice::from_ref(&b)).await.unwrap();
+    let mut moved = open(dir.path()).await.unwrap();
+    moved.bind_input(std::slice::from_ref(&b)).await.unwrap();
+    assert!(matches!(moved.bind_input(std::slice::from_ref(&a)).await, Err(LedgerError::OtherInput { .. })));
+
+    // Charges without an input: the operator binds the ledger first.
+    let legacy = tempfile::tempdir().unwrap();
+    let mut ledger = init(legacy.path(), 1.0, DELTA).await;
+    ledger.charge(&request("old", gaussian(10.0), Accountant::Rdp, DELTA)).await.unwrap();
+    let err = ledger.bind_input(std::slice::from_ref(&a)).await.unwrap_err();
+    assert!(matches!(err, LedgerError::Unbound { .. }) && err.to_string().contains("ledger bind"), "{err}");
+    ledger.rebind_input(std::slice::from_ref(&a)).await.unwrap();
+    ledger.bind_input(std::slice::from_ref(&a)).await.unwrap();
+}
+
+/// A release's manifest hash is recorded once, after its release marker: before the
+/// marker, or a second time, it is refused; a second one found on the store makes the
+/// ledger corrupt.
+#[tokio::test]
+async fn a_release_records_its_manifest_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = init(dir.path(), 1.0, DELTA).await;
+    let receipt = ledger.charge(&request("j", gaussian(10.0), Accountant::Rdp, DELTA)).await.unwrap();
+    let early = ledger.record_published(receipt.seq, "aa").await.unwrap_err();
+    assert!(matches!(early, LedgerError::NotPublishable { charge_seq: 1 }), "{early}");
+    ledger.record_release(receipt.seq, "file:///out/j").await.unwrap();
+    assert_eq!(ledger.published(receipt.seq), None);
+    assert_eq!(ledger.record_published(receipt.seq, "aa").await.unwrap(), 3);
+    let mut reopened = open(dir.path()).await.unwrap();
+    assert_eq!(reopened.published(receipt.seq), Some("aa"));
+    assert!(matches!(reopened.record_published(receipt.seq, "bb").await, Err(LedgerError::NotPublishable { .. })));
+
+    // A second record written behind the ledger's back (hashed and chained) is corrupt.
+    let entries = entries_dir(dir.path());
+    let stored: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(entries.join(format!("{:020}.json", 3))).unwrap()).unwrap();
+    let mut entry = stored["entry"].clone();
+    entry["seq"] = 4.into();
+    entry["prev_sha256"] = stored["sha256"].clone();
+    entry["body"]["manifest_sha256"] = "bb".into();
+    let sha256 = format!("{:x}", Sha256::digest(serde_json::to_vec(&entry).unwrap()));
+    let second = serde_json::json!({ "entry": entry, "sha256": sha256 });
+    std::fs::write(entries.join(format!("{:020}.json", 4)), serde_json::to_vec_pretty(&second).unwrap()).unwrap();
+    let err = open(dir.path()).await.err().expect("a second manifest record must fail the load");
+    assert!(matches!(err, LedgerError::Corrupt { .. }) && err.to_string().contains("a second manifest"), "{err}");
+}

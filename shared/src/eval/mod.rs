@@ -381,45 +381,95 @@ pub enum EvalError {
 /// The files of the table at `url`: a rhosynth release (its manifest lists the parts and
 /// states the guarantee) or a single file.
 pub async fn release_parts(url: &str) -> Result<(Vec<String>, Option<Manifest>), DataError> {
+    let release = read_release(url, None, None).await?;
+    Ok((release.parts, release.manifest.map(|(manifest, _)| manifest)))
+}
+
+/// A table read back: its files, and for a rhosynth release its manifest with the
+/// SHA-256 of the manifest's bytes (what the ledger records when it is released).
+pub struct ReadRelease {
+    pub parts: Vec<String>,
+    pub manifest: Option<(Manifest, String)>,
+}
+
+/// Reads the table at `url` as [`release_parts`] does. With `copy_to`, a release's parts
+/// are copied there as they are hashed and named by their copies, so what is read later is
+/// what was checked (a part changed between the check and the read is never read). With
+/// `rows`, only the first parts that hold that many rows (by the manifest) are read.
+pub async fn read_release(
+    url: &str,
+    copy_to: Option<&std::path::Path>,
+    rows: Option<u64>,
+) -> Result<ReadRelease, DataError> {
     if std::path::Path::new(url.trim_start_matches("file://")).is_file() {
-        return Ok((vec![url.to_string()], None));
+        return Ok(ReadRelease { parts: vec![url.to_string()], manifest: None });
     }
     let read = |message: String| DataError::Read { file: url.to_string(), message };
     let location = storage::open_existing_prefix(url).map_err(|e| read(e.to_string()))?;
-    match location.store.get(&location.child(MANIFEST)).await {
-        Ok(got) => {
-            let bytes = got.bytes().await.map_err(|e| read(e.to_string()))?;
-            let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| read(format!("{MANIFEST}: {e}")))?;
-            if ![MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT].contains(&manifest.format.as_str()) {
-                return Err(read(format!("{MANIFEST} has format {:?}, not {MANIFEST_FORMAT}", manifest.format)));
-            }
-            let base = url.trim_end_matches('/');
-            // A manifest names files inside its own prefix by plain relative paths, never
-            // elsewhere (`..`, a root, a scheme).
-            let plain = |path: &str| path.split('/').all(|s| !matches!(s, "" | "." | "..") && !s.contains(':'));
-            if let Some(outside) = manifest.parts.iter().find(|p| !plain(&p.path)) {
-                return Err(read(format!("{MANIFEST} names a part outside the release: {}", outside.path)));
-            }
-            // Each part is the one released: its bytes hash to the manifest's SHA-256, so a
-            // part changed after the release (say, to rows of a private input) is refused.
-            // Streamed; the message names the part only (its bytes may not be public).
-            for part in &manifest.parts {
-                let got = location.store.get(&location.child(&part.path)).await.map_err(|e| read(e.to_string()))?;
-                let mut stream = got.into_stream();
-                let mut hash = Sha256::new();
-                while let Some(chunk) = stream.try_next().await.map_err(|e| read(e.to_string()))? {
-                    hash.update(&chunk);
-                }
-                if format!("{:x}", hash.finalize()) != part.sha256 {
-                    return Err(read(format!("part {} is not the part released (its SHA-256 differs)", part.path)));
-                }
-            }
-            let parts: Vec<String> = manifest.parts.iter().map(|p| format!("{base}/{}", p.path)).collect();
-            Ok((parts, Some(manifest)))
+    let bytes = match location.store.get(&location.child(MANIFEST)).await {
+        Ok(got) => got.bytes().await.map_err(|e| read(e.to_string()))?,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Ok(ReadRelease { parts: vec![url.to_string()], manifest: None });
         }
-        Err(object_store::Error::NotFound { .. }) => Ok((vec![url.to_string()], None)),
-        Err(e) => Err(read(e.to_string())),
+        Err(e) => return Err(read(e.to_string())),
+    };
+    let manifest_sha256 = format!("{:x}", Sha256::digest(&bytes));
+    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| read(format!("{MANIFEST}: {e}")))?;
+    if ![MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT].contains(&manifest.format.as_str()) {
+        return Err(read(format!("{MANIFEST} has format {:?}, not {MANIFEST_FORMAT}", manifest.format)));
     }
+    let base = url.trim_end_matches('/');
+    // A manifest names files inside its own prefix by plain relative paths, never
+    // elsewhere (`..`, a root, a scheme).
+    let plain = |path: &str| path.split('/').all(|s| !matches!(s, "" | "." | "..") && !s.contains(':'));
+    if let Some(outside) = manifest.parts.iter().find(|p| !plain(&p.path)) {
+        return Err(read(format!("{MANIFEST} names a part outside the release: {}", outside.path)));
+    }
+    // Each part is the one released: its bytes hash to the manifest's SHA-256, so a part
+    // changed after the release (say, to rows of a private input) is refused. Streamed;
+    // the message names the part only (its bytes may not be public).
+    let mut parts = Vec::with_capacity(manifest.parts.len());
+    let mut held = 0;
+    for part in &manifest.parts {
+        if rows.is_some_and(|rows| held >= rows) {
+            break;
+        }
+        held += part.rows;
+        let got = location.store.get(&location.child(&part.path)).await.map_err(|e| read(e.to_string()))?;
+        let mut copy = match copy_to {
+            Some(dir) => {
+                let path = dir.join(&part.path);
+                let create = async {
+                    tokio::fs::create_dir_all(path.parent().unwrap_or(dir)).await?;
+                    tokio::fs::File::create(&path).await
+                };
+                let file = create.await.map_err(|e| read(format!("copying part {}: {e}", part.path)))?;
+                Some((path, file))
+            }
+            None => None,
+        };
+        let mut stream = got.into_stream();
+        let mut hash = Sha256::new();
+        while let Some(chunk) = stream.try_next().await.map_err(|e| read(e.to_string()))? {
+            hash.update(&chunk);
+            if let Some((_, file)) = &mut copy {
+                use tokio::io::AsyncWriteExt;
+                file.write_all(&chunk).await.map_err(|e| read(format!("copying part {}: {e}", part.path)))?;
+            }
+        }
+        if format!("{:x}", hash.finalize()) != part.sha256 {
+            return Err(read(format!("part {} is not the part released (its SHA-256 differs)", part.path)));
+        }
+        parts.push(match copy {
+            Some((path, mut file)) => {
+                use tokio::io::AsyncWriteExt;
+                file.flush().await.map_err(|e| read(format!("copying part {}: {e}", part.path)))?;
+                path.display().to_string()
+            }
+            None => format!("{base}/{}", part.path),
+        });
+    }
+    Ok(ReadRelease { parts, manifest: Some((manifest, manifest_sha256)) })
 }
 
 /// Refuses a report location that is the synthetic prefix itself, or that is (or lies
@@ -551,7 +601,8 @@ mod tests {
     }
 
     /// A part whose bytes are not the ones released (changed, or swapped for another file)
-    /// is refused, naming the part; the part as released is read.
+    /// is refused, naming the part; the part as released is read, from the copy checked
+    /// when copies are asked for.
     #[tokio::test]
     async fn a_part_changed_after_its_release_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -570,7 +621,16 @@ mod tests {
         let url = release.to_str().unwrap();
         std::fs::write(release.join("part-00000.csv"), released).unwrap();
         release_parts(url).await.unwrap();
+        // Read with copies: what is read later is the copy checked, whatever happens to the
+        // release after the check; the manifest's own SHA-256 comes with it.
+        let copies = tempfile::tempdir().unwrap();
+        let read = read_release(url, Some(copies.path()), None).await.unwrap();
+        let (_, manifest_sha256) = read.manifest.unwrap();
+        let manifest_bytes = std::fs::read(release.join(MANIFEST)).unwrap();
+        assert_eq!(manifest_sha256, format!("{:x}", Sha256::digest(&manifest_bytes)));
         std::fs::write(release.join("part-00000.csv"), b"a,b\n1,3\n").unwrap();
+        assert_eq!(read.parts, [copies.path().join("part-00000.csv").display().to_string()]);
+        assert_eq!(std::fs::read(&read.parts[0]).unwrap(), released);
         let err = release_parts(url).await.unwrap_err().to_string();
         assert!(err.contains("part-00000.csv is not the part released"), "{err}");
     }

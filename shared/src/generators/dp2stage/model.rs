@@ -145,17 +145,19 @@ impl TrainableLayers for TextModel {
     }
 }
 
-/// The losses of rows (each its own sequence, padded to the longest with zero weight):
-/// next-token log-loss over the whole vocabulary, value tokens weighted λ and the rest
-/// 1 − λ (a prompt's tokens 0: context only), and each position's unit.
+/// The losses of rows (each its own sequence, padded with zero weight to the longest, or
+/// to `pad_to` tokens if more): next-token log-loss over the whole vocabulary, value tokens
+/// weighted λ and the rest 1 − λ (a prompt's tokens 0: context only), and each position's
+/// unit.
 pub fn row_losses(
     decoder: &Decoder,
     rows: &[(usize, &RowTokens)],
+    pad_to: usize,
     value_weight: f64,
     end: u32,
     hook: &mut impl Hook,
 ) -> Batch {
-    let length = rows.iter().map(|(_, r)| r.tokens.len()).max().unwrap_or(1).max(2) - 1;
+    let length = rows.iter().map(|(_, r)| r.tokens.len()).max().unwrap_or(1).max(pad_to).max(2) - 1;
     let (mut inputs, mut targets, mut weights, mut units) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (unit, row) in rows {
         let t = &row.tokens;
@@ -183,10 +185,11 @@ impl DpModel for TextModel {
     type Examples = TextRows;
 
     /// Every row of the sampled units, each its own sequence; a unit's rows share its
-    /// gradient (one clipped sum per unit whatever its number of rows).
+    /// gradient (one clipped sum per unit whatever its number of rows). Rows are padded to
+    /// the spec's longest row, so a step's work does not follow which labels the rows hold.
     fn losses(&self, examples: &TextRows, units: &[usize], _: &[u8; 32], _: &Device, hook: &mut impl Hook) -> Batch {
         let rows: Vec<(usize, &RowTokens)> =
             units.iter().enumerate().flat_map(|(i, &u)| examples.units[u].iter().map(move |r| (i, r))).collect();
-        row_losses(&self.decoder, &rows, self.spec.value_weight, self.spec.text.end, hook)
+        row_losses(&self.decoder, &rows, self.spec.longest(), self.spec.value_weight, self.spec.text.end, hook)
     }
 }

@@ -50,7 +50,7 @@ pub fn pretrain(model: &mut TextModel, training: &PseudoTraining, seed: u64) -> 
         let batch: Vec<(usize, &RowTokens)> =
             (0..training.batch).map(|i| (i, &rows[rng.random_range(0..rows.len())])).collect();
         let tracked = model.tracked();
-        let out = row_losses(&tracked, &batch, model.spec.value_weight, model.spec.text.end, &mut Plain);
+        let out = row_losses(&tracked, &batch, 0, model.spec.value_weight, model.spec.text.end, &mut Plain);
         let total = out.losses.sum();
         losses.push(f64::from(total.clone().into_scalar::<f32>()) / training.batch as f64);
         let grads = total.backward();

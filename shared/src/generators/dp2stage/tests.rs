@@ -316,3 +316,22 @@ async fn loading_a_checkpoint_leaves_the_runtime_free() {
     assert_eq!(built.unwrap().decoder.blocks.len(), 2);
     assert!(longest < took / 10, "building the model held the runtime for {longest:?} of {took:?}");
 }
+
+/// A step's work never follows which labels a unit's rows hold (their token lengths are
+/// private): every row is padded to the spec's longest, so one-row units of the shortest
+/// and the longest row cost the same positions.
+#[test]
+fn every_row_is_padded_to_the_specs_longest() {
+    let model = model(None);
+    let device = compute_device();
+    let rows: Vec<_> =
+        (0..10).flat_map(|n| (0..3).map(move |c| vec![c, n])).map(|b| model.spec.example(&b, None)).collect();
+    let lengths: Vec<usize> = rows.iter().map(|r| r.tokens.len()).collect();
+    let (shortest, longest) = (lengths.iter().min().unwrap(), lengths.iter().max().unwrap());
+    assert!(shortest < longest, "the test needs rows of different lengths: {lengths:?}");
+    let examples = TextRows { units: rows.into_iter().map(|r| vec![r]).collect() };
+    let positions: Vec<usize> = (0..examples.units.len())
+        .map(|u| model.losses(&examples, &[u], &[0; 32], &device, &mut Plain).units.len())
+        .collect();
+    assert!(positions.iter().all(|&p| p == model.spec.longest() - 1), "{positions:?} (rows {lengths:?})");
+}

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::data::DataError;
 use crate::data::domain::{Domain, Encoding};
-use crate::eval::{load_first, release_parts};
+use crate::eval::{load_first, read_release};
 use crate::output::Manifest;
 use crate::spec::JobSpec;
 
@@ -17,6 +17,12 @@ pub enum ReferenceError {
     Read { url: String, source: DataError },
     #[error("reference {url}: {message}")]
     Invalid { url: String, message: String },
+}
+
+/// A temporary directory only its owner may enter, whatever the umask.
+fn private_dir() -> std::io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new().prefix("rhosynth-reference-").permissions(std::fs::Permissions::from_mode(0o700)).tempdir()
 }
 
 /// Each example's k nearest rows of the reference set, as bins.
@@ -33,19 +39,23 @@ pub struct Prompting {
 
 impl Prompting {
     /// Reads the first `rows` rows of the reference set at `url` (a rhosynth release, whose
-    /// manifest lists its parts and is returned, or files in the job's input format) in the
-    /// job's schema. `source` names the URL and the SHA-256 of the rows read; whoever plans
-    /// the job states the guarantee they carry.
+    /// manifest lists its parts and is returned with the SHA-256 of its bytes, or files in
+    /// the job's input format) in the job's schema. A release's parts are read from private
+    /// copies made as they were checked against the manifest. `source` names the URL and
+    /// the SHA-256 of the rows read; whoever plans the job states the guarantee they carry.
     pub async fn load(
         spec: &JobSpec,
         domain: &Domain,
         url: &str,
         rows: usize,
         neighbours: usize,
-    ) -> Result<(Self, Option<Manifest>), ReferenceError> {
+    ) -> Result<(Self, Option<(Manifest, String)>), ReferenceError> {
         let read = |source: DataError| ReferenceError::Read { url: url.to_string(), source };
-        let (parts, manifest) = release_parts(url).await.map_err(read)?;
+        let copies = private_dir().map_err(|e| read(DataError::Read { file: url.into(), message: e.to_string() }))?;
+        let release = read_release(url, Some(copies.path()), Some(rows as u64)).await.map_err(read)?;
+        let (parts, manifest) = (release.parts, release.manifest);
         let table = load_first(spec, domain, &parts, rows).await.map_err(read)?;
+        drop(copies);
         let reference: Vec<Vec<u32>> = (0..table.rows().min(rows))
             .map(|r| domain.columns.iter().zip(&table.columns).map(|(c, values)| c.bin(values[r]) as u32).collect())
             .collect();

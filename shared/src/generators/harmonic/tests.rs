@@ -158,7 +158,7 @@ async fn a_release_written_under_the_old_name_is_a_reference() {
     let domain = crate::data::domain::Domain::from_spec(&spec);
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/dpsynth-release");
     let (prompting, manifest) = Prompting::load(&spec, &domain, fixture, 100, 2).await.unwrap();
-    let manifest = manifest.expect("the release's manifest");
+    let (manifest, _) = manifest.expect("the release's manifest");
     assert_eq!((manifest.format.as_str(), manifest.rhosynth_version.as_str()), ("dpsynth.manifest.v1", "0.1.0"));
     assert_eq!((manifest.privacy.dataset_id.as_str(), manifest.privacy.ledger_entry), ("demo-icu-vitals", 1));
     assert_eq!(prompting.reference.len(), manifest.rows as usize);
