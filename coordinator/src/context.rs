@@ -57,10 +57,11 @@ pub enum JobError {
     OverRemainingBudget { epsilon: f64, remaining: f64, budget: f64 },
     /// Decided on the plan alone (public), before any private read.
     #[error(
-        "the job's planned charge is ε = {cost:.6}, below this dataset's floor of ε = {floor} per job \
-         (min_job_epsilon); nothing was read or charged"
+        "the job's planned charge is ε = {cost:.6} at the dataset budget's δ = {delta:e}, below this dataset's \
+         floor of ε = {floor} per job (min_job_epsilon; a job stating its ε at a smaller δ pays less at the \
+         budget's); nothing was read or charged"
     )]
-    BelowChargeFloor { cost: f64, floor: f64 },
+    BelowChargeFloor { cost: f64, delta: f64, floor: f64 },
     #[error(transparent)]
     Spec(#[from] rhosynth_shared::spec::SpecError),
     /// A release must never share a prefix with private or operator-only state.
@@ -99,9 +100,9 @@ impl JobError {
     pub fn submitter_message(&self) -> String {
         match self {
             // The operator's file names stay in the operator's log.
-            JobError::Ledger(LedgerError::OtherInput { .. } | LedgerError::Unbound { .. }) => {
-                "the dataset's ledger is not bound to the input this job reads; the operator's log says why".into()
-            }
+            JobError::Ledger(
+                LedgerError::OtherInput { .. } | LedgerError::Unbound { .. } | LedgerError::InvalidInput { .. },
+            ) => "the dataset's ledger is not bound to the input this job reads; the operator's log says why".into(),
             JobError::Ledger(_)
             | JobError::OverJobEpsilon { .. }
             | JobError::OverRemainingBudget { .. }

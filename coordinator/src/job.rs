@@ -200,7 +200,8 @@ async fn admit(ctx: &JobContext<'_>, ledger: &mut Ledger, admission: Admission) 
         let Some(floor) = ctx.request.charge_floor else { return Ok(()) };
         let at_budget = ChargeRequest { delta: ledger.budget().delta, ..request.clone() };
         let cost = ledger.price(&at_budget)?.epsilon;
-        if cost < floor * (1.0 - FLOOR_SLACK) { Err(JobError::BelowChargeFloor { cost, floor }) } else { Ok(()) }
+        let delta = at_budget.delta;
+        if cost < floor * (1.0 - FLOOR_SLACK) { Err(JobError::BelowChargeFloor { cost, delta, floor }) } else { Ok(()) }
     };
     match admission {
         Admission::Cost(mechanisms) => {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use rhosynth_privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError, Spent};
+use rhosynth_privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError, Spent, canonical_input};
 use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions};
 use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use rhosynth_shared::storage;
@@ -127,6 +127,9 @@ fn describe(spent: &Spent) -> String {
 async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         LedgerCommand::Init { at, epsilon, delta, adjacency, input } => {
+            if !input.is_empty() {
+                canonical_input(&input).map_err(|reason| anyhow::anyhow!("--input: {reason}"))?;
+            }
             let location = storage::open(&at.store)?;
             let budget = Budget { epsilon, delta };
             let mut ledger =

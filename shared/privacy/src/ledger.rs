@@ -764,10 +764,12 @@ impl Ledger {
             if !admission.fits() {
                 return Err(self.refusal(request, &admission));
             }
-            // An unbound ledger is bound to the input this charge read, just before it.
+            // An unbound ledger is bound to the input this charge read, just before it (then
+            // priced again: the totals above end before the new entry).
             if let Some(reading) = self.reading.clone() {
                 self.check_input(&reading)?;
-                if self.input().is_none() && !self.try_append(EntryBody::Input { urls: reading }).await? {
+                if self.input().is_none() {
+                    self.try_append(EntryBody::Input { urls: reading }).await?;
                     continue;
                 }
             }
@@ -878,29 +880,9 @@ impl Ledger {
         Err(LedgerError::Contention(MAX_ATTEMPTS))
     }
 
-    /// An input as a ledger records it: each URL canonical (scheme, absolute path, links
-    /// resolved), sorted. A `..` segment is refused (a store resolves it after a link, not
-    /// before, so the text names another file than the one read), as is a file named twice.
     fn canonical_input(&self, urls: &[String]) -> Result<Vec<String>, LedgerError> {
-        let invalid = |reason: String| LedgerError::InvalidInput { dataset_id: self.dataset_id().to_string(), reason };
-        if let Some(url) = urls.iter().find(|url| url.split('/').any(|part| part == "..")) {
-            return Err(invalid(format!("{url} has a `..` segment: name the file by its own path")));
-        }
-        let mut canonical: Vec<String> = urls
-            .iter()
-            .map(|url| {
-                let (scheme, path) = storage::canonical_url(url);
-                format!("{scheme}://{path}")
-            })
-            .collect();
-        canonical.sort();
-        if let Some(twice) = canonical.windows(2).find(|w| w[0] == w[1]) {
-            return Err(invalid(format!("{} is named twice", twice[0])));
-        }
-        if canonical.is_empty() {
-            return Err(invalid("no input files".into()));
-        }
-        Ok(canonical)
+        canonical_input(urls)
+            .map_err(|reason| LedgerError::InvalidInput { dataset_id: self.dataset_id().into(), reason })
     }
 
     /// Records the SHA-256 of the manifest about to complete charge `charge_seq`'s release:
@@ -919,4 +901,28 @@ impl Ledger {
         }
         Err(LedgerError::Contention(MAX_ATTEMPTS))
     }
+}
+
+/// An input as a ledger records it: each URL canonical (scheme, absolute path, links
+/// resolved), sorted. A `..` segment is refused (a store resolves it after a link, not
+/// before, so the text names another file than the one read), as is a file named twice.
+pub fn canonical_input(urls: &[String]) -> Result<Vec<String>, String> {
+    if let Some(url) = urls.iter().find(|url| url.split('/').any(|part| part == "..")) {
+        return Err(format!("{url} has a `..` segment: name the file by its own path"));
+    }
+    let mut canonical: Vec<String> = urls
+        .iter()
+        .map(|url| {
+            let (scheme, path) = storage::canonical_url(url);
+            format!("{scheme}://{path}")
+        })
+        .collect();
+    canonical.sort();
+    if let Some(twice) = canonical.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("{} is named twice", twice[0]));
+    }
+    if canonical.is_empty() {
+        return Err("no input files".into());
+    }
+    Ok(canonical)
 }

@@ -703,6 +703,9 @@ async fn a_ledger_charges_one_input() {
     assert!(matches!(refused, LedgerError::BudgetExceeded { .. }));
     assert_eq!((ledger.input(), ledger.entries().len()), (None, 1), "a refused charge binds nothing");
     ledger.charge(&request("j", gaussian(10.0), Accountant::Rdp, DELTA)).await.unwrap();
+    // The charge written after the binding is counted once, on this handle as on a new one.
+    ledger.charge(&request("k", gaussian(10.0), Accountant::Rdp, DELTA)).await.unwrap();
+    assert_eq!(ledger.spent().unwrap(), open(dir.path()).await.unwrap().spent().unwrap());
     let canonical_a = format!("file://{}", std::fs::canonicalize(data.path()).unwrap().join("a.csv").display());
     assert_eq!(ledger.input(), Some([canonical_a].as_slice()));
     assert!(matches!(ledger.entries()[1].body, EntryBody::Input { .. }));
