@@ -125,8 +125,13 @@ async fn a_sequence_job_writes_whole_histories_under_fresh_ids() {
         let plan = SequencePlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
         assert!(matches!(charged[1][0], Mechanism::SubsampledGaussian { .. }));
         assert_eq!(&charged[1][1..], plan.run.after_training.as_slice());
+        // The run's charge holds the length histogram's release after the selection's.
+        let lengths = rhosynth_shared::generators::sequence::plan::length_mechanism(10.0);
+        assert_eq!(charged[1].last(), Some(&lengths));
+        let inputs = manifest["privacy"]["public_inputs"].to_string();
+        assert!(inputs.contains("history lengths: each drawn from a Gaussian histogram"), "{inputs}");
         match selection {
-            None => assert_eq!(charged[1].len(), 1),
+            None => assert_eq!(charged[1].len(), 2),
             Some(_) => assert!(matches!(
                 charged[1][1],
                 Mechanism::Gaussian { l2_sensitivity, releases: 1, .. } if l2_sensitivity == 3f64.sqrt()
@@ -972,7 +977,7 @@ async fn one_two_and_four_workers_cast_the_same_selection_votes() {
     // Candidates from an untrained model (any histories will do).
     let model = SequenceModel::new(&plan.model, &compute_device());
     let sampler =
-        SequenceSampler { transformer: model.transformer, spec: plan.model.clone(), temperature: 1.0 };
+        SequenceSampler { transformer: model.transformer, spec: plan.model.clone(), temperature: 1.0, lengths: None };
     let candidates = sampler.histories(40, &mut rhosynth_shared::entropy::os_rng().unwrap());
     let features = candidates.iter().flat_map(|h| features(&plan.model, h)).collect();
     let task = SelectionTask { model: plan.model.clone(), candidates: features, neighbours: 3 };

@@ -190,6 +190,8 @@ pub(crate) struct Partitions {
     pub urls: Vec<String>,
     pub units: Private<u64>,
     pub units_per_partition: Private<Vec<u64>>,
+    /// Units by their number of rows (entry k: k + 1 rows).
+    pub rows_per_unit: Private<Vec<u64>>,
 }
 
 /// What every generator needs from its job.
@@ -284,8 +286,13 @@ impl<'a> JobContext<'a> {
                 skipped.by_column.iter().map(|((column, reason), n)| format!("{column}: {reason} ×{n}")).collect();
             tracing::warn!(rows_left_out = skipped.rows, ?by_column, "values that break the job's schema");
         }
-        let Partitioned { urls, units, units_per_partition } = writer.finish().await?;
-        Ok(Partitions { urls, units: Private::new(units), units_per_partition: Private::new(units_per_partition) })
+        let Partitioned { urls, units, units_per_partition, rows_per_unit } = writer.finish().await?;
+        Ok(Partitions {
+            urls,
+            units: Private::new(units),
+            units_per_partition: Private::new(units_per_partition),
+            rows_per_unit: Private::new(rows_per_unit),
+        })
     }
 
     pub fn charge_request(&self, mechanisms: Vec<Mechanism>) -> ChargeRequest {

@@ -12,29 +12,13 @@
 use std::time::Instant;
 
 use rhosynth_shared::accounting::accountant::AccountingOptions;
-use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::dpsgd::compute_device;
-use rhosynth_shared::eval::longitudinal::{self, Longitudinal};
-use rhosynth_shared::eval::{EvalLimits, Sampling, Table};
-use rhosynth_shared::generators::sequence::ceiling::{PlainTraining, sample, train_plain};
-use rhosynth_shared::generators::sequence::{Histories, SequenceModel, SequencePlan};
-use rhosynth_shared::simulate::{Cohort, Dynamics, cohort_csv};
-use rhosynth_shared::spec::JobSpec;
+use rhosynth_shared::eval::longitudinal::Longitudinal;
+use rhosynth_shared::generators::sequence::ceiling::{PlainTraining, SimulatedCohort, sample, train_plain};
+use rhosynth_shared::generators::sequence::{SequenceModel, SequencePlan};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Drawn histories as a table (units `s0`, `s1`, …).
-fn table(histories: &[Vec<Vec<Option<f64>>>], columns: usize) -> Table {
-    let mut out = Table { units: Vec::new(), columns: vec![Vec::new(); columns] };
-    for (i, rows) in histories.iter().enumerate() {
-        for row in rows {
-            out.units.push(format!("s{i}"));
-            row.iter().zip(&mut out.columns).for_each(|(v, c)| c.push(*v));
-        }
-    }
-    out
 }
 
 fn report(name: &str, l: &Longitudinal, seconds: f64) {
@@ -53,14 +37,7 @@ fn report(name: &str, l: &Longitudinal, seconds: f64) {
             d.holdout_transition_error
         );
     }
-    println!(
-        "mean lag-1 gap {} (held-out {}); transition error {:.3} (held-out {:.3}); rows-per-unit TV {:.3}",
-        f(l.mean_lag1_gap()),
-        f(l.holdout_mean_lag1_gap()),
-        l.state_transition_divergence,
-        l.holdout_transition_error(),
-        l.sequence_length_tv
-    );
+    println!("{}", l.dynamics_summary());
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -75,44 +52,17 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     println!("# Sequence ceiling: {patients} patients, {training:?}, no clipping or noise");
     for kind in kinds.split(',') {
-        let (dynamics, irregular) = kind.split_once('/').map_or((kind, false), |(d, i)| (d, i == "irregular"));
-        let dynamics: Dynamics = dynamics.parse().unwrap();
-        let files: Vec<String> = [(patients, 2026), (patients / 2, 2027)]
-            .iter()
-            .enumerate()
-            .map(|(i, &(n, seed))| {
-                let path = dir.path().join(format!("cohort-{i}.csv"));
-                std::fs::write(&path, cohort_csv(&Cohort { patients: n, dynamics, irregular }, seed)).unwrap();
-                path.to_str().unwrap().to_string()
-            })
-            .collect();
-        let text = include_str!("../../examples/icu-sequence.toml")
-            .replace("./rhosynth-out/demo/input/icu_vitals.csv", &files[0]);
-        let spec = JobSpec::parse(&text, "ceiling").unwrap();
-        let domain = Domain::from_spec(&spec);
-        let mut plan = SequencePlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
+        let cohort = SimulatedCohort::new(kind, patients, 2026, dir.path()).await;
+        let mut plan = SequencePlan::new(&cohort.spec, &cohort.domain, &AccountingOptions::default()).unwrap();
         if let Ok(family) = std::env::var("CEILING_FAMILY") {
             plan.model.transformer.family = serde_json::from_value(serde_json::json!(family)).unwrap();
         }
-        let train = rhosynth_shared::eval::load(&spec, &domain, &files[..1]).await.unwrap();
-        let holdout = rhosynth_shared::eval::load(&spec, &domain, &files[1..]).await.unwrap();
-        let rows = (0..train.rows()).map(|r| (train.units[r].clone(), train.columns.iter().map(|c| c[r]).collect()));
-        let histories = Histories::from_rows(rows, &plan.model.layout);
+        let histories = cohort.histories(&plan.model.layout);
 
         let started = Instant::now();
         let mut model = SequenceModel::new(&plan.model, &compute_device());
         let losses = train_plain(&mut model, &histories, &training, 1);
-        let drawn = table(&sample(&model, patients, 2), domain.columns.len());
-        let order = domain.index_of(spec.schema.order_by.as_deref().unwrap()).unwrap();
-        let l = longitudinal::evaluate(
-            &domain,
-            order,
-            &train,
-            &holdout,
-            &drawn,
-            &EvalLimits::default(),
-            &mut Sampling::new(1),
-        );
+        let l = cohort.evaluate(&sample(&model, patients, None, 2));
         println!("\nloss per unit {:.1} → {:.1}", losses[0], losses.last().unwrap());
         report(kind, &l, started.elapsed().as_secs_f64());
     }

@@ -1,5 +1,5 @@
 //! Partitioning by privacy unit: every row of a unit lands in one partition, no unit is
-//! in two, and no row is lost.
+//! in two, no row is lost, and the units are counted by their rows.
 
 use std::collections::{HashMap, HashSet};
 
@@ -57,7 +57,11 @@ async fn units_never_straddle_partitions() {
         }
         writer.write(rows).await.unwrap();
     }
-    let urls = writer.finish().await.unwrap().urls;
+    let partitioned = writer.finish().await.unwrap();
+    // 25 units of each length 1..=20, however their rows arrived.
+    assert_eq!(partitioned.rows_per_unit, vec![25; 20]);
+    assert_eq!((partitioned.units, partitioned.units_per_partition.iter().sum::<u64>()), (500, 500));
+    let urls = partitioned.urls;
     assert_eq!(urls.len(), 7);
     let mut seen_in: HashMap<String, HashSet<usize>> = HashMap::new();
     let mut rows_of: HashMap<String, usize> = HashMap::new();

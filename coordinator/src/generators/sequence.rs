@@ -14,6 +14,7 @@ use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::plan::RunPlan;
 use rhosynth_shared::entropy::os_rng;
 use rhosynth_shared::generators::Sampler;
+use rhosynth_shared::generators::sequence::plan::{length_cells, length_mechanism};
 use rhosynth_shared::generators::sequence::sampler::SelectedHistories;
 use rhosynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
 use rhosynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler};
@@ -33,6 +34,9 @@ pub struct Sequence;
 pub struct SequenceRun {
     model: SequenceModelSpec,
     selection: Option<SelectionSpec>,
+    /// The length release's noise multiplier (absent in checkpoints from before it).
+    #[serde(default)]
+    lengths: Option<f64>,
 }
 
 impl DpSgdGenerator for Sequence {
@@ -41,11 +45,23 @@ impl DpSgdGenerator for Sequence {
 
     async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(SequenceRun, RunPlan), JobError> {
         let plan = SequencePlan::new(spec, domain, ledger.options())?;
-        Ok((SequenceRun { model: plan.model, selection: plan.selection }, plan.run))
+        Ok((SequenceRun { model: plan.model, selection: plan.selection, lengths: plan.lengths }, plan.run))
     }
 
     fn domain(run: &SequenceRun) -> &Domain {
         &run.model.domain
+    }
+
+    fn public_inputs(run: &SequenceRun) -> Vec<String> {
+        run.lengths
+            .map(|sigma| {
+                format!(
+                    "history lengths: each drawn from a Gaussian histogram of the units' lengths (noise multiplier \
+                     {sigma}, sensitivity 1), released with the run's charge"
+                )
+            })
+            .into_iter()
+            .collect()
     }
 
     async fn initial_parameters(run: &SequenceRun) -> Result<Vec<f32>, JobError> {
@@ -66,8 +82,24 @@ impl DpSgdGenerator for Sequence {
             return Err(JobError::Other("not a sequence job".into()));
         };
         let spec = trained.model.model.clone();
-        let sampler = SequenceSampler { transformer: model.transformer, spec, temperature: params.temperature };
-        match (trained.plan.after_training.as_slice(), trained.model.selection.clone()) {
+        let temperature = params.temperature;
+        // What the run's charge paid for after training: the length histogram (released
+        // here), then the selection's votes.
+        let mut after: Vec<Mechanism> = trained.plan.after_training.clone();
+        let lengths = match trained.model.lengths {
+            Some(sigma) => {
+                let charged = after.iter().position(|m| *m == length_mechanism(sigma)).ok_or_else(|| {
+                    JobError::Other("the run's charge holds no length release of its settings".into())
+                })?;
+                after.remove(charged);
+                let max_rows = spec.layout.max_rows;
+                let cells = trained.partitions.rows_per_unit.map(|rows| length_cells(rows, max_rows));
+                Some(trained.releases.gaussian(cells, 1.0, sigma)?)
+            }
+            None => None,
+        };
+        let sampler = SequenceSampler { transformer: model.transformer, spec, temperature, lengths };
+        match (after.as_slice(), trained.model.selection.clone()) {
             ([], None) => Ok(Box::new(sampler)),
             ([mechanism], Some(selection)) => select(&mut trained, sampler, &mechanism.clone(), &selection).await,
             _ => Err(JobError::Other("the run's charge and its selection settings disagree".into())),

@@ -5,7 +5,7 @@
 //! under the job's scratch prefix, so a deployment can grant each worker access to its own
 //! prefixes only.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -93,9 +93,10 @@ pub struct PartitionWriter {
     domain: Domain,
     writers: Vec<AsyncArrowWriter<BufWriter>>,
     urls: Vec<String>,
-    /// The units seen so far, by keyed digest: the coordinator's only state that grows
-    /// with the data (16 bytes a unit, none per row), needed to count units exactly.
-    units: HashSet<u128>,
+    /// The units seen so far, by keyed digest, with their rows: the coordinator's only
+    /// state that grows with the data (20 bytes a unit, none per row), needed to count
+    /// units and their rows exactly.
+    units: HashMap<u128, u32>,
     units_per_partition: Vec<u64>,
 }
 
@@ -106,6 +107,8 @@ pub struct Partitioned {
     pub urls: Vec<String>,
     pub units: u64,
     pub units_per_partition: Vec<u64>,
+    /// Units by their number of rows: entry k counts the units with k + 1 rows.
+    pub rows_per_unit: Vec<u64>,
 }
 
 impl PartitionWriter {
@@ -129,7 +132,7 @@ impl PartitionWriter {
             urls.push(format!("{}/{relative}", scratch.url.trim_end_matches('/')));
         }
         let units_per_partition = vec![0; count as usize];
-        Ok(Self { key, schema, domain: domain.clone(), writers, urls, units: HashSet::new(), units_per_partition })
+        Ok(Self { key, schema, domain: domain.clone(), writers, urls, units: HashMap::new(), units_per_partition })
     }
 
     /// Routes each row to its unit's partition.
@@ -140,9 +143,11 @@ impl PartitionWriter {
             let digest = self.key.digest(&unit);
             let partition = PartitionKey::partition_of_digest(digest, count) as usize;
             let target = &mut split[partition];
-            if self.units.insert(digest) {
+            let rows = self.units.entry(digest).or_insert(0);
+            if *rows == 0 {
                 self.units_per_partition[partition] += 1;
             }
+            *rows = rows.saturating_add(1);
             for (d, values) in batch.values.iter().enumerate() {
                 target.values[d].push(values[i]);
             }
@@ -162,10 +167,13 @@ impl PartitionWriter {
         for writer in self.writers {
             writer.close().await.map_err(|e| DataError::Internal(format!("closing a partition: {e}")))?;
         }
+        let mut rows_per_unit = vec![0; self.units.values().copied().max().unwrap_or(0) as usize];
+        self.units.values().for_each(|&rows| rows_per_unit[rows as usize - 1] += 1);
         Ok(Partitioned {
             urls: self.urls,
             units: self.units.len() as u64,
             units_per_partition: self.units_per_partition,
+            rows_per_unit,
         })
     }
 }

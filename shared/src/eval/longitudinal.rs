@@ -90,6 +90,19 @@ impl Longitudinal {
         let n = self.dynamics.len().max(1) as f64;
         self.dynamics.iter().map(|d| d.holdout_transition_error).sum::<f64>() / n
     }
+
+    /// The dynamics in one line, each beside its real-vs-real floor (the benchmarks').
+    pub fn dynamics_summary(&self) -> String {
+        let f = |v: Option<f64>| v.map_or("—".into(), |x| format!("{x:.3}"));
+        format!(
+            "mean lag-1 gap {} (held-out {}); transition error {:.3} (held-out {:.3}); rows-per-unit TV {:.3}",
+            f(self.mean_lag1_gap()),
+            f(self.holdout_mean_lag1_gap()),
+            self.state_transition_divergence,
+            self.holdout_transition_error(),
+            self.sequence_length_tv
+        )
+    }
 }
 
 fn mean_gap(dynamics: &[Dynamics], other: impl Fn(&Dynamics) -> Option<f64>) -> Option<f64> {

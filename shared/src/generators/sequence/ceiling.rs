@@ -11,10 +11,16 @@ use rand::{RngExt, SeedableRng};
 use super::model::SequenceModel;
 use super::sampler::SequenceSampler;
 use super::task::Histories;
+use super::tokens::Layout;
+use crate::data::domain::Domain;
 use crate::dpsgd::ghost::Plain;
 use crate::dpsgd::optimizer::{Optimizer, OptimizerSpec, Schedule};
 use crate::dpsgd::params::TrainableLayers;
 use crate::dpsgd::{DpModel, compute_device};
+use crate::eval::longitudinal::{self, Longitudinal};
+use crate::eval::{EvalLimits, Sampling, Table};
+use crate::simulate::{Cohort, Dynamics, cohort_csv};
+use crate::spec::JobSpec;
 
 /// Ordinary minibatch training: `steps` Adam steps (cosine schedule) over `batch` units
 /// drawn uniformly, each a training window as DP-SGD draws it.
@@ -51,10 +57,11 @@ pub fn train_plain(model: &mut SequenceModel, histories: &Histories, training: &
     losses
 }
 
-/// `count` histories drawn from `model` at temperature 1.
-pub fn sample(model: &SequenceModel, count: usize, seed: u64) -> Vec<Vec<Vec<Option<f64>>>> {
-    let sampler =
-        SequenceSampler { transformer: model.transformer.clone(), spec: model.spec.clone(), temperature: 1.0 };
+/// `count` histories drawn from `model` at temperature 1, their lengths from `lengths`
+/// (weights of 1..=max_rows rows) when given.
+pub fn sample(model: &SequenceModel, count: usize, lengths: Option<Vec<f64>>, seed: u64) -> Vec<Vec<Vec<Option<f64>>>> {
+    let transformer = model.transformer.clone();
+    let sampler = SequenceSampler { transformer, spec: model.spec.clone(), temperature: 1.0, lengths };
     sampler.histories(count, &mut ChaCha8Rng::seed_from_u64(seed))
 }
 
@@ -62,4 +69,61 @@ pub fn sample(model: &SequenceModel, count: usize, seed: u64) -> Vec<Vec<Vec<Opt
 /// `columns`, the present values in order.
 pub fn feature_sequences(histories: &[Vec<Vec<Option<f64>>>], columns: &[usize]) -> Vec<Vec<Vec<f64>>> {
     histories.iter().map(|rows| columns.iter().map(|&c| rows.iter().filter_map(|r| r[c]).collect()).collect()).collect()
+}
+
+/// A simulated cohort and a held-out one of half its size, of one kind of dynamics
+/// (`simulate --dynamics`, with `/irregular` for irregular sampling), read with
+/// `examples/icu-sequence.toml`'s schema: what the benchmarks train on and measure against.
+pub struct SimulatedCohort {
+    pub spec: JobSpec,
+    pub domain: Domain,
+    /// The order column's index.
+    pub order: usize,
+    pub train: Table,
+    pub holdout: Table,
+}
+
+impl SimulatedCohort {
+    /// Writes the cohorts into `dir` (seeds `seed` and `seed + 1000`: simulated data).
+    pub async fn new(kind: &str, patients: usize, seed: u64, dir: &std::path::Path) -> Self {
+        let (dynamics, irregular) = kind.split_once('/').map_or((kind, false), |(d, i)| (d, i == "irregular"));
+        let dynamics: Dynamics = dynamics.parse().expect("a kind of dynamics");
+        let files: Vec<String> = [(patients, seed), (patients / 2, seed + 1000)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(n, s))| {
+                let path = dir.join(format!("cohort-{i}.csv"));
+                std::fs::write(&path, cohort_csv(&Cohort { patients: n, dynamics, irregular }, s)).expect("writable");
+                path.to_str().expect("a UTF-8 path").to_string()
+            })
+            .collect();
+        let text = include_str!("../../../../examples/icu-sequence.toml")
+            .replace("./rhosynth-out/demo/input/icu_vitals.csv", &files[0]);
+        let spec = JobSpec::parse(&text, "simulated").expect("the example parses");
+        let domain = Domain::from_spec(&spec);
+        let order = domain.index_of(spec.schema.order_by.as_deref().expect("ordered")).expect("the order column");
+        let train = crate::eval::load(&spec, &domain, &files[..1]).await.expect("the cohort reads");
+        let holdout = crate::eval::load(&spec, &domain, &files[1..]).await.expect("the held-out cohort reads");
+        Self { spec, domain, order, train, holdout }
+    }
+
+    /// The training cohort as histories of `layout`.
+    pub fn histories(&self, layout: &Layout) -> Histories {
+        let train = &self.train;
+        let rows = (0..train.rows()).map(|r| (train.units[r].clone(), train.columns.iter().map(|c| c[r]).collect()));
+        Histories::from_rows(rows, layout)
+    }
+
+    /// Drawn histories against the cohort and the held-out one.
+    pub fn evaluate(&self, drawn: &[Vec<Vec<Option<f64>>>]) -> Longitudinal {
+        let mut table = Table { units: Vec::new(), columns: vec![Vec::new(); self.domain.columns.len()] };
+        for (i, rows) in drawn.iter().enumerate() {
+            for row in rows {
+                table.units.push(format!("s{i}"));
+                row.iter().zip(&mut table.columns).for_each(|(v, c)| c.push(*v));
+            }
+        }
+        let (limits, mut sampling) = (EvalLimits::default(), Sampling::new(1));
+        longitudinal::evaluate(&self.domain, self.order, &self.train, &self.holdout, &table, &limits, &mut sampling)
+    }
 }

@@ -26,9 +26,12 @@ fn invalid(message: impl Into<String>) -> PlanError {
 #[derive(Clone, Debug)]
 pub struct SequencePlan {
     pub model: SequenceModelSpec,
-    /// The private selection, when the spec asks for one (its release is the run's
-    /// `after_training` mechanism).
+    /// The private selection, when the spec asks for one (its release is one of the run's
+    /// `after_training` mechanisms).
     pub selection: Option<SelectionSpec>,
+    /// The noise multiplier of the released length histogram, when there is one (one of
+    /// the run's `after_training` mechanisms, [`length_mechanism`]).
+    pub lengths: Option<f64>,
     pub run: RunPlan,
 }
 
@@ -77,8 +80,14 @@ impl SequencePlan {
             params.mlp,
         );
         if let Some(epsilon) = params.select_epsilon {
-            run.after_training = vec![selection_mechanism(spec, &params, epsilon, options)?];
+            run.after_training.push(selection_mechanism(spec, &params, epsilon, options)?);
         }
+        let sigma = params.length_noise_multiplier;
+        if !(sigma.is_finite() && sigma >= 0.0) {
+            return Err(invalid("length_noise_multiplier must be ≥ 0 (0: no length release)"));
+        }
+        let lengths = (sigma > 0.0).then_some(sigma);
+        run.after_training.extend(lengths.map(length_mechanism));
         run.calibration = CalibrationPlan::new(spec, domain, options)?.map(Box::new);
         if run.calibration.is_some() && params.select_epsilon.is_some() {
             return Err(invalid(
@@ -90,8 +99,24 @@ impl SequencePlan {
         let selection = params
             .select_epsilon
             .map(|_| SelectionSpec { neighbours: params.select_neighbours, candidates: params.select_candidates });
-        Ok(Self { model, selection, run })
+        Ok(Self { model, selection, lengths, run })
     }
+}
+
+/// The histogram of history lengths: each unit adds 1 to one cell (its length, at most
+/// `max_rows`), so the vector's L2 sensitivity is 1.
+pub fn length_mechanism(noise_multiplier: f64) -> Mechanism {
+    Mechanism::Gaussian { l2_sensitivity: 1.0, noise_multiplier, releases: 1, adjacency: Adjacency::AddRemove }
+}
+
+/// The exact histogram the length release adds noise to: `max_rows` cells, cell k the
+/// units of k + 1 rows (those with more counted at `max_rows`, the rows they train on).
+pub fn length_cells(rows_per_unit: &[u64], max_rows: usize) -> Vec<f64> {
+    let mut cells = vec![0.0; max_rows];
+    for (k, &units) in rows_per_unit.iter().enumerate() {
+        cells[k.min(max_rows - 1)] += units as f64;
+    }
+    cells
 }
 
 /// The selection's vote release: Gaussian, L2 sensitivity √k, its σ the smallest that
@@ -122,4 +147,19 @@ fn selection_mechanism(
     let sigma = calibrate_sigma(epsilon, privacy.delta, privacy.accountant, options, |s| vec![gaussian(s)])
         .map_err(|e| invalid(format!("calibrating the selection's noise: {e}")))?;
     Ok(gaussian(sigma))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A unit counts once, at its length; longer ones at `max_rows`, the rows they train on.
+    #[test]
+    fn length_cells_count_each_unit_once_at_its_trained_length() {
+        // Units: 2 of one row, 1 of three, 4 of five, 1 of seven.
+        let rows_per_unit = [2, 0, 1, 0, 4, 0, 1];
+        assert_eq!(length_cells(&rows_per_unit, 5), vec![2.0, 0.0, 1.0, 0.0, 5.0]);
+        assert_eq!(length_cells(&rows_per_unit, 8), vec![2.0, 0.0, 1.0, 0.0, 4.0, 0.0, 1.0, 0.0]);
+        assert_eq!(length_cells(&rows_per_unit, 8).iter().sum::<f64>(), 8.0);
+    }
 }

@@ -31,6 +31,8 @@ struct Draw<'a> {
     /// What to add to the window's order values to continue the history's clock (a
     /// window's first row carries its time in the coarser absolute bins).
     shift: f64,
+    /// The length drawn from the released histogram, if one was given.
+    length: Option<usize>,
     done: bool,
 }
 
@@ -40,6 +42,10 @@ pub struct SequenceSampler {
     pub spec: SequenceModelSpec,
     /// Softmax temperature of every draw (below 1: nearer the model's modes).
     pub temperature: f64,
+    /// A released histogram of history lengths (weights of 1..=max_rows rows, negative
+    /// ones read as 0): each history's length is drawn from it, and the model draws rows
+    /// until it is reached; `None`: the model draws lengths too.
+    pub lengths: Option<Vec<f64>>,
 }
 
 impl Sampler for SequenceSampler {
@@ -104,23 +110,34 @@ impl SequenceSampler {
         let positions = model.context();
         let vocabulary = layout.vocabulary();
         let order = layout.order_column();
-        let start = |_| {
+        let mut start = |_| {
             let mut cursor = Cursor::new(layout, 0);
             cursor.advance(BOS).expect("a history starts with BOS");
+            let (mut tokens, mut lagged) = (vec![BOS], vec![cursor.lagged()]);
+            let length = self.lengths.as_deref().map(|weights| {
+                let rows = draw_weighted(&weights[..weights.len().min(layout.max_rows)], rng) + 1;
+                let token = layout.length_token(rows);
+                cursor.advance(token).expect("a length token of at most max_rows rows");
+                cursor.hold_length(rows);
+                tokens.push(token);
+                lagged.push(cursor.lagged());
+                rows
+            });
             let cache = KvCache::default();
             Draw {
-                tokens: vec![BOS],
-                lagged: vec![cursor.lagged()],
+                tokens,
+                lagged,
                 fed: 0,
                 cache,
                 cursor,
                 rows: Vec::new(),
                 window_first: 0,
                 shift: 0.0,
+                length,
                 done: false,
             }
         };
-        let mut draws: Vec<Draw> = (0..count).map(start).collect();
+        let mut draws: Vec<Draw> = (0..count).map(&mut start).collect();
         loop {
             let live: Vec<usize> = (0..count).filter(|&i| !draws[i].done).collect();
             if live.is_empty() {
@@ -177,6 +194,9 @@ impl SequenceSampler {
                     // The window's clock continues the history's last known time.
                     let last = order.and_then(|o| d.rows.iter().rev().find_map(|r| r[o]));
                     d.shift = last.map_or(0.0, |t| t - replay.clock());
+                    if let Some(rows) = d.length {
+                        replay.hold_length(rows);
+                    }
                     d.cursor = replay;
                     (d.fed, d.cache) = (0, KvCache::default());
                 }
@@ -184,6 +204,23 @@ impl SequenceSampler {
         }
         draws.into_iter().map(|d| d.rows).collect()
     }
+}
+
+/// An index drawn with probability proportional to its weight (negative weights read as
+/// 0; all zero: uniform).
+fn draw_weighted(weights: &[f64], rng: &mut impl Rng) -> usize {
+    let total: f64 = weights.iter().map(|w| w.max(0.0)).sum();
+    if !(total > 0.0) {
+        return rng.random_range(0..weights.len().max(1));
+    }
+    let mut u = rng.random::<f64>() * total;
+    for (i, w) in weights.iter().enumerate() {
+        u -= w.max(0.0);
+        if u < 0.0 {
+            return i;
+        }
+    }
+    weights.len() - 1
 }
 
 /// A token drawn from the softmax of `logits` restricted to `allowed`.

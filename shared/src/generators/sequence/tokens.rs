@@ -529,6 +529,13 @@ impl<'a> Cursor<'a> {
         self.lengths
     }
 
+    /// Holds the history to exactly `rows` rows, one of its length token's (a length drawn
+    /// from a released histogram rather than by the model).
+    pub fn hold_length(&mut self, rows: usize) {
+        assert!((self.lengths.0..=self.lengths.1).contains(&rows), "{rows} rows is not in {:?}", self.lengths);
+        self.lengths = (rows, rows);
+    }
+
     /// The order value the next gap counts from.
     pub fn clock(&self) -> f64 {
         self.previous.unwrap_or_else(|| self.layout.order_min())
