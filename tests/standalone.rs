@@ -126,10 +126,10 @@ async fn a_sequence_job_writes_whole_histories_under_fresh_ids() {
         assert!(matches!(charged[1][0], Mechanism::SubsampledGaussian { .. }));
         assert_eq!(&charged[1][1..], plan.run.after_training.as_slice());
         // The run's charge holds the length histogram's release after the selection's.
-        let lengths = rhosynth_shared::generators::sequence::plan::length_mechanism(10.0);
-        assert_eq!(charged[1].last(), Some(&lengths));
+        let lengths = plan.lengths.map(rhosynth_shared::generators::sequence::plan::length_mechanism);
+        assert_eq!(charged[1].last(), lengths.as_ref());
         let inputs = manifest["privacy"]["public_inputs"].to_string();
-        assert!(inputs.contains("history lengths: each drawn from a Gaussian histogram"), "{inputs}");
+        assert!(inputs.contains("history lengths: a Gaussian histogram of the units' lengths"), "{inputs}");
         match selection {
             None => assert_eq!(charged[1].len(), 2),
             Some(_) => assert!(matches!(

@@ -190,8 +190,8 @@ pub(crate) struct Partitions {
     pub urls: Vec<String>,
     pub units: Private<u64>,
     pub units_per_partition: Private<Vec<u64>>,
-    /// Units by their number of rows (entry k: k + 1 rows).
-    pub rows_per_unit: Private<Vec<u64>>,
+    /// Units by their number of rows.
+    pub rows_per_unit: Private<std::collections::BTreeMap<u32, u64>>,
 }
 
 /// What every generator needs from its job.

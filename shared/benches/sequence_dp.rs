@@ -18,7 +18,7 @@
 //! `DP_PRETRAIN_STEPS` (400), `DP_PRETRAIN_BATCH` (32), `DP_PRETRAIN_LR` (0.01), `DP_SEED` (1),
 //! `DP_LENGTH_EPSILON` (0; else a Gaussian histogram of lengths of its own, sensitivity 1,
 //! at this ε, used instead of stage 1's), `DP_LENGTH_SIGMA` (that histogram's noise
-//! multiplier instead, as the engine's `length_noise_multiplier`), `DP_CONDITION_LENGTHS` (true: histories take
+//! multiplier instead; the engine's `length_share` sets it from the job's ε), `DP_CONDITION_LENGTHS` (true: histories take
 //! their lengths from a released histogram when there is one).
 
 use std::time::Instant;
@@ -34,6 +34,7 @@ use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
 use rhosynth_shared::eval::longitudinal::Longitudinal;
 use rhosynth_shared::generators::sequence::ceiling::{PlainTraining, SimulatedCohort, sample, train_plain};
+use rhosynth_shared::generators::sequence::plan::length_weights;
 use rhosynth_shared::generators::sequence::{Histories, Layout, SequenceModel, SequencePlan};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -246,11 +247,12 @@ async fn main() {
         let mut lengths = None;
         if let Some(sl) = length_sigma {
             let normal = Normal::new(0.0, sl).unwrap();
-            lengths = Some(tables.lengths.iter().map(|v| v + normal.sample(&mut rng)).collect::<Vec<f64>>());
+            let noisy: Vec<f64> = tables.lengths.iter().map(|v| v + normal.sample(&mut rng)).collect();
+            lengths = Some(length_weights(&noisy, sl));
         }
         if let Some(s1) = stage1_sigma {
             tables.add_noise(s1 * sensitivity, &mut rng);
-            lengths = lengths.or_else(|| Some(tables.lengths.clone()));
+            lengths = lengths.or_else(|| Some(length_weights(&tables.lengths, s1 * sensitivity)));
             let pseudo = tables.draw(domain, &plan.model.layout, order, patients.max(2000), &mut rng);
             let pretraining = PlainTraining {
                 steps: env("DP_PRETRAIN_STEPS", 400),

@@ -748,11 +748,12 @@ pub struct SequenceParams {
     pub select_candidates: f64,
     /// Votes a unit casts, for its nearest candidates (L2 sensitivity √k).
     pub select_neighbours: usize,
-    /// Noise multiplier of the released histogram of history lengths (one cell per length
-    /// up to `max_rows`, sensitivity 1) each synthetic history takes its length from,
-    /// charged with the run; 0: the model draws lengths (it learns them only from windows
-    /// that start a history).
-    pub length_noise_multiplier: f64,
+    /// Share of the job's budget (in zCDP terms, where Gaussian releases add up) spent on
+    /// the released histogram of history lengths (one cell per length up to `max_rows`,
+    /// sensitivity 1 under add/remove) that synthetic histories take their lengths from;
+    /// the run's σ is calibrated to the rest. 0: the model draws lengths (it learns them
+    /// only from windows that start a history).
+    pub length_share: f64,
 }
 
 impl Default for SequenceParams {
@@ -782,7 +783,7 @@ impl Default for SequenceParams {
             select_epsilon: None,
             select_candidates: 4.0,
             select_neighbours: 4,
-            length_noise_multiplier: 10.0,
+            length_share: 0.05,
         }
     }
 }

@@ -59,7 +59,7 @@ async fn units_never_straddle_partitions() {
     }
     let partitioned = writer.finish().await.unwrap();
     // 25 units of each length 1..=20, however their rows arrived.
-    assert_eq!(partitioned.rows_per_unit, vec![25; 20]);
+    assert_eq!(partitioned.rows_per_unit, (1..=20).map(|rows| (rows, 25)).collect());
     assert_eq!((partitioned.units, partitioned.units_per_partition.iter().sum::<u64>()), (500, 500));
     let urls = partitioned.urls;
     assert_eq!(urls.len(), 7);

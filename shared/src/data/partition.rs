@@ -5,7 +5,7 @@
 //! under the job's scratch prefix, so a deployment can grant each worker access to its own
 //! prefixes only.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -93,10 +93,10 @@ pub struct PartitionWriter {
     domain: Domain,
     writers: Vec<AsyncArrowWriter<BufWriter>>,
     urls: Vec<String>,
-    /// The units seen so far, by keyed digest, with their rows: the coordinator's only
-    /// state that grows with the data (20 bytes a unit, none per row), needed to count
-    /// units and their rows exactly.
-    units: HashMap<u128, u32>,
+    /// The units seen so far, by keyed digest (as bytes: 20 bytes an entry, where a `u128`
+    /// key would align it to 32), with their rows: the coordinator's only state that grows
+    /// with the data (none per row), needed to count units and their rows exactly.
+    units: HashMap<[u8; 16], u32>,
     units_per_partition: Vec<u64>,
 }
 
@@ -107,8 +107,8 @@ pub struct Partitioned {
     pub urls: Vec<String>,
     pub units: u64,
     pub units_per_partition: Vec<u64>,
-    /// Units by their number of rows: entry k counts the units with k + 1 rows.
-    pub rows_per_unit: Vec<u64>,
+    /// Units by their number of rows (sparse: its size never follows a unit's row count).
+    pub rows_per_unit: BTreeMap<u32, u64>,
 }
 
 impl PartitionWriter {
@@ -143,7 +143,7 @@ impl PartitionWriter {
             let digest = self.key.digest(&unit);
             let partition = PartitionKey::partition_of_digest(digest, count) as usize;
             let target = &mut split[partition];
-            let rows = self.units.entry(digest).or_insert(0);
+            let rows = self.units.entry(digest.to_le_bytes()).or_insert(0);
             if *rows == 0 {
                 self.units_per_partition[partition] += 1;
             }
@@ -167,8 +167,8 @@ impl PartitionWriter {
         for writer in self.writers {
             writer.close().await.map_err(|e| DataError::Internal(format!("closing a partition: {e}")))?;
         }
-        let mut rows_per_unit = vec![0; self.units.values().copied().max().unwrap_or(0) as usize];
-        self.units.values().for_each(|&rows| rows_per_unit[rows as usize - 1] += 1);
+        let mut rows_per_unit = BTreeMap::new();
+        self.units.values().for_each(|&rows| *rows_per_unit.entry(rows).or_insert(0) += 1);
         Ok(Partitioned {
             urls: self.urls,
             units: self.units.len() as u64,

@@ -5,7 +5,7 @@ use super::selection::SelectionSpec;
 use super::task::SequenceModelSpec;
 use super::tokens::Layout;
 use super::window::WindowSpec;
-use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
+use crate::accounting::accountant::{AccountingOptions, calibrate_sigma, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::CalibrationPlan;
 use crate::data::domain::Domain;
@@ -82,11 +82,7 @@ impl SequencePlan {
         if let Some(epsilon) = params.select_epsilon {
             run.after_training.push(selection_mechanism(spec, &params, epsilon, options)?);
         }
-        let sigma = params.length_noise_multiplier;
-        if !(sigma.is_finite() && sigma >= 0.0) {
-            return Err(invalid("length_noise_multiplier must be ≥ 0 (0: no length release)"));
-        }
-        let lengths = (sigma > 0.0).then_some(sigma);
+        let lengths = length_noise(spec, params.length_share, options)?;
         run.after_training.extend(lengths.map(length_mechanism));
         run.calibration = CalibrationPlan::new(spec, domain, options)?.map(Box::new);
         if run.calibration.is_some() && params.select_epsilon.is_some() {
@@ -103,6 +99,20 @@ impl SequencePlan {
     }
 }
 
+/// The length release's noise multiplier: the share `share` of the job's zCDP budget ρ,
+/// σ_L = 1/√(2·share·ρ); `None` for a share of 0.
+fn length_noise(spec: &JobSpec, share: f64, options: &AccountingOptions) -> Result<Option<f64>, PlanError> {
+    if !(0.0..0.5).contains(&share) {
+        return Err(invalid("length_share must be at least 0 and below 0.5 (0: no length release)"));
+    }
+    if share == 0.0 {
+        return Ok(None);
+    }
+    let rho = zcdp_budget(spec.privacy.epsilon, spec.privacy.delta, options)
+        .map_err(|e| invalid(format!("the job's zCDP budget: {e}")))?;
+    Ok(Some(1.0 / (2.0 * share * rho).sqrt()))
+}
+
 /// The histogram of history lengths: each unit adds 1 to one cell (its length, at most
 /// `max_rows`), so the vector's L2 sensitivity is 1.
 pub fn length_mechanism(noise_multiplier: f64) -> Mechanism {
@@ -111,12 +121,19 @@ pub fn length_mechanism(noise_multiplier: f64) -> Mechanism {
 
 /// The exact histogram the length release adds noise to: `max_rows` cells, cell k the
 /// units of k + 1 rows (those with more counted at `max_rows`, the rows they train on).
-pub fn length_cells(rows_per_unit: &[u64], max_rows: usize) -> Vec<f64> {
+pub fn length_cells(rows_per_unit: &std::collections::BTreeMap<u32, u64>, max_rows: usize) -> Vec<f64> {
     let mut cells = vec![0.0; max_rows];
-    for (k, &units) in rows_per_unit.iter().enumerate() {
-        cells[k.min(max_rows - 1)] += units as f64;
+    for (&rows, &units) in rows_per_unit {
+        cells[(rows.max(1) as usize).min(max_rows) - 1] += units as f64;
     }
     cells
+}
+
+/// The released histogram as the lengths' weights: a cell under two noise deviations reads
+/// as empty (post-processing), so the many lengths no unit has do not each keep the
+/// noise's positive half (0.40 σ a cell on average; 0.05 σ past the cut).
+pub fn length_weights(noisy: &[f64], noise_multiplier: f64) -> Vec<f64> {
+    noisy.iter().map(|&w| if w < 2.0 * noise_multiplier { 0.0 } else { w }).collect()
 }
 
 /// The selection's vote release: Gaussian, L2 sensitivity √k, its σ the smallest that
@@ -157,9 +174,10 @@ mod tests {
     #[test]
     fn length_cells_count_each_unit_once_at_its_trained_length() {
         // Units: 2 of one row, 1 of three, 4 of five, 1 of seven.
-        let rows_per_unit = [2, 0, 1, 0, 4, 0, 1];
+        let rows_per_unit = [(1, 2), (3, 1), (5, 4), (7, 1)].into_iter().collect();
         assert_eq!(length_cells(&rows_per_unit, 5), vec![2.0, 0.0, 1.0, 0.0, 5.0]);
         assert_eq!(length_cells(&rows_per_unit, 8), vec![2.0, 0.0, 1.0, 0.0, 4.0, 0.0, 1.0, 0.0]);
         assert_eq!(length_cells(&rows_per_unit, 8).iter().sum::<f64>(), 8.0);
+        assert_eq!(length_weights(&[25.0, 19.0, -3.0, 20.0], 10.0), vec![25.0, 0.0, 0.0, 20.0]);
     }
 }
