@@ -180,4 +180,22 @@ mod tests {
         assert_eq!(length_cells(&rows_per_unit, 8).iter().sum::<f64>(), 8.0);
         assert_eq!(length_weights(&[25.0, 19.0, -3.0, 20.0], 10.0), vec![25.0, 0.0, 0.0, 20.0]);
     }
+
+    /// The example's length release (ε = 2, δ = 1e-8, 5% of the zCDP budget) has σ_L
+    /// ≈ 13, and it is part of the run's charge; a share of 0 releases none.
+    #[test]
+    fn the_length_release_takes_its_share_of_the_budget() {
+        let text = include_str!("../../../../examples/icu-sequence.toml");
+        let spec = JobSpec::parse(text, "example").unwrap();
+        let (domain, options) = (Domain::from_spec(&spec), AccountingOptions::default());
+        let plan = SequencePlan::new(&spec, &domain, &options).unwrap();
+        let sigma = plan.lengths.unwrap();
+        assert!((12.0..14.0).contains(&sigma), "σ_L = {sigma}");
+        let rho = zcdp_budget(2.0, 1e-8, &options).unwrap();
+        assert!((1.0 / (2.0 * sigma * sigma) - 0.05 * rho).abs() < 1e-12);
+        assert_eq!(plan.run.after_training, vec![length_mechanism(sigma)]);
+        let off = text.replace("[generator.sequence]\n", "[generator.sequence]\nlength_share = 0.0\n");
+        let plan = SequencePlan::new(&JobSpec::parse(&off, "off").unwrap(), &domain, &options).unwrap();
+        assert_eq!((plan.lengths, plan.run.after_training.len()), (None, 0));
+    }
 }
