@@ -34,7 +34,6 @@ use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
 use rhosynth_shared::eval::longitudinal::Longitudinal;
 use rhosynth_shared::generators::sequence::ceiling::{PlainTraining, SimulatedCohort, sample, train_plain};
-use rhosynth_shared::generators::sequence::plan::length_weights;
 use rhosynth_shared::generators::sequence::{Histories, Layout, SequenceModel, SequencePlan};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -247,12 +246,11 @@ async fn main() {
         let mut lengths = None;
         if let Some(sl) = length_sigma {
             let normal = Normal::new(0.0, sl).unwrap();
-            let noisy: Vec<f64> = tables.lengths.iter().map(|v| v + normal.sample(&mut rng)).collect();
-            lengths = Some(length_weights(&noisy, sl));
+            lengths = Some(tables.lengths.iter().map(|v| v + normal.sample(&mut rng)).collect());
         }
         if let Some(s1) = stage1_sigma {
             tables.add_noise(s1 * sensitivity, &mut rng);
-            lengths = lengths.or_else(|| Some(length_weights(&tables.lengths, s1 * sensitivity)));
+            lengths = lengths.or_else(|| Some(tables.lengths.clone()));
             let pseudo = tables.draw(domain, &plan.model.layout, order, patients.max(2000), &mut rng);
             let pretraining = PlainTraining {
                 steps: env("DP_PRETRAIN_STEPS", 400),

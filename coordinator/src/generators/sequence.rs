@@ -14,7 +14,7 @@ use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::plan::RunPlan;
 use rhosynth_shared::entropy::os_rng;
 use rhosynth_shared::generators::Sampler;
-use rhosynth_shared::generators::sequence::plan::{length_cells, length_mechanism, length_weights};
+use rhosynth_shared::generators::sequence::plan::{length_cells, length_mechanism};
 use rhosynth_shared::generators::sequence::sampler::SelectedHistories;
 use rhosynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
 use rhosynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler};
@@ -58,8 +58,8 @@ impl DpSgdGenerator for Sequence {
             .map(|sigma| {
                 format!(
                     "history lengths: a Gaussian histogram of the units' lengths ({cells} cells, noise multiplier \
-                     {sigma:.3}, sensitivity 1 under add/remove), released with the run's charge; cells under 2σ read \
-                     as empty, and drawn histories take their lengths from it"
+                     {sigma:.3}, sensitivity 1 under add/remove), released with the run's charge; drawn histories take \
+                     their lengths from it (negative cells as empty)"
                 )
             })
             .into_iter()
@@ -96,7 +96,7 @@ impl DpSgdGenerator for Sequence {
                 after.remove(charged);
                 let max_rows = spec.layout.max_rows;
                 let cells = trained.partitions.rows_per_unit.map(|rows| length_cells(rows, max_rows));
-                Some(length_weights(&trained.releases.gaussian(cells, 1.0, sigma)?, sigma))
+                Some(trained.releases.gaussian(cells, 1.0, sigma)?)
             }
             None => None,
         };

@@ -129,13 +129,6 @@ pub fn length_cells(rows_per_unit: &std::collections::BTreeMap<u32, u64>, max_ro
     cells
 }
 
-/// The released histogram as the lengths' weights: a cell under two noise deviations reads
-/// as empty (post-processing), so the many lengths no unit has do not each keep the
-/// noise's positive half (0.40 σ a cell on average; 0.05 σ past the cut).
-pub fn length_weights(noisy: &[f64], noise_multiplier: f64) -> Vec<f64> {
-    noisy.iter().map(|&w| if w < 2.0 * noise_multiplier { 0.0 } else { w }).collect()
-}
-
 /// The selection's vote release: Gaussian, L2 sensitivity √k, its σ the smallest that
 /// costs `epsilon` alone at the job's δ.
 fn selection_mechanism(
@@ -178,7 +171,6 @@ mod tests {
         assert_eq!(length_cells(&rows_per_unit, 5), vec![2.0, 0.0, 1.0, 0.0, 5.0]);
         assert_eq!(length_cells(&rows_per_unit, 8), vec![2.0, 0.0, 1.0, 0.0, 4.0, 0.0, 1.0, 0.0]);
         assert_eq!(length_cells(&rows_per_unit, 8).iter().sum::<f64>(), 8.0);
-        assert_eq!(length_weights(&[25.0, 19.0, -3.0, 20.0], 10.0), vec![25.0, 0.0, 0.0, 20.0]);
     }
 
     /// The example's length release (ε = 2, δ = 1e-8, 5% of the zCDP budget) has σ_L
