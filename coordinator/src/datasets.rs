@@ -267,13 +267,11 @@ impl Datasets {
             }
             // Every job of the dataset reads its declared input: the ledger records which
             // (the operator's declaration binds a ledger made before inputs were recorded).
-            ledger.bind_input(&dataset.input.urls).await.or_else(|e| match e {
-                LedgerError::Unbound { .. } => Ok(()),
-                e => Err(fail(e.to_string())),
-            })?;
-            if ledger.input().is_none() {
-                ledger.rebind_input(&dataset.input.urls).await.map_err(|e| fail(e.to_string()))?;
-            }
+            let bound = match ledger.input() {
+                None => ledger.rebind_input(&dataset.input.urls).await,
+                Some(_) => ledger.bind_input(&dataset.input.urls).await,
+            };
+            bound.map_err(|e| fail(e.to_string()))?;
         }
         Ok(())
     }
