@@ -32,7 +32,8 @@ use rhosynth_shared::spec::{GeneratorSpec, JobSpec};
 use rhosynth_shared::storage::{self, StoreLocation};
 
 use crate::generators::{
-    Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Harmonic, Marginals, Pate, Sequence,
+    Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Harmonic, HistoryCopula, Marginals, Pate,
+    Sequence,
 };
 use crate::run_lease;
 use crate::schedule::Schedule;
@@ -115,6 +116,7 @@ async fn claimed(
         GeneratorSpec::Sequence(_) => synthesize::<DpSgdJob<Sequence>>(&ctx, &mut ledger, output).await,
         GeneratorSpec::Dp2stage(_) => synthesize::<DpSgdJob<Dp2Stage>>(&ctx, &mut ledger, output).await,
         GeneratorSpec::Harmonic(_) => synthesize::<DpSgdJob<Harmonic>>(&ctx, &mut ledger, output).await,
+        GeneratorSpec::HistoryCopula(_) => synthesize::<HistoryCopula>(&ctx, &mut ledger, output).await,
     };
     // Only this process's partitions and run lease of the job: another coordinator
     // sharing the scratch store may hold the same job id.

@@ -321,6 +321,7 @@ pub enum GeneratorName {
     Sequence,
     Dp2stage,
     Harmonic,
+    HistoryCopula,
 }
 
 impl GeneratorName {
@@ -333,6 +334,7 @@ impl GeneratorName {
             GeneratorName::Sequence => "sequence",
             GeneratorName::Dp2stage => "dp2stage",
             GeneratorName::Harmonic => "harmonic",
+            GeneratorName::HistoryCopula => "history_copula",
         }
     }
 
@@ -358,6 +360,7 @@ pub enum GeneratorSpec {
     Sequence(SequenceParams),
     Dp2stage(LanguageModelParams),
     Harmonic(LanguageModelParams),
+    HistoryCopula(HistoryCopulaParams),
 }
 
 /// Bins of numeric columns that declare none, for every generator but marginals (whose
@@ -374,6 +377,7 @@ impl GeneratorSpec {
             GeneratorSpec::Sequence(_) => GeneratorName::Sequence,
             GeneratorSpec::Dp2stage(_) => GeneratorName::Dp2stage,
             GeneratorSpec::Harmonic(_) => GeneratorName::Harmonic,
+            GeneratorSpec::HistoryCopula(_) => GeneratorName::HistoryCopula,
         }
     }
 
@@ -381,7 +385,7 @@ impl GeneratorSpec {
     /// rows.
     pub fn draws_histories(&self) -> bool {
         match self {
-            GeneratorSpec::Sequence(_) => true,
+            GeneratorSpec::Sequence(_) | GeneratorSpec::HistoryCopula(_) => true,
             GeneratorSpec::Marginals(p) => p.history_rows.is_some(),
             _ => false,
         }
@@ -416,6 +420,8 @@ struct GeneratorSection {
     dp2stage: Option<LanguageModelParams>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     harmonic: Option<LanguageModelParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    history_copula: Option<HistoryCopulaParams>,
 }
 
 impl TryFrom<GeneratorSection> for GeneratorSpec {
@@ -430,6 +436,7 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
             (GeneratorName::Sequence, s.sequence.is_some()),
             (GeneratorName::Dp2stage, s.dp2stage.is_some()),
             (GeneratorName::Harmonic, s.harmonic.is_some()),
+            (GeneratorName::HistoryCopula, s.history_copula.is_some()),
         ];
         if let Some((other, _)) = given.iter().find(|(n, present)| *present && *n != s.name) {
             return Err(format!(
@@ -446,6 +453,7 @@ impl TryFrom<GeneratorSection> for GeneratorSpec {
             GeneratorName::Sequence => GeneratorSpec::Sequence(s.sequence.unwrap_or_default()),
             GeneratorName::Dp2stage => GeneratorSpec::Dp2stage(s.dp2stage.unwrap_or_default()),
             GeneratorName::Harmonic => GeneratorSpec::Harmonic(s.harmonic.unwrap_or_default()),
+            GeneratorName::HistoryCopula => GeneratorSpec::HistoryCopula(s.history_copula.unwrap_or_default()),
         })
     }
 }
@@ -462,6 +470,7 @@ impl From<GeneratorSpec> for GeneratorSection {
             sequence: None,
             dp2stage: None,
             harmonic: None,
+            history_copula: None,
         };
         match spec {
             GeneratorSpec::Marginals(p) => section.marginals = Some(p),
@@ -471,6 +480,7 @@ impl From<GeneratorSpec> for GeneratorSection {
             GeneratorSpec::Sequence(p) => section.sequence = Some(p),
             GeneratorSpec::Dp2stage(p) => section.dp2stage = Some(p),
             GeneratorSpec::Harmonic(p) => section.harmonic = Some(p),
+            GeneratorSpec::HistoryCopula(p) => section.history_copula = Some(p),
         }
         section
     }
@@ -784,6 +794,40 @@ impl Default for SequenceParams {
             select_candidates: 4.0,
             select_neighbours: 4,
             length_share: 0.05,
+        }
+    }
+}
+
+/// Parameters of the history copula: whole histories drawn from a Gaussian copula whose
+/// latent normals follow a VAR(1), fitted to two released rounds of bounded per-unit
+/// statistics (margins, then same-row and lag-1 moments) and a length histogram.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryCopulaParams {
+    /// Columns that hold one value per unit: modelled with the rest, written from the
+    /// history's first row on every row.
+    pub static_columns: Vec<String>,
+    /// Rows of a history read (its first ones in order), and the most a drawn one has.
+    pub max_rows: usize,
+    /// Geometric bins of the gap between consecutive order values.
+    pub gap_bins: u32,
+    /// Shares of the job's budget (zCDP terms, where Gaussian releases add up) spent on
+    /// the margins and on the length histogram; the moments get the rest.
+    pub margin_share: f64,
+    pub length_share: f64,
+    /// L2 bound of one unit's moments vector; default: the number of modelled columns.
+    pub moment_clip: Option<f64>,
+}
+
+impl Default for HistoryCopulaParams {
+    fn default() -> Self {
+        Self {
+            static_columns: Vec::new(),
+            max_rows: 50,
+            gap_bins: DEFAULT_GAP_BINS,
+            margin_share: 0.3,
+            length_share: 0.05,
+            moment_clip: None,
         }
     }
 }

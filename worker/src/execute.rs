@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use rhosynth_proto::gradient_sum::Model;
 use rhosynth_proto::task::Work;
-use rhosynth_proto::{CountTables, GradientSum, SelectionVotes, Task, TeacherVotes};
+use rhosynth_proto::{CountTables, GradientSum, HistoryStatistics, SelectionVotes, Task, TeacherVotes};
 use rhosynth_shared::data::DataError;
 use rhosynth_shared::data::EncodedBatch;
 use rhosynth_shared::data::partition::read_partition;
@@ -18,10 +18,11 @@ use rhosynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
 use rhosynth_shared::entropy::os_rng;
 use rhosynth_shared::generators::dp2stage::Dp2StageModelSpec;
 use rhosynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
+use rhosynth_shared::generators::history_copula::HistoryStatisticsTask;
 use rhosynth_shared::generators::marginals::MarginalsTask;
 use rhosynth_shared::generators::pate::VoteTask;
 use rhosynth_shared::generators::sequence::selection::SelectionTask;
-use rhosynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec};
+use rhosynth_shared::generators::sequence::{Histories, SequenceModel, SequenceModelSpec};
 
 /// Named f64 tensors plus the number of privacy units that contributed (for a vote
 /// round: the number of teachers).
@@ -48,6 +49,7 @@ impl Executor {
             Some(Work::GradientSum(work)) => self.gradient_sum(task, work).await,
             Some(Work::TeacherVotes(work)) => self.teacher_votes(task, work).await,
             Some(Work::SelectionVotes(work)) => self.selection_votes(task, work).await,
+            Some(Work::HistoryStatistics(work)) => self.history_statistics(task, work).await,
             None => anyhow::bail!("a task with no work this worker knows: the worker is older than its coordinator"),
         }
     }
@@ -139,6 +141,32 @@ impl Executor {
                 units += voted;
             }
             Ok(Aggregate { units, tensors: vec![("votes".to_string(), total)] })
+        })
+        .await?
+    }
+
+    /// A history copula round: each unit's bounded statistics, summed over the task's
+    /// partitions (histories loaded once, read by both rounds).
+    async fn history_statistics(&mut self, task: &Task, work: &HistoryStatistics) -> anyhow::Result<Aggregate> {
+        let round = Arc::new(HistoryStatisticsTask::try_from(work)?);
+        let parts = {
+            let layout = round.layout.clone();
+            self.partitions(task, move |url| {
+                let layout = layout.clone();
+                let order = layout.order.as_ref().map(|(o, _)| *o);
+                async move { Histories::load(&[url], &layout.domain, order, layout.max_rows).await }
+            })
+            .await?
+        };
+        tokio::task::spawn_blocking(move || {
+            let mut total = vec![0f64; round.len()];
+            let mut units = 0;
+            for histories in &parts {
+                let (sum, counted) = round.sum(histories);
+                total.iter_mut().zip(sum).for_each(|(t, v)| *t += v);
+                units += counted;
+            }
+            Ok(Aggregate { units, tensors: vec![("statistics".to_string(), total)] })
         })
         .await?
     }

@@ -196,6 +196,7 @@ async fn serve_tasks(
                     Some(Work::CountTables(_)) => "count tables",
                     Some(Work::TeacherVotes(_)) => "teacher votes",
                     Some(Work::SelectionVotes(_)) => "selection votes",
+                    Some(Work::HistoryStatistics(_)) => "history statistics",
                     _ => "unknown",
                 };
                 tracing::info!(job = task.job_id, task = task.task_id, attempt = task.attempt, work, "task started")

@@ -10,6 +10,7 @@ pub mod aim;
 pub mod dp2stage;
 pub mod findiff;
 pub mod harmonic;
+pub mod history_copula;
 pub mod marginals;
 pub mod pate;
 pub mod row_text;
@@ -66,6 +67,9 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
         }
         // How rows read needs the checkpoint's tokenizer: checked when the job runs.
         GeneratorSpec::Dp2stage(_) | GeneratorSpec::Harmonic(_) => dp2stage::plan::check(spec, domain).map(drop),
+        GeneratorSpec::HistoryCopula(_) => {
+            history_copula::HistoryCopulaPlan::new(spec, domain, &AccountingOptions::default()).map(drop)
+        }
     }
 }
 

@@ -48,7 +48,29 @@ impl Histories {
         for (unit, row) in rows {
             histories.push(&mut index, &unit, row);
         }
-        histories.ordered(layout)
+        histories.ordered(layout.order_column(), layout.max_rows)
+    }
+
+    /// A worker's histories from its partitions (a unit's rows are in one partition),
+    /// grouped as they are read, ordered by `order`, the first `max_rows` of each.
+    pub async fn load(
+        urls: &[String],
+        domain: &Domain,
+        order: Option<usize>,
+        max_rows: usize,
+    ) -> Result<Self, DataError> {
+        let mut histories = Histories::default();
+        let mut index = HashMap::new();
+        for url in urls {
+            read_partition(url, domain, |batch| {
+                for (r, unit) in batch.units.iter().enumerate() {
+                    histories.push(&mut index, unit, batch.values.iter().map(|column| column[r]).collect());
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(histories.ordered(order, max_rows))
     }
 
     /// Adds a row to its unit's history; `index` maps unit ids to positions (an id is
@@ -66,9 +88,9 @@ impl Histories {
     }
 
     /// Each unit's rows in order, the first `max_rows` of them.
-    fn ordered(mut self, layout: &Layout) -> Self {
+    fn ordered(mut self, order: Option<usize>, max_rows: usize) -> Self {
         for (_, rows) in &mut self.units {
-            if let Some(order) = layout.order_column() {
+            if let Some(order) = order {
                 rows.sort_by(|a, b| match (a[order], b[order]) {
                     (Some(x), Some(y)) => x.total_cmp(&y),
                     (Some(_), None) => std::cmp::Ordering::Less,
@@ -76,7 +98,7 @@ impl Histories {
                     (None, None) => std::cmp::Ordering::Equal,
                 });
             }
-            rows.truncate(layout.max_rows);
+            rows.truncate(max_rows);
             rows.shrink_to_fit();
         }
         self
@@ -87,18 +109,7 @@ impl SequenceModelSpec {
     /// The worker's histories from its partitions (a unit's rows are in one partition),
     /// grouped as they are read.
     pub async fn load_histories(&self, urls: &[String]) -> Result<Histories, DataError> {
-        let mut histories = Histories::default();
-        let mut index = HashMap::new();
-        for url in urls {
-            read_partition(url, &self.domain, |batch| {
-                for (r, unit) in batch.units.iter().enumerate() {
-                    histories.push(&mut index, unit, batch.values.iter().map(|column| column[r]).collect());
-                }
-                Ok(())
-            })
-            .await?;
-        }
-        Ok(histories.ordered(&self.layout))
+        Histories::load(urls, &self.domain, self.layout.order_column(), self.layout.max_rows).await
     }
 }
 
