@@ -228,9 +228,12 @@ async fn a_direct_history_job_writes_whole_histories_and_charges_its_tables() {
 
 /// The history copula end to end on an AR(1) cohort (the demo's schema, ρ = 0.6, 1,500
 /// patients, ε = 2): two worker rounds, one charge of exactly the plan's three Gaussian
-/// releases, whole histories in time order, and the heart rate keeps its lag-1
-/// autocorrelation within 0.1 of the input's (≈ 0.59; the released lag-1's noise is about
-/// σ·clip / units ≈ 0.02 at 1,500 units, and a Gaussian copula is this cohort's law).
+/// releases, whole histories in time order, and the vitals keep their lag-1
+/// autocorrelations (≈ 0.59): a mean gap under 0.1, each under 0.3. A released lag-1's own
+/// noise is about σ·clip / units ≈ 0.02 at 1,500 units, and a Gaussian copula is this
+/// cohort's law; a single vital's Pearson lag-1 also moves with the released margins'
+/// noise (one vital's gap reached 0.21 in one of ten runs; the mean 0.013–0.068), hence
+/// the mean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_copula_job_keeps_each_histories_lag1_within_its_charge() {
     use rhosynth_shared::accounting::accountant::AccountingOptions;
@@ -258,28 +261,34 @@ async fn a_history_copula_job_keeps_each_histories_lag1_within_its_charge() {
     // The released count: the length cells' noisy sum, σ_L·√50 ≈ 90 around 1,500.
     assert!((1150..=1850).contains(&histories.len()), "{} histories", histories.len());
 
-    // Each table's heart rates, grouped by unit in file order.
-    let heart_rates = |read: JobSpec| async move {
+    // Each vital's lag-1 over consecutive values of a unit (file order groups them).
+    const VITALS: [&str; 6] = ["heart_rate", "resp_rate", "temperature", "spo2", "sbp", "dbp"];
+    let lags = |read: JobSpec| async move {
         let domain = Domain::from_spec(&read);
-        let hr = domain.index_of("heart_rate").unwrap();
         let mut reader = rhosynth_shared::data::input::InputReader::new(&read, &domain);
         let mut units: Vec<(String, Vec<Vec<f64>>)> = Vec::new();
         while let Some(batch) = reader.next_batch().await.unwrap() {
             for (r, unit) in batch.units.iter().enumerate() {
                 if units.last().is_none_or(|(id, _)| id != unit) {
-                    units.push((unit.clone(), vec![Vec::new()]));
+                    units.push((unit.clone(), vec![Vec::new(); VITALS.len()]));
                 }
-                units.last_mut().unwrap().1[0].extend(batch.values[hr][r]);
+                for (v, name) in VITALS.iter().enumerate() {
+                    units.last_mut().unwrap().1[v].extend(batch.values[domain.index_of(name).unwrap()][r]);
+                }
             }
         }
-        lag1(&units.into_iter().map(|(_, v)| v).collect::<Vec<_>>(), 0).unwrap()
+        let tables: Vec<Vec<Vec<f64>>> = units.into_iter().map(|(_, v)| v).collect();
+        (0..VITALS.len()).map(|v| lag1(&tables, v).unwrap()).collect::<Vec<f64>>()
     };
-    let real = heart_rates(spec.clone()).await;
+    let real = lags(spec.clone()).await;
     let mut synthetic = spec.clone();
     synthetic.input.urls = parts(&out, &manifest);
     synthetic.input.format = Some(Format::Parquet);
-    let synthetic = heart_rates(synthetic).await;
-    assert!((real - synthetic).abs() < 0.1, "heart rate lag-1 {synthetic:.3} against the input's {real:.3}");
+    let synthetic = lags(synthetic).await;
+    let gaps: Vec<f64> = real.iter().zip(&synthetic).map(|(r, s)| (r - s).abs()).collect();
+    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    assert!(mean < 0.1, "mean lag-1 gap {mean:.3}: synthetic {synthetic:?} against {real:?}");
+    assert!(gaps.iter().all(|g| *g < 0.3), "synthetic {synthetic:?} against {real:?}");
 }
 
 /// DP-2Stage end to end on the first block of a real pretrained model (SmolLM2-135M's GGUF

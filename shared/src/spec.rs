@@ -223,7 +223,8 @@ pub enum ColumnKind {
     Integer,
     /// One of the declared categories.
     Categorical,
-    /// A timestamp within declared bounds (RFC 3339, `YYYY-MM-DD` or `YYYY-MM-DD HH:MM:SS`).
+    /// A timestamp within declared bounds (ISO 8601: a date, or a date and time after `T` or
+    /// a space, with or without seconds, `Z` or an offset; or the column's `format`).
     Datetime,
     /// An identifier: never synthesised from data (the unit column gets synthetic ids).
     Identifier,
@@ -289,6 +290,10 @@ pub struct ColumnSpec {
     pub missing: MissingPolicy,
     #[serde(default)]
     pub bins: Option<Bins>,
+    /// A datetime column's format in the files (chrono syntax, e.g. `"%d/%m/%Y %H:%M"`),
+    /// for values no common form reads ([`parse_datetime`]); bounds stay in the common forms.
+    #[serde(default)]
+    pub format: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1044,17 +1049,45 @@ fn default_rows_per_part() -> u64 {
     50_000
 }
 
-/// Parses a date/time bound or value to seconds since the Unix epoch.
+/// Parses a date/time bound or value to seconds since the Unix epoch: the ISO 8601 forms
+/// people's files hold (date only; a time after `T` or a space, with or without seconds
+/// and fractions; `Z` or an offset, else UTC).
 pub fn parse_datetime(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let seconds =
+        |t: DateTime<chrono::FixedOffset>| t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) * 1e-6;
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
-        return Some(t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) * 1e-6);
+        return Some(seconds(t));
     }
-    for format in ["%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"] {
-        if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
-            return Some(t.and_utc().timestamp() as f64);
+    // `Z` as the zero offset, so one set of forms reads both.
+    let zoned = s.strip_suffix('Z').or_else(|| s.strip_suffix('z')).map(|t| format!("{t}+00:00"));
+    for sep in ['T', ' '] {
+        for time in ["%H:%M:%S%.f", "%H:%M"] {
+            let naive = format!("%Y-%m-%d{sep}{time}");
+            if let Some(z) = &zoned {
+                if let Ok(t) = DateTime::parse_from_str(z, &format!("{naive}%:z")) {
+                    return Some(seconds(t));
+                }
+            } else if let Ok(t) = DateTime::parse_from_str(s, &format!("{naive}%:z")) {
+                return Some(seconds(t));
+            } else if let Ok(t) = NaiveDateTime::parse_from_str(s, &naive) {
+                return Some(t.and_utc().timestamp() as f64 + f64::from(t.and_utc().timestamp_subsec_micros()) * 1e-6);
+            }
         }
     }
     NaiveDate::parse_from_str(s, "%Y-%m-%d").ok().map(|d| d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp() as f64)
+}
+
+/// Parses a value in a declared chrono `format` (a date and time, or a date alone).
+pub fn parse_datetime_as(s: &str, format: &str) -> Option<f64> {
+    let s = s.trim();
+    if let Ok(t) = DateTime::parse_from_str(s, format) {
+        return Some(t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) * 1e-6);
+    }
+    if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
+        return Some(t.and_utc().timestamp() as f64);
+    }
+    NaiveDate::parse_from_str(s, format).ok().map(|d| d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp() as f64)
 }
 
 impl ColumnSpec {
@@ -1070,6 +1103,9 @@ impl ColumnSpec {
 
     fn validate(&self) -> Result<(), String> {
         let name = &self.name;
+        if self.format.is_some() && self.kind != ColumnKind::Datetime {
+            return Err(format!("column '{name}': only datetime columns take a `format`"));
+        }
         match self.kind {
             ColumnKind::Continuous | ColumnKind::Integer | ColumnKind::Datetime => {
                 let (lo, hi) = self.bounds().ok_or_else(|| {

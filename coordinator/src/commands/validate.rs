@@ -41,6 +41,12 @@ fn problem_json(problem: &DataError) -> serde_json::Value {
             "row": null,
             "message": "declared in the job spec but not present in the file",
         }),
+        DataError::DuplicateColumn { file, column } => json!({
+            "file": file,
+            "column": column,
+            "row": null,
+            "message": "the header names this column more than once",
+        }),
         DataError::Read { file, message } => json!({"file": file, "column": null, "row": null, "message": message}),
         DataError::Internal(message) => json!({"file": null, "column": null, "row": null, "message": message}),
     }

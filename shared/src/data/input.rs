@@ -19,7 +19,9 @@ use object_store::ObjectStoreExt;
 use super::{DataError, EncodedBatch};
 use crate::data::domain::Domain;
 use crate::data::parquet_io;
-use crate::spec::{BadRows, ColumnKind, CsvOptions, Format, JobSpec, MissingPolicy, UnknownPolicy, parse_datetime};
+use crate::spec::{
+    BadRows, ColumnKind, CsvOptions, Format, JobSpec, MissingPolicy, UnknownPolicy, parse_datetime, parse_datetime_as,
+};
 use crate::storage;
 
 /// Rows per record batch.
@@ -107,6 +109,8 @@ struct ColumnPlan {
     domain: Option<usize>,
     categories: HashMap<String, u32>,
     bounds: (f64, f64),
+    /// A datetime column's declared format.
+    format: Option<String>,
 }
 
 /// Encodes raw string batches of one file into [`EncodedBatch`]es.
@@ -123,6 +127,10 @@ struct Encoder<'a> {
 impl<'a> Encoder<'a> {
     /// Maps schema columns to file columns: by name when the file names them, else by position.
     fn new(spec: &'a JobSpec, domain: &Domain, file: &str, names: Option<&[String]>) -> Result<Self, DataError> {
+        let mut seen = std::collections::HashSet::new();
+        if let Some(twice) = names.into_iter().flatten().find(|n| !seen.insert(n.as_str())) {
+            return Err(DataError::DuplicateColumn { file: file.to_string(), column: twice.clone() });
+        }
         let mut plans = Vec::new();
         for (position, c) in spec.schema.columns.iter().enumerate() {
             let source = match names {
@@ -143,6 +151,7 @@ impl<'a> Encoder<'a> {
                 domain: domain.index_of(&c.name),
                 categories,
                 bounds: c.bounds().unwrap_or((f64::NEG_INFINITY, f64::INFINITY)),
+                format: c.format.clone(),
             });
         }
         let unit = match &spec.schema.unit_column {
@@ -262,9 +271,19 @@ impl<'a> Encoder<'a> {
                 Ok(v) if v.is_finite() => Ok(clamp(v)),
                 _ => Err(self.error(&plan.name, row, "not a finite number")),
             },
-            ColumnKind::Datetime => parse_datetime(text)
-                .map(clamp)
-                .ok_or_else(|| self.error(&plan.name, row, "not a date/time (RFC 3339 or YYYY-MM-DD[ HH:MM:SS])")),
+            ColumnKind::Datetime => match &plan.format {
+                Some(format) => parse_datetime_as(text, format)
+                    .map(clamp)
+                    .ok_or_else(|| self.error(&plan.name, row, "not a date/time in the column's declared `format`")),
+                None => parse_datetime(text).map(clamp).ok_or_else(|| {
+                    self.error(
+                        &plan.name,
+                        row,
+                        "not a date/time in a common ISO 8601 form (YYYY-MM-DD, with a time HH:MM[:SS[.fff]] \
+                         after `T` or a space, optionally `Z` or ±HH:MM); declare the column's `format` for another",
+                    )
+                }),
+            },
             ColumnKind::Identifier => unreachable!("identifiers are not encoded"),
         }
     }
@@ -319,7 +338,7 @@ impl<'a> InputReader<'a> {
         match spec.input.format.unwrap_or_else(|| Format::detect(url)) {
             Format::Csv => {
                 let get = location.store.get(&path).await.map_err(|e| read_err(&e))?;
-                let mut stream = get.into_stream();
+                let mut stream = decoded(get.into_stream()).await.map_err(|e| read_err(&e))?;
                 let (names, buffered) = if spec.input.csv.has_header {
                     let (names, rest) = read_header(&mut stream, &spec.input.csv, url).await?;
                     (Some(names), rest)
@@ -449,6 +468,101 @@ fn csv_err(file: &str, e: &arrow_schema::ArrowError) -> DataError {
 }
 
 /// Reads up to the end of the header line; returns the column names and the bytes after it.
+/// A compressed CSV file's codec, from its first bytes (gzip `1f 8b`, zstd `28 b5 2f fd`),
+/// decoding chunk by chunk as the file streams in.
+enum Codec {
+    Gzip(Box<flate2::write::MultiGzDecoder<Vec<u8>>>),
+    Zstd(zstd::stream::write::Decoder<'static, Vec<u8>>),
+}
+
+impl Codec {
+    fn detect(head: &[u8]) -> std::io::Result<Option<Self>> {
+        Ok(if head.starts_with(&[0x1f, 0x8b]) {
+            Some(Codec::Gzip(Box::new(flate2::write::MultiGzDecoder::new(Vec::new()))))
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Some(Codec::Zstd(zstd::stream::write::Decoder::new(Vec::new())?))
+        } else {
+            None
+        })
+    }
+
+    /// The bytes `chunk` decodes to.
+    fn push(&mut self, chunk: &[u8]) -> std::io::Result<Bytes> {
+        use std::io::Write;
+        let out = match self {
+            Codec::Gzip(d) => {
+                d.write_all(chunk)?;
+                d.get_mut()
+            }
+            Codec::Zstd(d) => {
+                d.write_all(chunk)?;
+                d.flush()?;
+                d.get_mut()
+            }
+        };
+        Ok(Bytes::from(std::mem::take(out)))
+    }
+
+    /// The bytes left at the end of the file (an error if it ends inside a frame).
+    fn finish(self) -> std::io::Result<Bytes> {
+        use std::io::Write;
+        Ok(Bytes::from(match self {
+            Codec::Gzip(d) => d.finish()?,
+            Codec::Zstd(mut d) => {
+                d.flush()?;
+                d.into_inner()
+            }
+        }))
+    }
+}
+
+/// A CSV file's text as it streams in: decompressed when its first bytes are gzip's or
+/// zstd's, and without a leading UTF-8 byte-order mark (Excel's "CSV UTF-8").
+pub(crate) async fn decoded(
+    mut raw: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+) -> object_store::Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>> {
+    let failed = |e: std::io::Error| object_store::Error::Generic { store: "decompression", source: Box::new(e) };
+    let first = raw.next().await.transpose()?.unwrap_or_default();
+    let text: futures::stream::BoxStream<'static, object_store::Result<Bytes>> =
+        match Codec::detect(&first).map_err(failed)? {
+            None => futures::stream::once(async move { Ok(first) }).chain(raw).boxed(),
+            Some(codec) => {
+                let raw = futures::stream::once(async move { Ok(first) }).chain(raw).boxed();
+                futures::stream::unfold(Some((raw, codec)), move |state| async move {
+                    let (mut raw, mut codec) = state?;
+                    loop {
+                        match raw.next().await {
+                            Some(Ok(chunk)) => match codec.push(&chunk) {
+                                Ok(out) if out.is_empty() => continue,
+                                Ok(out) => return Some((Ok(out), Some((raw, codec)))),
+                                Err(e) => return Some((Err(failed(e)), None)),
+                            },
+                            Some(Err(e)) => return Some((Err(e), None)),
+                            None => {
+                                return match codec.finish() {
+                                    Ok(out) if out.is_empty() => None,
+                                    Ok(out) => Some((Ok(out), None)),
+                                    Err(e) => Some((Err(failed(e)), None)),
+                                };
+                            }
+                        }
+                    }
+                })
+                .boxed()
+            }
+        };
+    let mut at_start = true;
+    Ok(text
+        .map(move |chunk| {
+            let chunk = chunk?;
+            if std::mem::take(&mut at_start) && chunk.starts_with(b"\xef\xbb\xbf") {
+                return Ok(chunk.slice(3..));
+            }
+            Ok(chunk)
+        })
+        .boxed())
+}
+
 async fn read_header(
     stream: &mut (impl futures::Stream<Item = object_store::Result<Bytes>> + Unpin),
     options: &CsvOptions,
@@ -469,5 +583,144 @@ async fn read_header(
                 return Err(DataError::Read { file: file.to_string(), message: "no header line".into() });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// A spec reading `file`: a unit, a datetime (with `format` when given) and an integer.
+    fn spec(file: &std::path::Path, format: Option<&str>) -> JobSpec {
+        let format = format.map_or(String::new(), |f| format!("format = \"{f}\"\n"));
+        let text = format!(
+            r#"
+[job]
+dataset_id = "files"
+
+[input]
+urls = ["{}"]
+format = "csv"
+
+[schema]
+unit_column = "id"
+
+[[schema.columns]]
+name = "id"
+kind = "identifier"
+
+[[schema.columns]]
+name = "t"
+kind = "datetime"
+min = "2185-01-01"
+max = "2186-01-01"
+{format}
+[[schema.columns]]
+name = "x"
+kind = "integer"
+min = 0
+max = 100
+
+[privacy]
+epsilon = 1.0
+delta = 1e-6
+
+[generator]
+name = "marginals"
+
+[output]
+url = "/unused"
+"#,
+            file.display()
+        );
+        JobSpec::parse(&text, "files").unwrap()
+    }
+
+    async fn read(spec: &JobSpec) -> Result<EncodedBatch, DataError> {
+        let domain = Domain::from_spec(spec);
+        let mut reader = InputReader::new(spec, &domain);
+        let mut all = EncodedBatch::empty(domain.columns.len());
+        while let Some(batch) = reader.next_batch().await? {
+            all.units.extend(batch.units);
+            all.values.iter_mut().zip(batch.values).for_each(|(a, b)| a.extend(b));
+        }
+        Ok(all)
+    }
+
+    const CSV: &str = "id,t,x\nP1,2185-11-18 11:56:00,7\nP1,2185-11-18 12:30:00,9\nP2,2185-11-19 08:00:00,42\n";
+
+    /// The same rows read alike from a plain file, one with a UTF-8 byte-order mark, a
+    /// gzip file, a zstd file, and a gzip file whose name does not say so.
+    #[tokio::test]
+    async fn files_as_people_have_them_read_alike() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, bytes: &[u8]| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path
+        };
+        let gzip = |text: &[u8]| {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            e.write_all(text).unwrap();
+            e.finish().unwrap()
+        };
+        let plain = read(&spec(&write("plain.csv", CSV.as_bytes()), None)).await.unwrap();
+        assert_eq!(plain.units, ["P1", "P1", "P2"]);
+        let bom = [b"\xef\xbb\xbf".as_slice(), CSV.as_bytes()].concat();
+        let files = [
+            write("bom.csv", &bom),
+            write("data.csv.gz", &gzip(CSV.as_bytes())),
+            write("bom.csv.gz", &gzip(&bom)),
+            write("data.csv.zst", &zstd::encode_all(CSV.as_bytes(), 3).unwrap()),
+            write("unnamed", &gzip(CSV.as_bytes())),
+        ];
+        for file in files {
+            assert_eq!(read(&spec(&file, None)).await.unwrap(), plain, "{}", file.display());
+        }
+        let truncated = gzip(CSV.as_bytes());
+        let cut = write("cut.csv.gz", &truncated[..truncated.len() - 8]);
+        assert!(read(&spec(&cut, None)).await.is_err(), "a gzip file cut short is an error, not fewer rows");
+    }
+
+    /// A header naming a column twice is refused, naming the column.
+    #[tokio::test]
+    async fn a_header_naming_a_column_twice_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("twice.csv");
+        std::fs::write(&path, "id,x,t,x\nP1,1,2185-11-18,2\n").unwrap();
+        let refused = read(&spec(&path, None)).await.unwrap_err();
+        assert!(matches!(&refused, DataError::DuplicateColumn { column, .. } if column == "x"), "{refused}");
+    }
+
+    /// Datetimes in the ISO 8601 forms exports write read as the same instant; another
+    /// form reads through the column's declared `format`, and not without it.
+    #[tokio::test]
+    async fn datetimes_read_in_common_forms_and_a_declared_format() {
+        let at = parse_datetime("2185-11-18 11:56:00").unwrap();
+        for form in [
+            "2185-11-18T11:56",
+            "2185-11-18 11:56",
+            "2185-11-18T11:56:00",
+            "2185-11-18T11:56:00.000",
+            "2185-11-18T11:56:00Z",
+            "2185-11-18T11:56Z",
+            "2185-11-18T12:56:00+01:00",
+            "2185-11-18 12:56+01:00",
+            " 2185-11-18T11:56:00 ",
+        ] {
+            assert_eq!(parse_datetime(form), Some(at), "{form}");
+        }
+        assert_eq!(parse_datetime("2185-11-18T11:56:00.5"), Some(at + 0.5));
+        assert_eq!(parse_datetime("2185-11-18"), Some(at - (11.0 * 3600.0 + 56.0 * 60.0)));
+        assert_eq!(parse_datetime("18/11/2185 11:56"), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("uk.csv");
+        std::fs::write(&path, "id,t,x\nP1,18/11/2185 11:56,7\n").unwrap();
+        let read_with = read(&spec(&path, Some("%d/%m/%Y %H:%M"))).await.unwrap();
+        assert_eq!(read_with.values[0], [Some(at)]);
+        assert!(matches!(read(&spec(&path, None)).await, Err(DataError::Value { .. })));
     }
 }

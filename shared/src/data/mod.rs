@@ -14,6 +14,8 @@ pub enum DataError {
     Value { file: String, column: String, row: u64, reason: &'static str },
     #[error("{file}: column '{column}' is declared in the job spec but not present in the file")]
     MissingColumn { file: String, column: String },
+    #[error("{file}: the header names column '{column}' more than once")]
+    DuplicateColumn { file: String, column: String },
     #[error("{file}: {message}")]
     Read { file: String, message: String },
     #[error("data plane: {0}")]

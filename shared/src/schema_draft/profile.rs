@@ -62,7 +62,8 @@ const MAX_HEADER_BYTES: usize = 64 * 1024;
 pub async fn header(url: &str, options: &CsvOptions) -> Result<Vec<String>, DataError> {
     let read_err = |message: String| DataError::Read { file: url.to_string(), message };
     let (location, path) = storage::open_file(url).map_err(|e| read_err(e.to_string()))?;
-    let mut stream = location.store.get(&path).await.map_err(|e| read_err(e.to_string()))?.into_stream();
+    let raw = location.store.get(&path).await.map_err(|e| read_err(e.to_string()))?.into_stream();
+    let mut stream = crate::data::input::decoded(raw).await.map_err(|e| read_err(e.to_string()))?;
     let mut head = Vec::new();
     let line = loop {
         if let Some(line) = first_line(&head).filter(|l| l.len() <= MAX_HEADER_BYTES) {
