@@ -1078,6 +1078,32 @@ pub fn parse_datetime(s: &str) -> Option<f64> {
     NaiveDate::parse_from_str(s, "%Y-%m-%d").ok().map(|d| d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp() as f64)
 }
 
+/// Longest datetime `format` accepted.
+const MAX_FORMAT_LEN: usize = 64;
+
+/// A declared datetime `format` must be chrono syntax, short, without epoch seconds (`%s`),
+/// and read back an instant it writes (its date, for a format without a time): else every
+/// value would fail, or be read wrong, only once the job runs.
+fn check_datetime_format(format: &str) -> Result<(), String> {
+    use chrono::format::{Item, StrftimeItems};
+    if format.len() > MAX_FORMAT_LEN || format.contains("%s") {
+        return Err(format!("must be at most {MAX_FORMAT_LEN} characters, without %s"));
+    }
+    if StrftimeItems::new(format).any(|item| matches!(item, Item::Error)) {
+        return Err(format!("'{format}' is not chrono syntax"));
+    }
+    let instant = NaiveDate::from_ymd_opt(2001, 2, 3).unwrap().and_hms_opt(4, 5, 6).unwrap();
+    let written = instant.format(format).to_string();
+    let midnight = instant.date().and_hms_opt(0, 0, 0).unwrap();
+    let read = parse_datetime_as(&written, format);
+    let at = |t: NaiveDateTime| Some(t.and_utc().timestamp() as f64);
+    let minute = instant.date().and_hms_opt(4, 5, 0).unwrap();
+    if read != at(instant) && read != at(midnight) && read != at(minute) {
+        return Err(format!("'{format}' does not read back the dates it writes (a date, and a time if any)"));
+    }
+    Ok(())
+}
+
 /// Parses a value in a declared chrono `format` (a date and time, or a date alone).
 pub fn parse_datetime_as(s: &str, format: &str) -> Option<f64> {
     let s = s.trim();
@@ -1085,7 +1111,8 @@ pub fn parse_datetime_as(s: &str, format: &str) -> Option<f64> {
         return Some(t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) * 1e-6);
     }
     if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
-        return Some(t.and_utc().timestamp() as f64);
+        let t = t.and_utc();
+        return Some(t.timestamp() as f64 + f64::from(t.timestamp_subsec_micros()) * 1e-6);
     }
     NaiveDate::parse_from_str(s, format).ok().map(|d| d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp() as f64)
 }
@@ -1105,6 +1132,9 @@ impl ColumnSpec {
         let name = &self.name;
         if self.format.is_some() && self.kind != ColumnKind::Datetime {
             return Err(format!("column '{name}': only datetime columns take a `format`"));
+        }
+        if let Some(format) = &self.format {
+            check_datetime_format(format).map_err(|why| format!("column '{name}': `format` {why}"))?;
         }
         match self.kind {
             ColumnKind::Continuous | ColumnKind::Integer | ColumnKind::Datetime => {

@@ -127,9 +127,11 @@ struct Encoder<'a> {
 impl<'a> Encoder<'a> {
     /// Maps schema columns to file columns: by name when the file names them, else by position.
     fn new(spec: &'a JobSpec, domain: &Domain, file: &str, names: Option<&[String]>) -> Result<Self, DataError> {
-        let mut seen = std::collections::HashSet::new();
-        if let Some(twice) = names.into_iter().flatten().find(|n| !seen.insert(n.as_str())) {
-            return Err(DataError::DuplicateColumn { file: file.to_string(), column: twice.clone() });
+        // A declared column named twice: which of them the job would read is ambiguous.
+        for c in &spec.schema.columns {
+            if names.is_some_and(|names| names.iter().filter(|n| **n == c.name).count() > 1) {
+                return Err(DataError::DuplicateColumn { file: file.to_string(), column: c.name.clone() });
+            }
         }
         let mut plans = Vec::new();
         for (position, c) in spec.schema.columns.iter().enumerate() {
@@ -467,7 +469,6 @@ fn csv_err(file: &str, e: &arrow_schema::ArrowError) -> DataError {
     }
 }
 
-/// Reads up to the end of the header line; returns the column names and the bytes after it.
 /// A compressed CSV file's codec, from its first bytes (gzip `1f 8b`, zstd `28 b5 2f fd`),
 /// decoding chunk by chunk as the file streams in.
 enum Codec {
@@ -486,7 +487,8 @@ impl Codec {
         })
     }
 
-    /// The bytes `chunk` decodes to.
+    /// The bytes `chunk` decodes to (fed at most [`PIECE`] bytes at a time, so one call's
+    /// output stays within the codec's expansion of that much).
     fn push(&mut self, chunk: &[u8]) -> std::io::Result<Bytes> {
         use std::io::Write;
         let out = match self {
@@ -505,13 +507,10 @@ impl Codec {
 
     /// The bytes left at the end of the file (an error if it ends inside a frame).
     fn finish(self) -> std::io::Result<Bytes> {
-        use std::io::Write;
         Ok(Bytes::from(match self {
             Codec::Gzip(d) => d.finish()?,
-            Codec::Zstd(mut d) => {
-                d.flush()?;
-                d.into_inner()
-            }
+            // `finish` refuses a file that ends inside a frame (`into_inner` alone would not).
+            Codec::Zstd(d) => d.finish()?,
         }))
     }
 }
@@ -522,7 +521,15 @@ pub(crate) async fn decoded(
     mut raw: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
 ) -> object_store::Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>> {
     let failed = |e: std::io::Error| object_store::Error::Generic { store: "decompression", source: Box::new(e) };
-    let first = raw.next().await.transpose()?.unwrap_or_default();
+    // Enough bytes to tell the codec (a stream's first chunk may be shorter).
+    let mut head = Vec::new();
+    while head.len() < 4 {
+        match raw.next().await.transpose()? {
+            Some(chunk) => head.extend_from_slice(&chunk),
+            None => break,
+        }
+    }
+    let first = Bytes::from(head);
     let text: futures::stream::BoxStream<'static, object_store::Result<Bytes>> =
         match Codec::detect(&first).map_err(failed)? {
             None => futures::stream::once(async move { Ok(first) }).chain(raw).boxed(),
@@ -532,11 +539,19 @@ pub(crate) async fn decoded(
                     let (mut raw, mut codec) = state?;
                     loop {
                         match raw.next().await {
-                            Some(Ok(chunk)) => match codec.push(&chunk) {
-                                Ok(out) if out.is_empty() => continue,
-                                Ok(out) => return Some((Ok(out), Some((raw, codec)))),
-                                Err(e) => return Some((Err(failed(e)), None)),
-                            },
+                            Some(Ok(chunk)) => {
+                                let mut out = Vec::new();
+                                for piece in chunk.chunks(PIECE) {
+                                    match codec.push(piece) {
+                                        Ok(decoded) => out.extend_from_slice(&decoded),
+                                        Err(e) => return Some((Err(failed(e)), None)),
+                                    }
+                                }
+                                if out.is_empty() {
+                                    continue;
+                                }
+                                return Some((Ok(Bytes::from(out)), Some((raw, codec))));
+                            }
                             Some(Err(e)) => return Some((Err(e), None)),
                             None => {
                                 return match codec.finish() {
@@ -551,17 +566,28 @@ pub(crate) async fn decoded(
                 .boxed()
             }
         };
-    let mut at_start = true;
-    Ok(text
-        .map(move |chunk| {
-            let chunk = chunk?;
-            if std::mem::take(&mut at_start) && chunk.starts_with(b"\xef\xbb\xbf") {
-                return Ok(chunk.slice(3..));
-            }
-            Ok(chunk)
-        })
-        .boxed())
+    // The text's first bytes (at least 3 where the file has as many), without a
+    // byte-order mark.
+    let mut text = text;
+    let mut start = Vec::new();
+    while start.len() < 3 {
+        match text.next().await.transpose()? {
+            Some(chunk) => start.extend_from_slice(&chunk),
+            None => break,
+        }
+    }
+    let start = Bytes::from(start);
+    let start = if start.starts_with(b"\xef\xbb\xbf") { start.slice(3..) } else { start };
+    Ok(futures::stream::once(async move { Ok(start) }).chain(text).boxed())
 }
+
+/// The longest header line read.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Reads up to the end of the header line (at most 64 KiB); returns the column names and
+/// the bytes after it.
+/// Compressed bytes decoded at a time.
+const PIECE: usize = 8 * 1024;
 
 async fn read_header(
     stream: &mut (impl futures::Stream<Item = object_store::Result<Bytes>> + Unpin),
@@ -574,6 +600,10 @@ async fn read_header(
             let line = String::from_utf8_lossy(&head[..end]).trim_end_matches('\r').to_string();
             let names = line.split(options.delimiter).map(|n| n.trim().trim_matches('"').to_string()).collect();
             return Ok((names, Bytes::copy_from_slice(&head[end + 1..])));
+        }
+        if head.len() > MAX_HEADER_BYTES {
+            let message = format!("no header line ends within its first {MAX_HEADER_BYTES} bytes");
+            return Err(DataError::Read { file: file.to_string(), message });
         }
         match stream.next().await {
             Some(chunk) => head.extend_from_slice(
@@ -594,6 +624,10 @@ mod tests {
 
     /// A spec reading `file`: a unit, a datetime (with `format` when given) and an integer.
     fn spec(file: &std::path::Path, format: Option<&str>) -> JobSpec {
+        parsed(file, format).unwrap()
+    }
+
+    fn parsed(file: &std::path::Path, format: Option<&str>) -> Result<JobSpec, crate::spec::SpecError> {
         let format = format.map_or(String::new(), |f| format!("format = \"{f}\"\n"));
         let text = format!(
             r#"
@@ -635,7 +669,7 @@ url = "/unused"
 "#,
             file.display()
         );
-        JobSpec::parse(&text, "files").unwrap()
+        JobSpec::parse(&text, "files")
     }
 
     async fn read(spec: &JobSpec) -> Result<EncodedBatch, DataError> {
@@ -679,9 +713,12 @@ url = "/unused"
         for file in files {
             assert_eq!(read(&spec(&file, None)).await.unwrap(), plain, "{}", file.display());
         }
-        let truncated = gzip(CSV.as_bytes());
-        let cut = write("cut.csv.gz", &truncated[..truncated.len() - 8]);
-        assert!(read(&spec(&cut, None)).await.is_err(), "a gzip file cut short is an error, not fewer rows");
+        let gzipped = gzip(CSV.as_bytes());
+        let zstded = zstd::encode_all(CSV.as_bytes(), 3).unwrap();
+        for (name, whole) in [("cut.csv.gz", &gzipped), ("cut.csv.zst", &zstded)] {
+            let cut = write(name, &whole[..whole.len() - 6]);
+            assert!(read(&spec(&cut, None)).await.is_err(), "{name}: cut short is an error, not fewer rows");
+        }
     }
 
     /// A header naming a column twice is refused, naming the column.
@@ -692,6 +729,9 @@ url = "/unused"
         std::fs::write(&path, "id,x,t,x\nP1,1,2185-11-18,2\n").unwrap();
         let refused = read(&spec(&path, None)).await.unwrap_err();
         assert!(matches!(&refused, DataError::DuplicateColumn { column, .. } if column == "x"), "{refused}");
+        // Columns the spec does not read may repeat (trailing delimiters name "" twice).
+        std::fs::write(&path, "id,t,x,,,note,note\nP1,2185-11-18,2,,,a,b\n").unwrap();
+        assert_eq!(read(&spec(&path, None)).await.unwrap().units, ["P1"]);
     }
 
     /// Datetimes in the ISO 8601 forms exports write read as the same instant; another
@@ -722,5 +762,19 @@ url = "/unused"
         let read_with = read(&spec(&path, Some("%d/%m/%Y %H:%M"))).await.unwrap();
         assert_eq!(read_with.values[0], [Some(at)]);
         assert!(matches!(read(&spec(&path, None)).await, Err(DataError::Value { .. })));
+    }
+
+    /// A `format` that cannot read what it writes (no year, not chrono syntax, epoch
+    /// seconds, too long) is refused when the spec is read, not when every value fails.
+    #[test]
+    fn a_format_that_cannot_read_its_dates_is_refused_with_the_spec() {
+        let path = std::path::Path::new("unused.csv");
+        let parse = |format: &str| parsed(path, Some(format)).is_ok();
+        for good in ["%d/%m/%Y %H:%M", "%d/%m/%Y", "%Y%m%d%H%M%S", "%d.%m.%Y %H:%M:%S%.f"] {
+            assert!(parse(good), "{good}");
+        }
+        for bad in ["%H:%M", "%Y", "%Q", "%s", &"%Y-%m-%d ".repeat(20)] {
+            assert!(!parse(bad), "{bad}");
+        }
     }
 }

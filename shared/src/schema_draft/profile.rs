@@ -120,7 +120,12 @@ async fn read(url: &str) -> Result<bytes::Bytes, DataError> {
     let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
     let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
     let get = location.store.get(&path).await.map_err(|e| read_err(&e))?;
-    get.bytes().await.map_err(|e| read_err(&e))
+    let mut text = crate::data::input::decoded(get.into_stream()).await.map_err(|e| read_err(&e))?;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = text.next().await {
+        bytes.extend_from_slice(&chunk.map_err(|e| read_err(&e))?);
+    }
+    Ok(bytes::Bytes::from(bytes))
 }
 
 /// Reads every row of the CSV at `url` (the header line naming `names`, then one row a
