@@ -82,6 +82,36 @@ async fn a_header_line_is_read_alone_and_bounded() {
     assert_eq!(header(path.to_str().unwrap(), &CsvOptions::default()).await.unwrap(), ["a", "b"]);
 }
 
+/// A gzip or zstd file is drafted from its rows, as the job reads them (before, its
+/// compressed bytes were read as lines and every one left out: a draft of no rows).
+#[tokio::test]
+async fn a_compressed_file_drafts_as_its_text() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let plain = write_visits(dir.path());
+    let text = std::fs::read(&plain).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&text).unwrap();
+    let files = [("visits.csv.gz", gz.finish().unwrap()), ("visits.csv.zst", zstd::encode_all(&text[..], 3).unwrap())];
+    let options = CsvOptions::default();
+    let expected = profile(&plain, &names(), &options, Some("patient"), 3).await.unwrap();
+    assert!(!expected.columns[0].numbers.is_empty());
+    for (name, bytes) in files {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let url = path.to_str().unwrap();
+        assert_eq!(header(url, &options).await.unwrap(), names(), "{name}");
+        let drafted = profile(url, &names(), &options, Some("patient"), 3).await.unwrap();
+        // The same statistics (numbers in the order units come out of a map: sorted here).
+        let sorted = |p: &Profile| {
+            let mut p = p.clone();
+            p.columns.iter_mut().for_each(|c| c.numbers.sort_by(f64::total_cmp));
+            p
+        };
+        assert_eq!(sorted(&drafted), sorted(&expected), "{name}");
+    }
+}
+
 fn names() -> Vec<String> {
     ["patient", "age", "score", "colour", "note"].map(String::from).to_vec()
 }
