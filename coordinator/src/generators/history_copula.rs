@@ -11,31 +11,24 @@ use rhosynth_shared::generators::history_copula::{
 };
 use rhosynth_shared::generators::sequence::plan::length_cells;
 
-use super::{Admission, Charged, Fitted, Generator};
+use super::{Admission, Charged, Fitted, Generator, partition_round};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
-use crate::gather::{Answer, Gather, Round};
+use crate::gather::Gather;
 
 /// A planned history copula job.
 pub struct HistoryCopula {
     plan: HistoryCopulaPlan,
 }
 
-/// One round of per-unit statistics, a task per partition, each answer checked against
-/// its partition's own unit count.
+/// One round of per-unit statistics ([`partition_round`]).
 async fn statistics(
     ctx: &JobContext<'_>,
     gather: &mut Gather<'_>,
     partitions: &Partitions,
     task: &HistoryStatisticsTask,
 ) -> Result<Private<Vec<f64>>, JobError> {
-    let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
-    let round =
-        Round { work: Work::HistoryStatistics(task.into()), groups: &groups, tensor: "statistics", len: task.len() };
-    ctx.progress_mut().tasks_total = groups.len() as u32;
-    let check = |a: Answer<'_>| {
-        partitions.units_per_partition.check(|units| task.check(a.values, a.claimed_units.min(units[a.group])))
-    };
-    gather.round(round, check, ctx.round_progress()).await
+    let work = (Work::HistoryStatistics(task.into()), "statistics", task.len());
+    partition_round(ctx, gather, partitions, work, |values, units| task.check(values, units)).await
 }
 
 impl Generator for HistoryCopula {

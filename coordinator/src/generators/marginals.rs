@@ -6,9 +6,9 @@ use rhosynth_privacy::release::{Private, Releases};
 use rhosynth_proto::task::Work;
 use rhosynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler, MarginalsTask};
 
-use super::{Admission, Charged, Fitted, Generator, calibration};
+use super::{Admission, Charged, Fitted, Generator, calibration, partition_round};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
-use crate::gather::{Answer, Gather, Round};
+use crate::gather::Gather;
 
 /// A planned marginals job: what it measures and the σ its one release is drawn with.
 pub struct Marginals {
@@ -16,9 +16,8 @@ pub struct Marginals {
     sigma: f64,
 }
 
-/// One round of contingency tables from the workers, a task per partition, each answer
-/// checked against its partition's own unit count (a worker's claim is not trusted); the
-/// exact sums stay private. AIM counts its candidates the same way.
+/// One round of contingency tables from the workers ([`partition_round`]). AIM counts its
+/// candidates the same way.
 pub(crate) async fn count_tables(
     ctx: &JobContext<'_>,
     gather: &mut Gather<'_>,
@@ -26,13 +25,8 @@ pub(crate) async fn count_tables(
     task: &MarginalsTask,
 ) -> Result<Private<Vec<f64>>, JobError> {
     set_stage(ctx.progress, "aggregating on workers");
-    let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
-    let round = Round { work: Work::CountTables(task.into()), groups: &groups, tensor: "counts", len: task.cells() };
-    ctx.progress_mut().tasks_total = groups.len() as u32;
-    let check = |a: Answer<'_>| {
-        partitions.units_per_partition.check(|units| task.validate(a.values, a.claimed_units.min(units[a.group])))
-    };
-    gather.round(round, check, ctx.round_progress()).await
+    let work = (Work::CountTables(task.into()), "counts", task.cells());
+    partition_round(ctx, gather, partitions, work, |values, units| task.validate(values, units)).await
 }
 
 impl Generator for Marginals {

@@ -31,6 +31,26 @@ pub use pate::Pate;
 pub use sequence::Sequence;
 
 use crate::context::{JobContext, JobError, Partitions};
+use crate::gather::{Answer, Gather, Round};
+
+/// One round of a bounded aggregate, a task per partition: each answer checked by
+/// `check(values, units)` against its partition's own unit count (a worker's claim is
+/// capped by it, never trusted); the exact sum stays private.
+pub(crate) async fn partition_round(
+    ctx: &JobContext<'_>,
+    gather: &mut Gather<'_>,
+    partitions: &Partitions,
+    (work, tensor, len): (rhosynth_proto::task::Work, &'static str, usize),
+    check: impl Fn(&[f64], u64) -> Result<(), String>,
+) -> Result<rhosynth_privacy::release::Private<Vec<f64>>, JobError> {
+    let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
+    let round = Round { work, groups: &groups, tensor, len };
+    ctx.progress_mut().tasks_total = groups.len() as u32;
+    let check = |a: Answer<'_>| {
+        partitions.units_per_partition.check(|units| check(a.values, a.claimed_units.min(units[a.group])))
+    };
+    gather.round(round, check, ctx.round_progress()).await
+}
 
 /// A generator as its job runs it.
 pub(crate) trait Generator: Sized {
