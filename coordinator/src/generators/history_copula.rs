@@ -69,7 +69,8 @@ impl Generator for HistoryCopula {
         let model = blocking(move || CopulaModel::fit(layout, released, lengths)).await?;
         let public_inputs = vec![format!(
             "history copula: Gaussian releases of each unit's margins (noise multiplier {:.3}, sensitivity {:.3}), \
-             of its same-row and lag-1 moments in normal scores (noise multiplier {:.3}, clipped to L2 {}), and of \
+             of its same-row and lag-1 moments in normal scores and each column's ramp moments (on scores along \
+             the released margins' curves; noise multiplier {:.3}, one vector clipped to L2 {}), and of \
              the histogram of history lengths ({} cells, noise multiplier {:.3}, sensitivity 1), all under \
              add/remove and paid by the job's one charge",
             plan.margins_sigma,

@@ -10,12 +10,15 @@
 //! - `plan`: the three Gaussian releases (margins, moments, lengths), calibrated together.
 //! - `model`: the copula fitted to released values (post-processing): scores of bins,
 //!   latent correlations corrected for coarse bins, A = R₁R₀⁻¹, the innovations.
+//! - `shape`: each column's step-like lag dependence (two bounded ramps of its own
+//!   previous latent), and the stationary map it needs.
 //! - `sampler`: histories drawn from it.
 //! - `simulated`: the same fit in one process, for tests and benchmarks.
 
 pub mod model;
 pub mod plan;
 pub mod sampler;
+pub mod shape;
 pub mod simulated;
 pub mod task;
 

@@ -5,8 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::shape::{self, LagShape, ShapeInput};
 use super::task::CopulaLayout;
 use crate::accounting::math::{normal_cdf, normal_isf};
+use crate::data::domain::Encoding;
 
 /// The largest latent correlation kept (a noisy one beyond it is cut).
 const MAX_CORRELATION: f64 = 0.995;
@@ -139,6 +141,8 @@ pub struct CopulaModel {
     pub transition: Vec<f64>,
     pub stationary: Vec<f64>,
     pub innovation: Vec<f64>,
+    /// The columns' steps beyond a straight line, when the released moments show any.
+    pub shape: Option<LagShape>,
 }
 
 impl CopulaModel {
@@ -177,7 +181,8 @@ impl CopulaModel {
         let units = lengths.iter().sum::<f64>().max(1.0);
         let paired = lengths.iter().skip(1).sum::<f64>().max(1.0);
         let (means, rest) = released_moments.split_at(k);
-        let (same, lagged) = rest.split_at(k * (k + 1) / 2);
+        let (same, rest) = rest.split_at(k * (k + 1) / 2);
+        let (lagged, ramps) = rest.split_at(k * k);
         let mean: Vec<f64> = means.iter().map(|m| m / units).collect();
         let mut c0 = vec![0.0; k * k];
         let mut t = 0;
@@ -225,7 +230,33 @@ impl CopulaModel {
         let sub = |m: &[f64]| -> Vec<f64> {
             dynamic.iter().flat_map(|&i| dynamic.iter().map(move |&j| m[i * k + j])).collect()
         };
-        let (a, l) = var1(&sub(&r0), &sub(&r1), dynamic.len());
+        let (r0_dynamic, r1_dynamic) = (sub(&r0), sub(&r1));
+        let (a, l) = var1(&r0_dynamic, &r1_dynamic, dynamic.len());
+        // The ramps' moments read a numeric value's own score (near N(0, 1)), a category's
+        // its bin's.
+        let scale: Vec<f64> = (0..k)
+            .map(|i| match layout.domain.columns[layout.columns[i]].encoding {
+                Encoding::Numeric { .. } => 1.0,
+                Encoding::Categorical { .. } => sd[i] * reliability[i],
+            })
+            .collect();
+        let input = ShapeInput {
+            released: ramps,
+            units,
+            paired,
+            mean: &mean,
+            scale: &scale,
+            noise: moment_noise,
+            dynamic: &dynamic,
+            r0: &r0_dynamic,
+            r1: &r1_dynamic,
+            transition: &a,
+            innovation: &l,
+        };
+        let (shape, a, l) = match shape::fit(&input, k) {
+            Some((shape, a, l)) => (Some(shape), a, l),
+            None => (None, a, l),
+        };
         let mut transition = vec![0.0; k * k];
         let mut innovation = vec![0.0; k * k];
         (0..k).filter(|i| !dynamic.contains(i)).for_each(|s| transition[s * k + s] = 1.0);
@@ -236,12 +267,17 @@ impl CopulaModel {
                 innovation[i * k + j] = l[x * d + y];
             }
         }
-        Self { layout, margins, first_order, gaps, lengths, transition, stationary, innovation }
+        Self { layout, margins, first_order, gaps, lengths, transition, stationary, innovation, shape }
     }
 
-    /// The latent normal of a value bin's draw: u = Φ(z) within the margin's cumulative.
-    pub fn bin_and_fraction(cumulative: &[f64], z: f64) -> (usize, f64) {
-        let u = normal_cdf(z);
+    /// Copula column `i`'s latent `z` as a probability: Φ(z), or its place in the
+    /// stationary distribution of a chain with a shape.
+    pub fn uniform(&self, i: usize, z: f64) -> f64 {
+        self.shape.as_ref().map_or_else(|| normal_cdf(z), |s| s.uniform(i, z))
+    }
+
+    /// The value bin at probability `u` of a margin's cumulative, and how far into it.
+    pub fn bin_and_fraction(cumulative: &[f64], u: f64) -> (usize, f64) {
         let b = cumulative.partition_point(|&f| f < u).min(cumulative.len() - 1);
         let lower = if b == 0 { 0.0 } else { cumulative[b - 1] };
         let width = cumulative[b] - lower;
@@ -306,7 +342,7 @@ pub fn cholesky(m: &[f64], k: usize) -> Option<Vec<f64>> {
 }
 
 /// M⁻¹ from M's lower Cholesky factor.
-fn inverse_from_cholesky(l: &[f64], k: usize) -> Vec<f64> {
+pub(super) fn inverse_from_cholesky(l: &[f64], k: usize) -> Vec<f64> {
     // L⁻¹ by forward substitution, then M⁻¹ = L⁻ᵀ L⁻¹.
     let mut li = vec![0.0; k * k];
     for c in 0..k {
@@ -318,7 +354,7 @@ fn inverse_from_cholesky(l: &[f64], k: usize) -> Vec<f64> {
     multiply(&transpose(&li, k), &li, k)
 }
 
-fn multiply(a: &[f64], b: &[f64], k: usize) -> Vec<f64> {
+pub(super) fn multiply(a: &[f64], b: &[f64], k: usize) -> Vec<f64> {
     let mut out = vec![0.0; k * k];
     for i in 0..k {
         for p in 0..k {

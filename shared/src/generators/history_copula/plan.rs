@@ -93,7 +93,11 @@ impl HistoryCopulaPlan {
     /// The moments round's task, its scores from the released margins.
     pub fn moments_task(&self, margins: &[Margin]) -> HistoryStatisticsTask {
         let scores = margins.iter().map(Margin::scores).collect();
-        HistoryStatisticsTask { layout: self.layout.clone(), stage: Stage::Moments { scores, clip: self.clip } }
+        let cumulative = margins.iter().map(Margin::cumulative).collect();
+        HistoryStatisticsTask {
+            layout: self.layout.clone(),
+            stage: Stage::Moments { scores, cumulative, clip: self.clip },
+        }
     }
 
     /// What the job is charged for: the margins (one block per column, and the order

@@ -10,7 +10,9 @@ use rand::rngs::ChaCha20Rng;
 use rand::{Rng, RngExt};
 use rand_distr::{Distribution, StandardNormal};
 
-use super::model::{CopulaModel, apply};
+use super::model::{CopulaModel, MAX_SCORE, apply};
+use super::shape::BURN_IN;
+use crate::accounting::math::normal_isf;
 use crate::data::domain::{Binning, ColumnDomain, Encoding};
 use crate::generators::Sampler;
 use crate::output::SyntheticUnits;
@@ -45,6 +47,16 @@ impl CopulaSampler {
         let normal =
             |rng: &mut dyn rand::Rng| -> Vec<f64> { (0..k).map(|_| StandardNormal.sample(&mut *rng)).collect() };
         let mut z = apply(&model.stationary, &normal(rng));
+        let step = |z: &[f64], rng: &mut dyn rand::Rng| -> Vec<f64> {
+            let e = apply(&model.innovation, &normal(rng));
+            let drift = model.shape.as_ref().map(|s| s.drift(z));
+            let linear = apply(&model.transition, z);
+            (0..k).map(|i| linear[i] + e[i] + drift.as_ref().map_or(0.0, |d| d[i])).collect()
+        };
+        if model.shape.is_some() {
+            // A chain with a shape starts from its own stationary distribution.
+            (0..BURN_IN).for_each(|_| z = step(&z, rng));
+        }
         let mut time = model.first_order.as_ref().and_then(|first| {
             let (o, _) = layout.order.as_ref()?;
             let bin = pick(&first.bins, rng)?;
@@ -53,8 +65,7 @@ impl CopulaSampler {
         let mut out = Vec::with_capacity(rows);
         for r in 0..rows {
             if r > 0 {
-                let e = apply(&model.innovation, &normal(rng));
-                z = apply(&model.transition, &z).iter().zip(e).map(|(a, e)| a + e).collect();
+                z = step(&z, rng);
                 if let (Some(t), Some((o, gaps))) = (time, &layout.order) {
                     let gap = pick(&model.gaps, rng).map_or(0.0, |b| gap_in(gaps, b, rng.random()));
                     time = Some(clamp(&columns[*o], t + gap));
@@ -69,7 +80,7 @@ impl CopulaSampler {
                 if rng.random::<f64>() < model.margins[i].missing {
                     continue;
                 }
-                let (bin, fraction) = CopulaModel::bin_and_fraction(&self.cumulative[i], z[i]);
+                let (bin, fraction) = CopulaModel::bin_and_fraction(&self.cumulative[i], model.uniform(i, z[i]));
                 row[c] = Some(match &self.curves[i] {
                     Some(curve) => curve.value(bin, fraction),
                     None => bin as f64,
@@ -134,7 +145,7 @@ fn value_in(column: &ColumnDomain, bin: usize, fraction: f64) -> f64 {
 /// A numeric column's quantile function: a monotone cubic (Fritsch–Butland slopes)
 /// through (edge, cumulative share) at its bins' edges (an integer range [lo, hi] spans
 /// lo − ½ to hi + ½, and values round back into it).
-struct Curve {
+pub(super) struct Curve {
     x: Vec<f64>,
     f: Vec<f64>,
     slope: Vec<f64>,
@@ -143,7 +154,7 @@ struct Curve {
 }
 
 impl Curve {
-    fn new(column: &ColumnDomain, cumulative: &[f64]) -> Option<Self> {
+    pub(super) fn new(column: &ColumnDomain, cumulative: &[f64]) -> Option<Self> {
         let Encoding::Numeric { binning, kind, .. } = &column.encoding else { return None };
         let x: Vec<f64> = match binning {
             Binning::Integer(ranges) => {
@@ -172,22 +183,46 @@ impl Curve {
         Some(Self { x, f, slope, integer, datetime: *kind == crate::spec::ColumnKind::Datetime })
     }
 
+    /// The cumulative share at `x` (within the edges).
+    fn probability(&self, x: f64) -> f64 {
+        let x = x.clamp(self.x[0], self.x[self.x.len() - 1]);
+        let bin = self.x.partition_point(|&e| e <= x).saturating_sub(1).min(self.x.len() - 2);
+        let h = self.x[bin + 1] - self.x[bin];
+        self.at(bin, if h > 0.0 { (x - self.x[bin]) / h } else { 0.0 })
+    }
+
+    /// The cubic's cumulative share at `t` (0..1) of the way through bin `bin`.
+    fn at(&self, bin: usize, t: f64) -> f64 {
+        let (f0, f1, h) = (self.f[bin], self.f[bin + 1], self.x[bin + 1] - self.x[bin]);
+        let (m0, m1) = (self.slope[bin], self.slope[bin + 1]);
+        let (t2, t3) = (t * t, t * t * t);
+        (2.0 * t3 - 3.0 * t2 + 1.0) * f0
+            + (t3 - 2.0 * t2 + t) * h * m0
+            + (3.0 * t2 - 2.0 * t3) * f1
+            + (t3 - t2) * h * m1
+    }
+
+    /// An encoded value's normal score along the curve: Φ⁻¹ of its cumulative share (an
+    /// integer's, the middle of its unit span), what the sampler maps back to the value.
+    pub(super) fn score(&self, x: f64) -> f64 {
+        let p = if self.integer {
+            0.5 * (self.probability(x.round() - 0.5) + self.probability(x.round() + 0.5))
+        } else {
+            self.probability(x)
+        };
+        // A bin of no width (edges that collapse in floating point) has no share to read.
+        let p = if p.is_finite() { p.clamp(1e-12, 1.0 - 1e-12) } else { 0.5 };
+        normal_isf(1.0 - p).clamp(-MAX_SCORE, MAX_SCORE)
+    }
+
     /// The value of bin `bin` whose cumulative share is `fraction` of the way through it.
     fn value(&self, bin: usize, fraction: f64) -> f64 {
         let (x0, x1, f0, f1) = (self.x[bin], self.x[bin + 1], self.f[bin], self.f[bin + 1]);
-        let (h, m0, m1) = (x1 - x0, self.slope[bin], self.slope[bin + 1]);
-        let target = f0 + fraction * (f1 - f0);
-        let at = |t: f64| {
-            let (t2, t3) = (t * t, t * t * t);
-            (2.0 * t3 - 3.0 * t2 + 1.0) * f0
-                + (t3 - 2.0 * t2 + t) * h * m0
-                + (3.0 * t2 - 2.0 * t3) * f1
-                + (t3 - t2) * h * m1
-        };
+        let (h, target) = (x1 - x0, f0 + fraction * (f1 - f0));
         let (mut lo, mut hi) = (0.0, 1.0);
         for _ in 0..40 {
             let mid = 0.5 * (lo + hi);
-            if at(mid) < target { lo = mid } else { hi = mid }
+            if self.at(bin, mid) < target { lo = mid } else { hi = mid }
         }
         let v = x0 + 0.5 * (lo + hi) * h;
         if self.integer {

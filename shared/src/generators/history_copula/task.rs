@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::sampler::Curve;
+use super::shape;
 use crate::data::domain::{Binning, Domain};
 use crate::generators::sequence::Histories;
 
@@ -42,11 +44,11 @@ impl CopulaLayout {
     }
 
     /// Entries of the moments vector: k means, the k(k+1)/2 same-row products (upper
-    /// triangle, row by row) and the k² lag-1 products (row: this row's column, column:
-    /// the previous row's).
+    /// triangle, row by row), the k² lag-1 products (row: this row's column, column: the
+    /// previous row's), then per column its ramps' moments (`shape`).
     pub fn moment_len(&self) -> usize {
         let k = self.columns.len();
-        k + k * (k + 1) / 2 + k * k
+        k + k * (k + 1) / 2 + k * k + k * shape::MOMENTS_PER_COLUMN
     }
 }
 
@@ -57,7 +59,10 @@ pub enum Stage {
     Margins,
     /// Each unit's mean products of normal scores (`scores[i][b]`: copula column i's score
     /// of value bin b, from the released margins), the unit's vector clipped to L2 `clip`.
-    Moments { scores: Vec<Vec<f64>>, clip: f64 },
+    /// The ramps' moments read a numeric value's own score, Φ⁻¹ of the sampler's quantile
+    /// curve through `cumulative[i]` (the released margin's cumulative shares) at the
+    /// value: the bins' steps would otherwise look like a shape the latent does not have.
+    Moments { scores: Vec<Vec<f64>>, cumulative: Vec<Vec<f64>>, clip: f64 },
 }
 
 /// One round's work over a worker's histories.
@@ -91,11 +96,18 @@ impl HistoryStatisticsTask {
     /// unit's statistics, and the number of units.
     pub fn sum(&self, histories: &Histories) -> (Vec<f64>, u64) {
         let mut total = vec![0.0; self.len()];
+        let curves: Vec<Option<Curve>> = match &self.stage {
+            Stage::Margins => Vec::new(),
+            Stage::Moments { cumulative, .. } => {
+                let columns = &self.layout.domain.columns;
+                self.layout.columns.iter().zip(cumulative).map(|(&c, f)| Curve::new(&columns[c], f)).collect()
+            }
+        };
         for (_, rows) in &histories.units {
             let rows = &rows[..rows.len().min(self.layout.max_rows)];
             let unit = match &self.stage {
                 Stage::Margins => self.margins(rows),
-                Stage::Moments { scores, clip } => self.moments(rows, scores, *clip),
+                Stage::Moments { scores, clip, .. } => self.moments(rows, scores, &curves, *clip),
             };
             total.iter_mut().zip(unit).for_each(|(t, u)| *t += u);
         }
@@ -129,8 +141,9 @@ impl HistoryStatisticsTask {
     }
 
     /// One unit's moments: mean scores, mean same-row products and mean lag-1 products,
-    /// each over the rows (pairs of rows) where both values are present; clipped to `clip`.
-    fn moments(&self, rows: &[Vec<Option<f64>>], scores: &[Vec<f64>], clip: f64) -> Vec<f64> {
+    /// each over the rows (pairs of rows) where both values are present, then its ramps'
+    /// moments (`shape`) on each numeric value's own score; the whole vector clipped to `clip`.
+    fn moments(&self, rows: &[Vec<Option<f64>>], scores: &[Vec<f64>], curves: &[Option<Curve>], clip: f64) -> Vec<f64> {
         let layout = &self.layout;
         let k = layout.columns.len();
         let z: Vec<Vec<Option<f64>>> = rows
@@ -162,6 +175,23 @@ impl HistoryStatisticsTask {
                 out.push(mean(&mut z.windows(2).filter_map(|w| Some(w[1][i]? * w[0][j]?))));
             }
         }
+        let fine: Vec<Vec<Option<f64>>> = rows
+            .iter()
+            .zip(&z)
+            .map(|(r, scored)| {
+                layout
+                    .columns
+                    .iter()
+                    .zip(curves)
+                    .zip(scored)
+                    .map(|((&c, curve), s)| match curve {
+                        Some(curve) => r[c].map(|v| curve.score(v)),
+                        None => *s,
+                    })
+                    .collect()
+            })
+            .collect();
+        out.extend(shape::unit_moments(&fine, mean));
         let norm = out.iter().map(|v| v * v).sum::<f64>().sqrt();
         if !norm.is_finite() {
             out.iter_mut().for_each(|v| *v = 0.0);

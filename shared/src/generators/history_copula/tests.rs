@@ -83,7 +83,7 @@ async fn without_noise_the_copula_keeps_each_vitals_lag1() {
 
 /// At ε = 2 on 3,000 units (the bounds): mean lag-1 gap under 0.1 and
 /// rows-per-unit TV under 0.15 on both cohorts; transition error under 0.2 on the AR(1)
-/// one (on the hidden-state one it is about 0.24: README, "Histories").
+/// one (on the hidden-state one it is about 0.24: README, "Generator: history copula").
 #[tokio::test]
 async fn at_epsilon_two_the_copula_keeps_the_dynamics() {
     let dir = tempfile::tempdir().unwrap();
@@ -213,6 +213,11 @@ async fn a_fit_of_any_released_values_ends_stationary() {
     let released = model::Released { margins, margin_noise: f64::INFINITY, moments, moment_noise: 1.0 };
     let model = CopulaModel::fit(plan.layout.clone(), released, vec![1.0; plan.layout.max_rows]);
     assert!(model.transition.iter().chain(&model.stationary).chain(&model.innovation).all(|v| v.is_finite()));
+    let shape = model
+        .shape
+        .iter()
+        .flat_map(|s| s.slopes.iter().flatten().chain(&s.offsets).chain(s.quantiles.iter().flatten()));
+    assert!(shape.copied().all(f64::is_finite));
     let drawn = CopulaSampler::new(model).histories(20, &mut ChaCha8Rng::seed_from_u64(1));
     assert_eq!(drawn.len(), 20);
 }
