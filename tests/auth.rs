@@ -178,6 +178,13 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
     assert_eq!(m["privacy"]["ledger_url"], ledger.to_str().unwrap());
     assert_eq!(rt.block_on(ledger_state(&ledger, "icu")).0, 1, "charged to the declared ledger");
     assert!(!d.join("ledger").join("icu").exists(), "never to the coordinator's default ledger");
+    // A spec that names no output writes under her root, in the job's own folder.
+    let unnamed = d.join("no-output.toml");
+    let without = &declared_only[..declared_only.find("[output]").unwrap()];
+    std::fs::write(&unnamed, without.replace("id = \"nightly\"", "id = \"unnamed\"")).unwrap();
+    let out = submit(d, &unnamed, &url, Some(alice));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(manifest(&d.join("out").join("alice.unnamed")).is_some(), "released under the output root");
 
     // Bob cannot even see that Alice's job exists.
     let seen = rt.block_on(async {

@@ -1,6 +1,7 @@
 //! `rhosynth schema draft --epsilon`: a draft's domains released with DP through the real
 //! binary and a real ledger — checked before any row is read, charged before the release,
-//! its one release claimed — and what it may and may not hold.
+//! its one release claimed — and what it may and may not hold. And the newcomer's next
+//! step: a spec that names no output runs.
 
 mod common;
 
@@ -190,4 +191,75 @@ async fn a_draft_charges_a_ledger_only_for_its_declared_unit_and_input() {
     let text = std::fs::read_to_string(dir.path().join("draft.toml")).unwrap();
     let spec = JobSpec::parse(&text, "draft").unwrap();
     assert_eq!(spec.schema.unit_column.as_deref(), Some("patient"));
+}
+
+/// A spec with no `[output]` runs, and writes its release under the working directory,
+/// one folder a job: `./rhosynth-out/<dataset>/<job id>/`. A numeric column without
+/// `bins` is named in a warning (heart rate here; not pain, whose 11 values have a bin
+/// each).
+#[test]
+fn a_spec_without_output_writes_under_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = demo_spec(dir.path(), 40).replacen("max = 220\nbins = 19\n", "max = 220\n", 1);
+    let without = &text[..text.find("[output]").unwrap()];
+    assert!(!without.contains("[output]") && !without.contains("bins = 19"));
+    std::fs::write(dir.path().join("job.toml"), without).unwrap();
+    let run = || {
+        let out = Command::new(bin("rhosynth"))
+            .current_dir(dir.path())
+            .args(["run", "job.toml", "--scratch", "scratch"])
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{log}");
+        let warning = log.lines().find(|l| l.contains("without `bins`")).unwrap_or_else(|| panic!("{log}"));
+        assert!(warning.contains("heart_rate") && !warning.contains("pain"), "{warning}");
+    };
+    run();
+    run();
+    let jobs: Vec<_> = std::fs::read_dir(dir.path().join("rhosynth-out/demo-icu-vitals")).unwrap().flatten().collect();
+    assert_eq!(jobs.len(), 2, "one folder a job");
+    for job in jobs {
+        let manifest = manifest(&job.path()).expect("a complete release");
+        assert_eq!(manifest["job_id"].as_str(), job.file_name().to_str());
+    }
+}
+
+/// Draft, then run: `--generator aim --epsilon-job 0.5` writes a spec that runs as it is,
+/// charged to the ledger the draft was, at the job's ε.
+#[tokio::test]
+async fn a_released_draft_runs_as_written() {
+    let (dir, data) = visits_with_ledger(10.0).await;
+    let out = Command::new(bin("rhosynth"))
+        .args(["schema", "draft"])
+        .arg(&data)
+        .args(["--unit-column", "patient", "--epsilon", "1", "--dataset", "visits", "--store"])
+        .arg(dir.path().join("ledger"))
+        .args(["--generator", "aim", "--epsilon-job", "0.5", "--out", "job.toml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = Command::new(bin("rhosynth"))
+        .args(["run", "job.toml", "--scratch", "scratch"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let jobs: Vec<_> = std::fs::read_dir(dir.path().join("rhosynth-out/visits")).unwrap().flatten().collect();
+    let manifest = manifest(&jobs[0].path()).expect("a complete release");
+    assert_eq!(manifest["generator"], "aim");
+    let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
+    assert!(epsilon <= 0.5 && epsilon > 0.49, "{epsilon}");
+    let bad = Command::new(bin("rhosynth"))
+        .args(["schema", "draft"])
+        .arg(&data)
+        .args(["--generator", "aimm"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("history_copula"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 }

@@ -269,7 +269,8 @@ async fn check_out(spec: &JobSpec, options: &AuditOptions) -> Result<PathBuf, Au
     let out_url = path_url(&out);
     let data = options.data.iter().flatten();
     let ledger = spec.privacy.ledger.clone().unwrap_or_else(|| CoordinatorConfig::default().env.default_ledger_url);
-    let stores = spec.input.urls.iter().chain(data).chain([&spec.output.url, &ledger]);
+    let output = spec.output.root(&spec.job.dataset_id);
+    let stores = spec.input.urls.iter().chain(data).chain([&output, &ledger]);
     for url in stores {
         if storage::nested(&out_url, url) {
             return refuse(format!(
@@ -277,7 +278,7 @@ async fn check_out(spec: &JobSpec, options: &AuditOptions) -> Result<PathBuf, Au
             ));
         }
     }
-    eval::check_report_location(&out_url, &spec.output.url).await.map_err(|e| AuditError::Options(e.to_string()))?;
+    eval::check_report_location(&out_url, &output).await.map_err(|e| AuditError::Options(e.to_string()))?;
     Ok(out)
 }
 

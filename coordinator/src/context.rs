@@ -142,7 +142,11 @@ impl JobRequest {
     /// The output prefix: the override or the spec's, where `{job_id}` gives every
     /// (scheduled) run its own prefix.
     pub fn resolved_output_url(&self) -> String {
-        self.output_url.clone().unwrap_or_else(|| self.spec.output.url.clone()).replace("{job_id}", &self.job_id)
+        let dataset = &self.spec.job.dataset_id;
+        match &self.output_url {
+            Some(url) => url.replace("{dataset_id}", dataset).replace("{job_id}", &self.job_id),
+            None => self.spec.output.url_for(dataset, &self.job_id),
+        }
     }
 }
 

@@ -28,7 +28,7 @@ use rhosynth_shared::generators::Sampler;
 use rhosynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
-use rhosynth_shared::spec::{GeneratorSpec, JobSpec};
+use rhosynth_shared::spec::{ColumnKind, ColumnSpec, GeneratorSpec, JobSpec};
 use rhosynth_shared::storage::{self, StoreLocation};
 
 use crate::generators::{
@@ -55,6 +55,7 @@ pub async fn run_job(
     let schedule = env.release_quantum.map(|quantum| Schedule { started: std::time::Instant::now(), quantum });
     let output_url = request.resolved_output_url();
     set_stage(&progress, "planning");
+    warn_equal_width_bins(spec);
     refuse_overlaps(spec, &output_url, &ledger_url(&request, env), env)?;
     // Before the ledger is opened: a second job to the same prefix is refused with nothing
     // charged, and this job's release marker names a prefix no other job writes.
@@ -280,6 +281,28 @@ pub async fn evaluate_for_owner(request: &JobRequest, env: &JobEnv) {
     match rhosynth_shared::eval::run(spec, train, test, &synthetic, &diagnostics).await {
         Ok(_) => tracing::info!(diagnostics, "evaluation report written to the diagnostics store"),
         Err(e) => tracing::warn!(error = %e, "evaluation failed; the synthetic output is complete regardless"),
+    }
+}
+
+/// Numeric columns that declare no `bins` are cut into equal widths between their bounds,
+/// where a skewed column can fall into one bin: said once a job (the spec is public). An
+/// integer column with no more values than bins has a bin a value, and is not named.
+fn warn_equal_width_bins(spec: &JobSpec) {
+    let bins = spec.generator.default_bins();
+    let numeric = |c: &&ColumnSpec| match (c.kind, &c.bins) {
+        (_, Some(_)) => false,
+        (ColumnKind::Integer, None) => c.bounds().is_none_or(|(lo, hi)| hi.floor() - lo.ceil() + 1.0 > f64::from(bins)),
+        (ColumnKind::Continuous | ColumnKind::Datetime, None) => true,
+        (ColumnKind::Categorical | ColumnKind::Identifier, None) => false,
+    };
+    let columns: Vec<&str> = spec.schema.columns.iter().filter(numeric).map(|c| c.name.as_str()).collect();
+    if !columns.is_empty() {
+        tracing::warn!(
+            columns = %columns.join(", "),
+            bins,
+            "numeric columns without `bins` are cut into equal widths between min and max: a skewed column may \
+             fall into one bin (declare `bins`, or draft with `rhosynth schema draft --epsilon` for quantile bins)"
+        );
     }
 }
 

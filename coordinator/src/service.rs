@@ -135,6 +135,13 @@ impl CoordinatorService {
         }
         rhosynth_shared::spec::validate_id("job id", &request.job_id)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // A spec that names no output writes under its submitter's root, one folder a job.
+        if let Some(s) = submitter
+            && request.output_url.is_none()
+            && request.spec.output.is_default()
+        {
+            request.output_url = Some(format!("{}/{}", s.output_root.trim_end_matches('/'), request.job_id));
+        }
         if let Some(datasets) = &self.config.datasets {
             datasets.bind(request).map_err(|e| match e {
                 DatasetsError::Unknown(_) => Status::not_found(e.to_string()),

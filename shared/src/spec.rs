@@ -42,6 +42,7 @@ pub struct JobSpec {
     pub schema: SchemaSpec,
     pub privacy: PrivacySpec,
     pub generator: GeneratorSpec,
+    #[serde(default)]
     pub output: OutputSpec,
     #[serde(default)]
     pub evaluation: Option<EvaluationSpec>,
@@ -327,6 +328,16 @@ pub enum GeneratorName {
     Dp2stage,
     Harmonic,
     HistoryCopula,
+}
+
+impl std::str::FromStr for GeneratorName {
+    type Err = String;
+
+    /// A name as `[generator] name` spells it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let name = serde::de::value::StrDeserializer::<serde::de::value::Error>::new(s);
+        Self::deserialize(name).map_err(|e| e.to_string())
+    }
 }
 
 impl GeneratorName {
@@ -986,15 +997,65 @@ pub const DEFAULT_GAP_BINS: u32 = 20;
 /// Most bins of the gap between consecutive order values (`gap_bins`).
 pub const MAX_GAP_BINS: u32 = 64;
 
+/// AIM's workload: a rule over the declared columns, or the column sets themselves.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Workload {
+    Rule(WorkloadRule),
+    Sets(Vec<Vec<String>>),
+}
+
+impl<'de> Deserialize<'de> for Workload {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Rule(String),
+            Sets(Vec<Vec<String>>),
+        }
+        match Written::deserialize(deserializer) {
+            Ok(Written::Sets(sets)) => Ok(Workload::Sets(sets)),
+            Ok(Written::Rule(rule)) => match rule.as_str() {
+                "auto" => Ok(Workload::Rule(WorkloadRule::Auto)),
+                "all-pairs" => Ok(Workload::Rule(WorkloadRule::AllPairs)),
+                "all-triples" => Ok(Workload::Rule(WorkloadRule::AllTriples)),
+                other => Err(serde::de::Error::custom(format!(
+                    "workload \"{other}\": \"auto\", \"all-pairs\", \"all-triples\" or a list of column sets"
+                ))),
+            },
+            Err(_) => Err(serde::de::Error::custom(
+                "workload: \"auto\", \"all-pairs\", \"all-triples\" or a list of column sets, e.g. [[\"age\", \"sex\"]]",
+            )),
+        }
+    }
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload::Rule(WorkloadRule::Auto)
+    }
+}
+
+/// A workload from the schema alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadRule {
+    /// Every triple while the candidate tables fit AIM's cell budget; past it every pair,
+    /// then the triples of smallest tables first while they fit.
+    Auto,
+    AllPairs,
+    AllTriples,
+}
+
 /// Parameters of the AIM generator (adaptive marginals with graphical-model inference).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AimParams {
     /// Rows a unit may contribute; a unit with more is subsampled inside its worker.
     pub max_rows_per_unit: u32,
-    /// The marginals the output should preserve (column sets); every subset is a
-    /// candidate measurement. Default: every set of three columns (two with two columns).
-    pub workload: Option<Vec<Vec<String>>>,
+    /// The marginals the output should preserve: `"auto"` (the default), `"all-pairs"`,
+    /// `"all-triples"`, or column sets; every subset of a set is a candidate measurement.
+    pub workload: Workload,
     /// Selection rounds T at the start (annealing may end the run sooner); default 16·d.
     pub rounds: Option<u32>,
     /// Share of each round's budget spent on selection (the rest on measurement). AIM's
@@ -1017,7 +1078,7 @@ impl Default for AimParams {
     fn default() -> Self {
         Self {
             max_rows_per_unit: 1,
-            workload: None,
+            workload: Workload::default(),
             rounds: None,
             selection_share: 0.1,
             max_model_cells: 1e6,
@@ -1031,7 +1092,10 @@ impl Default for AimParams {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutputSpec {
-    /// Output prefix (path, `file://` or `s3://`); `--output` overrides it.
+    /// Output prefix (path, `file://` or `s3://`); `--output` overrides it. `{dataset_id}`
+    /// and `{job_id}` are filled in. Default: `./rhosynth-out/{dataset_id}/{job_id}`; a
+    /// served job that names none writes under its submitter's `output_root`.
+    #[serde(default = "default_output_url")]
     pub url: String,
     /// Synthetic rows; default: the DP estimate of the input's size released by the job.
     /// (A generator of whole histories counts units instead: `units`.)
@@ -1047,6 +1111,37 @@ pub struct OutputSpec {
 
 fn default_rows_per_part() -> u64 {
     50_000
+}
+
+/// Where a job that names no output writes: its own folder under the working directory.
+pub const DEFAULT_OUTPUT_URL: &str = "./rhosynth-out/{dataset_id}/{job_id}";
+
+fn default_output_url() -> String {
+    DEFAULT_OUTPUT_URL.to_string()
+}
+
+impl Default for OutputSpec {
+    fn default() -> Self {
+        Self { url: default_output_url(), rows: None, units: None, rows_per_part: default_rows_per_part() }
+    }
+}
+
+impl OutputSpec {
+    /// The prefix with its dataset and job filled in.
+    pub fn url_for(&self, dataset_id: &str, job_id: &str) -> String {
+        self.url.replace("{dataset_id}", dataset_id).replace("{job_id}", job_id)
+    }
+
+    /// What every job's prefix starts with (up to a `{job_id}`): for overlap checks.
+    pub fn root(&self, dataset_id: &str) -> String {
+        let url = self.url.replace("{dataset_id}", dataset_id);
+        url.split("{job_id}").next().unwrap_or_default().to_string()
+    }
+
+    /// Whether the spec names no output (the default).
+    pub fn is_default(&self) -> bool {
+        self.url == DEFAULT_OUTPUT_URL
+    }
 }
 
 /// Parses a date/time bound or value to seconds since the Unix epoch: the ISO 8601 forms

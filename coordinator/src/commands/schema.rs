@@ -17,8 +17,8 @@ use rhosynth_privacy::ledger::{ChargeRequest, Ledger, LedgerError};
 use rhosynth_privacy::release::Releases;
 use rhosynth_shared::accounting::accountant::Accountant;
 use rhosynth_shared::schema_draft::profile::{header, profile};
-use rhosynth_shared::schema_draft::{DraftOptions, Exact, Provenance, draft, render};
-use rhosynth_shared::spec::CsvOptions;
+use rhosynth_shared::schema_draft::{DraftJob, DraftOptions, Exact, Provenance, draft, render};
+use rhosynth_shared::spec::{CsvOptions, GeneratorName};
 use rhosynth_shared::storage;
 use serde_json::json;
 
@@ -78,6 +78,12 @@ pub struct DraftArgs {
     /// Categories below this share of their column's count go to __other__.
     #[arg(long, default_value_t = 0.001)]
     min_share: f64,
+    /// The generator of the job the draft runs (`[generator] name`).
+    #[arg(long, default_value = "aim")]
+    generator: GeneratorName,
+    /// The ε the drafted job is charged when it runs (`[privacy] epsilon`).
+    #[arg(long, default_value_t = 1.0)]
+    epsilon_job: f64,
 }
 
 pub fn run(cmd: SchemaCommand) -> anyhow::Result<ExitCode> {
@@ -122,6 +128,10 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
     {
         bail!("{} exists: the draft is never written over a file", out.display());
     }
+    if !(args.epsilon_job > 0.0 && args.epsilon_job.is_finite()) {
+        bail!("--epsilon-job must be a positive number");
+    }
+    let mut job = DraftJob { generator: args.generator, epsilon: args.epsilon_job, ledger: None };
     let options = DraftOptions {
         bins: args.bins,
         max_categories: args.max_categories,
@@ -139,7 +149,7 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
     let Some(epsilon) = args.epsilon else {
         let profile = profile(&data, &names, &csv, unit, args.max_rows_per_unit).await?;
         let draft = draft(&profile, unit, &mut Exact, &options).unwrap_or_else(|never| match never {});
-        let text = render(&draft, &data, &dataset_id, &Provenance::Exact);
+        let text = render(&draft, &data, &dataset_id, &Provenance::Exact, &job);
         let written = emit(&text, args.out.as_deref())?;
         eprintln!("schema draft of {data} written{written}: its domains are the data's own — PRIVATE.");
         print_json(&json!({"draft": args.out, "columns": draft.columns.len(), "released": false}));
@@ -189,9 +199,17 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
     let draft = draft(&profile, unit, &mut plan.measure(&mut releases), &options)?;
     let location = args.out.as_ref().map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
     ledger.record_release(receipt.seq, &location).await?;
+    // The job charges the ledger the draft did (a declared dataset's is the operator's).
+    // (a local path made absolute: the spec runs from wherever it is saved).
+    if args.datasets.is_none() {
+        job.ledger = Some(match store.contains("://") {
+            true => store.clone(),
+            false => std::path::absolute(&store)?.to_string_lossy().into_owned(),
+        });
+    }
     let provenance =
         Provenance::Released { epsilon, delta: args.delta, dataset_id: dataset_id.clone(), charge_seq: receipt.seq };
-    let text = render(&draft, &data, &dataset_id, &provenance);
+    let text = render(&draft, &data, &dataset_id, &provenance, &job);
     let written = emit(&text, args.out.as_deref())?;
     eprintln!(
         "schema draft of {data} released{written} at ε = {:.6} (δ = {:e}), charged to '{dataset_id}' as entry {}",

@@ -29,6 +29,9 @@ impl Generator for Aim {
 
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError> {
         let Self { plan } = self;
+        // The workload is the declared domain's: public, logged before any private read.
+        tracing::info!(workload = %plan.workload, "AIM workload");
+        let workload = format!("AIM workload: {}", plan.workload);
         let mut gather = ctx.gather();
         let exact = count_tables(ctx, &mut gather, partitions, &plan.task).await?;
 
@@ -43,7 +46,7 @@ impl Generator for Aim {
         // The default size: the model's total, pooled from the released measurements.
         let released_rows = Some(model.total.round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
-        let mut public_inputs = Vec::new();
+        let mut public_inputs = vec![workload];
         let sampler = Box::new(MarginalsSampler::from_model(domain, model));
         let sampler = calibration::apply(calibration, sampler, &mut public_inputs);
         let charged = Charged { receipt, cost, mechanisms, public_inputs };

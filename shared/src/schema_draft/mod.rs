@@ -12,6 +12,8 @@ pub mod profile;
 
 use std::fmt::Write;
 
+use crate::spec::GeneratorName;
+
 use profile::{ColumnProfile, Profile, Shape};
 
 /// Public rules of a draft.
@@ -212,7 +214,7 @@ pub enum Provenance {
 }
 
 /// The draft as a job spec (TOML) that parses, to be completed by hand.
-pub fn render(draft: &Draft, input_url: &str, dataset_id: &str, provenance: &Provenance) -> String {
+pub fn render(draft: &Draft, input_url: &str, dataset_id: &str, provenance: &Provenance, job: &DraftJob) -> String {
     let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
     let private = matches!(provenance, Provenance::Exact);
     let mark =
@@ -283,10 +285,28 @@ pub fn render(draft: &Draft, input_url: &str, dataset_id: &str, provenance: &Pro
     }
     let _ = writeln!(
         out,
-        "\n[privacy]\nepsilon = 1.0\ndelta = 1e-5\n\n[generator]\nname = \"marginals\"\n\n[output]\nurl = {}",
-        quote(&format!("./rhosynth-out/{dataset_id}"))
+        "\n[privacy]\nepsilon = {}  # the job's charge, when it runs\ndelta = 1e-6{}\n\n[generator]\nname = {}\n\n\
+         # [output] url: where the release goes; default ./rhosynth-out/{{dataset_id}}/{{job_id}}.",
+        job.epsilon,
+        job.ledger.as_ref().map_or(String::new(), |l| format!("\nledger = {}  # the draft's own", quote(l))),
+        quote(job.generator.as_str()),
     );
     out
+}
+
+/// The job a draft is ready to run: its generator, the ε it will be charged, and the
+/// ledger store a released draft was charged to (the job's too).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DraftJob {
+    pub generator: GeneratorName,
+    pub epsilon: f64,
+    pub ledger: Option<String>,
+}
+
+impl Default for DraftJob {
+    fn default() -> Self {
+        Self { generator: GeneratorName::Aim, epsilon: 1.0, ledger: None }
+    }
 }
 
 #[cfg(test)]

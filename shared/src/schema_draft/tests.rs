@@ -135,7 +135,7 @@ async fn an_exact_draft_holds_the_data_as_it_is_and_parses_only_once_unmarked() 
         draft.columns[2],
         DraftColumn::Categorical { name: "colour".into(), categories: vec!["blue".into(), "red".into()], other: false }
     );
-    let text = render(&draft, &url, "visits", &Provenance::Exact);
+    let text = render(&draft, &url, "visits", &Provenance::Exact, &DraftJob::default());
     assert!(text.contains("PRIVATE"), "{text}");
     // It is not a spec until the marker is deleted, deliberately.
     let refused = JobSpec::parse(&text, "draft").unwrap_err().to_string();

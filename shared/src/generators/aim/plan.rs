@@ -8,7 +8,7 @@ use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
 use crate::generators::marginals::MarginalsTask;
 use crate::generators::{PlanError, require_columns};
-use crate::spec::{AimParams, GeneratorSpec, JobSpec};
+use crate::spec::{self, AimParams, GeneratorSpec, JobSpec, WorkloadRule};
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "aim";
@@ -46,6 +46,9 @@ pub struct AimPlan {
     pub target_pairs: Vec<usize>,
     pub target_share: f64,
     pub calibration: Option<CalibrationPlan>,
+    /// The workload and its candidate tables' cells, in words (the log and the manifest:
+    /// from the declared domain alone).
+    pub workload: String,
 }
 
 impl AimPlan {
@@ -59,9 +62,9 @@ impl AimPlan {
                 "AIM spends a zCDP budget, which only the RDP accountant analyses: accountant = \"rdp\"",
             ));
         }
-        let workload = workload(params, domain)?;
         let sizes: Vec<usize> = domain.columns.iter().map(|c| c.bins()).collect();
         let cells = |set: &[usize]| set.iter().map(|&c| sizes[c] as f64).product::<f64>();
+        let Workload { sets: workload, described } = workload(params, domain, cells)?;
         // Every non-empty subset of a workload set, small enough to be measured alone.
         let mut candidates: Vec<Vec<usize>> = (0..domain.columns.len()).map(|c| vec![c]).collect();
         let mut larger: Vec<Vec<usize>> = workload
@@ -99,8 +102,8 @@ impl AimPlan {
         let total: f64 = candidates.iter().map(|r| cells(r)).sum();
         if total > MAX_CANDIDATE_CELLS {
             return Err(invalid(format!(
-                "the workload's candidate tables hold {total:.0} cells (at most {MAX_CANDIDATE_CELLS:.0}): \
-                 name a smaller workload or coarser bins"
+                "the workload ({described}) has candidate tables of {total:.0} cells (at most \
+                 {MAX_CANDIDATE_CELLS:.0}): name a smaller workload, \"auto\", or coarser bins"
             )));
         }
         let rounds = params.rounds.unwrap_or(16 * domain.columns.len() as u32);
@@ -120,6 +123,7 @@ impl AimPlan {
             zcdp_budget(spec.privacy.epsilon, spec.privacy.delta, options).map_err(|e| invalid(e.to_string()))?;
         // Calibration's Gaussian release takes its share of ρ: both compose to the budget.
         let rho = budget - calibration.as_ref().map_or(0.0, CalibrationPlan::rho);
+        let task_tables = candidates.len();
         let task = MarginalsTask::new(spec, domain, candidates, params.max_rows_per_unit);
         Ok(Self {
             task,
@@ -132,6 +136,7 @@ impl AimPlan {
             target_pairs,
             target_share,
             calibration,
+            workload: format!("{described}; {} candidate tables of {total:.0} cells", task_tables),
         })
     }
 
@@ -147,47 +152,119 @@ impl AimPlan {
     }
 }
 
-/// The workload as column sets (ascending): the spec's, or every set of three columns
-/// (of two, or the one column, when there are fewer).
-fn workload(params: &AimParams, domain: &Domain) -> Result<Vec<Vec<usize>>, PlanError> {
+/// The most columns whose every triple the plan lists (C(300, 3) ≈ 4.5·10⁶ sets).
+const MAX_COLUMNS_FOR_TRIPLES: usize = 300;
+
+/// Every `k`-set of `n` columns, in lexicographic order (the one set of all columns
+/// when there are fewer than `k`).
+fn every_set(n: usize, k: usize) -> Vec<Vec<usize>> {
+    let k = n.min(k);
+    let mut sets = Vec::new();
+    let mut set: Vec<usize> = (0..k).collect();
+    loop {
+        sets.push(set.clone());
+        let Some(i) = (0..k).rev().find(|&i| set[i] < n - k + i) else { break };
+        set[i] += 1;
+        for j in i + 1..k {
+            set[j] = set[j - 1] + 1;
+        }
+    }
+    sets
+}
+
+/// The workload as column sets (ascending) and how it was chosen. `auto` takes every
+/// triple while the candidate tables (every 1-way table, and each pair and triple the
+/// model may hold: at most `max_model_cells`) fit [`MAX_CANDIDATE_CELLS`]; past that,
+/// every pair (the smallest first, while they fit), then the triples of the smallest
+/// tables first while they fit. A rule of the declared domain alone: public.
+fn workload(params: &AimParams, domain: &Domain, cells: impl Fn(&[usize]) -> f64) -> Result<Workload, PlanError> {
     let n = domain.columns.len();
-    let mut sets: Vec<Vec<usize>> = match &params.workload {
-        Some(sets) => sets
-            .iter()
-            .map(|set| {
-                let mut columns = set
-                    .iter()
-                    .map(|name| {
-                        domain
-                            .index_of(name)
-                            .ok_or_else(|| invalid(format!("workload names '{name}', not a synthesised column")))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                columns.sort_unstable();
-                columns.dedup();
-                if columns.is_empty() || columns.len() > 8 {
-                    return Err(invalid("a workload set names 1 to 8 columns"));
-                }
-                Ok(columns)
-            })
-            .collect::<Result<_, _>>()?,
-        None => {
-            let k = n.min(3);
-            let mut sets = Vec::new();
-            let mut set: Vec<usize> = (0..k).collect();
-            loop {
-                sets.push(set.clone());
-                // The next k-subset in lexicographic order.
-                let Some(i) = (0..k).rev().find(|&i| set[i] < n - k + i) else { break };
-                set[i] += 1;
-                for j in i + 1..k {
-                    set[j] = set[j - 1] + 1;
-                }
-            }
-            sets
+    let rule = match &params.workload {
+        spec::Workload::Rule(rule) => *rule,
+        spec::Workload::Sets(sets) => {
+            let mut sets = sets
+                .iter()
+                .map(|set| {
+                    let mut columns = set
+                        .iter()
+                        .map(|name| {
+                            domain
+                                .index_of(name)
+                                .ok_or_else(|| invalid(format!("workload names '{name}', not a synthesised column")))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    columns.sort_unstable();
+                    columns.dedup();
+                    if columns.is_empty() || columns.len() > 8 {
+                        return Err(invalid("a workload set names 1 to 8 columns"));
+                    }
+                    Ok(columns)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            sets.sort();
+            sets.dedup();
+            let described = format!("{} column sets named in the spec", sets.len());
+            return Ok(Workload { sets, described });
         }
     };
+    // A spec's columns are many at most in the hundreds (MAX_COLUMNS_FOR_TRIPLES): past
+    // that the triples alone would not fit in memory, let alone the cell budget.
+    let triples = || {
+        if n > MAX_COLUMNS_FOR_TRIPLES {
+            return Err(invalid(format!(
+                "{n} columns have too many triples to plan: name the workload, or \"all-pairs\" (at most \
+                 {MAX_COLUMNS_FOR_TRIPLES} columns for triples)"
+            )));
+        }
+        Ok(every_set(n, 3))
+    };
+    let (sets, described) = match rule {
+        WorkloadRule::AllPairs => (every_set(n, 2), "every pair of columns (all-pairs)".to_string()),
+        WorkloadRule::AllTriples => (triples()?, "every set of three columns (all-triples)".to_string()),
+        WorkloadRule::Auto => {
+            // Past MAX_COLUMNS_FOR_TRIPLES no triple can fit the budget beside the pairs.
+            let triples = if n > MAX_COLUMNS_FOR_TRIPLES { Vec::new() } else { triples()? };
+            let pairs = every_set(n, 2);
+            let held = |set: &Vec<usize>| set.len() < 2 || cells(set) <= params.max_model_cells;
+            let one_way: f64 = (0..n).map(|c| cells(&[c])).sum();
+            let pair_cells: f64 = pairs.iter().filter(|p| held(p)).map(|p| cells(p)).sum();
+            let triple_cells: f64 = triples.iter().filter(|t| t.len() == 3 && held(t)).map(|t| cells(t)).sum();
+            if n <= MAX_COLUMNS_FOR_TRIPLES && one_way + pair_cells + triple_cells <= MAX_CANDIDATE_CELLS {
+                (triples, "auto: every set of three columns".to_string())
+            } else {
+                let smallest_first = |mut sets: Vec<Vec<usize>>| {
+                    sets.retain(|s| held(s));
+                    sets.sort_by(|a, b| cells(a).total_cmp(&cells(b)).then(a.cmp(b)));
+                    sets
+                };
+                let mut total = one_way;
+                let mut chosen = Vec::new();
+                let (all_pairs, all_triples) = (smallest_first(pairs), smallest_first(triples));
+                let (pair_count, triple_count) = (all_pairs.len(), all_triples.len());
+                for set in all_pairs.into_iter().chain(all_triples) {
+                    if total + cells(&set) <= MAX_CANDIDATE_CELLS {
+                        total += cells(&set);
+                        chosen.push(set);
+                    }
+                }
+                let kept_pairs = chosen.iter().filter(|s| s.len() == 2).count();
+                let kept_triples = chosen.len() - kept_pairs;
+                let described = format!(
+                    "auto: {kept_pairs} of {pair_count} pairs and {kept_triples} of {triple_count} triples \
+                     (every triple's tables would exceed {MAX_CANDIDATE_CELLS:.0} cells; smallest tables first)"
+                );
+                (chosen, described)
+            }
+        }
+    };
+    let mut sets = sets;
     sets.sort();
     sets.dedup();
-    Ok(sets)
+    Ok(Workload { sets, described })
+}
+
+/// The workload's column sets and a line that says how they were chosen.
+struct Workload {
+    sets: Vec<Vec<usize>>,
+    described: String,
 }

@@ -105,3 +105,77 @@ fn the_targets_pairs_are_measured_first_within_the_model_limit() {
     );
     assert!(plan.target_pairs.len() < domain.columns.len() - 1);
 }
+
+/// A table shaped like the census extract a newcomer tried (#37): 42 columns with the
+/// census-income data's domain sizes (`0` a numeric column with the default bins), or
+/// `columns` of them cycled, under `[generator.aim]` `section`.
+fn census_like(columns: usize, section: &str) -> Result<JobSpec, crate::spec::SpecError> {
+    const SIZES: [usize; 42] = [
+        0, 9, 52, 47, 17, 0, 3, 7, 24, 15, 5, 10, 2, 3, 6, 8, 0, 0, 0, 6, 6, 51, 38, 8, 0, 10, 9, 10, 3, 4, 7, 5, 43,
+        43, 43, 5, 3, 3, 3, 0, 2, 2,
+    ];
+    let mut text = String::from(
+        "[job]\ndataset_id = \"census\"\n[input]\nurls = [\"census.csv\"]\n[schema]\nunit_column = \"id\"\n\
+         [[schema.columns]]\nname = \"id\"\nkind = \"identifier\"\n",
+    );
+    for c in 0..columns {
+        text += &match SIZES[c % SIZES.len()] {
+            0 => format!("[[schema.columns]]\nname = \"c{c}\"\nkind = \"integer\"\nmin = 0\nmax = 100000\n"),
+            n => {
+                let categories: Vec<String> = (0..n).map(|i| format!("\"v{i}\"")).collect();
+                format!(
+                    "[[schema.columns]]\nname = \"c{c}\"\nkind = \"categorical\"\ncategories = [{}]\n",
+                    categories.join(", ")
+                )
+            }
+        };
+    }
+    text += "[privacy]\nepsilon = 1.0\ndelta = 1e-6\naccountant = \"rdp\"\nledger = \"./ledger\"\n";
+    text += &format!("[generator]\nname = \"aim\"\n[generator.aim]\n{section}\n[output]\nurl = \"./out\"\n");
+    JobSpec::parse(&text, "census.toml")
+}
+
+/// With no workload, AIM plans a 42- and an 80-column table that every triple would not
+/// fit: every pair, then the triples of the smallest tables while the candidate tables
+/// fit the cell budget, said in the plan's words. `all-triples` is refused there with a
+/// message that names `auto`; a misspelt rule names the three.
+#[test]
+fn the_default_workload_fits_wide_tables() {
+    for columns in [42, 80] {
+        let spec = census_like(columns, "").unwrap();
+        let domain = Domain::from_spec(&spec);
+        let plan = AimPlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
+        let sizes: Vec<f64> = domain.columns.iter().map(|c| c.bins() as f64).collect();
+        let total: f64 = plan.task.tables.iter().map(|t| t.iter().map(|&c| sizes[c]).product::<f64>()).sum();
+        assert!(total <= super::plan::MAX_CANDIDATE_CELLS, "{columns}: {total}");
+        let pairs = plan.task.tables.iter().filter(|t| t.len() == 2).count();
+        let triples = plan.task.tables.iter().filter(|t| t.len() == 3).count();
+        assert_eq!(pairs, columns * (columns - 1) / 2, "{columns}: every pair");
+        assert!(triples > 0 && triples < columns * (columns - 1) * (columns - 2) / 6, "{columns}: {triples}");
+        // The triples taken are the smallest: none left out is smaller than one taken.
+        let cells = |t: &Vec<usize>| t.iter().map(|&c| sizes[c]).product::<f64>();
+        let taken: std::collections::HashSet<&Vec<usize>> = plan.task.tables.iter().filter(|t| t.len() == 3).collect();
+        let largest_taken = taken.iter().map(|t| cells(t)).fold(0.0, f64::max);
+        for a in 0..columns {
+            for b in a + 1..columns {
+                for c in b + 1..columns {
+                    let t = vec![a, b, c];
+                    assert!(taken.contains(&t) || cells(&t) >= largest_taken, "{columns}: {t:?} left out");
+                }
+            }
+        }
+        assert!(plan.workload.starts_with("auto:") && plan.workload.contains("cells"), "{}", plan.workload);
+        let triples = census_like(columns, "workload = \"all-triples\"").unwrap();
+        let refused = AimPlan::new(&triples, &domain, &AccountingOptions::default()).unwrap_err();
+        assert!(refused.to_string().contains("\"auto\""), "{refused}");
+        let pairs = census_like(columns, "workload = \"all-pairs\"").unwrap();
+        let plan = AimPlan::new(&pairs, &domain, &AccountingOptions::default()).unwrap();
+        assert!(plan.task.tables.iter().all(|t| t.len() <= 2));
+    }
+    let misspelt = census_like(42, "workload = \"all-pair\"").unwrap_err();
+    assert!(misspelt.to_string().contains("all-pairs"), "{misspelt}");
+    // A small table keeps every triple.
+    let spec = job("");
+    let plan = AimPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
+    assert_eq!(plan.workload.split(';').next(), Some("auto: every set of three columns"));
+}
