@@ -3,7 +3,7 @@
 # categories, the rest integers on 8 bins) and ROWS rows (default 10^5), drawn from a
 # latent class and a chain between neighbouring columns, so that pairs and triples carry
 # structure. Runs `rhosynth run` (coordinator and 2 workers in one process) with AIM's
-# default workload — every triple — at ε = 1, and prints the wall time, the peak RSS
+# default workload (`auto`: every triple while their tables fit, as they do here) at ε = 1, and prints the wall time, the peak RSS
 # (the process's high-water mark: coordinator, workers and model together), the rounds
 # run, the model's size, and the 1-, 2- and 3-way fidelity against a held-out draw.
 #   cargo build --release --bins && bench/aim_wide.sh [ROWS] [COLUMNS]
