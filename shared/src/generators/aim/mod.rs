@@ -2,7 +2,7 @@
 //! marginals with graphical-model inference.
 //!
 //! What it measures: the workers count every candidate table once — every subset of the
-//! workload's column sets (every set of three columns by default), each unit contributing
+//! workload's column sets (by default every set of three columns while their tables fit the cell budget, else every pair and the smallest triples), each unit contributing
 //! at most m = `max_rows_per_unit` rows — and return exact sums, which stay on the
 //! coordinator as private values. Nothing is released from them but through the rounds.
 //!

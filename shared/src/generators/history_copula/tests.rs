@@ -83,7 +83,7 @@ async fn without_noise_the_copula_keeps_each_vitals_lag1() {
 
 /// At ε = 2 on 3,000 units (the bounds): mean lag-1 gap under 0.1 and
 /// rows-per-unit TV under 0.15 on both cohorts; transition error under 0.2 on the AR(1)
-/// one (on the hidden-state one it is about 0.24: README, "Generator: history copula").
+/// one (on the hidden-state one 0.18–0.25 at this size: docs/generators/history-copula.md).
 #[tokio::test]
 async fn at_epsilon_two_the_copula_keeps_the_dynamics() {
     let dir = tempfile::tempdir().unwrap();
