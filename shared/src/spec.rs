@@ -1015,14 +1015,14 @@ impl<'de> Deserialize<'de> for Workload {
         }
         match Written::deserialize(deserializer) {
             Ok(Written::Sets(sets)) => Ok(Workload::Sets(sets)),
-            Ok(Written::Rule(rule)) => match rule.as_str() {
-                "auto" => Ok(Workload::Rule(WorkloadRule::Auto)),
-                "all-pairs" => Ok(Workload::Rule(WorkloadRule::AllPairs)),
-                "all-triples" => Ok(Workload::Rule(WorkloadRule::AllTriples)),
-                other => Err(serde::de::Error::custom(format!(
-                    "workload \"{other}\": \"auto\", \"all-pairs\", \"all-triples\" or a list of column sets"
-                ))),
-            },
+            Ok(Written::Rule(rule)) => {
+                let name = serde::de::value::StrDeserializer::<serde::de::value::Error>::new(&rule);
+                WorkloadRule::deserialize(name).map(Workload::Rule).map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "workload \"{rule}\": \"auto\", \"all-pairs\", \"all-triples\" or a list of column sets"
+                    ))
+                })
+            }
             Err(_) => Err(serde::de::Error::custom(
                 "workload: \"auto\", \"all-pairs\", \"all-triples\" or a list of column sets, e.g. [[\"age\", \"sex\"]]",
             )),

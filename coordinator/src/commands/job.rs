@@ -330,10 +330,10 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     write_cohort(DEMO_INPUT, &cohort(patients), 2026, " (the demo's private input)")?;
     write_cohort(DEMO_HOLDOUT, &cohort(holdout), 2027, " (the demo's held-out cohort)")?;
     let job_id = new_job_id();
-    let output = match spec.output.url.contains("{job_id}") {
-        true => spec.output.url_for(&spec.job.dataset_id, &job_id),
-        false => format!("{}/{job_id}", spec.output.url_for(&spec.job.dataset_id, &job_id)),
-    };
+    let mut output = spec.output.url_for(&spec.job.dataset_id, &job_id);
+    if !spec.output.url.contains("{job_id}") {
+        output = format!("{output}/{job_id}");
+    }
     let ledger_url = spec.privacy.ledger.clone().context("a demo spec names its ledger ([privacy] ledger)")?;
     let dataset = spec.job.dataset_id.clone();
     let spec = JobSpec { job: rhosynth_shared::spec::JobSection { id: Some(job_id), ..spec.job.clone() }, ..spec };

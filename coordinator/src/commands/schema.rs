@@ -202,10 +202,9 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
     // The job charges the ledger the draft did (a declared dataset's is the operator's).
     // (a local path made absolute: the spec runs from wherever it is saved).
     if args.datasets.is_none() {
-        job.ledger = Some(match store.contains("://") {
-            true => store.clone(),
-            false => std::path::absolute(&store)?.to_string_lossy().into_owned(),
-        });
+        let local = !store.contains("://");
+        job.ledger =
+            Some(if local { std::path::absolute(&store)?.to_string_lossy().into_owned() } else { store.clone() });
     }
     let provenance =
         Provenance::Released { epsilon, delta: args.delta, dataset_id: dataset_id.clone(), charge_seq: receipt.seq };

@@ -581,14 +581,15 @@ pub(crate) async fn decoded(
     Ok(futures::stream::once(async move { Ok(start) }).chain(text).boxed())
 }
 
-/// The longest header line read.
-const MAX_HEADER_BYTES: usize = 64 * 1024;
-
-/// Reads up to the end of the header line (at most 64 KiB); returns the column names and
-/// the bytes after it.
 /// Compressed bytes decoded at a time.
 const PIECE: usize = 8 * 1024;
 
+/// The longest header line read (column names are metadata: nothing past them is read
+/// before it is whole).
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Reads up to the end of the header line (at most [`MAX_HEADER_BYTES`]); returns the
+/// column names and the bytes after it.
 async fn read_header(
     stream: &mut (impl futures::Stream<Item = object_store::Result<Bytes>> + Unpin),
     options: &CsvOptions,
@@ -672,15 +673,8 @@ url = "/unused"
         JobSpec::parse(&text, "files")
     }
 
-    async fn read(spec: &JobSpec) -> Result<EncodedBatch, DataError> {
-        let domain = Domain::from_spec(spec);
-        let mut reader = InputReader::new(spec, &domain);
-        let mut all = EncodedBatch::empty(domain.columns.len());
-        while let Some(batch) = reader.next_batch().await? {
-            all.units.extend(batch.units);
-            all.values.iter_mut().zip(batch.values).for_each(|(a, b)| a.extend(b));
-        }
-        Ok(all)
+    async fn read(spec: &JobSpec) -> Result<crate::eval::Table, DataError> {
+        crate::eval::load(spec, &Domain::from_spec(spec), &spec.input.urls).await
     }
 
     const CSV: &str = "id,t,x\nP1,2185-11-18 11:56:00,7\nP1,2185-11-18 12:30:00,9\nP2,2185-11-19 08:00:00,42\n";
@@ -760,7 +754,7 @@ url = "/unused"
         let path = dir.path().join("uk.csv");
         std::fs::write(&path, "id,t,x\nP1,18/11/2185 11:56,7\n").unwrap();
         let read_with = read(&spec(&path, Some("%d/%m/%Y %H:%M"))).await.unwrap();
-        assert_eq!(read_with.values[0], [Some(at)]);
+        assert_eq!(read_with.columns[0], [Some(at)]);
         assert!(matches!(read(&spec(&path, None)).await, Err(DataError::Value { .. })));
     }
 

@@ -35,7 +35,7 @@ use crate::spec::{Format, JobSpec};
 use crate::storage;
 
 /// A table loaded for evaluation: per row its unit and its encoded values.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Table {
     pub units: Vec<String>,
     /// `columns[d][row]`: category code or clamped number; `None` = missing.

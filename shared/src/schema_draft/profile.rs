@@ -8,6 +8,7 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
 use crate::data::DataError;
+use crate::data::input::MAX_HEADER_BYTES;
 use crate::entropy::os_rng;
 use crate::sampling::Reservoir;
 use crate::spec::CsvOptions;
@@ -53,9 +54,6 @@ pub struct Profile {
     pub columns: Vec<ColumnProfile>,
 }
 
-/// The longest header line read before the ledger check.
-const MAX_HEADER_BYTES: usize = 64 * 1024;
-
 /// The column names on the file's first line, reading no further than that line (at most
 /// 64 KiB, else refused: column names are metadata, and nothing past them is read before
 /// the ledger's check).
@@ -80,7 +78,7 @@ pub async fn header(url: &str, options: &CsvOptions) -> Result<Vec<String>, Data
     let names: Vec<String> = fields(&line, options)
         .ok_or_else(|| read_err("the header line is not UTF-8 or leaves a quote open".into()))?
         .into_iter()
-        .map(|n| n.trim_start_matches('\u{feff}').trim().to_string())
+        .map(|n| n.trim().to_string())
         .collect();
     if names.iter().any(String::is_empty) {
         return Err(read_err("the header line names an empty column".into()));
