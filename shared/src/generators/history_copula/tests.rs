@@ -81,9 +81,9 @@ async fn without_noise_the_copula_keeps_each_vitals_lag1() {
     }
 }
 
-/// At ε = 2 on 3,000 units (the bounds): mean lag-1 gap under 0.1 and
-/// rows-per-unit TV under 0.15 on both cohorts; transition error under 0.2 on the AR(1)
-/// one (on the hidden-state one 0.18–0.25 at this size: docs/generators/history-copula.md).
+/// At ε = 2 on 3,000 units, the bounds on both cohorts: mean lag-1 gap under 0.1,
+/// transition error under 0.2, rows-per-unit TV under 0.15 (the hidden-state cohort's
+/// transitions: 0.13–0.17 over three seeds; 0.18–0.22 with slopes fitted one by one).
 #[tokio::test]
 async fn at_epsilon_two_the_copula_keeps_the_dynamics() {
     let dir = tempfile::tempdir().unwrap();
@@ -95,9 +95,7 @@ async fn at_epsilon_two_the_copula_keeps_the_dynamics() {
         eprintln!("{kind}: {}", l.dynamics_summary());
         assert!(l.mean_lag1_gap().unwrap() < 0.1, "{kind}: {}", l.dynamics_summary());
         assert!(l.sequence_length_tv < 0.15, "{kind}: {}", l.dynamics_summary());
-        if kind.starts_with("ar1") {
-            assert!(l.state_transition_divergence < 0.2, "{kind}: {}", l.dynamics_summary());
-        }
+        assert!(l.state_transition_divergence < 0.2, "{kind}: {}", l.dynamics_summary());
     }
 }
 
