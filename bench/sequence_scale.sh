@@ -18,7 +18,7 @@ echo "rows: $(($(wc -l < "$work/cohort.csv") - 1))"
 epochs=$(python3 -c "print($rounds * 256 / $patients)")
 sed -e "s|./rhosynth-out/demo/input/icu_vitals.csv|$work/cohort.csv|" \
     -e "s|^partitions = 4|partitions = $partitions|" \
-    -e "s|^context_rows = 2|context_rows = 2\nepochs = $epochs|" \
+    -e "s|^epochs = 12|epochs = $epochs|" \
     -e "s|^url = \"./rhosynth-out/icu-sequence\"|url = \"$work/out/{job_id}\"\nunits = 100|" \
     -e '/^\[evaluation\]/,$d' \
     "$(dirname "$0")/../examples/icu-sequence.toml" > "$work/job.toml"

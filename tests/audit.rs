@@ -100,7 +100,7 @@ async fn the_audit_passes_an_honest_mechanism_and_catches_a_planted_bug() {
     // White-box: a DP-FinDiff job's loss gains on its canaries (small: 2 epochs, hidden 32).
     let findiff = job_spec(
         dir.path(),
-        "name = \"findiff\"\n[generator.findiff]\nmax_rows_per_unit = 1\nepochs = 2\nhidden = 32\nembedding_width = 4",
+        "name = \"findiff\"\n[generator.findiff]\nmax_rows_per_unit = 1\nhidden = 32\nembedding_width = 4\n[generator.findiff.run]\nepochs = 2",
     );
     let mut loss = AuditOptions::new(&findiff, 400, dir.path().join("audits"));
     loss.score = Score::Loss;

@@ -146,7 +146,7 @@ fn a_restarted_coordinator_resumes_a_charged_dp_sgd_run_without_charging_again()
     let _workers = [worker(&url, "a"), worker(&url, "b")];
     let text = findiff_spec(dir.path(), 300, 20.0)
         .replace("[job]", "[job]\nid = \"resumable\"")
-        .replace("hidden = 32", "hidden = 32\ncheckpoint_every = 5");
+        .replace("batch_size = 32", "batch_size = 32\ncheckpoint_every = 5");
     let spec = place_spec(dir.path(), text, "resumable", 4);
     let submitter = std::thread::spawn({
         let (spec, url) = (spec.clone(), url.clone());

@@ -303,7 +303,7 @@ async fn a_dp2stage_job_fine_tunes_a_pretrained_model_within_its_charge() {
     };
     let dir = tempfile::tempdir().unwrap();
     let generator = format!(
-        "[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\"\nblocks = 1\nlora = {{}}\npseudo_rows = 64\npseudo_epochs = 1.0\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8"
+        "[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\"\nblocks = 1\nlora = {{}}\npseudo_rows = 64\npseudo_epochs = 1.0\n\n[generator.dp2stage.run]\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8"
     );
     let spec = JobSpec::parse(&with_generator(&demo_spec(dir.path(), 60), &generator), "dp2stage").unwrap();
     fine_tunes_within_its_charge(&spec, dir.path(), dir.path(), 0, "dp2stage").await;
@@ -340,7 +340,7 @@ async fn a_harmonic_job_prompts_with_a_release_within_its_charge() {
     let ledger = released.path().join("ledger");
 
     let generator = format!(
-        "[generator]\nname = \"harmonic\"\n\n[generator.harmonic]\ncheckpoint = \"{checkpoint}\"\nreference = \"{}\"\nneighbours = 1\nblocks = 1\nlora = {{}}\npseudo_rows = 32\npseudo_epochs = 1.0\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8",
+        "[generator]\nname = \"harmonic\"\n\n[generator.harmonic]\ncheckpoint = \"{checkpoint}\"\nreference = \"{}\"\nneighbours = 1\nblocks = 1\nlora = {{}}\npseudo_rows = 32\npseudo_epochs = 1.0\n\n[generator.harmonic.run]\nepochs = 1.0\nbatch_size = 16\nmicro_batch = 8",
         reference.display()
     );
     let harmonic = |dir: &std::path::Path, generator: &str| {
@@ -641,7 +641,7 @@ async fn dp_sgd_budgets_are_enforced_before_training() {
     // i.e. on the unit count: the refusal (and the ε it states) is decided on the noisy
     // count, which is therefore charged as its own entry first — repeating the job cannot
     // average uncharged counts. Nothing else is charged and nothing is released.
-    let text = findiff_spec(dir.path(), 30, 1.0).replace("hidden = 32", "hidden = 32\nnoise_multiplier = 0.3");
+    let text = findiff_spec(dir.path(), 30, 1.0).replace("batch_size = 32", "batch_size = 32\nnoise_multiplier = 0.3");
     let spec = JobSpec::parse(&text, "findiff-sigma").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_eq!(state, REFUSED, "{message}");
@@ -652,7 +652,7 @@ async fn dp_sgd_budgets_are_enforced_before_training() {
     let count = Mechanism::Gaussian {
         l2_sensitivity: 1.0,
         noise_multiplier: match &spec.generator {
-            rhosynth_shared::spec::GeneratorSpec::Findiff(p) => p.count_noise_multiplier,
+            rhosynth_shared::generators::GeneratorSpec::Findiff(p) => p.run.count_noise_multiplier,
             other => panic!("a DP-FinDiff job, not {other:?}"),
         },
         releases: 1,

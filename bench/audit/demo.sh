@@ -34,7 +34,7 @@ PY
   echo "$work/$1.toml"
 }
 
-findiff="findiff=$(variant findiff $'[generator]\nname = "findiff"\n\n[generator.findiff]\nmax_rows_per_unit = 8\nepochs = 5')"
+findiff="findiff=$(variant findiff $'[generator]\nname = "findiff"\n\n[generator.findiff]\nmax_rows_per_unit = 8\n\n[generator.findiff.run]\nepochs = 5')"
 sequence="sequence=$root/examples/icu-sequence.toml"
 if [ "$score" = loss ]; then
   specs=("$findiff" "$sequence")
@@ -52,11 +52,12 @@ if [ -n "${RHOSYNTH_SMOLLM2_GGUF:-}" ]; then
   "$bin" simulate "$work/public.csv" --patients "$patients" --seed 7 2> /dev/null
   # The first block with LoRA adapters (as the Adult examples), 8 rows a unit, one pass;
   # HARMONIC 2 (an example is 3 rows of text: with 8, a round took 23 min on 2 cores).
-  lm=$'blocks = 1\nlora = { rank = 8, alpha = 16.0, targets = ["qkv", "output", "up", "down"] }\nmax_rows_per_unit = 8\npseudo_rows = 2000\npseudo_batch = 16\nepochs = 1.0\nbatch_size = 256.0\nmicro_batch = 32'
+  lm=$'blocks = 1\nlora = { rank = 8, alpha = 16.0, targets = ["qkv", "output", "up", "down"] }\nmax_rows_per_unit = 8\npseudo_rows = 2000\npseudo_batch = 16'
+  run=$'epochs = 1.0\nbatch_size = 256.0\nmicro_batch = 32'
   model="checkpoint = \"$RHOSYNTH_SMOLLM2_GGUF\""
   specs+=(
-    "dp2stage=$(variant dp2stage $'[generator]\nname = "dp2stage"\n\n[generator.dp2stage]\n'"$model"$'\n'"$lm" 'rows = 2000')"
-    "harmonic=$(variant harmonic $'[generator]\nname = "harmonic"\n\n[generator.harmonic]\n'"$model"$'\nreference = "'"$work/public.csv"$'"\nneighbours = 2\n'"${lm/max_rows_per_unit = 8/max_rows_per_unit = 2}" 'rows = 2000')"
+    "dp2stage=$(variant dp2stage $'[generator]\nname = "dp2stage"\n\n[generator.dp2stage]\n'"$model"$'\n'"$lm"$'\n\n[generator.dp2stage.run]\n'"$run" 'rows = 2000')"
+    "harmonic=$(variant harmonic $'[generator]\nname = "harmonic"\n\n[generator.harmonic]\n'"$model"$'\nreference = "'"$work/public.csv"$'"\nneighbours = 2\n'"${lm/max_rows_per_unit = 8/max_rows_per_unit = 2}"$'\n\n[generator.harmonic.run]\n'"$run" 'rows = 2000')"
   )
 fi
 printf '| generator | claimed ε | canaries (in) | right guesses | ε lower bound | seconds |\n| --- | --- | --- | --- | --- | --- |\n'

@@ -22,7 +22,7 @@ use rhosynth_shared::accounting::accountant::PrivacyCost;
 use rhosynth_shared::accounting::mechanism::Mechanism;
 use rhosynth_shared::dpsgd::optimizer::Optimizer;
 use rhosynth_shared::dpsgd::plan::RunPlan;
-use rhosynth_shared::spec::GeneratorName;
+use rhosynth_shared::generators::GeneratorName;
 use rhosynth_shared::storage::StoreLocation;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -131,7 +131,11 @@ pub async fn load<M: DeserializeOwned>(
             generator.as_str()
         )));
     }
-    let header: Header<M> = serde_json::from_slice(header).map_err(|e| corrupt(&e.to_string()))?;
+    let mut header: serde_json::Value = serde_json::from_slice(header).map_err(|e| corrupt(&e.to_string()))?;
+    if let Some(plan) = header.pointer_mut("/run/plan") {
+        RunPlan::upgrade_stored(plan);
+    }
+    let header: Header<M> = serde_json::from_value(header).map_err(|e| corrupt(&e.to_string()))?;
     let rest = &bytes[4 + len..];
     if !rest.len().is_multiple_of(3 * 8) {
         return Err(corrupt("parameter arrays of unequal length"));
@@ -152,7 +156,7 @@ pub struct Checkpointer<'a, M> {
 
 impl<M: Clone + Serialize> Checkpointer<'_, M> {
     pub async fn after_round(&self, optimizer: &Optimizer, parameters: &[f64]) -> Result<(), JobError> {
-        if optimizer.step.is_multiple_of(self.run.plan.checkpoint_every.max(1)) && optimizer.step < self.run.steps {
+        if optimizer.step.is_multiple_of(self.run.plan.run.checkpoint_every.max(1)) && optimizer.step < self.run.steps {
             save(self.scratch, self.job_id, self.run, optimizer, parameters).await?;
         }
         Ok(())

@@ -38,8 +38,9 @@ use std::collections::HashMap;
 use rhosynth_privacy::ledger::{Budget, Ledger, LedgerError};
 use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::accounting::mechanism::Adjacency;
+use rhosynth_shared::generators::GeneratorSpec;
 use rhosynth_shared::spec::{
-    BadRows, ColumnKind, CsvOptions, Format, GeneratorSpec, InputSpec, MissingPolicy, UnknownPolicy, validate_id,
+    BadRows, ColumnKind, CsvOptions, Format, InputSpec, MissingPolicy, UnknownPolicy, validate_id,
 };
 use rhosynth_shared::storage;
 use serde::Deserialize;
@@ -364,9 +365,9 @@ impl Datasets {
         // so a DP-SGD run's σ is calibrated from ε (a declared σ would set its cost apart
         // from the plan admitted, and could fail the job after its count was read).
         let declared_sigma = match &spec.generator {
-            GeneratorSpec::Findiff(p) => p.noise_multiplier,
-            GeneratorSpec::Sequence(p) => p.noise_multiplier,
-            GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => p.noise_multiplier,
+            GeneratorSpec::Findiff(p) => p.run.noise_multiplier,
+            GeneratorSpec::Sequence(p) => p.run.noise_multiplier,
+            GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => p.run.noise_multiplier,
             _ => None,
         };
         if declared_sigma.is_some() {
@@ -659,8 +660,8 @@ url = "/srv/out"
         let mut job = request("");
         datasets.bind(&mut job).unwrap();
         assert_eq!(job.charge_floor, Some(0.01));
-        let text =
-            SPEC.replace("name = \"marginals\"", "name = \"findiff\"\n[generator.findiff]\nnoise_multiplier = 50.0");
+        let text = SPEC
+            .replace("name = \"marginals\"", "name = \"findiff\"\n[generator.findiff.run]\nnoise_multiplier = 50.0");
         let spec = JobSpec::parse(&text, "job.toml").unwrap();
         let mut job = JobRequest { spec, ..request("") };
         let err = datasets.bind(&mut job).unwrap_err();

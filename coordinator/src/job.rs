@@ -24,22 +24,21 @@ use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::accounting::mechanism::Adjacency;
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::entropy::os_rng;
-use rhosynth_shared::generators::Sampler;
+use rhosynth_shared::generators::{GeneratorSpec, Sampler};
 use rhosynth_shared::output::{
     MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
 };
-use rhosynth_shared::spec::{ColumnKind, ColumnSpec, GeneratorSpec, JobSpec};
+use rhosynth_shared::spec::{ColumnKind, ColumnSpec, JobSpec};
 use rhosynth_shared::storage::{self, StoreLocation};
 
 use crate::generators::{
     Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Harmonic, HistoryCopula, Marginals, Pate,
     Sequence,
 };
-use crate::run_lease;
 use crate::schedule::Schedule;
 use crate::scheduler::Scheduler;
-use crate::scratch;
 use crate::telemetry::Telemetry;
+use crate::{run_lease, scratch};
 
 /// Runs a job to completion.
 #[tracing::instrument(name = "job", skip_all, fields(id = %request.job_id))]

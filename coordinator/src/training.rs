@@ -12,6 +12,7 @@ use rhosynth_privacy::release::Releases;
 use rhosynth_proto::gradient_sum::Model;
 use rhosynth_proto::task::Work;
 use rhosynth_shared::dpsgd::optimizer::Optimizer;
+use rhosynth_shared::dpsgd::run::RunParams;
 use rhosynth_shared::dpsgd::{self, RoundSettings};
 use rhosynth_shared::entropy::os_seed;
 
@@ -25,12 +26,12 @@ pub struct TrainingRun<'a> {
     pub partitions: &'a Partitions,
     /// The run's one allowance: it pays for every round's noise.
     pub releases: &'a mut Releases,
+    /// The run table: the clip and the micro-batch.
+    pub settings: &'a RunParams,
     pub rate: f64,
-    pub clip: f64,
     pub noise_multiplier: f64,
     /// q·N̂: the divisor of every noisy sum.
     pub expected_batch: f64,
-    pub micro_batch: usize,
     pub steps: u64,
     /// ε charged for the whole run (progress reports).
     pub epsilon: f64,
@@ -57,7 +58,13 @@ pub async fn train<M: Clone + serde::Serialize>(
     while optimizer.step < run.steps {
         let round = optimizer.step;
         let seed = os_seed()?;
-        let settings = RoundSettings { round, rate: run.rate, clip: run.clip, seed, micro_batch: run.micro_batch };
+        let settings = RoundSettings {
+            round,
+            rate: run.rate,
+            clip: run.settings.clip,
+            seed,
+            micro_batch: run.settings.micro_batch,
+        };
         let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
         let round_tasks = Round {
             work: Work::GradientSum(settings.task(model(round), weights)),
@@ -67,12 +74,12 @@ pub async fn train<M: Clone + serde::Serialize>(
         };
         // A partition's own unit count caps the worker's claim of how many it sampled.
         let check = |a: Answer<'_>| {
-            run.partitions
-                .units_per_partition
-                .check(|units| dpsgd::validate(a.values, a.claimed_units.min(units[a.group]), a.values.len(), run.clip))
+            run.partitions.units_per_partition.check(|units| {
+                dpsgd::validate(a.values, a.claimed_units.min(units[a.group]), a.values.len(), run.settings.clip)
+            })
         };
         let gradient = gather.round(round_tasks, check, |_, _| {}).await?;
-        let mut gradient = run.releases.dp_sgd_step(gradient, run.clip, run.noise_multiplier, run.rate)?;
+        let mut gradient = run.releases.dp_sgd_step(gradient, run.settings.clip, run.noise_multiplier, run.rate)?;
         gradient.iter_mut().for_each(|g| *g /= run.expected_batch);
         optimizer.step(parameters, &gradient);
         checkpointer.after_round(optimizer, parameters).await?;

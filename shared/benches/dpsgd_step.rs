@@ -134,7 +134,7 @@ fn denoiser() {
         units: (0..BATCH).map(|u| (format!("u{u}"), u..u + 1)).collect(),
     };
     let units: Vec<usize> = (0..BATCH).collect();
-    let defaults = rhosynth_shared::spec::FinDiffParams::default();
+    let defaults = rhosynth_shared::generators::findiff::FinDiffParams::default();
     for hidden in [256, 512] {
         let spec = FinDiffModelSpec {
             domain: Domain { columns: Vec::new() },

@@ -14,10 +14,10 @@ use rand::SeedableRng;
 use rand::rngs::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 use rhosynth_shared::accounting::accountant::AccountingOptions;
-use rhosynth_shared::generators::history_copula::{CopulaSampler, HistoryCopulaPlan, simulated};
+use rhosynth_shared::generators::GeneratorSpec;
+use rhosynth_shared::generators::history_copula::{CopulaSampler, HistoryCopulaParams, HistoryCopulaPlan, simulated};
 use rhosynth_shared::generators::sequence::ceiling::SimulatedCohort;
 use rhosynth_shared::generators::sequence::{Histories, Layout};
-use rhosynth_shared::spec::{GeneratorSpec, HistoryCopulaParams};
 
 fn list<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
     let text = std::env::var(name).unwrap_or_else(|_| default.to_string());

@@ -202,11 +202,11 @@ async fn main() {
     for kind in kinds.split(',') {
         let cohort = SimulatedCohort::new(kind, patients, 2026 + seed, dir.path()).await;
         let mut spec = cohort.spec.clone();
-        if let rhosynth_shared::spec::GeneratorSpec::Sequence(p) = &mut spec.generator {
-            p.epochs = env("DP_EPOCHS", p.epochs);
-            p.batch_size = env("DP_BATCH", p.batch_size);
+        if let rhosynth_shared::generators::GeneratorSpec::Sequence(p) = &mut spec.generator {
+            p.run.epochs = env("DP_EPOCHS", p.run.epochs);
+            p.run.batch_size = env("DP_BATCH", p.run.batch_size);
             if let Ok(lr) = std::env::var("DP_LR") {
-                p.optimizer = OptimizerSpec::Adam { lr: lr.parse().unwrap(), beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+                p.run.optimizer = OptimizerSpec::Adam { lr: lr.parse().unwrap(), beta1: 0.9, beta2: 0.999, eps: 1e-8 };
             }
         }
         let options = AccountingOptions::default();
@@ -272,12 +272,12 @@ async fn main() {
         }
         println!("{kind}: DP-SGD q = {rate:.4}, {steps} steps, σ = {sigma:.3}, ε = {epsilon}");
         let mut parameters: Vec<f64> = model.parameters().into_iter().map(f64::from).collect();
-        let mut optimizer = Optimizer::new(run.optimizer, run.schedule, steps, parameters.len());
-        let noise = Normal::new(0.0, sigma * run.clip).unwrap();
+        let mut optimizer = Optimizer::new(run.run.optimizer, run.run.schedule, steps, parameters.len());
+        let noise = Normal::new(0.0, sigma * run.run.clip).unwrap();
         for round in 0..steps {
             let units: Vec<usize> = (0..histories.units.len()).filter(|_| rng.random::<f64>() < rate).collect();
             let settings =
-                RoundSettings { round, rate, clip: run.clip, seed: rng.random(), micro_batch: run.micro_batch };
+                RoundSettings { round, rate, clip: run.run.clip, seed: rng.random(), micro_batch: run.run.micro_batch };
             let sum = clipped_gradient_sum(&model, &histories, &units, &settings, &device).unwrap().sum;
             let gradient: Vec<f64> = sum.iter().map(|s| (s + noise.sample(&mut rng)) / (rate * n)).collect();
             optimizer.step(&mut parameters, &gradient);

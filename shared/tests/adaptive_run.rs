@@ -12,24 +12,13 @@
 //! orders costs little noise: σ within a few percent of the former rule's.
 
 use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account, calibrate_sigma};
-use rhosynth_shared::dpsgd::optimizer::{OptimizerSpec, Schedule};
 use rhosynth_shared::dpsgd::plan::{RunPlan, count_tail};
+use rhosynth_shared::dpsgd::run::RunParams;
 use rhosynth_shared::spec::JobSpec;
 
 fn plan(epochs: f64, batch_size: f64, count_noise_multiplier: f64) -> RunPlan {
-    RunPlan {
-        epochs,
-        batch_size,
-        clip: 1.0,
-        noise_multiplier: None,
-        count_noise_multiplier,
-        after_training: Vec::new(),
-        calibration: None,
-        optimizer: OptimizerSpec::default(),
-        schedule: Schedule::Constant,
-        micro_batch: 1,
-        checkpoint_every: 0,
-    }
+    let run = RunParams { epochs, batch_size, count_noise_multiplier, ..RunParams::default() };
+    RunPlan::new("test", &run).unwrap()
 }
 
 fn spec(epsilon: f64, delta: f64) -> JobSpec {
@@ -87,7 +76,7 @@ fn a_declared_sigma_is_checked_at_every_held_order() {
     let options = AccountingOptions::default();
     let spec = spec(1.0, 1e-5);
     let mut plan = plan(10.0, 64.0, 20.0);
-    plan.noise_multiplier = Some(1.2);
+    plan.run.noise_multiplier = Some(1.2);
     let noisy = 3_000.0;
     let held = plan.held_cost(&spec, &options, noisy, 1.2).unwrap();
     for order in plan.held_orders(&spec, &options, noisy).unwrap() {

@@ -199,7 +199,7 @@ pub fn findiff_spec(dir: &Path, patients: usize, epochs: f64) -> String {
     with_generator(
         &demo_spec(dir, patients),
         &format!(
-            "[generator]\nname = \"findiff\"\n\n[generator.findiff]\nbatch_size = 32\nepochs = {epochs}\nmax_rows_per_unit = 8\nhidden = 32\ndiffusion_steps = 100\nsampling_steps = 20"
+            "[generator]\nname = \"findiff\"\n\n[generator.findiff]\nmax_rows_per_unit = 8\nhidden = 32\ndiffusion_steps = 100\nsampling_steps = 20\n\n[generator.findiff.run]\nbatch_size = 32\nepochs = {epochs}"
         ),
     )
 }
@@ -210,7 +210,7 @@ pub fn sequence_spec(dir: &Path, patients: usize, max_rows: usize) -> String {
     with_generator(
         &demo_spec(dir, patients),
         &format!(
-            "[generator]\nname = \"sequence\"\n\n[generator.sequence]\nmax_rows = {max_rows}\nwindow_rows = 4\ncontext_rows = 1\nwidth = 16\nheads = 2\nlayers = 1\nmlp = 32\nbatch_size = 16\nepochs = 1.0"
+            "[generator]\nname = \"sequence\"\n\n[generator.sequence]\nmax_rows = {max_rows}\nwindow_rows = 4\ncontext_rows = 1\nwidth = 16\nheads = 2\nlayers = 1\nmlp = 32\n\n[generator.sequence.run]\nbatch_size = 16\nepochs = 1.0"
         ),
     )
 }

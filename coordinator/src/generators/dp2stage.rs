@@ -17,11 +17,11 @@ use rhosynth_shared::dpsgd::plan::RunPlan;
 use rhosynth_shared::entropy::os_seed;
 use rhosynth_shared::generators::dp2stage::plan::check;
 use rhosynth_shared::generators::dp2stage::pretrain::pretrain;
-use rhosynth_shared::generators::dp2stage::{Dp2StageModelSpec, Dp2StagePlan, TextSampler};
+use rhosynth_shared::generators::dp2stage::{Dp2StageModelSpec, Dp2StagePlan, LanguageModelParams, TextSampler};
 use rhosynth_shared::generators::harmonic::Prompting;
-use rhosynth_shared::generators::{PlanError, Sampler};
+use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, PlanError, Sampler};
 use rhosynth_shared::output::Manifest;
-use rhosynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec, LanguageModelParams};
+use rhosynth_shared::spec::JobSpec;
 use rhosynth_shared::storage;
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};

@@ -15,8 +15,8 @@ use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::dpsgd::RoundSettings;
 use rhosynth_shared::dpsgd::optimizer::Optimizer;
 use rhosynth_shared::dpsgd::plan::RunPlan;
-use rhosynth_shared::generators::{PlanError, Sampler};
-use rhosynth_shared::spec::{GeneratorName, JobSpec};
+use rhosynth_shared::generators::{GeneratorName, PlanError, Sampler};
+use rhosynth_shared::spec::JobSpec;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -24,9 +24,8 @@ use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::checkpoint::{self, ChargedRun, Checkpoint, Checkpointer};
 use crate::context::{JobContext, JobError, Partitions, blocking, release_count, set_stage};
 use crate::gather::Gather;
-use crate::run_lease;
-use crate::scratch;
 use crate::training::{self, TrainingRun};
+use crate::{run_lease, scratch};
 
 /// The model on the wire in each round.
 pub(crate) type RoundModel<'a> = Box<dyn Fn(u64) -> Model + Send + Sync + 'a>;
@@ -178,11 +177,10 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         let mut training = TrainingRun {
             partitions,
             releases: &mut releases,
+            settings: &run.plan.run,
             rate: run.rate,
-            clip: run.plan.clip,
             noise_multiplier: run.sigma,
             expected_batch: run.rate * run.noisy_units.max(1.0),
-            micro_batch: run.plan.micro_batch,
             steps: run.steps,
             epsilon: run.cost.epsilon,
         };
@@ -208,9 +206,12 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         let mut public_inputs = vec![
             format!(
                 "privacy units: {} (Gaussian release, noise multiplier {}; charged in ledger entry {})",
-                run.noisy_units, run.plan.count_noise_multiplier, run.count_entry
+                run.noisy_units, run.plan.run.count_noise_multiplier, run.count_entry
             ),
-            format!("DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps", run.rate, run.sigma, run.plan.clip, run.steps),
+            format!(
+                "DP-SGD: q = {:.6}, σ = {:.4}, C = {}, {} steps",
+                run.rate, run.sigma, run.plan.run.clip, run.steps
+            ),
         ];
         public_inputs.extend(G::public_inputs(&run.model));
         // The released count is already rounded and at least 1.
@@ -249,8 +250,13 @@ async fn keep_model<G: DpSgdGenerator>(
     parameters: Vec<f32>,
 ) -> Result<(), JobError> {
     let model = G::round_model(&run.model, ctx.spec(), run.rate)?;
-    let settings =
-        RoundSettings { round, rate: run.rate, clip: run.plan.clip, seed: [0; 32], micro_batch: run.plan.micro_batch };
+    let settings = RoundSettings {
+        round,
+        rate: run.rate,
+        clip: run.plan.run.clip,
+        seed: [0; 32],
+        micro_batch: run.plan.run.micro_batch,
+    };
     let task = settings.task(model(round), parameters);
     let path = ctx.scratch.child(&scratch::kept_model(&ctx.request.job_id, stage));
     ctx.scratch
@@ -275,7 +281,8 @@ async fn charge_run<G: DpSgdGenerator>(
     let spec = ctx.spec();
     let count_charge = ctx.charge_request(vec![plan.count_mechanism()]);
     let count_receipt = ctx.charge(ledger, &count_charge).await?;
-    let noisy_units = release_count(&mut Releases::paid_by(&count_receipt)?, partitions, plan.count_noise_multiplier)?;
+    let noisy_units =
+        release_count(&mut Releases::paid_by(&count_receipt)?, partitions, plan.run.count_noise_multiplier)?;
     let rate = plan.rate(noisy_units);
     // σ and the job's cost at its held orders: the cost stated (manifest, progress) is
     // that bound, never a tighter figure picked after N̂ (`dpsgd::plan::COUNT_BAND`).
@@ -296,7 +303,7 @@ async fn charge_run<G: DpSgdGenerator>(
     let steps = plan.steps(rate);
     tracing::info!(sigma, steps, epsilon = cost.epsilon, "DP-SGD run charged");
     let parameters: Vec<f64> = parameters.into_iter().map(f64::from).collect();
-    let optimizer = Optimizer::new(plan.optimizer, plan.schedule, steps, parameters.len());
+    let optimizer = Optimizer::new(plan.run.optimizer, plan.run.schedule, steps, parameters.len());
     let run = ChargedRun {
         generator: G::NAME,
         model,

@@ -8,10 +8,12 @@ use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::dpsgd::compute_device;
 use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::plan::RunPlan;
-use rhosynth_shared::generators::Sampler;
 use rhosynth_shared::generators::findiff::diffusion::timestep_exponent;
-use rhosynth_shared::generators::findiff::{FinDiffModel, FinDiffModelSpec, FinDiffPlan, FinDiffRound, FinDiffSampler};
-use rhosynth_shared::spec::{FinDiffParams, GeneratorName, GeneratorSpec, JobSpec};
+use rhosynth_shared::generators::findiff::{
+    FinDiffModel, FinDiffModelSpec, FinDiffParams, FinDiffPlan, FinDiffRound, FinDiffSampler,
+};
+use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, Sampler};
+use rhosynth_shared::spec::JobSpec;
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use crate::context::JobError;
@@ -48,7 +50,8 @@ impl DpSgdGenerator for FinDiff {
         let fixed = rhosynth_proto::FinDiffModel::from(&FinDiffRound { model: model.clone(), timestep_exponent: 0.0 });
         let params = params(spec)?;
         Ok(Box::new(move |round: u64| {
-            let exponent = timestep_exponent(params.alpha_start, params.alpha_end, round as f64 * rate, params.epochs);
+            let exponent =
+                timestep_exponent(params.alpha_start, params.alpha_end, round as f64 * rate, params.run.epochs);
             Model::Findiff(rhosynth_proto::FinDiffModel { timestep_exponent: exponent, ..fixed.clone() })
         }))
     }

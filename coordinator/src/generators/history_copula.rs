@@ -65,7 +65,7 @@ impl Generator for HistoryCopula {
         set_stage(ctx.progress, "fitting the model");
         let released_units = lengths.iter().sum::<f64>().round().max(1.0) as u64;
         let layout = plan.layout.clone();
-        let released = Released { margins, margin_noise, moments, moment_noise: plan.moments_sigma * plan.clip };
+        let released = Released { margins, margin_noise, moments, moment_noise: plan.moments_sigma * plan.moment_clip };
         let model = blocking(move || CopulaModel::fit(layout, released, lengths)).await?;
         let public_inputs = vec![format!(
             "history copula: Gaussian releases of each unit's margins (noise multiplier {:.3}, sensitivity {:.3}), \
@@ -76,7 +76,7 @@ impl Generator for HistoryCopula {
             plan.margins_sigma,
             margins_task.sensitivity(),
             plan.moments_sigma,
-            plan.clip,
+            plan.moment_clip,
             plan.layout.max_rows,
             plan.lengths_sigma,
         )];

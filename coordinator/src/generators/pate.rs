@@ -18,6 +18,7 @@ use rhosynth_privacy::release::{Private, Releases};
 use rhosynth_proto::task::Work;
 use rhosynth_shared::dpsgd::compute_device;
 use rhosynth_shared::entropy::os_seed;
+use rhosynth_shared::generators::pate::PateRelease;
 use rhosynth_shared::generators::pate::answers::{
     Threshold, label_shares, largest_votes, realness_answers, realness_votes,
 };
@@ -25,7 +26,6 @@ use rhosynth_shared::generators::pate::gan::PateGan;
 use rhosynth_shared::generators::pate::task::validate_votes;
 use rhosynth_shared::generators::pate::teacher::TargetModel;
 use rhosynth_shared::generators::pate::{PatePlan, PateSampler, Question, VoteTask};
-use rhosynth_shared::spec::PateRelease;
 
 use super::{Admission, Charged, Fitted, Generator, calibration};
 use crate::context::{JobContext, JobError, Partitions, blocking, release_count, set_stage};

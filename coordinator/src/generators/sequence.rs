@@ -13,12 +13,12 @@ use rhosynth_shared::dpsgd::compute_device;
 use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::plan::RunPlan;
 use rhosynth_shared::entropy::os_rng;
-use rhosynth_shared::generators::Sampler;
 use rhosynth_shared::generators::sequence::plan::{length_cells, length_mechanism};
 use rhosynth_shared::generators::sequence::sampler::SelectedHistories;
 use rhosynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
 use rhosynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler};
-use rhosynth_shared::spec::{GeneratorName, GeneratorSpec, JobSpec};
+use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, Sampler};
+use rhosynth_shared::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};

@@ -16,6 +16,7 @@ pub mod layers;
 pub mod optimizer;
 pub mod params;
 pub mod plan;
+pub mod run;
 
 use burn::tensor::{Device, Tensor};
 use rand::rngs::ChaCha8Rng;

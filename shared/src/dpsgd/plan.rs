@@ -5,109 +5,84 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::optimizer::{OptimizerSpec, Schedule};
+use super::run::RunParams;
 use crate::accounting::PrivacyError;
 use crate::accounting::accountant::{Accountant, AccountingOptions, PrivacyCost, account, calibrate_sigma, delta_left};
 use crate::accounting::math::normal_sf;
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
+use crate::generators::{PlanError, require_positive};
 use crate::spec::JobSpec;
-
-/// The checked [`RunPlan`] of a DP-SGD generator's parameters, whose sections share the
-/// training fields by name: epochs, batch, clip and count noise positive, σ positive when
-/// declared, micro-batches of at least one unit; nothing after training yet.
-/// `run_plan!(GENERATOR, params)` → `Result<RunPlan, PlanError>`.
-macro_rules! run_plan {
-    ($generator:expr, $params:expr) => {{
-        let p = &$params;
-        let positive = [
-            ("epochs", p.epochs),
-            ("batch_size", p.batch_size),
-            ("clip", p.clip),
-            ("count_noise_multiplier", p.count_noise_multiplier),
-        ];
-        $crate::generators::require_positive($generator, &positive).and_then(|()| {
-            if p.noise_multiplier.is_some_and(|s: f64| !(s.is_finite() && s > 0.0)) {
-                return Err($crate::generators::PlanError::new(
-                    $generator,
-                    "noise_multiplier must be a positive number",
-                ));
-            }
-            // The count's noise spans the orders a run is held at (`COUNT_BAND`): a few
-            // hundred units of noise already hide any one unit, and more would only cost
-            // calibrations.
-            if !(p.count_noise_multiplier <= $crate::dpsgd::plan::MAX_COUNT_NOISE_MULTIPLIER) {
-                return Err($crate::generators::PlanError::new(
-                    $generator,
-                    format!(
-                        "count_noise_multiplier must be at most {}",
-                        $crate::dpsgd::plan::MAX_COUNT_NOISE_MULTIPLIER
-                    ),
-                ));
-            }
-            if p.micro_batch == 0 {
-                return Err($crate::generators::PlanError::new($generator, "micro_batch must be ≥ 1"));
-            }
-            Ok($crate::dpsgd::plan::RunPlan {
-                epochs: p.epochs,
-                batch_size: p.batch_size,
-                clip: p.clip,
-                noise_multiplier: p.noise_multiplier,
-                count_noise_multiplier: p.count_noise_multiplier,
-                after_training: Vec::new(),
-                calibration: None,
-                optimizer: p.optimizer.clone(),
-                schedule: p.schedule.clone(),
-                micro_batch: p.micro_batch,
-                checkpoint_every: p.checkpoint_every,
-            })
-        })
-    }};
-}
-pub(crate) use run_plan;
 
 /// A DP-SGD run as planned from the spec (a checkpoint keeps it, so a resumed run trains
 /// as charged).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunPlan {
-    /// Expected passes over the units.
-    pub epochs: f64,
-    /// Expected units per round q·N̂.
-    pub batch_size: f64,
-    /// Per-unit L2 clipping norm C.
-    pub clip: f64,
-    /// σ as declared; `None`: calibrated to the job's (ε, δ).
-    pub noise_multiplier: Option<f64>,
-    /// Noise multiplier of the unit-count release.
-    pub count_noise_multiplier: f64,
+    pub run: RunParams,
     /// Mechanisms charged with the run after its rounds (e.g. a private selection).
     pub after_training: Vec<Mechanism>,
     /// The output's marginal calibration, charged with the run and released after it.
     #[serde(default)]
     pub calibration: Option<Box<CalibrationPlan>>,
-    pub optimizer: OptimizerSpec,
-    pub schedule: Schedule,
-    /// Units per backward pass on a worker (memory only).
-    pub micro_batch: usize,
-    /// Rounds between coordinator checkpoints.
-    pub checkpoint_every: u64,
 }
 
 impl RunPlan {
+    /// The checked plan of a generator's run table: epochs, batch, clip and count noise
+    /// positive, σ positive when declared, micro-batches of at least one unit; nothing
+    /// after training yet.
+    pub fn new(generator: &'static str, run: &RunParams) -> Result<Self, PlanError> {
+        let positive = [
+            ("epochs", run.epochs),
+            ("batch_size", run.batch_size),
+            ("clip", run.clip),
+            ("count_noise_multiplier", run.count_noise_multiplier),
+        ];
+        require_positive(generator, &positive)?;
+        if run.noise_multiplier.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+            return Err(PlanError::new(generator, "noise_multiplier must be a positive number"));
+        }
+        // The count's noise spans the orders a run is held at (`COUNT_BAND`): a few
+        // hundred units of noise already hide any one unit, and more would only cost
+        // calibrations.
+        if !(run.count_noise_multiplier <= MAX_COUNT_NOISE_MULTIPLIER) {
+            return Err(PlanError::new(
+                generator,
+                format!("count_noise_multiplier must be at most {MAX_COUNT_NOISE_MULTIPLIER}"),
+            ));
+        }
+        if run.micro_batch == 0 {
+            return Err(PlanError::new(generator, "micro_batch must be ≥ 1"));
+        }
+        Ok(Self { run: run.clone(), after_training: Vec::new(), calibration: None })
+    }
+
+    /// A stored plan (JSON) as this version reads it: a checkpoint written before the run
+    /// table held the run's settings beside `after_training`; they move into `run`, so a
+    /// run charged before an upgrade resumes after it.
+    pub fn upgrade_stored(plan: &mut serde_json::Value) {
+        let Some(fields) = plan.as_object_mut() else { return };
+        if fields.contains_key("run") {
+            return;
+        }
+        let settings: Vec<String> = fields.keys().filter(|k| RunParams::has_field(k)).cloned().collect();
+        let run = settings.into_iter().filter_map(|k| fields.remove_entry(&k)).collect();
+        fields.insert("run".into(), serde_json::Value::Object(run));
+    }
+
     /// Poisson rate q = batch / N̂ (at most 1).
     pub fn rate(&self, noisy_units: f64) -> f64 {
-        (self.batch_size / noisy_units.max(1.0)).min(1.0)
+        (self.run.batch_size / noisy_units.max(1.0)).min(1.0)
     }
 
     /// A stand-in unit count for the pre-flight budget check (a calibrated run's cost
     /// does not depend on q).
     pub fn provisional_units(&self) -> f64 {
-        self.batch_size * 100.0
+        self.run.batch_size * 100.0
     }
 
     /// T = ⌈epochs / q⌉ rounds.
     pub fn steps(&self, rate: f64) -> u64 {
-        (self.epochs / rate).ceil().max(1.0) as u64
+        (self.run.epochs / rate).ceil().max(1.0) as u64
     }
 
     /// The unit count (sensitivity 1 under add/remove of a unit), then the run: each unit
@@ -123,7 +98,7 @@ impl RunPlan {
     pub fn count_mechanism(&self) -> Mechanism {
         Mechanism::Gaussian {
             l2_sensitivity: 1.0,
-            noise_multiplier: self.count_noise_multiplier,
+            noise_multiplier: self.run.count_noise_multiplier,
             releases: 1,
             adjacency: Adjacency::AddRemove,
         }
@@ -149,7 +124,7 @@ impl RunPlan {
     /// The grid step k of a unit count, COUNT_GRID^k ≤ units (every count up to one
     /// batch samples at q = 1 and shares the batch's step).
     fn grid_step(&self, units: f64) -> i32 {
-        let units = units.max(self.batch_size).max(1.0);
+        let units = units.max(self.run.batch_size).max(1.0);
         (units.ln() / COUNT_GRID.ln()).floor() as i32
     }
 
@@ -181,7 +156,7 @@ impl RunPlan {
         noisy_units: f64,
     ) -> Result<Vec<f64>, PrivacyError> {
         // One unit more: N̂ is the noisy count rounded to a whole unit.
-        let reach = COUNT_BAND * self.count_noise_multiplier + 1.0;
+        let reach = COUNT_BAND * self.run.count_noise_multiplier + 1.0;
         let mut orders = Vec::new();
         for step in self.grid_step(noisy_units - reach)..=self.grid_step(noisy_units + reach) {
             let order = self.order_at_grid(spec, options, step)?;
@@ -226,7 +201,7 @@ impl RunPlan {
         noisy_units: f64,
     ) -> Result<(f64, PrivacyCost), PrivacyError> {
         let (rate, orders) = (self.rate(noisy_units), self.held_orders(spec, options, noisy_units)?);
-        let sigma = match self.noise_multiplier {
+        let sigma = match self.run.noise_multiplier {
             Some(sigma) => sigma,
             None => self.calibrate_at(spec, options, rate, &orders)?,
         };
@@ -307,4 +282,26 @@ fn held_delta(spec: &JobSpec) -> Result<f64, PrivacyError> {
 /// `options` with the one RDP order `order`.
 fn at_order(options: &AccountingOptions, order: f64) -> AccountingOptions {
     AccountingOptions { orders: vec![order], ..options.clone() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plan stored with its settings flat (before the run table) reads as the same plan;
+    /// one stored now is left as it is.
+    #[test]
+    fn a_plan_stored_before_the_run_table_reads_the_same() {
+        let run = RunParams { epochs: 3.0, noise_multiplier: Some(1.1), ..RunParams::default() };
+        let plan = RunPlan::new("test", &run).unwrap();
+        let mut flat = serde_json::to_value(&plan).unwrap();
+        let settings = flat.as_object_mut().unwrap().remove("run").unwrap();
+        flat.as_object_mut().unwrap().extend(settings.as_object().unwrap().clone());
+        assert!(serde_json::from_value::<RunPlan>(flat.clone()).is_err());
+        RunPlan::upgrade_stored(&mut flat);
+        assert_eq!(serde_json::from_value::<RunPlan>(flat).unwrap(), plan);
+        let mut current = serde_json::to_value(&plan).unwrap();
+        RunPlan::upgrade_stored(&mut current);
+        assert_eq!(current, serde_json::to_value(&plan).unwrap());
+    }
 }

@@ -14,14 +14,17 @@ pub mod history_copula;
 pub mod marginals;
 pub mod pate;
 pub mod row_text;
+pub mod section;
 pub mod sequence;
+
+pub use section::{GeneratorName, GeneratorSpec};
 
 use rand::rngs::ChaCha20Rng;
 
 use crate::accounting::accountant::AccountingOptions;
 use crate::data::domain::{Binning, Domain, Encoding};
 use crate::output::SyntheticUnits;
-use crate::spec::{ColumnKind, GeneratorSpec, JobSpec};
+use crate::spec::{ColumnKind, JobSpec};
 
 /// Draws synthetic units from what a generator fitted to its released values: a row each
 /// (`rows_per_draw` 1) or a whole history each. Sampling is post-processing: it costs no

@@ -12,7 +12,7 @@ pub mod profile;
 
 use std::fmt::Write;
 
-use crate::spec::GeneratorName;
+use crate::generators::GeneratorName;
 
 use profile::{ColumnProfile, Profile, Shape};
 

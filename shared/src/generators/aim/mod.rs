@@ -21,9 +21,11 @@
 //! `Mechanism::Zcdp`). Sampling and the default row count (the model's total) are
 //! post-processing.
 
+pub mod params;
 pub mod plan;
 pub mod rounds;
 
+pub use params::{AimParams, Workload, WorkloadRule};
 pub use plan::AimPlan;
 
 #[cfg(test)]

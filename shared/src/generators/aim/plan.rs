@@ -6,9 +6,10 @@ use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
+use crate::generators::aim::{AimParams, WorkloadRule, params};
 use crate::generators::marginals::MarginalsTask;
-use crate::generators::{PlanError, require_columns};
-use crate::spec::{self, AimParams, GeneratorSpec, JobSpec, WorkloadRule};
+use crate::generators::{GeneratorSpec, PlanError, require_columns};
+use crate::spec::JobSpec;
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "aim";
@@ -180,8 +181,8 @@ fn every_set(n: usize, k: usize) -> Vec<Vec<usize>> {
 fn workload(params: &AimParams, domain: &Domain, cells: impl Fn(&[usize]) -> f64) -> Result<Workload, PlanError> {
     let n = domain.columns.len();
     let rule = match &params.workload {
-        spec::Workload::Rule(rule) => *rule,
-        spec::Workload::Sets(sets) => {
+        params::Workload::Rule(rule) => *rule,
+        params::Workload::Sets(sets) => {
             let mut sets = sets
                 .iter()
                 .map(|set| {

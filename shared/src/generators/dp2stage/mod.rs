@@ -13,12 +13,14 @@
 //! (`task`), and stage 1 runs on the coordinator before anything is charged (`plan`).
 
 pub mod model;
+pub mod params;
 pub mod plan;
 pub mod pretrain;
 pub mod sampler;
 pub mod task;
 
 pub use model::{TextModel, TextModelSpec, TextRows};
+pub use params::{LanguageModelParams, LoraParams};
 pub use plan::Dp2StagePlan;
 pub use sampler::TextSampler;
 pub use task::Dp2StageModelSpec;

@@ -11,11 +11,12 @@ use crate::data::domain::Domain;
 use crate::decoder::LoraConfig;
 use crate::decoder::model::TARGETS;
 use crate::decoder::tokenizer::TextTokenizer;
-use crate::dpsgd::plan::{RunPlan, run_plan};
+use crate::dpsgd::plan::RunPlan;
+use crate::generators::dp2stage::LanguageModelParams;
 use crate::generators::harmonic::Prompting;
 use crate::generators::row_text::RowText;
-use crate::generators::{PlanError, require_columns, require_positive};
-use crate::spec::{GeneratorSpec, JobSpec, LanguageModelParams};
+use crate::generators::{GeneratorSpec, PlanError, require_columns, require_positive};
+use crate::spec::JobSpec;
 use crate::storage;
 
 /// Bounds of what the coordinator computes before admission (stage 1) and of a unit's
@@ -51,7 +52,7 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, Pla
     let (GeneratorSpec::Dp2stage(params) | GeneratorSpec::Harmonic(params)) = spec.generator.clone() else {
         return Err(invalid("the job's generator is another".into()));
     };
-    run_plan!(generator, params)?;
+    RunPlan::new(generator, &params.run)?;
     let harmonic = matches!(spec.generator, GeneratorSpec::Harmonic(_));
     if harmonic && params.reference.is_none() {
         return Err(invalid(
@@ -142,7 +143,7 @@ impl Dp2StagePlan {
         if prompting.is_some() != params.reference.is_some() {
             return Err(invalid("a reference set read goes with the spec's `reference`, and only with it".into()));
         }
-        let mut run = run_plan!(generator, params)?;
+        let mut run = RunPlan::new(generator, &params.run)?;
         run.calibration = CalibrationPlan::new(spec, domain, options)?.map(Box::new);
         let target = spec.schema.target.as_ref().and_then(|t| domain.index_of(t));
         let text = RowText::new(domain, target, tokenizer).map_err(|e| invalid(e.to_string()))?;

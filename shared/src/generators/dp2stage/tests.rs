@@ -5,9 +5,8 @@
 
 use std::time::Duration;
 
-use rand::RngExt;
-use rand::SeedableRng;
 use rand::rngs::{ChaCha8Rng, ChaCha20Rng};
+use rand::{RngExt, SeedableRng};
 
 use super::model::{TextModel, TextModelSpec, TextRows};
 use super::pretrain::{PseudoTraining, pretrain, pseudo_rows};
@@ -203,12 +202,12 @@ fn bad_parameters_are_refused_from_the_spec_alone() {
     let parsed = |section: &str| {
         let text = format!("{head}[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\n{section}\n{output}");
         match crate::spec::JobSpec::parse(&text, "dp2stage").unwrap().generator {
-            crate::spec::GeneratorSpec::Dp2stage(p) => p.lora,
+            crate::generators::GeneratorSpec::Dp2stage(p) => p.lora,
             _ => unreachable!(),
         }
     };
     assert_eq!(parsed("checkpoint = \"m.gguf\""), None);
-    assert_eq!(parsed("checkpoint = \"m.gguf\"\nlora = {}"), Some(crate::spec::LoraParams::default()));
+    assert_eq!(parsed("checkpoint = \"m.gguf\"\nlora = {}"), Some(crate::generators::dp2stage::LoraParams::default()));
     for (section, says) in [
         ("", "checkpoint"),
         ("checkpoint = \"m.gguf\"\nvalue_weight = 1.5", "value_weight"),

@@ -13,11 +13,13 @@
 pub mod diffusion;
 pub mod encoding;
 pub mod model;
+pub mod params;
 pub mod plan;
 pub mod sampler;
 pub mod task;
 
 pub use model::FinDiffModel;
+pub use params::FinDiffParams;
 pub use plan::FinDiffPlan;
 pub use sampler::FinDiffSampler;
 pub use task::{FinDiffModelSpec, FinDiffRound};

@@ -6,10 +6,11 @@ use super::task::FinDiffModelSpec;
 use crate::accounting::accountant::AccountingOptions;
 use crate::calibration::CalibrationPlan;
 use crate::data::domain::Domain;
-use crate::dpsgd::plan::{RunPlan, run_plan};
+use crate::dpsgd::plan::RunPlan;
 use crate::entropy::os_seed;
-use crate::generators::{PlanError, require_columns, require_positive};
-use crate::spec::{FinDiffParams, GeneratorSpec, JobSpec};
+use crate::generators::findiff::FinDiffParams;
+use crate::generators::{GeneratorSpec, PlanError, require_columns, require_positive};
+use crate::spec::JobSpec;
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "findiff";
@@ -31,7 +32,7 @@ impl FinDiffPlan {
         let GeneratorSpec::Findiff(params) = spec.generator.clone() else {
             return Err(invalid("the job's generator is another"));
         };
-        let mut run = run_plan!(GENERATOR, params)?;
+        let mut run = RunPlan::new(GENERATOR, &params.run)?;
         run.calibration = CalibrationPlan::new(spec, domain, options)?.map(Box::new);
         require_positive(GENERATOR, &[("beta_start", params.beta_start), ("beta_end", params.beta_end)])?;
         if params.beta_end >= 1.0 || params.beta_start > params.beta_end {

@@ -16,6 +16,7 @@
 //! - `simulated`: the same fit in one process, for tests and benchmarks.
 
 pub mod model;
+pub mod params;
 pub mod plan;
 pub mod sampler;
 pub mod shape;
@@ -23,6 +24,7 @@ pub mod simulated;
 pub mod task;
 
 pub use model::{CopulaModel, Margin};
+pub use params::HistoryCopulaParams;
 pub use plan::HistoryCopulaPlan;
 pub use sampler::CopulaSampler;
 pub use task::{CopulaLayout, HistoryStatisticsTask, Stage};

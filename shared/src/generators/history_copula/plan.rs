@@ -7,8 +7,9 @@ use super::task::{CopulaLayout, HistoryStatisticsTask, Stage};
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
-use crate::generators::{PlanError, order_with_gaps, require_columns};
-use crate::spec::{GeneratorSpec, JobSpec, MAX_GAP_BINS, MAX_HISTORY_ROWS};
+use crate::generators::section::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
+use crate::generators::{GeneratorSpec, PlanError, order_with_gaps, require_columns};
+use crate::spec::JobSpec;
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "history_copula";
@@ -22,7 +23,7 @@ fn invalid(message: impl Into<String>) -> PlanError {
 pub struct HistoryCopulaPlan {
     pub layout: CopulaLayout,
     /// L2 bound of a unit's moments vector.
-    pub clip: f64,
+    pub moment_clip: f64,
     /// Noise multipliers of the margins, moments and length releases.
     pub margins_sigma: f64,
     pub moments_sigma: f64,
@@ -70,7 +71,7 @@ impl HistoryCopulaPlan {
                 "moment_clip must be positive and at most {longest:.0} (no unit's moments reach further)"
             )));
         }
-        let mut plan = Self { layout, clip, margins_sigma: 0.0, moments_sigma: 0.0, lengths_sigma: 0.0 };
+        let mut plan = Self { layout, moment_clip: clip, margins_sigma: 0.0, moments_sigma: 0.0, lengths_sigma: 0.0 };
         let scaled = |s: f64| {
             let mut p = plan.clone();
             (p.margins_sigma, p.moments_sigma, p.lengths_sigma) =
@@ -96,7 +97,7 @@ impl HistoryCopulaPlan {
         let cumulative = margins.iter().map(Margin::cumulative).collect();
         HistoryStatisticsTask {
             layout: self.layout.clone(),
-            stage: Stage::Moments { scores, cumulative, clip: self.clip },
+            stage: Stage::Moments { scores, cumulative, clip: self.moment_clip },
         }
     }
 
@@ -112,7 +113,7 @@ impl HistoryCopulaPlan {
         };
         vec![
             gaussian(self.margins_task().sensitivity(), self.margins_sigma),
-            gaussian(self.clip, self.moments_sigma),
+            gaussian(self.moment_clip, self.moments_sigma),
             gaussian(1.0, self.lengths_sigma),
         ]
     }

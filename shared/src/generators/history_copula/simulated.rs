@@ -22,7 +22,7 @@ pub fn fit(plan: &HistoryCopulaPlan, histories: &Histories, mut noise: impl FnMu
     noise(&mut lengths, plan.lengths_sigma);
     let (released, ..) = CopulaModel::margins(&plan.layout, &margins, margin_noise);
     let mut moments = plan.moments_task(&released).sum(histories).0;
-    let moment_noise = plan.moments_sigma * plan.clip;
+    let moment_noise = plan.moments_sigma * plan.moment_clip;
     noise(&mut moments, moment_noise);
     CopulaModel::fit(plan.layout.clone(), Released { margins, margin_noise, moments, moment_noise }, lengths)
 }

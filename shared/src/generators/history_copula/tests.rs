@@ -4,9 +4,10 @@ use rand_distr::{Distribution, Normal};
 
 use super::*;
 use crate::accounting::accountant::AccountingOptions;
+use crate::generators::GeneratorSpec;
+use crate::generators::history_copula::HistoryCopulaParams;
 use crate::generators::sequence::Histories;
 use crate::generators::sequence::ceiling::SimulatedCohort;
-use crate::spec::{GeneratorSpec, HistoryCopulaParams};
 
 /// The simulated cohort's spec with this generator at `epsilon`.
 fn plan_for(cohort: &SimulatedCohort, epsilon: f64) -> HistoryCopulaPlan {

@@ -21,10 +21,12 @@
 //! contributed rows released by the same mechanism, so it costs nothing extra.
 
 pub mod history;
+pub mod params;
 pub mod plan;
 pub mod sampler;
 pub mod task;
 
+pub use params::MarginalsParams;
 pub use plan::MarginalsPlan;
 pub use sampler::MarginalsSampler;
 pub use task::MarginalsTask;

@@ -9,9 +9,10 @@ use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
-use crate::generators::{PlanError, require_columns};
+use crate::generators::section::DEFAULT_GAP_BINS;
+use crate::generators::{GeneratorSpec, PlanError, require_columns};
 use crate::pgm::JunctionTree;
-use crate::spec::{DEFAULT_GAP_BINS, GeneratorSpec, JobSpec};
+use crate::spec::JobSpec;
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "marginals";

@@ -195,7 +195,7 @@ mod wire {
     use super::MarginalsTask;
     use crate::data::domain::Domain;
     use crate::generators::marginals::history::HistoryLayout;
-    use crate::spec::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
+    use crate::generators::section::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
     use crate::wire::{WireError, from_json, to_json};
 
     impl From<&MarginalsTask> for CountTables {

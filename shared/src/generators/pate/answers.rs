@@ -1,7 +1,7 @@
 //! The coordinator's reading of released votes: what each release is drawn on, and the
 //! answers, confidence checks and label shares read off its noisy values (post-processing).
 
-use crate::spec::PateRelease;
+use crate::generators::pate::PateRelease;
 
 /// What a realness release is drawn on: under `Label`, each query's [real, generated]
 /// vote histogram (GNMax over two classes); under `VoteShare`, each real count.

@@ -12,7 +12,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use super::encoding::{Head, PateEncoding};
 use super::model::{Generator, GeneratorConfig, Student, StudentConfig, hard_features, soft_features};
-use crate::spec::PateParams;
+use crate::generators::pate::PateParams;
 
 /// The student, the generator and their optimizers.
 pub struct PateGan {

@@ -35,11 +35,13 @@ pub mod answers;
 pub mod encoding;
 pub mod gan;
 pub mod model;
+pub mod params;
 pub mod plan;
 pub mod sampler;
 pub mod task;
 pub mod teacher;
 
+pub use params::{PateParams, PateRelease, TeacherModel, TeacherVote};
 pub use plan::PatePlan;
 pub use sampler::PateSampler;
 pub use task::{Question, VoteTask};

@@ -7,8 +7,9 @@ use crate::accounting::accountant::{AccountingOptions, account};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
+use crate::generators::pate::{PateParams, PateRelease};
 use crate::generators::{PlanError, require_columns, require_positive};
-use crate::spec::{JobSpec, PateParams, PateRelease};
+use crate::spec::JobSpec;
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "pate";
@@ -36,7 +37,7 @@ pub struct PatePlan {
 impl PatePlan {
     /// Validates the parameters and finds how many iterations the job's ε pays for.
     pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {
-        let crate::spec::GeneratorSpec::Pate(params) = spec.generator.clone() else {
+        let crate::generators::GeneratorSpec::Pate(params) = spec.generator.clone() else {
             return Err(invalid("the job's generator is another"));
         };
         let teachers = spec.job.partitions;

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use super::encoding::PateEncoding;
 use super::teacher::{Features, TargetModel, Teacher, TeacherConfig};
 use crate::data::examples::Examples;
-use crate::spec::TeacherVote;
+use crate::generators::pate::TeacherVote;
 
 /// What the teachers are asked about the query rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

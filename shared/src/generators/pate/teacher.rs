@@ -14,7 +14,7 @@ use rand::rngs::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::encoding::{Head, PateEncoding};
-use crate::spec::{TeacherModel, TeacherVote};
+use crate::generators::pate::{TeacherModel, TeacherVote};
 
 /// How teachers are fit.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -15,6 +15,7 @@
 
 pub mod ceiling;
 pub mod model;
+pub mod params;
 pub mod plan;
 pub mod sampler;
 pub mod selection;
@@ -23,6 +24,7 @@ pub mod tokens;
 pub mod window;
 
 pub use model::SequenceModel;
+pub use params::SequenceParams;
 pub use plan::SequencePlan;
 pub use sampler::SequenceSampler;
 pub use task::{Histories, SequenceModelSpec};

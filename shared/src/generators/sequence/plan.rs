@@ -10,9 +10,10 @@ use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::CalibrationPlan;
 use crate::data::domain::Domain;
 use crate::decoder::DecoderConfig;
-use crate::dpsgd::plan::{RunPlan, run_plan};
-use crate::generators::{PlanError, order_with_gaps, require_columns};
-use crate::spec::{GeneratorSpec, JobSpec, SequenceParams};
+use crate::dpsgd::plan::RunPlan;
+use crate::generators::sequence::SequenceParams;
+use crate::generators::{GeneratorSpec, PlanError, order_with_gaps, require_columns};
+use crate::spec::JobSpec;
 
 /// This generator's name in plan errors.
 const GENERATOR: &str = "sequence";
@@ -42,7 +43,7 @@ impl SequencePlan {
         let GeneratorSpec::Sequence(params) = spec.generator.clone() else {
             return Err(invalid("the job's generator is another"));
         };
-        let mut run = run_plan!(GENERATOR, params)?;
+        let mut run = RunPlan::new(GENERATOR, &params.run)?;
         if !(params.temperature.is_finite() && params.temperature > 0.0) {
             return Err(invalid("temperature must be a positive number"));
         }

@@ -1,0 +1,99 @@
+//! `[input]`: the files a job reads and how.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    Csv,
+    Parquet,
+}
+
+impl Format {
+    /// By file extension: `.parquet`/`.pq` is Parquet, anything else CSV.
+    pub fn detect(url: &str) -> Format {
+        let lower = url.to_ascii_lowercase();
+        if lower.ends_with(".parquet") || lower.ends_with(".pq") { Format::Parquet } else { Format::Csv }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    /// Files to read: paths, `file://` or `s3://` URLs.
+    pub urls: Vec<String>,
+    /// Autodetected from the extension when absent.
+    #[serde(default)]
+    pub format: Option<Format>,
+    #[serde(default)]
+    pub csv: CsvOptions,
+    /// What a row that breaks the schema does (absent: `fail`).
+    #[serde(default)]
+    pub bad_rows: Option<BadRows>,
+}
+
+/// What reading does with a row whose values break the schema (an undeclared category
+/// under `unknown = "reject"`, a missing value under `missing = "reject"`, a value that does
+/// not parse, a missing unit id).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadRows {
+    /// The job stops with an error naming file, column and row (the data owner's `run`).
+    #[default]
+    Fail,
+    /// The row is left out and counted in the operator's log. Leaving out a row depends on
+    /// that row alone, so the job's guarantee covers it.
+    Skip,
+    /// The value is read as missing and counted in the operator's log; the row stays (a row
+    /// without its unit id is left out). A coordinator serving declared datasets reads
+    /// this way, with every column keeping missing values and undeclared categories in
+    /// `__other__`: then the rows a job reads, and the work it does, do not depend on the
+    /// schema its submitter chose (a failure, or a count of rows kept, would tell it whether
+    /// rows break that schema).
+    AsMissing,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CsvOptions {
+    pub delimiter: char,
+    /// Whether the first line names the columns. Without a header, the schema's columns
+    /// are the file's columns, in order.
+    pub has_header: bool,
+    /// Spellings of a missing value (after trimming).
+    pub null_values: Vec<String>,
+    /// Lines starting with this are skipped (e.g. `|` in Adult's test file).
+    pub comment: Option<char>,
+    /// Strip spaces around values (Adult writes `, `).
+    pub trim: bool,
+    /// Suffix removed from values before matching (Adult's test labels end with `.`).
+    pub strip_suffix: Option<String>,
+}
+
+impl Default for CsvOptions {
+    fn default() -> Self {
+        Self {
+            delimiter: ',',
+            has_header: true,
+            null_values: vec![String::new(), "NA".into()],
+            comment: None,
+            trim: true,
+            strip_suffix: None,
+        }
+    }
+}
+
+impl CsvOptions {
+    /// A cell's text as every reader of this file takes it (trimmed, suffix stripped),
+    /// `None` when it spells a missing value.
+    pub fn normalise<'a>(&self, cell: &'a str) -> Option<&'a str> {
+        let mut v = cell;
+        if self.trim {
+            v = v.trim();
+        }
+        if let Some(suffix) = &self.strip_suffix {
+            v = v.strip_suffix(suffix.as_str()).unwrap_or(v);
+        }
+        if self.null_values.iter().any(|n| n == v) { None } else { Some(v) }
+    }
+}
