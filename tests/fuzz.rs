@@ -252,7 +252,7 @@ fn schema(url: &std::path::Path, bad_rows: &str) -> JobSpec {
 
 /// Reads every batch; the rows, or the error that stopped the read.
 async fn read_all(spec: &JobSpec, domain: &Domain) -> (EncodedBatch, Option<DataError>, Option<u64>) {
-    let mut reader = InputReader::new(spec, domain);
+    let mut reader = InputReader::new(&spec.input, &spec.schema, domain);
     let mut all = EncodedBatch::empty(domain.columns.len());
     loop {
         match reader.next_batch().await {

@@ -159,7 +159,7 @@ async fn whole_histories(
     read.input.format = Some(Format::Parquet);
     let domain = Domain::from_spec(&read);
     let order = domain.index_of("charttime").unwrap();
-    let mut reader = InputReader::new(&read, &domain);
+    let mut reader = InputReader::new(&read.input, &read.schema, &domain);
     let mut histories: Vec<(String, Vec<Option<f64>>)> = Vec::new();
     while let Some(batch) = reader.next_batch().await.unwrap() {
         for (r, unit) in batch.units.iter().enumerate() {
@@ -246,8 +246,7 @@ async fn a_history_copula_job_keeps_each_histories_lag1_within_its_charge() {
     let text = demo_spec(dir.path(), 10).replace("epsilon = 1.0\n", "epsilon = 2.0\n");
     let cohort = Cohort { patients: 1500, dynamics: Dynamics::Ar1 { rho: 0.6 }, irregular: false };
     std::fs::write(dir.path().join("icu_vitals.csv"), cohort_csv(&cohort, 7)).unwrap();
-    let (head, rest) = text.split_once("[generator]").unwrap();
-    let text = format!("{head}[generator]\nname = \"history_copula\"\n\n{}", &rest[rest.find("[output]").unwrap()..]);
+    let text = with_generator(&text, &generator("history_copula", ""));
     let spec = JobSpec::parse(&text, "copula").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_eq!(state, SUCCEEDED, "{message}");
@@ -265,7 +264,7 @@ async fn a_history_copula_job_keeps_each_histories_lag1_within_its_charge() {
     const VITALS: [&str; 6] = ["heart_rate", "resp_rate", "temperature", "spo2", "sbp", "dbp"];
     let lags = |read: JobSpec| async move {
         let domain = Domain::from_spec(&read);
-        let mut reader = rhosynth_shared::data::input::InputReader::new(&read, &domain);
+        let mut reader = rhosynth_shared::data::input::InputReader::new(&read.input, &read.schema, &domain);
         let mut units: Vec<(String, Vec<Vec<f64>>)> = Vec::new();
         while let Some(batch) = reader.next_batch().await.unwrap() {
             for (r, unit) in batch.units.iter().enumerate() {
@@ -437,7 +436,7 @@ async fn an_aim_job_charges_exactly_its_zcdp_budget() {
 workload = [["heart_rate", "spo2", "rhythm"], ["sbp", "dbp"]]
 rounds = 18
 "#;
-    let spec = JobSpec::parse(&as_aim(&demo_spec(dir.path(), 120), section), "aim").unwrap();
+    let spec = JobSpec::parse(&with_generator(&demo_spec(dir.path(), 120), &generator("aim", section)), "aim").unwrap();
     let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
     assert_eq!(state, SUCCEEDED, "{message}");
     let plan = AimPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
@@ -804,7 +803,7 @@ async fn partition(spec: &JobSpec, dir: &std::path::Path, partitions: u32) -> Ve
     let scratch = storage::open(dir.join("scratch").to_str().unwrap()).unwrap();
     let mut writer =
         PartitionWriter::new(&scratch, "round", &domain, partitions, PartitionKey::generate().unwrap()).unwrap();
-    let mut input = InputReader::new(spec, &domain);
+    let mut input = InputReader::new(&spec.input, &spec.schema, &domain);
     while let Some(batch) = input.next_batch().await.unwrap() {
         writer.write(batch).await.unwrap();
     }
@@ -1077,7 +1076,7 @@ async fn one_two_and_four_workers_count_the_same_marginals() {
     let text = demo_spec(dir.path(), 50).replace("max_rows_per_unit = 8", "max_rows_per_unit = 100000");
     let spec = JobSpec::parse(&text, "marginals").unwrap();
     let domain = Domain::from_spec(&spec);
-    let aim = JobSpec::parse(&as_aim(&text, "max_rows_per_unit = 100000"), "aim").unwrap();
+    let aim = JobSpec::parse(&with_generator(&text, &generator("aim", "max_rows_per_unit = 100000")), "aim").unwrap();
     let pairs = &text[text.find("pairs = ").unwrap()..];
     let pairs = &pairs[..pairs.find('\n').unwrap()];
     let direct = text

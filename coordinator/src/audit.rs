@@ -350,12 +350,11 @@ async fn canary_partitions(
     canaries: &SyntheticUnits,
     url: &str,
 ) -> Result<Vec<String>, AuditError> {
-    let mut spec = job.clone();
-    spec.input.urls = write_units(job, canaries, &format!("{url}/rows")).await?;
+    let input = job.input.of_files(&write_units(job, canaries, &format!("{url}/rows")).await?);
     let store = storage::open(&format!("{url}/partitions"))?;
     let key = PartitionKey::generate()?;
     let mut writer = PartitionWriter::new(&store, "canaries", domain, 1, key)?;
-    let mut input = InputReader::new(&spec, domain);
+    let mut input = InputReader::new(&input, &job.schema, domain);
     while let Some(batch) = input.next_batch().await? {
         writer.write(batch).await?;
     }

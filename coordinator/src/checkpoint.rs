@@ -80,8 +80,9 @@ pub async fn save<M: Clone + Serialize>(
     optimizer: &Optimizer,
     parameters: &[f64],
 ) -> Result<(), JobError> {
-    let header = serde_json::to_vec(&Header { run: run.clone(), optimizer: optimizer.clone() })
-        .map_err(|e| JobError::Other(format!("checkpoint header: {e}")))?;
+    let header = serde_json::to_vec(&Header { run: run.clone(), optimizer: optimizer.clone() }).map_err(|e| {
+        JobError::Scratch { doing: format!("encoding the checkpoint of {job_id}"), reason: e.to_string() }
+    })?;
     let [m, v] = optimizer.moments();
     // Three arrays of equal length; SGD's missing second moment is written as zeros.
     let zeros = vec![0.0; if v.is_empty() { m.len() } else { 0 }];
@@ -92,11 +93,10 @@ pub async fn save<M: Clone + Serialize>(
     for x in parameters.iter().chain(m).chain(v) {
         bytes.extend(x.to_le_bytes());
     }
-    scratch
-        .store
-        .put(&path(scratch, job_id), PutPayload::from(bytes))
-        .await
-        .map_err(|e| JobError::Other(format!("writing the checkpoint of {job_id}: {e}")))?;
+    scratch.store.put(&path(scratch, job_id), PutPayload::from(bytes)).await.map_err(|e| JobError::Scratch {
+        doing: format!("writing the checkpoint of {job_id}"),
+        reason: e.to_string(),
+    })?;
     Ok(())
 }
 
@@ -106,12 +106,16 @@ pub async fn load<M: DeserializeOwned>(
     job_id: &str,
     generator: GeneratorName,
 ) -> Result<Option<Checkpoint<M>>, JobError> {
-    let bytes = match scratch.store.get(&path(scratch, job_id)).await {
-        Ok(r) => r.bytes().await.map_err(|e| JobError::Other(format!("reading the checkpoint of {job_id}: {e}")))?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(JobError::Other(format!("reading the checkpoint of {job_id}: {e}"))),
+    let reading = |e: object_store::Error| JobError::Scratch {
+        doing: format!("reading the checkpoint of {job_id}"),
+        reason: e.to_string(),
     };
-    let corrupt = |why: &str| JobError::Other(format!("the checkpoint of {job_id} is corrupt: {why}"));
+    let bytes = match scratch.store.get(&path(scratch, job_id)).await {
+        Ok(r) => r.bytes().await.map_err(reading)?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(reading(e)),
+    };
+    let corrupt = |why: &str| JobError::CheckpointCorrupt { job_id: job_id.to_string(), reason: why.to_string() };
     let len = u32::from_le_bytes(bytes.get(..4).ok_or_else(|| corrupt("truncated"))?.try_into().expect("4")) as usize;
     let header = bytes.get(4..4 + len).ok_or_else(|| corrupt("truncated header"))?;
     // The generator first, so a checkpoint of another generator is named as such.
@@ -125,11 +129,14 @@ pub async fn load<M: DeserializeOwned>(
     }
     let planned: Planned = serde_json::from_slice(header).map_err(|e| corrupt(&e.to_string()))?;
     if planned.run.generator != generator {
-        return Err(JobError::Other(format!(
-            "job {job_id} has a checkpoint of a {} run, not {}; resubmit it unchanged or under a new job id",
-            planned.run.generator.as_str(),
-            generator.as_str()
-        )));
+        return Err(JobError::ResumeRefused {
+            job_id: job_id.to_string(),
+            reason: format!(
+                "its checkpoint is of a {} run, not {} (resubmit it unchanged or under a new job id)",
+                planned.run.generator.as_str(),
+                generator.as_str()
+            ),
+        });
     }
     let mut header: serde_json::Value = serde_json::from_slice(header).map_err(|e| corrupt(&e.to_string()))?;
     if let Some(plan) = header.pointer_mut("/run/plan") {
@@ -167,10 +174,12 @@ impl<M: Clone + Serialize> Checkpointer<'_, M> {
 pub async fn delete(scratch: &StoreLocation, job_id: &str) -> Result<(), JobError> {
     match scratch.store.delete(&path(scratch, job_id)).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(JobError::Other(format!(
-            "could not delete the checkpoint of {job_id} ({e}); not releasing, since a later resume of it would \
-             train past its charge"
-        ))),
+        Err(e) => Err(JobError::Scratch {
+            doing: format!(
+                "deleting the checkpoint of {job_id} (not releasing: a later resume of it would train past its charge)"
+            ),
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -186,18 +195,15 @@ pub fn verify_charged(
 ) -> Result<ChargeReceipt, JobError> {
     let seq = saved.seq;
     let found = ledger.charged(seq).filter(|(request, _)| request.job_id == job_id && *request == charge);
+    let refused = |reason: String| JobError::ResumeRefused { job_id: job_id.to_string(), reason };
     match found {
-        Some((_, ChargeStatus::Charged)) => ledger.resume(saved, charge).ok_or_else(|| {
-            JobError::Other(format!(
-                "job {job_id}: the ledger's charge {seq} changed while resuming; refusing to resume"
-            ))
-        }),
-        Some((_, ChargeStatus::Released)) => Err(JobError::Other(format!(
-            "job {job_id} has a checkpoint of charge {seq}, which the ledger has already released; refusing to resume"
-        ))),
-        None => Err(JobError::Other(format!(
-            "job {job_id} has a checkpoint but the ledger holds no matching charge (entry {seq}); refusing to resume"
-        ))),
+        Some((_, ChargeStatus::Charged)) => ledger
+            .resume(saved, charge)
+            .ok_or_else(|| refused(format!("the ledger's charge {seq} changed while resuming"))),
+        Some((_, ChargeStatus::Released)) => {
+            Err(refused(format!("its checkpoint is of charge {seq}, which the ledger has already released")))
+        }
+        None => Err(refused(format!("it has a checkpoint but the ledger holds no matching charge (entry {seq})"))),
     }
 }
 
@@ -209,11 +215,13 @@ pub async fn take_resume_lease(scratch: &StoreLocation, job_id: &str, seq: u64, 
     let body = PutPayload::from(format!("resumed at {}\n", chrono::Utc::now().to_rfc3339()).into_bytes());
     match scratch.store.put_opts(&scratch.child(&name), body, options).await {
         Ok(_) => Ok(()),
-        Err(object_store::Error::AlreadyExists { .. }) => Err(JobError::Other(format!(
-            "job {job_id}: another coordinator already resumed this charged run from round {round}; refusing to run \
-             it twice"
-        ))),
-        Err(e) => Err(JobError::Other(format!("taking the resume lease of {job_id}: {e}"))),
+        Err(object_store::Error::AlreadyExists { .. }) => Err(JobError::ResumeRefused {
+            job_id: job_id.to_string(),
+            reason: format!("another coordinator already resumed this charged run from round {round}"),
+        }),
+        Err(e) => {
+            Err(JobError::Scratch { doing: format!("taking the resume lease of {job_id}"), reason: e.to_string() })
+        }
     }
 }
 

@@ -74,8 +74,27 @@ pub enum JobError {
     /// state, never the data's.
     #[error("job {job_id} is being trained by another coordinator; refusing to train it twice")]
     RunHeld { job_id: String },
-    #[error("{0}")]
-    Other(String),
+    /// The coordinator's scratch store (checkpoints, leases, heartbeats, kept models)
+    /// failed: operator state, never the data's, but logged for the operator only.
+    #[error("scratch store: {doing}: {reason}")]
+    Scratch { doing: String, reason: String },
+    #[error("the checkpoint of job {job_id} is corrupt: {reason}")]
+    CheckpointCorrupt { job_id: String, reason: String },
+    /// A saved run may resume only as charged, once, under the same generator and schema.
+    #[error("job {job_id}: {reason}; refusing to resume")]
+    ResumeRefused { job_id: String, reason: String },
+    /// A model's parameters or its operator-supplied checkpoint could not be loaded.
+    #[error("model: {0}")]
+    Model(String),
+    #[error("the spec declares no output size and the generator released no count")]
+    NoOutputSize,
+    #[error("the scheduler stopped")]
+    SchedulerStopped,
+    #[error("a blocking task failed: {0}")]
+    Blocking(#[from] tokio::task::JoinError),
+    /// What the engine's own invariants rule out (a bug, not an input).
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// What a submitter is told when the input does not match the schema the spec declares.
@@ -117,7 +136,17 @@ impl JobError {
             | JobError::Storage(_) => self.to_string(),
             JobError::Output(e) if e.is_public() => self.to_string(),
             JobError::Data(_) => format!("{INPUT_MISMATCH} (details are in the coordinator's operator log)"),
-            JobError::Output(_) | JobError::Task { .. } | JobError::BadResult { .. } | JobError::Other(_) => {
+            JobError::Output(_)
+            | JobError::Task { .. }
+            | JobError::BadResult { .. }
+            | JobError::Scratch { .. }
+            | JobError::CheckpointCorrupt { .. }
+            | JobError::ResumeRefused { .. }
+            | JobError::Model(_)
+            | JobError::NoOutputSize
+            | JobError::SchedulerStopped
+            | JobError::Blocking(_)
+            | JobError::Internal(_) => {
                 "the job failed while processing private data; the reason is in the coordinator's operator log".into()
             }
         }
@@ -280,7 +309,7 @@ impl<'a> JobContext<'a> {
         // whose contents a worker may still hold from before.
         let prefix = scratch::partition_prefix(&self.request.job_id);
         let mut writer = PartitionWriter::new(self.scratch, &prefix, self.domain, spec.job.partitions, key)?;
-        let mut input = InputReader::new(spec, self.domain);
+        let mut input = InputReader::new(&spec.input, &spec.schema, self.domain);
         while let Some(batch) = input.next_batch().await? {
             writer.write(batch).await?;
         }
@@ -319,5 +348,32 @@ pub(crate) fn release_count(releases: &mut Releases, partitions: &Partitions, si
 
 /// Runs model work off the async threads.
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, JobError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| JobError::Other(e.to_string()))
+    Ok(tokio::task::spawn_blocking(f).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Failures that may follow a private read say what happened to the operator's log
+    /// only: the submitter gets the one fixed sentence, whatever the variant carries.
+    #[test]
+    fn what_may_follow_a_private_read_reaches_the_submitter_as_one_sentence() {
+        let detail = "row 17: heart_rate 212";
+        let failures = [
+            JobError::Scratch { doing: detail.into(), reason: detail.into() },
+            JobError::CheckpointCorrupt { job_id: "j".into(), reason: detail.into() },
+            JobError::ResumeRefused { job_id: "j".into(), reason: detail.into() },
+            JobError::Model(detail.into()),
+            JobError::NoOutputSize,
+            JobError::SchedulerStopped,
+            JobError::Internal(detail.into()),
+            JobError::BadResult { worker: "w".into(), task_id: 1, reason: detail.into() },
+        ];
+        for failure in failures {
+            let told = failure.submitter_message();
+            assert!(told.starts_with("the job failed while processing private data"), "{told}");
+            assert!(!told.contains(detail), "{told}");
+        }
+    }
 }

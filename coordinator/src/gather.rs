@@ -115,7 +115,7 @@ impl<'a> Gather<'a> {
                 Some(TaskEvent::Failed { task_id, worker, error }) => {
                     return Err(JobError::Task { worker, task_id, error });
                 }
-                None => return Err(JobError::Other("scheduler stopped".into())),
+                None => return Err(JobError::SchedulerStopped),
             }
         }
         let mut sum = vec![0.0; round.len];

@@ -96,7 +96,10 @@ async fn claimed(
     ledger.bind_input(&spec.input.urls).await?;
     let scratch_store = storage::open(&env.scratch_url)?;
     // Before any partition exists, so a coordinator sharing the store never sweeps ours.
-    env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Other(format!("scratch heartbeat: {e}")))?;
+    env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Scratch {
+        doing: "writing this coordinator's heartbeat".into(),
+        reason: e.to_string(),
+    })?;
     let ctx = JobContext {
         request,
         domain: &domain,
@@ -170,9 +173,7 @@ async fn synthesize<G: Generator>(
     generator.prepare(ctx).await?;
     let partitions = ctx.partition().await?;
     let Fitted { sampler, released_count, charged } = generator.fit(ctx, ledger, &partitions).await?;
-    let units = ctx.spec().declared_output_size().or(released_count).ok_or_else(|| {
-        JobError::Other("the spec declares no output size and the generator released no count".into())
-    })?;
+    let units = ctx.spec().declared_output_size().or(released_count).ok_or_else(|| JobError::NoOutputSize)?;
 
     // Its first part would show a submitter when fitting ended: at a boundary instead.
     if let Some(schedule) = &ctx.schedule {
@@ -225,7 +226,7 @@ async fn admit(ctx: &JobContext<'_>, ledger: &mut Ledger, admission: Admission) 
         Admission::Charged { seq } => {
             let job_id = &ctx.request.job_id;
             if !matches!(ledger.charged(seq), Some((request, ChargeStatus::Charged)) if &request.job_id == job_id) {
-                return Err(JobError::Other(format!(
+                return Err(JobError::Internal(format!(
                     "ledger entry {seq} is not a charge of job {job_id} awaiting its release"
                 )));
             }
@@ -254,7 +255,7 @@ async fn write_parts(
         .await?;
         (sampler, rng) = (back, back_rng);
         if part.units() as u64 != n {
-            return Err(JobError::Other(format!("the sampler drew {} of {n} units", part.units())));
+            return Err(JobError::Internal(format!("the sampler drew {} of {n} units", part.units())));
         }
         output.write_part(&rows_to_batch(spec, &part, written)).await?;
         written += n;

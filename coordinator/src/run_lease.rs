@@ -61,9 +61,10 @@ impl Holder {
         if self.on_this_machine(us) && !std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
             return Ok(true);
         }
-        let alive = scratch::alive(scratch, &self.instance)
-            .await
-            .map_err(|e| JobError::Other(format!("reading coordinator {}'s heartbeat: {e}", self.instance)))?;
+        let alive = scratch::alive(scratch, &self.instance).await.map_err(|e| JobError::Scratch {
+            doing: format!("reading coordinator {}'s heartbeat", self.instance),
+            reason: e.to_string(),
+        })?;
         Ok(!alive)
     }
 }
@@ -74,12 +75,10 @@ fn prefix(dataset: &str, job_id: &str) -> String {
 
 /// The lease generations of a job, lowest first.
 async fn generations(scratch: &StoreLocation, dataset: &str, job_id: &str) -> Result<Vec<u64>, JobError> {
-    let listed: Vec<_> = scratch
-        .store
-        .list(Some(&scratch.child(&prefix(dataset, job_id))))
-        .try_collect()
-        .await
-        .map_err(|e| JobError::Other(format!("listing the run leases of {job_id}: {e}")))?;
+    let listed: Vec<_> =
+        scratch.store.list(Some(&scratch.child(&prefix(dataset, job_id)))).try_collect().await.map_err(|e| {
+            JobError::Scratch { doing: format!("listing the run leases of {job_id}"), reason: e.to_string() }
+        })?;
     let mut found: Vec<u64> = listed.iter().filter_map(|m| m.location.filename()?.parse().ok()).collect();
     found.sort_unstable();
     Ok(found)
@@ -101,7 +100,10 @@ pub async fn take(
     patience: std::time::Duration,
 ) -> Result<(), JobError> {
     let us = Holder::this_process();
-    let body = PutPayload::from(serde_json::to_vec(&us).map_err(|e| JobError::Other(format!("run lease: {e}")))?);
+    let body = PutPayload::from(
+        serde_json::to_vec(&us)
+            .map_err(|e| JobError::Scratch { doing: "encoding a run lease".into(), reason: e.to_string() })?,
+    );
     let started = std::time::Instant::now();
     loop {
         let next = match generations(scratch, dataset, job_id).await?.last() {
@@ -125,7 +127,12 @@ pub async fn take(
         match scratch.store.put_opts(&path, body.clone(), create).await {
             Ok(_) => return Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) => continue,
-            Err(e) => return Err(JobError::Other(format!("taking the run lease of {job_id}: {e}"))),
+            Err(e) => {
+                return Err(JobError::Scratch {
+                    doing: format!("taking the run lease of {job_id}"),
+                    reason: e.to_string(),
+                });
+            }
         }
     }
 }

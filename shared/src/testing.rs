@@ -33,3 +33,25 @@ pub async fn runtime_held<T>(work: impl Future<Output = T>) -> (T, Duration, Dur
     ticker.abort();
     (out, took, Duration::from_micros(longest.load(Ordering::Relaxed)))
 }
+
+/// The demo job (`examples/demo.toml`): the spec tests in every crate start from.
+pub const DEMO: &str = include_str!("../../examples/demo.toml");
+
+/// `[generator]` naming `name`, with `section` (TOML lines, possibly none, possibly a
+/// `[generator.<name>.run]` table after them) under `[generator.<name>]`.
+pub fn generator(name: &str, section: &str) -> String {
+    format!("[generator]\nname = \"{name}\"\n\n[generator.{name}]\n{section}")
+}
+
+/// `spec` (a job spec's text) with its generator sections, up to `[output]`, replaced by
+/// `generator`.
+pub fn with_generator(spec: &str, generator: &str) -> String {
+    let start = spec.find("[generator]").expect("a spec with a [generator] section");
+    let end = spec.find("[output]").expect("an [output] section after it");
+    format!("{}{generator}\n\n{}", &spec[..start], &spec[end..])
+}
+
+/// The demo job with `generator` as its generator sections.
+pub fn demo_job(generator: &str) -> crate::spec::JobSpec {
+    crate::spec::JobSpec::parse(&with_generator(DEMO, generator), "examples/demo.toml").expect("a valid spec")
+}

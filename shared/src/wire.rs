@@ -46,14 +46,7 @@ mod tests {
     use crate::generators::sequence::{SequenceModelSpec, SequencePlan};
     use crate::spec::JobSpec;
 
-    const DEMO: &str = include_str!("../../examples/demo.toml");
-
-    /// The demo's job with its generator section replaced by `generator`.
-    fn job(generator: &str) -> JobSpec {
-        let (head, rest) = DEMO.split_once("[generator]").unwrap();
-        let output = &rest[rest.find("[output]").unwrap()..];
-        JobSpec::parse(&format!("{head}{generator}\n{output}"), "demo.toml").unwrap()
-    }
+    use crate::testing::demo_job as job;
 
     #[test]
     fn configurations_round_trip_and_malformed_ones_are_refused() {
@@ -66,7 +59,7 @@ mod tests {
 
     #[test]
     fn count_tables_round_trip_and_refuse_columns_outside_the_domain_or_too_many_cells() {
-        let spec = JobSpec::parse(DEMO, "demo.toml").unwrap();
+        let spec = JobSpec::parse(crate::testing::DEMO, "demo.toml").unwrap();
         let task = MarginalsPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap().task;
         let wire = rhosynth_proto::CountTables::from(&task);
         assert_eq!(MarginalsTask::try_from(&wire).unwrap(), task);

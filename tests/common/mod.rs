@@ -13,6 +13,8 @@ use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::data::input::InputReader;
 use rhosynth_shared::spec::{Format, JobSpec};
 use rhosynth_shared::storage;
+#[allow(unused_imports)]
+pub use rhosynth_shared::testing::{generator, with_generator};
 
 /// A workspace binary (`rhosynth`, `rhosynth-worker`), built by `cargo test --workspace`.
 pub fn bin(name: &str) -> PathBuf {
@@ -48,14 +50,6 @@ pub fn demo_spec(dir: &Path, patients: usize) -> String {
         .replace("./rhosynth-out/demo/input/icu_vitals.csv", input.to_str().unwrap())
         .replace("./rhosynth-out/ledger", dir.join("ledger").to_str().unwrap())
         .replace("./rhosynth-out/demo/synthetic", dir.join("out").to_str().unwrap())
-}
-
-/// A demo spec's text (from [`demo_spec`]) as an AIM job with `section` under
-/// `[generator.aim]`.
-pub fn as_aim(text: &str, section: &str) -> String {
-    let (head, rest) = text.split_once("[generator]").unwrap();
-    let output = &rest[rest.find("[output]").unwrap()..];
-    format!("{head}[generator]\nname = \"aim\"\n\n[generator.aim]\n{section}\n{output}")
 }
 
 /// A child process that is killed when dropped; its stderr lines are forwarded.
@@ -147,15 +141,11 @@ pub async fn ledger_total_under(store: &Path, dataset: &str, accountant: Account
 
 /// Normalised 1-way histograms over the spec's public bins of the given files.
 pub async fn histograms(spec: &JobSpec, urls: Vec<String>, format: Format) -> Vec<Vec<f64>> {
-    let mut spec = spec.clone();
-    spec.input.urls = urls;
-    spec.input.format = Some(format);
-    if format == Format::Parquet {
-        spec.input.csv.strip_suffix = None;
-    }
-    let domain = Domain::from_spec(&spec);
+    let mut input = spec.input.of_files(&urls);
+    input.format = Some(format);
+    let domain = Domain::from_spec(spec);
     let mut counts: Vec<Vec<f64>> = domain.columns.iter().map(|c| vec![0.0; c.bins()]).collect();
-    let mut reader = InputReader::new(&spec, &domain);
+    let mut reader = InputReader::new(&input, &spec.schema, &domain);
     while let Some(batch) = reader.next_batch().await.unwrap() {
         for (d, column) in domain.columns.iter().enumerate() {
             for v in &batch.values[d] {
@@ -185,13 +175,6 @@ pub fn parts(dir: &Path, manifest: &serde_json::Value) -> Vec<String> {
         .iter()
         .map(|p| dir.join(p["path"].as_str().unwrap()).to_str().unwrap().to_string())
         .collect()
-}
-
-/// `spec` with its `[generator]` section replaced by `generator` (TOML, up to `[output]`).
-pub fn with_generator(spec: &str, generator: &str) -> String {
-    let start = spec.find("[generator]").unwrap();
-    let end = spec.find("[output]").unwrap();
-    format!("{}{generator}\n\n{}", &spec[..start], &spec[end..])
 }
 
 /// The demo spec turned into a small DP-FinDiff job (patients are units of up to 8 rows).

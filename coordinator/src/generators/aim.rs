@@ -136,7 +136,7 @@ mod tests {
     use rhosynth_shared::generators::aim::AimPlan;
     use rhosynth_shared::spec::JobSpec;
 
-    const DEMO: &str = include_str!("../../../examples/demo.toml");
+    use rhosynth_shared::testing::{DEMO, generator, with_generator};
 
     /// A whole AIM run on exact tables of made-up rows, paid by a real ledger charge: the
     /// charge is the plan's ρ, what was run spends it (never more), and the RDP accountant's
@@ -152,15 +152,11 @@ mod tests {
     }
 
     async fn composes_to_the_charge(target: Option<&str>) {
-        let (head, rest) = DEMO.split_once("[generator]").unwrap();
-        let head = match target {
-            Some(t) => head.replacen("[schema]\n", &format!("[schema]\ntarget = \"{t}\"\n"), 1),
-            None => head.to_string(),
+        let demo = match target {
+            Some(t) => DEMO.replacen("[schema]\n", &format!("[schema]\ntarget = \"{t}\"\n"), 1),
+            None => DEMO.to_string(),
         };
-        let output = &rest[rest.find("[output]").unwrap()..];
-        let text = format!(
-            "{head}[generator]\nname = \"aim\"\n\n[generator.aim]\nmax_rows_per_unit = 3\nrounds = 40\n{output}"
-        );
+        let text = with_generator(&demo, &generator("aim", "max_rows_per_unit = 3\nrounds = 40"));
         let spec = JobSpec::parse(&text, "demo.toml").unwrap();
         let options = AccountingOptions::default();
         let plan = AimPlan::new(&spec, &Domain::from_spec(&spec), &options).unwrap();

@@ -39,7 +39,7 @@ impl<const HARMONIC: bool> LanguageModel<HARMONIC> {
 
     /// Reading the operator's checkpoint failed (its store, not the job's data).
     fn read_error(e: impl std::fmt::Display) -> JobError {
-        JobError::Other(format!("{}: {e}", Self::GENERATOR.as_str()))
+        JobError::Model(format!("{}: {e}", Self::GENERATOR.as_str()))
     }
 
     /// What public information alone decides (the spec against the checkpoint, stage 1).
@@ -109,7 +109,7 @@ impl<const HARMONIC: bool> LanguageModel<HARMONIC> {
         match &spec.generator {
             GeneratorSpec::Dp2stage(p) if !HARMONIC => Ok(p),
             GeneratorSpec::Harmonic(p) if HARMONIC => Ok(p),
-            _ => Err(JobError::Other(format!("not a {} job", Self::GENERATOR.as_str()))),
+            _ => Err(JobError::Internal(format!("not a {} job", Self::GENERATOR.as_str()))),
         }
     }
 }
@@ -217,7 +217,7 @@ impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
     async fn sampler(trained: Trained<'_, '_, Dp2StageModelSpec>) -> Result<Box<dyn Sampler>, JobError> {
         let temperature = Self::params(trained.ctx.spec())?.temperature;
         let mut model = trained.model.load_model(&compute_device()).await.map_err(Self::read_error)?;
-        model.load_parameters(&trained.parameters).map_err(|e| JobError::Other(e.to_string()))?;
+        model.load_parameters(&trained.parameters).map_err(|e| JobError::Model(e.to_string()))?;
         Ok(Box::new(TextSampler { decoder: model.decoder, spec: trained.model.model, temperature }))
     }
 }

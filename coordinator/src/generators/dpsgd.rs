@@ -100,9 +100,11 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
             Some(mut saved) => {
                 saved.run.receipt = checkpoint::verify_charged(ledger, job_id, &saved.run.charge, &saved.run.receipt)?;
                 if G::domain(&saved.run.model) != ctx.domain {
-                    return Err(JobError::Other(format!(
-                        "job {job_id} has a checkpoint for another schema; resubmit it unchanged or under a new job id"
-                    )));
+                    return Err(JobError::ResumeRefused {
+                        job_id: job_id.to_string(),
+                        reason: "its checkpoint is for another schema (resubmit it unchanged or under a new job id)"
+                            .into(),
+                    });
                 }
                 // One coordinator resumes a checkpoint from a given round, and it takes the
                 // lease before it reads anything private.
@@ -158,7 +160,8 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         let Checkpoint { run, mut optimizer, mut parameters } = match self.start {
             Start::Resumed(saved) => *saved,
             Start::Fresh { model, plan, parameters, .. } => {
-                let parameters = parameters.ok_or_else(|| JobError::Other("a DP-SGD run fitted unprepared".into()))?;
+                let parameters =
+                    parameters.ok_or_else(|| JobError::Internal("a DP-SGD run fitted unprepared".into()))?;
                 let charged = charge_run::<G>(ctx, ledger, partitions, model, plan, parameters).await?;
                 if ctx.keep_trained_model {
                     let initial: Vec<f32> = charged.parameters.iter().map(|&v| v as f32).collect();
@@ -263,7 +266,7 @@ async fn keep_model<G: DpSgdGenerator>(
         .store
         .put(&path, PutPayload::from(task.encode_to_vec()))
         .await
-        .map_err(|e| JobError::Other(format!("keeping the {stage} model: {e}")))?;
+        .map_err(|e| JobError::Scratch { doing: format!("keeping the {stage} model"), reason: e.to_string() })?;
     Ok(())
 }
 

@@ -23,7 +23,7 @@ pub struct FinDiff;
 fn params(spec: &JobSpec) -> Result<&FinDiffParams, JobError> {
     match &spec.generator {
         GeneratorSpec::Findiff(params) => Ok(params),
-        _ => Err(JobError::Other("not a DP-FinDiff job".into())),
+        _ => Err(JobError::Internal("not a DP-FinDiff job".into())),
     }
 }
 
@@ -58,7 +58,7 @@ impl DpSgdGenerator for FinDiff {
 
     async fn sampler(trained: Trained<'_, '_, FinDiffModelSpec>) -> Result<Box<dyn Sampler>, JobError> {
         let mut denoiser = FinDiffModel::new(&trained.model, &compute_device());
-        denoiser.load_parameters(&trained.parameters).map_err(|e| JobError::Other(e.to_string()))?;
+        denoiser.load_parameters(&trained.parameters).map_err(|e| JobError::Model(e.to_string()))?;
         let sampling_steps = params(trained.ctx.spec())?.sampling_steps;
         Ok(Box::new(FinDiffSampler { model: denoiser, encoding: trained.model.encoding, sampling_steps }))
     }

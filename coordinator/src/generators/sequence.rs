@@ -78,10 +78,10 @@ impl DpSgdGenerator for Sequence {
 
     async fn sampler(mut trained: Trained<'_, '_, SequenceRun>) -> Result<Box<dyn Sampler>, JobError> {
         let mut model = SequenceModel::new(&trained.model.model, &compute_device());
-        model.load_parameters(&trained.parameters).map_err(|e| JobError::Other(e.to_string()))?;
+        model.load_parameters(&trained.parameters).map_err(|e| JobError::Model(e.to_string()))?;
         // Post-processing settings come from the spec as submitted.
         let GeneratorSpec::Sequence(params) = &trained.ctx.spec().generator else {
-            return Err(JobError::Other("not a sequence job".into()));
+            return Err(JobError::Internal("not a sequence job".into()));
         };
         let spec = trained.model.model.clone();
         let temperature = params.temperature;
@@ -91,7 +91,7 @@ impl DpSgdGenerator for Sequence {
         let lengths = match trained.model.lengths {
             Some(sigma) => {
                 let charged = after.iter().position(|m| *m == length_mechanism(sigma)).ok_or_else(|| {
-                    JobError::Other("the run's charge holds no length release of its settings".into())
+                    JobError::Internal("the run's charge holds no length release of its settings".into())
                 })?;
                 after.remove(charged);
                 let max_rows = spec.layout.max_rows;
@@ -104,7 +104,7 @@ impl DpSgdGenerator for Sequence {
         match (after.as_slice(), trained.model.selection.clone()) {
             ([], None) => Ok(Box::new(sampler)),
             ([mechanism], Some(selection)) => select(&mut trained, sampler, &mechanism.clone(), &selection).await,
-            _ => Err(JobError::Other("the run's charge and its selection settings disagree".into())),
+            _ => Err(JobError::Internal("the run's charge and its selection settings disagree".into())),
         }
     }
 }
@@ -170,7 +170,7 @@ fn vote_release(mechanism: &Mechanism, neighbours: usize) -> Result<(f64, f64), 
         {
             Ok((l2_sensitivity, noise_multiplier))
         }
-        _ => Err(JobError::Other(format!(
+        _ => Err(JobError::Internal(format!(
             "the selection's {neighbours} votes per unit are not what its charge ({mechanism:?}) paid for"
         ))),
     }

@@ -20,7 +20,8 @@ use super::{DataError, EncodedBatch};
 use crate::data::domain::Domain;
 use crate::data::parquet_io;
 use crate::spec::{
-    BadRows, ColumnKind, CsvOptions, Format, JobSpec, MissingPolicy, UnknownPolicy, parse_datetime, parse_datetime_as,
+    BadRows, ColumnKind, CsvOptions, Format, InputSpec, JobSpec, MissingPolicy, SchemaSpec, UnknownPolicy,
+    parse_datetime, parse_datetime_as,
 };
 use crate::storage;
 
@@ -126,15 +127,21 @@ struct Encoder<'a> {
 
 impl<'a> Encoder<'a> {
     /// Maps schema columns to file columns: by name when the file names them, else by position.
-    fn new(spec: &'a JobSpec, domain: &Domain, file: &str, names: Option<&[String]>) -> Result<Self, DataError> {
+    fn new(
+        input: &'a InputSpec,
+        schema: &SchemaSpec,
+        domain: &Domain,
+        file: &str,
+        names: Option<&[String]>,
+    ) -> Result<Self, DataError> {
         // A declared column named twice: which of them the job would read is ambiguous.
-        for c in &spec.schema.columns {
+        for c in &schema.columns {
             if names.is_some_and(|names| names.iter().filter(|n| **n == c.name).count() > 1) {
                 return Err(DataError::DuplicateColumn { file: file.to_string(), column: c.name.clone() });
             }
         }
         let mut plans = Vec::new();
-        for (position, c) in spec.schema.columns.iter().enumerate() {
+        for (position, c) in schema.columns.iter().enumerate() {
             let source = match names {
                 Some(names) => names
                     .iter()
@@ -156,7 +163,7 @@ impl<'a> Encoder<'a> {
                 format: c.format.clone(),
             });
         }
-        let unit = match &spec.schema.unit_column {
+        let unit = match &schema.unit_column {
             // Never read as "each row is a unit": a unit's rows would count several times.
             Some(u) => Some(plans.iter().position(|p| &p.name == u).ok_or_else(|| {
                 DataError::Internal(format!("the unit column '{u}' is not among the spec's columns"))
@@ -165,7 +172,7 @@ impl<'a> Encoder<'a> {
         };
         Ok(Self {
             file: file.to_string(),
-            options: &spec.input.csv,
+            options: &input.csv,
             plans,
             unit,
             domain_len: domain.columns.len(),
@@ -304,9 +311,11 @@ enum Source {
     },
 }
 
-/// Pulls encoded batches from every input file of a spec, one file after another.
+/// Pulls encoded batches from every file of an input section, one file after another,
+/// in a schema.
 pub struct InputReader<'a> {
-    spec: &'a JobSpec,
+    input: &'a InputSpec,
+    schema: &'a SchemaSpec,
     domain: &'a Domain,
     next_file: usize,
     current: Option<(Encoder<'a>, Source)>,
@@ -314,15 +323,15 @@ pub struct InputReader<'a> {
 }
 
 impl<'a> InputReader<'a> {
-    /// A reader for a job: a bad value stops it or leaves its row out, as the spec's
-    /// `[input] bad_rows` says.
-    pub fn new(spec: &'a JobSpec, domain: &'a Domain) -> Self {
-        let on_bad = match spec.input.bad_rows.unwrap_or_default() {
+    /// A reader of `input`'s files in `schema`: a bad value stops it or leaves its row
+    /// out, as `bad_rows` says.
+    pub fn new(input: &'a InputSpec, schema: &'a SchemaSpec, domain: &'a Domain) -> Self {
+        let on_bad = match input.bad_rows.unwrap_or_default() {
             BadRows::Fail => OnBadValue::Stop,
             BadRows::Skip => OnBadValue::Skip(SkippedRows::default()),
             BadRows::AsMissing => OnBadValue::AsMissing(SkippedRows::default()),
         };
-        Self { spec, domain, next_file: 0, current: None, on_bad }
+        Self { input, schema, domain, next_file: 0, current: None, on_bad }
     }
 
     /// The rows left out and the values that broke the schema so far (none unless the spec
@@ -334,29 +343,36 @@ impl<'a> InputReader<'a> {
         }
     }
 
-    async fn open(spec: &'a JobSpec, domain: &'a Domain, url: &str) -> Result<(Encoder<'a>, Source), DataError> {
+    /// An associated function, not a method: the reader holds a stream that is not
+    /// `Sync`, so a borrow of it may not live across an await of a task that moves.
+    async fn open(
+        input: &'a InputSpec,
+        declared: &'a SchemaSpec,
+        domain: &'a Domain,
+        url: &str,
+    ) -> Result<(Encoder<'a>, Source), DataError> {
         let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
         let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
-        match spec.input.format.unwrap_or_else(|| Format::detect(url)) {
+        match input.format.unwrap_or_else(|| Format::detect(url)) {
             Format::Csv => {
                 let get = location.store.get(&path).await.map_err(|e| read_err(&e))?;
                 let mut stream = decoded(get.into_stream()).await.map_err(|e| read_err(&e))?;
-                let (names, buffered) = if spec.input.csv.has_header {
-                    let (names, rest) = read_header(&mut stream, &spec.input.csv, url).await?;
+                let (names, buffered) = if input.csv.has_header {
+                    let (names, rest) = read_header(&mut stream, &input.csv, url).await?;
                     (Some(names), rest)
                 } else {
                     (None, Bytes::new())
                 };
-                let encoder = Encoder::new(spec, domain, url, names.as_deref())?;
-                let fields = names.as_ref().map_or(spec.schema.columns.len(), Vec::len);
+                let encoder = Encoder::new(input, declared, domain, url, names.as_deref())?;
+                let fields = names.as_ref().map_or(declared.columns.len(), Vec::len);
                 let schema = Schema::new(
                     (0..fields).map(|i| Field::new(format!("c{i}"), DataType::Utf8, true)).collect::<Vec<_>>(),
                 );
                 let mut builder = arrow_csv::ReaderBuilder::new(Arc::new(schema))
                     .with_header(false)
                     .with_batch_size(BATCH_ROWS)
-                    .with_delimiter(spec.input.csv.delimiter as u8);
-                if let Some(c) = spec.input.csv.comment {
+                    .with_delimiter(input.csv.delimiter as u8);
+                if let Some(c) = input.csv.comment {
                     builder = builder.with_comment(c as u8);
                 }
                 let source = Source::Csv { stream, buffered, decoder: Box::new(builder.build_decoder()), done: false };
@@ -367,7 +383,7 @@ impl<'a> InputReader<'a> {
                     .await
                     .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
                 let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-                Ok((Encoder::new(spec, domain, url, Some(&names))?, Source::Parquet { stream }))
+                Ok((Encoder::new(input, declared, domain, url, Some(&names))?, Source::Parquet { stream }))
             }
         }
     }
@@ -376,12 +392,12 @@ impl<'a> InputReader<'a> {
     pub async fn next_batch(&mut self) -> Result<Option<EncodedBatch>, DataError> {
         loop {
             if self.current.is_none() {
-                let Some(url) = self.spec.input.urls.get(self.next_file) else {
+                let Some(url) = self.input.urls.get(self.next_file) else {
                     return Ok(None);
                 };
                 // Counted before opening: validation goes on with the next file.
                 self.next_file += 1;
-                self.current = Some(Self::open(self.spec, self.domain, url).await?);
+                self.current = Some(Self::open(self.input, self.schema, self.domain, url).await?);
             }
             let (encoder, source) = self.current.as_mut().expect("opened above");
             let file = encoder.file.clone();
@@ -442,7 +458,7 @@ impl Validation {
 /// that stop reading a file (unreadable, malformed, a declared column absent; the next
 /// file goes on). For the data owner: the result says where rows break the schema.
 pub async fn validate(spec: &JobSpec, domain: &Domain, max_problems: usize) -> Validation {
-    let mut reader = InputReader::new(spec, domain);
+    let mut reader = InputReader::new(&spec.input, &spec.schema, domain);
     reader.on_bad = OnBadValue::Collect(Problems { found: Vec::new(), limit: max_problems, truncated: false });
     let mut rows = 0;
     loop {

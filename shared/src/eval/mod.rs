@@ -31,7 +31,7 @@ use crate::data::DataError;
 use crate::data::domain::{ColumnDomain, Domain, Encoding};
 use crate::data::input::InputReader;
 use crate::output::{LEGACY_MANIFEST_FORMAT, MANIFEST, MANIFEST_FORMAT, Manifest};
-use crate::spec::{Format, JobSpec};
+use crate::spec::JobSpec;
 use crate::storage;
 
 /// A table loaded for evaluation: per row its unit and its encoded values.
@@ -184,15 +184,9 @@ pub async fn load(spec: &JobSpec, domain: &Domain, urls: &[String]) -> Result<Ta
 
 /// The first `rows` rows (or a few more: whole batches) of the files at `urls`.
 pub async fn load_first(spec: &JobSpec, domain: &Domain, urls: &[String], rows: usize) -> Result<Table, DataError> {
-    let mut spec = spec.clone();
-    spec.input.urls = urls.to_vec();
-    spec.input.format = None;
-    if urls.iter().all(|u| Format::detect(u) == Format::Parquet) {
-        // rhosynth's own output spells values exactly as declared.
-        spec.input.csv.strip_suffix = None;
-    }
+    let input = spec.input.of_files(urls);
     let mut table = Table { units: Vec::new(), columns: vec![Vec::new(); domain.columns.len()] };
-    let mut reader = InputReader::new(&spec, domain);
+    let mut reader = InputReader::new(&input, &spec.schema, domain);
     while table.rows() < rows
         && let Some(batch) = reader.next_batch().await?
     {

@@ -32,6 +32,21 @@ pub struct InputSpec {
     pub bad_rows: Option<BadRows>,
 }
 
+impl InputSpec {
+    /// This section's dialect reading other files (a held-out set, a release, a reference
+    /// set): each file's format from its extension, and rhosynth's own Parquet output as
+    /// written (its values are spelled exactly as declared: no suffix to strip).
+    pub fn of_files(&self, urls: &[String]) -> InputSpec {
+        let mut input = self.clone();
+        input.urls = urls.to_vec();
+        input.format = None;
+        if urls.iter().all(|u| Format::detect(u) == Format::Parquet) {
+            input.csv.strip_suffix = None;
+        }
+        input
+    }
+}
+
 /// What reading does with a row whose values break the schema (an undeclared category
 /// under `unknown = "reject"`, a missing value under `missing = "reject"`, a value that does
 /// not parse, a missing unit id).

@@ -3,15 +3,11 @@ use super::rounds::Schedule;
 use crate::accounting::accountant::{Accountant, AccountingOptions, account};
 use crate::data::domain::Domain;
 use crate::spec::JobSpec;
-
-const DEMO: &str = include_str!("../../../../examples/demo.toml");
+use crate::testing::{demo_job, generator};
 
 /// The demo's job as an AIM job with `section` under `[generator.aim]`.
 fn job(section: &str) -> JobSpec {
-    let (head, rest) = DEMO.split_once("[generator]").unwrap();
-    let output = &rest[rest.find("[output]").unwrap()..];
-    JobSpec::parse(&format!("{head}[generator]\nname = \"aim\"\n\n[generator.aim]\n{section}\n{output}"), "demo.toml")
-        .unwrap()
+    demo_job(&generator("aim", section))
 }
 
 #[test]

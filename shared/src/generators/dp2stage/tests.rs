@@ -189,22 +189,16 @@ fn stage_one_learns_the_format_and_every_sampled_row_parses() {
 /// What the spec alone decides is refused at submission, before any checkpoint is read.
 #[test]
 fn bad_parameters_are_refused_from_the_spec_alone() {
-    let demo = include_str!("../../../../examples/demo.toml");
-    let (head, rest) = demo.split_once("[generator]").unwrap();
-    let output = &rest[rest.find("[output]").unwrap()..];
+    let job = |section: &str| crate::testing::demo_job(&crate::testing::generator("dp2stage", section));
     let check = |section: &str| {
-        let text = format!("{head}[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\n{section}\n{output}");
-        let spec = crate::spec::JobSpec::parse(&text, "dp2stage").unwrap();
+        let spec = job(section);
         super::plan::check(&spec, &Domain::from_spec(&spec)).map(drop).map_err(|e| e.to_string())
     };
     assert!(check("checkpoint = \"m.gguf\"").is_ok());
     // Without `lora` every parameter trains; `lora = {}` takes the adapters' defaults.
-    let parsed = |section: &str| {
-        let text = format!("{head}[generator]\nname = \"dp2stage\"\n\n[generator.dp2stage]\n{section}\n{output}");
-        match crate::spec::JobSpec::parse(&text, "dp2stage").unwrap().generator {
-            crate::generators::GeneratorSpec::Dp2stage(p) => p.lora,
-            _ => unreachable!(),
-        }
+    let parsed = |section: &str| match job(section).generator {
+        crate::generators::GeneratorSpec::Dp2stage(p) => p.lora,
+        _ => unreachable!(),
     };
     assert_eq!(parsed("checkpoint = \"m.gguf\""), None);
     assert_eq!(parsed("checkpoint = \"m.gguf\"\nlora = {}"), Some(crate::generators::dp2stage::LoraParams::default()));

@@ -122,14 +122,9 @@ fn a_public_table_for_stage_one_is_read_without_prompts() {
 /// HARMONIC needs a reference set (DP-2Stage may name one), and k is bounded.
 #[test]
 fn the_spec_names_a_reference_set() {
-    let demo = include_str!("../../../../examples/demo.toml");
-    let (head, rest) = demo.split_once("[generator]").unwrap();
-    let output = &rest[rest.find("[output]").unwrap()..];
     let check = |name: &str, section: &str| {
-        let text = format!(
-            "{head}[generator]\nname = \"{name}\"\n\n[generator.{name}]\ncheckpoint = \"m.gguf\"\n{section}\n{output}"
-        );
-        let spec = crate::spec::JobSpec::parse(&text, name).unwrap();
+        let spec =
+            crate::testing::demo_job(&crate::testing::generator(name, &format!("checkpoint = \"m.gguf\"\n{section}")));
         let domain = crate::data::domain::Domain::from_spec(&spec);
         crate::generators::dp2stage::plan::check(&spec, &domain).map(drop).map_err(|e| e.to_string())
     };
