@@ -1,7 +1,7 @@
 //! A real pretrained model on this CPU (flex backend): SmolLM2-135M-Instruct from its GGUF
 //! file (`RHOSYNTH_SMOLLM2_GGUF`; `.ci/run` shows where it comes from). Measures the load
 //! time, then for the whole model with LoRA adapters, and for its first blocks over Adult's
-//! row vocabulary (rows as text, `generators::row_text`) with LoRA and fully fine-tuned:
+//! row vocabulary (rows as text, `generators::dp2stage::row_text`) with LoRA and fully fine-tuned:
 //! the forward pass in tokens/s and one DP-SGD step (ghost norms and the clipped sum)
 //! against the ordinary backward pass of the same batch and trainable parameters, measured
 //! in the same run, with their ratio and the projected cost of an epoch over Adult's rows.
@@ -20,7 +20,7 @@ use rhosynth_shared::decoder::{Checkpoint, Decoder, LoraConfig, next_token_losse
 use rhosynth_shared::dpsgd::compute_device;
 use rhosynth_shared::dpsgd::ghost::{GhostTape, Hook, Plain, clipped_sum};
 use rhosynth_shared::dpsgd::params::TrainableLayers;
-use rhosynth_shared::generators::row_text::RowText;
+use rhosynth_shared::generators::dp2stage::row_text::RowText;
 use rhosynth_shared::spec::JobSpec;
 
 /// Units per step.

@@ -13,7 +13,6 @@ pub mod harmonic;
 pub mod history_copula;
 pub mod marginals;
 pub mod pate;
-pub mod row_text;
 pub mod section;
 pub mod sequence;
 

@@ -1,5 +1,5 @@
 //! DP-2Stage (Afonja et al. 2024) on the engine: a pretrained language model fine-tuned on
-//! rows as text (`super::row_text`) in two stages.
+//! rows as text (`row_text`) in two stages.
 //!
 //! - Stage 1 (`pretrain`): without privacy, on pseudo rows drawn uniformly from the
 //!   *declared* domain — the model learns the rows' format and nothing of the data (the
@@ -16,6 +16,7 @@ pub mod model;
 pub mod params;
 pub mod plan;
 pub mod pretrain;
+pub mod row_text;
 pub mod sampler;
 pub mod task;
 

@@ -4,6 +4,7 @@
 
 use super::model::TextModelSpec;
 use super::pretrain::PseudoTraining;
+use super::row_text::RowText;
 use super::task::Dp2StageModelSpec;
 use crate::accounting::accountant::AccountingOptions;
 use crate::calibration::CalibrationPlan;
@@ -14,7 +15,6 @@ use crate::decoder::tokenizer::TextTokenizer;
 use crate::dpsgd::plan::RunPlan;
 use crate::generators::dp2stage::LanguageModelParams;
 use crate::generators::harmonic::Prompting;
-use crate::generators::row_text::RowText;
 use crate::generators::{GeneratorSpec, PlanError, require_columns, require_positive};
 use crate::spec::JobSpec;
 use crate::storage;

@@ -9,11 +9,11 @@ use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::model::{TextModel, row_losses};
+use super::row_text::RowTokens;
 use crate::data::domain::Domain;
 use crate::dpsgd::ghost::Plain;
 use crate::dpsgd::optimizer::{Optimizer, OptimizerSpec, Schedule};
 use crate::dpsgd::params::TrainableLayers;
-use crate::generators::row_text::RowTokens;
 
 /// How long stage 1 trains.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

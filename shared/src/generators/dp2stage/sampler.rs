@@ -5,9 +5,9 @@
 
 use rand::rngs::ChaCha20Rng;
 
+use super::row_text::RowCursor;
 use crate::decoder::{Decoder, KvCache};
 use crate::generators::Sampler;
-use crate::generators::row_text::RowCursor;
 
 use super::model::TextModelSpec;
 use crate::generators::sequence::sampler::draw_allowed;

@@ -7,12 +7,12 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{TextModel, TextModelSpec, TextRows};
 use super::pretrain::PseudoTraining;
+use super::row_text::RowTokens;
 use crate::data::DataError;
 use crate::data::examples::Examples;
 use crate::decoder::CheckpointError;
 use crate::decoder::checkpoint::fetch;
 use crate::eval::par_map;
-use crate::generators::row_text::RowTokens;
 
 /// Everything a worker needs to rebuild a DP-2Stage job's model (weights travel apart).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

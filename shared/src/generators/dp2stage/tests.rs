@@ -10,6 +10,8 @@ use rand::{RngExt, SeedableRng};
 
 use super::model::{TextModel, TextModelSpec, TextRows};
 use super::pretrain::{PseudoTraining, pretrain, pseudo_rows};
+use super::row_text::RowText;
+use super::row_text::tests::tokenizer;
 use super::sampler::TextSampler;
 use crate::data::EncodedBatch;
 use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
@@ -20,8 +22,6 @@ use crate::dpsgd::layers::Layer;
 use crate::dpsgd::params::TrainableLayers;
 use crate::dpsgd::{DpModel, RoundSettings, clipped_gradient_sum, compute_device};
 use crate::generators::harmonic::Prompting;
-use crate::generators::row_text::RowText;
-use crate::generators::row_text::tests::tokenizer;
 use crate::spec::ColumnKind;
 use crate::storage;
 use crate::testing::runtime_held;

@@ -319,7 +319,7 @@ pub(crate) mod tests {
     use crate::spec::{ColumnKind, JobSpec};
 
     fn adult() -> (Domain, Option<usize>) {
-        let spec = JobSpec::parse(include_str!("../../../examples/adult-pate.toml"), "adult").unwrap();
+        let spec = JobSpec::parse(include_str!("../../../../examples/adult-pate.toml"), "adult").unwrap();
         let domain = Domain::from_spec(&spec);
         let target = domain.index_of("income");
         (domain, target)
