@@ -20,7 +20,7 @@ sed -e "s|./rhosynth-out/demo/input/icu_vitals.csv|$work/cohort.csv|" \
     -e "s|^partitions = 4|partitions = $partitions|" \
     -e "s|^epochs = 12|epochs = $epochs|" \
     -e "s|^url = \"./rhosynth-out/icu-sequence\"|url = \"$work/out/{job_id}\"\nunits = 100|" \
-    -e '/^\[evaluation\]/,$d' \
+    -e '/^\[evaluation\]/,$d' -e '/^reference = /d' -e '/^pretrain_steps = /d' \
     "$(dirname "$0")/../examples/icu-sequence.toml" > "$work/job.toml"
 
 hwm() { awk '/VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$1/status"; }

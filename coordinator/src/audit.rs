@@ -126,8 +126,16 @@ pub enum AuditError {
     Entropy(#[from] PrivacyError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("{0}")]
-    Other(String),
+    /// The loss score needs every canary unit's gain; fewer reached the model's examples.
+    #[error("{reached} of {canaries} canary units reached the model's examples")]
+    CanariesMissed { reached: usize, canaries: usize },
+    /// A model the DP-SGD job left in the audit's scratch store could not be read.
+    #[error("the {stage} model: {reason}")]
+    KeptModel { stage: String, reason: String },
+    #[error("the job's manifest: {0}")]
+    Manifest(serde_json::Error),
+    #[error("the audit's report: {0}")]
+    Report(serde_json::Error),
 }
 
 /// The audit's working directory: in the system's temporary directory, readable by this
@@ -194,11 +202,7 @@ pub async fn run(spec: &JobSpec, options: &AuditOptions, work: &Path) -> Result<
             let partitions = canary_partitions(&job, &domain, &canaries, &url("canaries")).await?;
             let gains = loss_gains(&trained, &initial.weights, &partitions).await?;
             if gains.len() != options.canaries {
-                return Err(AuditError::Other(format!(
-                    "{} of {} canary units reached the model's examples",
-                    gains.len(),
-                    options.canaries
-                )));
+                return Err(AuditError::CanariesMissed { reached: gains.len(), canaries: options.canaries });
             }
             gains
         }
@@ -228,7 +232,7 @@ pub async fn run(spec: &JobSpec, options: &AuditOptions, work: &Path) -> Result<
         seconds: started.elapsed().as_secs_f64(),
         passed: bound <= claimed_epsilon,
     };
-    let json = serde_json::to_vec_pretty(&report).map_err(|e| AuditError::Other(e.to_string()))?;
+    let json = serde_json::to_vec_pretty(&report).map_err(AuditError::Report)?;
     std::fs::write(dir.join("report.json"), json)?;
     Ok(report)
 }
@@ -335,7 +339,7 @@ async fn write_units(spec: &JobSpec, units: &SyntheticUnits, url: &str) -> Resul
 
 /// A model a DP-SGD job left in the audit's scratch store (`initial` or `trained`).
 async fn read_kept_model(scratch_url: &str, job_id: &str, stage: &str) -> Result<GradientSum, AuditError> {
-    let failed = |e: &dyn std::fmt::Display| AuditError::Other(format!("the {stage} model: {e}"));
+    let failed = |e: &dyn std::fmt::Display| AuditError::KeptModel { stage: stage.into(), reason: e.to_string() };
     let scratch = storage::open(scratch_url)?;
     let path = scratch.child(&scratch::kept_model(job_id, stage));
     let bytes = scratch.store.get(&path).await.map_err(|e| failed(&e))?.bytes().await.map_err(|e| failed(&e))?;
@@ -409,5 +413,5 @@ async fn run_job(
         let state = JobState::try_from(status.state).map_or("unknown".into(), |s| format!("{s:?}").to_lowercase());
         return Err(AuditError::Job { state, message: status.message });
     }
-    serde_json::from_str(&status.manifest_json).map_err(|e| AuditError::Other(format!("the job's manifest: {e}")))
+    serde_json::from_str(&status.manifest_json).map_err(AuditError::Manifest)
 }

@@ -21,14 +21,14 @@
 //! id = "smollm2-135m"
 //! url = "s3://models/SmolLM2-135M-Instruct.Q4_1.gguf"
 //!
-//! [[reference]]                     # public tables or DP releases HARMONIC prompts with
+//! [[reference]]                     # public tables or DP releases jobs prompt or pretrain with
 //! id = "ed-marginals-2026-11"
 //! url = "s3://releases/ed/marginals-2026-11"
 //! datasets = ["mimic-iv-ed-2026"]   # the datasets whose jobs may name it
 //! ```
 //!
-//! A language-model job names a declared model's id as its `checkpoint`, and a HARMONIC
-//! job a declared reference's id as its `reference`: the coordinator and workers read only
+//! A language-model job names a declared model's id as its `checkpoint`, and a HARMONIC,
+//! DP-2Stage or sequence job a declared reference's id as its `reference`: the coordinator and workers read only
 //! what the operator declared public, never a location a submitter chose (reading one would
 //! tell whether, and how, a private object parses, and private neighbours would have no
 //! bounded sensitivity).
@@ -342,20 +342,26 @@ impl Datasets {
             return Err(DatasetsError::OutputOverlaps { output });
         }
         let spec = &mut request.spec;
-        if let GeneratorSpec::Dp2stage(params) | GeneratorSpec::Harmonic(params) = &mut spec.generator {
-            let url = self
-                .models
-                .get(&params.checkpoint)
-                .ok_or_else(|| DatasetsError::UnknownModel(params.checkpoint.clone()))?;
-            params.checkpoint = url.clone();
-            if let Some(reference) = &mut params.reference {
-                let declared = self
-                    .references
-                    .get(reference)
-                    .filter(|r| r.datasets.contains(&id))
-                    .ok_or_else(|| DatasetsError::UnknownReference(reference.clone()))?;
-                *reference = declared.url.clone();
+        // A model and a reference set are named by the ids the operator declared.
+        let reference = match &mut spec.generator {
+            GeneratorSpec::Dp2stage(params) | GeneratorSpec::Harmonic(params) => {
+                let url = self
+                    .models
+                    .get(&params.checkpoint)
+                    .ok_or_else(|| DatasetsError::UnknownModel(params.checkpoint.clone()))?;
+                params.checkpoint = url.clone();
+                params.reference.as_mut()
             }
+            GeneratorSpec::Sequence(params) => params.reference.as_mut(),
+            _ => None,
+        };
+        if let Some(reference) = reference {
+            let declared = self
+                .references
+                .get(reference)
+                .filter(|r| r.datasets.contains(&id))
+                .ok_or_else(|| DatasetsError::UnknownReference(reference.clone()))?;
+            *reference = declared.url.clone();
         }
         if spec.privacy.epsilon < dataset.min_job_epsilon {
             let (epsilon, floor) = (spec.privacy.epsilon, dataset.min_job_epsilon);
@@ -551,7 +557,7 @@ url = "/srv/out"
         }
     }
 
-    /// HARMONIC's reference set is the id of a reference declared for the job's dataset: its
+    /// A reference set is the id of a reference declared for the job's dataset: its
     /// neighbours are never read from a location of the submitter's choosing (such as the
     /// dataset's own input), and a declared one may not overlap private files or ledgers.
     #[test]
@@ -604,6 +610,24 @@ url = "/srv/out"
         ] {
             let err = Datasets::parse(&declare(url, datasets), "d", "/default").unwrap_err().to_string();
             assert!(err.contains(says), "{url}: {err}");
+        }
+        // The sequence model's stage 1 reads a declared reference set too, never a location
+        // of the submitter's choosing.
+        let sequence = |reference: &str| {
+            let text = SPEC.replace(
+                "name = \"marginals\"",
+                &format!("name = \"sequence\"\n[generator.sequence]\nreference = \"{reference}\""),
+            );
+            let spec = JobSpec::parse(&text, "job.toml").unwrap();
+            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None }
+        };
+        let mut named = sequence("icu-marginals");
+        datasets.bind(&mut named).unwrap();
+        let GeneratorSpec::Sequence(params) = &named.spec.generator else { unreachable!() };
+        assert_eq!(params.reference.as_deref(), Some("/srv/releases/icu-marginals"));
+        for chosen in ["/srv/icu/vitals.csv", "/srv/releases/icu-marginals"] {
+            let mut request = sequence(chosen);
+            assert!(matches!(datasets.bind(&mut request), Err(DatasetsError::UnknownReference(_))), "{chosen}");
         }
     }
 

@@ -308,28 +308,28 @@ fn warn_equal_width_bins(spec: &JobSpec) {
 
 /// Refuses an output prefix that is, contains or lies under the ledger, scratch or
 /// diagnostics store (a submitter reads everything under the prefix it names) or the
-/// job's checkpoint (later jobs treat it as public); and a language model's reference set
-/// there (it is read as public, and a store holds private rows or their accounting).
+/// job's checkpoint (later jobs treat it as public); and a reference set there (it is read
+/// as public; the spec's check refuses one in the input, held-out files or the spec's
+/// ledger, `generators::reference::check_location`).
 fn refuse_overlaps(spec: &JobSpec, output_url: &str, ledger_url: &str, env: &JobEnv) -> Result<(), JobError> {
-    let (checkpoint, reference) = match &spec.generator {
-        GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => {
-            (Some(p.checkpoint.as_str()), p.reference.as_deref())
-        }
-        _ => (None, None),
+    let checkpoint = match &spec.generator {
+        GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => Some(p.checkpoint.as_str()),
+        _ => None,
     };
+    let reference = spec.generator.reference();
     let stores = [
-        ("ledger", Some(ledger_url)),
-        ("scratch", Some(env.scratch_url.as_str())),
-        ("diagnostics", env.diagnostics_url.as_deref()),
-        ("model", checkpoint),
+        ("ledger", Some(ledger_url), "the coordinator's ledger store"),
+        ("scratch", Some(env.scratch_url.as_str()), "the coordinator's scratch store"),
+        ("diagnostics", env.diagnostics_url.as_deref(), "the coordinator's diagnostics store"),
+        ("model", checkpoint, "the coordinator's model store"),
     ];
-    for (store, url) in stores {
+    for (store, url, overlaps) in stores {
         let Some(url) = url.filter(|url| !url.is_empty()) else { continue };
         if storage::nested(output_url, url) {
             return Err(JobError::OutputOverlaps { output: output_url.to_string(), store });
         }
         if let Some(reference) = reference.filter(|reference| store != "model" && storage::nested(reference, url)) {
-            return Err(JobError::ReferenceOverlaps { reference: reference.to_string(), store });
+            return Err(JobError::ReferenceOverlaps { reference: reference.to_string(), overlaps });
         }
     }
     Ok(())

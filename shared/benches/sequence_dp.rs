@@ -6,16 +6,21 @@
 //! each column's first value and its lag-1 transitions (one unit's share of each table sums
 //! to at most 1, so each table has L2 sensitivity 1), pseudo histories drawn from it, the
 //! model pretrained on them without noise (post-processing), then DP-SGD at what is left
-//! of ε (one RDP composition: count, release, run). The DP-SGD loop is the engine's round
+//! of ε (one RDP composition: count, release, run); or, with `DP_STAGE1=copula`, stage 1
+//! on the history copula's release at ε₁ (as `examples/icu-sequence-reference.toml`
+//! makes it: the model pretrained on its histories, which also give the lengths), then
+//! DP-SGD calibrated to ε − ε₁ on its own (the two jobs composed as the ledger composes
+//! them, by adding ε). The DP-SGD loop is the engine's round
 //! (Poisson sampling, ghost-clipped sums, N(0, σ²C²) noise, the plan's optimizer) in one
 //! process. Noise here comes from a seeded generator: simulated data, a benchmark only.
 //!
 //! `cargo bench -p rhosynth-shared --bench sequence_dp --profile dev`; environment:
-//! `DP_PATIENTS` (3000), `DP_EPSILON` (2), `DP_STAGE1_EPSILON` (0), `DP_DYNAMICS`
+//! `DP_PATIENTS` (3000), `DP_EPSILON` (2), `DP_STAGE1_EPSILON` (0), `DP_STAGE1` (`copula`: stage
+//! 1 on the copula's release; else the release of tables above), `DP_DYNAMICS`
 //! (`hidden-state,ar1:0.6`), `DP_EPOCHS`, `DP_BATCH`, `DP_LR` (the example's unless set),
 //! `DP_COARSE` (0: stage 1's transitions between bins; k: between k groups of adjacent
 //! bins, a bin drawn inside its group by the column's bins over all rows),
-//! `DP_PRETRAIN_STEPS` (400), `DP_PRETRAIN_BATCH` (32), `DP_PRETRAIN_LR` (0.01), `DP_SEED` (1),
+//! `DP_PRETRAIN_STEPS` (400; 1,500 on the copula's), `DP_PRETRAIN_BATCH` (32; 16), `DP_PRETRAIN_LR` (0.01), `DP_SEED` (1),
 //! `DP_LENGTH_EPSILON` (0; else a Gaussian histogram of lengths of its own, sensitivity 1,
 //! at this ε, used instead of stage 1's), `DP_LENGTH_SIGMA` (that histogram's noise
 //! multiplier instead; the engine's `length_share` sets it from the job's ε), `DP_CONDITION_LENGTHS` (true: histories take
@@ -33,7 +38,10 @@ use rhosynth_shared::dpsgd::optimizer::{Optimizer, OptimizerSpec};
 use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
 use rhosynth_shared::eval::longitudinal::Longitudinal;
-use rhosynth_shared::generators::sequence::ceiling::{PlainTraining, SimulatedCohort, sample, train_plain};
+use rhosynth_shared::generators::GeneratorSpec;
+use rhosynth_shared::generators::history_copula::{CopulaSampler, HistoryCopulaParams, HistoryCopulaPlan, simulated};
+use rhosynth_shared::generators::sequence::ceiling::{SimulatedCohort, sample};
+use rhosynth_shared::generators::sequence::pretrain::{PlainTraining, train_plain};
 use rhosynth_shared::generators::sequence::{Histories, Layout, SequenceModel, SequencePlan};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -224,7 +232,8 @@ async fn main() {
         let max_rows = plan.model.layout.max_rows;
         let mut tables = HistoryTables::measure(domain, order, &histories, max_rows, env("DP_COARSE", 0));
         let sensitivity = (tables.tables() as f64).sqrt();
-        let stage1_sigma = (stage1 > 0.0).then(|| {
+        let copula_stage1 = std::env::var("DP_STAGE1").as_deref() == Ok("copula") && stage1 > 0.0;
+        let stage1_sigma = (stage1 > 0.0 && !copula_stage1).then(|| {
             let release = |s| vec![gaussian(sensitivity, s)];
             calibrate_sigma(stage1, spec.privacy.delta, Accountant::Rdp, &options, release).unwrap()
         });
@@ -241,12 +250,45 @@ async fn main() {
             m.extend(length_sigma.map(|sl| gaussian(1.0, sl)));
             m
         };
-        let sigma = calibrate_sigma(epsilon, spec.privacy.delta, Accountant::Rdp, &options, mechanisms).unwrap();
+        let run_epsilon = if copula_stage1 { epsilon - stage1 } else { epsilon };
+        let sigma = calibrate_sigma(run_epsilon, spec.privacy.delta, Accountant::Rdp, &options, mechanisms).unwrap();
         let mut model = SequenceModel::new(&plan.model, &device);
         let mut lengths = None;
         if let Some(sl) = length_sigma {
             let normal = Normal::new(0.0, sl).unwrap();
             lengths = Some(tables.lengths.iter().map(|v| v + normal.sample(&mut rng)).collect());
+        }
+        if copula_stage1 {
+            let mut copula_spec = cohort.spec.clone();
+            copula_spec.generator = GeneratorSpec::HistoryCopula(HistoryCopulaParams::default());
+            copula_spec.privacy.epsilon = stage1;
+            let copula_plan = HistoryCopulaPlan::new(&copula_spec, domain, &options).unwrap();
+            let copula = simulated::fit(&copula_plan, &histories, |values, std| {
+                let normal = Normal::new(0.0, std).unwrap();
+                values.iter_mut().for_each(|v| *v += normal.sample(&mut rng));
+            });
+            let drawn = CopulaSampler::new(copula).histories(patients, &mut rng);
+            let l = cohort.evaluate(&drawn);
+            report(&format!("{kind}, the copula's histories (ε₁ = {stage1})"), &l, started.elapsed().as_secs_f64());
+            let rows = drawn.iter().enumerate().flat_map(|(i, h)| h.iter().map(move |r| (format!("c{i}"), r.clone())));
+            let pseudo = Histories::from_rows(rows, &plan.model.layout);
+            let mut drawn_lengths = vec![0.0; max_rows];
+            drawn.iter().for_each(|h| drawn_lengths[h.len().clamp(1, max_rows) - 1] += 1.0);
+            lengths = lengths.or(Some(drawn_lengths));
+            let pretraining = PlainTraining {
+                steps: env("DP_PRETRAIN_STEPS", 1500),
+                batch: env("DP_PRETRAIN_BATCH", 16),
+                learning_rate: env("DP_PRETRAIN_LR", 0.01),
+            };
+            let losses = train_plain(&mut model, &pseudo, &pretraining, seed);
+            println!(
+                "{kind}: pretrained {} steps: loss {:.1} → {:.1}",
+                pretraining.steps,
+                losses[0],
+                losses.last().unwrap()
+            );
+            let l = cohort.evaluate(&sample(&model, patients.min(1000), lengths.clone(), seed + 2));
+            report(&format!("{kind}, pretrained only"), &l, started.elapsed().as_secs_f64());
         }
         if let Some(s1) = stage1_sigma {
             tables.add_noise(s1 * sensitivity, &mut rng);

@@ -51,6 +51,23 @@ pub fn with_generator(spec: &str, generator: &str) -> String {
     format!("{}{generator}\n\n{}", &spec[..start], &spec[end..])
 }
 
+/// A job spec's text over `schema` (the TOML after `[schema]`: options and columns) with
+/// `generator` (as [`generator`] writes it), at ε = 1, δ = 1e-5, reading `x.csv`, writing
+/// under `out`: for tests of what a schema alone decides (domains, encodings, plans). Edit
+/// it with `str::replace` (or append sections) before parsing.
+pub fn schema_job(schema: &str, generator: &str) -> String {
+    format!(
+        "[job]\ndataset_id = \"t\"\n[input]\nurls = [\"x.csv\"]\n[schema]\n{schema}\n[privacy]\nepsilon = 1.0\n\
+         delta = 1e-5\n\n{generator}\n\n[output]\nurl = \"out\"\n"
+    )
+}
+
+/// The domain of [`schema_job`] over `schema`, with the marginals generator.
+pub fn schema_domain(schema: &str) -> crate::data::domain::Domain {
+    let text = schema_job(schema, &generator("marginals", ""));
+    crate::data::domain::Domain::from_spec(&crate::spec::JobSpec::parse(&text, "test").expect("a valid schema"))
+}
+
 /// The demo job with `generator` as its generator sections.
 pub fn demo_job(generator: &str) -> crate::spec::JobSpec {
     crate::spec::JobSpec::parse(&with_generator(DEMO, generator), "examples/demo.toml").expect("a valid spec")

@@ -70,7 +70,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 400)]
     patients: usize,
     /// Run this job spec on the simulated cohort instead of the built-in one (e.g.
-    /// examples/icu-sequence.toml). It reads the simulated input, and a held-out cohort of
+    /// examples/icu-copula.toml). It reads the simulated input, and a held-out cohort of
     /// a fifth as many patients for its evaluation.
     #[arg(long)]
     spec: Option<String>,

@@ -14,6 +14,7 @@ pub mod findiff;
 pub mod history_copula;
 pub mod marginals;
 pub mod pate;
+pub(crate) mod reference;
 pub mod sequence;
 
 use rhosynth_privacy::ledger::{ChargeReceipt, Ledger};

@@ -4,6 +4,10 @@
 //! over-generated candidates (`generators::sequence::selection`), the vote release paid
 //! by the run's charge.
 
+use std::sync::Arc;
+
+use rand::RngExt;
+
 use rhosynth_privacy::ledger::Ledger;
 use rhosynth_proto::gradient_sum::Model;
 use rhosynth_proto::task::Work;
@@ -14,14 +18,18 @@ use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::plan::RunPlan;
 use rhosynth_shared::entropy::os_rng;
 use rhosynth_shared::generators::sequence::plan::{length_cells, length_mechanism};
+use rhosynth_shared::generators::sequence::pretrain::{PlainTraining, StageOne, reference_histories, train_plain};
 use rhosynth_shared::generators::sequence::sampler::SelectedHistories;
 use rhosynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
-use rhosynth_shared::generators::sequence::{SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler};
-use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, Sampler};
+use rhosynth_shared::generators::sequence::{
+    Histories, SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler,
+};
+use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, PlanError, Sampler};
 use rhosynth_shared::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
+use super::reference::guarantee;
 use crate::context::{JobError, blocking, set_stage};
 use crate::gather::{Answer, Round};
 
@@ -37,6 +45,14 @@ pub struct SequenceRun {
     /// The length release's noise multiplier (absent in checkpoints from before it).
     #[serde(default)]
     lengths: Option<f64>,
+    /// Stage 1's reference set, what was read and the guarantee it carries (for the
+    /// manifest; absent without stage 1, and in checkpoints from before it).
+    #[serde(default)]
+    reference: Option<String>,
+    /// Stage 1's histories and training, for the initial parameters only (a resumed run
+    /// is past them).
+    #[serde(skip)]
+    stage1: Option<Arc<(Histories, PlainTraining)>>,
 }
 
 impl DpSgdGenerator for Sequence {
@@ -45,7 +61,19 @@ impl DpSgdGenerator for Sequence {
 
     async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(SequenceRun, RunPlan), JobError> {
         let plan = SequencePlan::new(spec, domain, ledger.options())?;
-        Ok((SequenceRun { model: plan.model, selection: plan.selection, lengths: plan.lengths }, plan.run))
+        let (mut reference, mut stage1) = (None, None);
+        // The reference set is public (a declared table or a charged release): what reading
+        // it found may be shown.
+        if let Some(StageOne { reference: url, training }) = plan.stage1 {
+            let (histories, read, manifest) = reference_histories(spec, domain, &url, &plan.model.layout)
+                .await
+                .map_err(|e| JobError::Plan(PlanError::new(Self::NAME.as_str(), e.to_string())))?;
+            reference = Some(guarantee(Self::NAME, &url, &read, manifest, ledger)?);
+            stage1 = Some(Arc::new((histories, training)));
+        }
+        let run =
+            SequenceRun { model: plan.model, selection: plan.selection, lengths: plan.lengths, reference, stage1 };
+        Ok((run, plan.run))
     }
 
     fn domain(run: &SequenceRun) -> &Domain {
@@ -54,6 +82,7 @@ impl DpSgdGenerator for Sequence {
 
     fn public_inputs(run: &SequenceRun) -> Vec<String> {
         let cells = run.model.layout.max_rows;
+        let stage1 = run.reference.iter().map(|source| format!("reference set of stage 1: {source}"));
         run.lengths
             .map(|sigma| {
                 format!(
@@ -63,11 +92,35 @@ impl DpSgdGenerator for Sequence {
                 )
             })
             .into_iter()
+            .chain(stage1)
             .collect()
     }
 
+    /// Random weights, trained on stage 1's reference histories (on a blocking thread,
+    /// with a non-private seed) when the spec names them.
     async fn initial_parameters(run: &SequenceRun) -> Result<Vec<f32>, JobError> {
-        Ok(SequenceModel::new(&run.model, &compute_device()).parameters())
+        let mut model = SequenceModel::new(&run.model, &compute_device());
+        let Some(stage1) = run.stage1.clone() else { return Ok(model.parameters()) };
+        let seed: u64 = os_rng().map_err(|e| JobError::Model(e.to_string()))?.random();
+        blocking(move || -> Result<Vec<f32>, JobError> {
+            let (histories, training) = &*stage1;
+            let losses = train_plain(&mut model, histories, training, seed);
+            let parameters = model.parameters();
+            if !parameters.iter().all(|p| p.is_finite()) {
+                let message = "stage 1 diverged (non-finite weights): lower pretrain_learning_rate";
+                return Err(JobError::Plan(PlanError::new(Self::NAME.as_str(), message)));
+            }
+            tracing::info!(
+                seed,
+                steps = losses.len(),
+                histories = histories.units.len(),
+                first_loss = losses.first().copied().unwrap_or_default(),
+                last_loss = losses.last().copied().unwrap_or_default(),
+                "stage 1 (the reference histories) trained"
+            );
+            Ok(parameters)
+        })
+        .await?
     }
 
     /// The same model every round: encoded once.

@@ -72,7 +72,7 @@ mod tests {
     use super::*;
 
     fn domain() -> Domain {
-        crate::audit::test_domain(
+        crate::testing::schema_domain(
             r#"unit_column = "id"
 order_by = "t"
 [[schema.columns]]

@@ -13,13 +13,3 @@ pub mod canary;
 #[cfg(feature = "wire")]
 pub mod loss;
 pub mod score;
-
-/// A job spec for the tests: `schema` (TOML after `[schema]`) with a marginals generator.
-#[cfg(test)]
-fn test_domain(schema: &str) -> crate::data::domain::Domain {
-    let text = format!(
-        "[job]\ndataset_id = \"t\"\n[input]\nurls = [\"x.csv\"]\n[schema]\n{schema}\n[privacy]\nepsilon = 1.0\ndelta = 1e-5\n\
-         [generator]\nname = \"marginals\"\n[output]\nurl = \"out\"\n"
-    );
-    crate::data::domain::Domain::from_spec(&crate::spec::JobSpec::parse(&text, "t.toml").unwrap())
-}

@@ -158,7 +158,7 @@ mod tests {
     use super::*;
 
     fn domain() -> Domain {
-        crate::audit::test_domain(
+        crate::testing::schema_domain(
             r#"[[schema.columns]]
 name = "a"
 kind = "categorical"

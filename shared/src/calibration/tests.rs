@@ -9,16 +9,11 @@ use crate::generators::Sampler;
 use crate::generators::marginals::MarginalsPlan;
 use crate::output::{SyntheticUnits, SyntheticValue};
 use crate::spec::JobSpec;
+use crate::testing::{generator, schema_job};
 
 /// Three columns, `colour` the target; `extra` appended (a `[calibration]` section).
 fn job(extra: &str) -> JobSpec {
-    let text = format!(
-        r#"
-[job]
-dataset_id = "t"
-[input]
-urls = ["x.csv"]
-[schema]
+    let schema = r#"
 target = "colour"
 [[schema.columns]]
 name = "colour"
@@ -37,18 +32,10 @@ min = 0
 max = 99
 bins = 5
 missing = "reject"
-[privacy]
-epsilon = 1.0
-delta = 1e-5
-ledger = "l"
-dataset_budget = {{ epsilon = 10.0, delta = 1e-5 }}
-[generator]
-name = "marginals"
-[output]
-url = "o"
-{extra}"#
-    );
-    JobSpec::parse(&text, "t.toml").unwrap()
+"#;
+    let text = schema_job(schema, &generator("marginals", ""))
+        .replace("delta = 1e-5\n", "delta = 1e-5\nledger = \"l\"\ndataset_budget = { epsilon = 10.0, delta = 1e-5 }\n");
+    JobSpec::parse(&format!("{text}{extra}"), "t.toml").unwrap()
 }
 
 fn category(names: &[&str], i: usize) -> SyntheticValue {

@@ -239,7 +239,6 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::JobSpec;
 
     /// The Gower distance as defined, one pair at a time (no encoding, no abandoning).
     fn gower(domain: &Domain, a: &Table, i: usize, b: &Table, j: usize) -> f64 {
@@ -258,9 +257,9 @@ mod tests {
     fn blocked_search_equals_brute_force_gower() {
         use rand::rngs::ChaCha8Rng;
         use rand::{RngExt, SeedableRng};
-        let mut text = String::from("[job]\ndataset_id = \"t\"\n[input]\nurls = [\"x.csv\"]\n[schema]\n");
+        let mut schema = String::new();
         for i in 0..11 {
-            text += &if i % 2 == 0 {
+            schema += &if i % 2 == 0 {
                 format!("[[schema.columns]]\nname = \"n{i}\"\nkind = \"continuous\"\nmin = -5.0\nmax = 15.0\n")
             } else {
                 format!(
@@ -268,8 +267,7 @@ mod tests {
                 )
             };
         }
-        text += "[privacy]\nepsilon = 1.0\ndelta = 1e-5\n[generator]\nname = \"marginals\"\n[output]\nurl = \"o\"\n";
-        let domain = Domain::from_spec(&JobSpec::parse(&text, "t").unwrap());
+        let domain = crate::testing::schema_domain(&schema);
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let mut table = |rows: usize| Table {
             units: (0..rows).map(|r| r.to_string()).collect(),

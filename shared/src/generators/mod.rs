@@ -13,6 +13,7 @@ pub mod harmonic;
 pub mod history_copula;
 pub mod marginals;
 pub mod pate;
+pub mod reference;
 pub mod section;
 pub mod sequence;
 

@@ -91,6 +91,16 @@ impl GeneratorSpec {
         }
     }
 
+    /// The public reference set the generator reads when it plans (HARMONIC's prompts,
+    /// DP-2Stage's and the sequence model's stage 1), if the spec names one.
+    pub fn reference(&self) -> Option<&str> {
+        match self {
+            GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => p.reference.as_deref(),
+            GeneratorSpec::Sequence(p) => p.reference.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Whether the generator draws whole histories (its output is counted in units), not
     /// rows.
     pub fn draws_histories(&self) -> bool {

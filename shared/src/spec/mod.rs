@@ -280,6 +280,22 @@ mod tests {
         assert_eq!(JobSpec::parse(&text, "again").unwrap(), spec);
     }
 
+    /// Every example under `examples/` parses: they are what a new user copies.
+    #[test]
+    fn every_example_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut parsed = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                JobSpec::parse(&text, "example").unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                parsed += 1;
+            }
+        }
+        assert!(parsed >= 17, "{parsed} examples");
+    }
+
     /// A DP-SGD generator's run settings are its run table: one written in the generator's
     /// own section (as before the table) is refused with where it belongs; the table
     /// keeps the generator's defaults for what it does not name, and round-trips in TOML
@@ -290,7 +306,7 @@ mod tests {
         let err = JobSpec::parse(&old, "old").unwrap_err().to_string();
         assert!(err.contains("unknown field `epochs`") && err.contains("[generator.<name>.run]"), "{err}");
         let unknown =
-            include_str!("../../../examples/icu-sequence.toml").replace("temperature = 0.8", "temperatur = 0.8");
+            include_str!("../../../examples/icu-sequence.toml").replace("temperature = 1.0", "temperatur = 1.0");
         let err = JobSpec::parse(&unknown, "typo").unwrap_err().to_string();
         assert!(err.contains("unknown field `temperatur`") && !err.contains("run table"), "{err}");
         let spec = JobSpec::parse(include_str!("../../../examples/icu-sequence.toml"), "icu").unwrap();

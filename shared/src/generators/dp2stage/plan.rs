@@ -15,9 +15,9 @@ use crate::decoder::tokenizer::TextTokenizer;
 use crate::dpsgd::plan::RunPlan;
 use crate::generators::dp2stage::LanguageModelParams;
 use crate::generators::harmonic::Prompting;
+use crate::generators::reference::check_location;
 use crate::generators::{GeneratorSpec, PlanError, require_columns, require_positive};
 use crate::spec::JobSpec;
-use crate::storage;
 
 /// Bounds of what the coordinator computes before admission (stage 1) and of a unit's
 /// forward pass.
@@ -70,18 +70,8 @@ pub fn check(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, Pla
              columns ≤ {MAX_REFERENCE_CELLS}"
         )));
     }
-    // Neighbours are public: the reference set may not be (or hold, or lie in) the job's
-    // private input, held-out files or ledger.
     if let Some(reference) = &params.reference {
-        // `..` is refused as text (after a symbolic link it leads elsewhere than it reads).
-        if reference.split('/').any(|segment| segment == "..") {
-            return Err(invalid("reference: a location with `..` is refused; name it plainly".into()));
-        }
-        let evaluation = spec.evaluation.iter().flat_map(|e| &e.test_urls);
-        let private = spec.input.urls.iter().chain(evaluation).chain(&spec.privacy.ledger);
-        if let Some(url) = private.into_iter().find(|url| !url.is_empty() && storage::nested(reference, url)) {
-            return Err(invalid(format!("reference overlaps the job's private data or ledger ({url})")));
-        }
+        check_location(spec, reference).map_err(invalid)?;
     }
     if params.checkpoint.trim().is_empty() {
         return Err(invalid("checkpoint: name the pretrained model (a .gguf file or a Hugging Face folder)".into()));

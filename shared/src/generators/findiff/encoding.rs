@@ -156,16 +156,10 @@ impl TabularEncoding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::JobSpec;
 
     fn domain() -> Domain {
-        let spec = JobSpec::parse(
+        crate::testing::schema_domain(
             r#"
-            [job]
-            dataset_id = "t"
-            [input]
-            urls = ["x.csv"]
-            [schema]
             [[schema.columns]]
             name = "age"
             kind = "integer"
@@ -177,18 +171,8 @@ mod tests {
             kind = "categorical"
             categories = ["red", "green", "blue"]
             missing = "keep"
-            [privacy]
-            epsilon = 1.0
-            delta = 1e-6
-            [generator]
-            name = "marginals"
-            [output]
-            url = "out"
             "#,
-            "test.toml",
         )
-        .unwrap();
-        Domain::from_spec(&spec)
     }
 
     #[test]

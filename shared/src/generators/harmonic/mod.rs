@@ -23,7 +23,7 @@
 
 pub mod reference;
 
-pub use reference::{Prompting, ReferenceError};
+pub use reference::Prompting;
 
 #[cfg(test)]
 mod tests;

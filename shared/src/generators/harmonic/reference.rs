@@ -1,29 +1,12 @@
-//! The public reference set HARMONIC's prompts are made of, and its nearest rows to a
-//! row. Read by the coordinator when it plans (a public table or a rhosynth release, never
-//! the job's input) and sent to workers with the model.
+//! HARMONIC's prompts: the public reference set (`generators::reference`) as bins, and its
+//! nearest rows to a row. Sent to workers with the model.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
-use crate::data::DataError;
 use crate::data::domain::{Domain, Encoding};
-use crate::eval::{load_first, read_release};
+use crate::generators::reference::{ReferenceError, ReferenceTable};
 use crate::output::Manifest;
 use crate::spec::JobSpec;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReferenceError {
-    #[error("reference {url}: {source}")]
-    Read { url: String, source: DataError },
-    #[error("reference {url}: {message}")]
-    Invalid { url: String, message: String },
-}
-
-/// A temporary directory only its owner may enter, whatever the umask.
-fn private_dir() -> std::io::Result<tempfile::TempDir> {
-    use std::os::unix::fs::PermissionsExt;
-    tempfile::Builder::new().prefix("rhosynth-reference-").permissions(std::fs::Permissions::from_mode(0o700)).tempdir()
-}
 
 /// Each example's k nearest rows of the reference set, as bins.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,11 +21,8 @@ pub struct Prompting {
 }
 
 impl Prompting {
-    /// Reads the first `rows` rows of the reference set at `url` (a rhosynth release, whose
-    /// manifest lists its parts and is returned with the SHA-256 of its bytes, or files in
-    /// the job's input format) in the job's schema. A release's parts are read from private
-    /// copies made as they were checked against the manifest. `source` names the URL and
-    /// the SHA-256 of the rows read; whoever plans the job states the guarantee they carry.
+    /// The first `rows` rows of the reference set at `url` as bins (`ReferenceTable`),
+    /// with a release's manifest and the SHA-256 of its bytes.
     pub async fn load(
         spec: &JobSpec,
         domain: &Domain,
@@ -50,13 +30,8 @@ impl Prompting {
         rows: usize,
         neighbours: usize,
     ) -> Result<(Self, Option<(Manifest, String)>), ReferenceError> {
-        let read = |source: DataError| ReferenceError::Read { url: url.to_string(), source };
-        let copies = private_dir().map_err(|e| read(DataError::Read { file: url.into(), message: e.to_string() }))?;
-        let release = read_release(url, Some(copies.path()), Some(rows as u64)).await.map_err(read)?;
-        let (parts, manifest) = (release.parts, release.manifest);
-        let table = load_first(spec, domain, &parts, rows).await.map_err(read)?;
-        drop(copies);
-        let reference: Vec<Vec<u32>> = (0..table.rows().min(rows))
+        let ReferenceTable { table, read, manifest } = ReferenceTable::load(spec, domain, url, rows).await?;
+        let reference: Vec<Vec<u32>> = (0..table.rows())
             .map(|r| domain.columns.iter().zip(&table.columns).map(|(c, values)| c.bin(values[r]) as u32).collect())
             .collect();
         let invalid = |message: String| ReferenceError::Invalid { url: url.to_string(), message };
@@ -68,10 +43,7 @@ impl Prompting {
                 return Err(invalid(format!("column {} has missing values the schema has no bin for", column.name)));
             }
         }
-        let mut hash = Sha256::new();
-        reference.iter().flatten().for_each(|b| hash.update(b.to_le_bytes()));
-        let source = format!("{url}, {} rows (SHA-256 of their bins {:x})", reference.len(), hash.finalize());
-        Ok((Self { reference, neighbours, source }, manifest))
+        Ok((Self { reference, neighbours, source: read }, manifest))
     }
 
     /// The k reference rows nearest to `row` (bins), `exclude` left out, farthest first:

@@ -197,16 +197,9 @@ impl PateEncoding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::JobSpec;
 
     fn encoding() -> PateEncoding {
-        let spec = JobSpec::parse(
-            r#"
-            [job]
-            dataset_id = "t"
-            [input]
-            urls = ["x.csv"]
-            [schema]
+        let schema = r#"
             target = "sick"
             [[schema.columns]]
             name = "age"
@@ -224,18 +217,9 @@ mod tests {
             kind = "categorical"
             categories = ["no", "yes"]
             missing = "reject"
-            [privacy]
-            epsilon = 1.0
-            delta = 1e-6
-            [generator]
-            name = "pate"
-            [output]
-            url = "out"
-            "#,
-            "test.toml",
-        )
-        .unwrap();
-        PateEncoding::new(&Domain::from_spec(&spec), spec.schema.target.as_deref())
+            "#;
+        let domain = crate::testing::schema_domain(schema);
+        PateEncoding::new(&domain, Some("sick"))
     }
 
     #[test]

@@ -221,30 +221,11 @@ mod tests {
     }
 
     fn job_text(extra: &str, epsilon: f64) -> String {
-        format!(
-            r#"
-                [job]
-                dataset_id = "t"
-                partitions = 100
-                [input]
-                urls = ["x.csv"]
-                [schema]
-                [[schema.columns]]
-                name = "colour"
-                kind = "categorical"
-                categories = ["red", "green", "blue"]
-                [privacy]
-                epsilon = {epsilon}
-                delta = 1e-5
-                [generator]
-                name = "pate"
-                [generator.pate]
-                {extra}
-                [output]
-                url = "out"
-                rows = 10
-                "#
-        )
+        let schema = "[[schema.columns]]\nname = \"colour\"\nkind = \"categorical\"\ncategories = [\"red\", \"green\", \"blue\"]";
+        crate::testing::schema_job(schema, &crate::testing::generator("pate", extra))
+            .replace("[job]\n", "[job]\npartitions = 100\n")
+            .replace("epsilon = 1.0\n", &format!("epsilon = {epsilon}\n"))
+            + "rows = 10\n"
     }
     #[test]
     fn the_plan_answers_as_many_queries_as_the_budget_pays_for_and_no_more() {

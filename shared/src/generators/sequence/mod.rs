@@ -9,6 +9,8 @@
 //!   unit's sensitivity is one clipped gradient whatever its history's length.
 //! - Model (`model`): the engine's decoder (`crate::decoder`, GPT block); every parameter (embeddings and norms included)
 //!   is clipped per unit by the engine's ghost tape.
+//! - Stage 1 (`pretrain`): the model trained without noise on a public reference set or a
+//!   charged release (such as a history copula job's) before DP-SGD.
 //! - The ceiling (`ceiling`): the same model trained without privacy, a benchmark only.
 //! - Sampling (`sampler`): constrained decoding of whole histories, a key/value cache per
 //!   history; optionally a private selection among over-generated ones (`selection`).
@@ -17,6 +19,7 @@ pub mod ceiling;
 pub mod model;
 pub mod params;
 pub mod plan;
+pub mod pretrain;
 pub mod sampler;
 pub mod selection;
 pub mod task;

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::pretrain::PlainTraining;
 use crate::dpsgd::run::{RunDefaults, RunParams, over_defaults};
 use crate::generators::section::DEFAULT_GAP_BINS;
 
@@ -46,6 +47,15 @@ pub struct SequenceParams {
     /// the run's σ is calibrated to the rest. 0: the model draws lengths (it learns them
     /// only from windows that start a history).
     pub length_share: f64,
+    /// Stage 1: a public table or a rhosynth release in this job's schema (such as a
+    /// history copula job's output on the same dataset, charged in its ledger), never
+    /// private data. The model is trained on its histories without noise before DP-SGD
+    /// (post-processing of what its charge paid for). Absent: DP-SGD from random weights.
+    pub reference: Option<String>,
+    /// Stage 1's Adam steps (cosine schedule), units a step and learning rate.
+    pub pretrain_steps: u64,
+    pub pretrain_batch: usize,
+    pub pretrain_learning_rate: f64,
     /// `[generator.sequence.run]`: the DP-SGD run (defaults: 8 epochs of 256 units, Adam at 3·10⁻³, 64 units a backward pass).
     #[serde(deserialize_with = "over_defaults::<SequenceParams, _>")]
     pub run: RunParams,
@@ -70,7 +80,22 @@ impl Default for SequenceParams {
             select_candidates: 4.0,
             select_neighbours: 4,
             length_share: 0.05,
+            reference: None,
+            pretrain_steps: 1500,
+            pretrain_batch: 16,
+            pretrain_learning_rate: 0.01,
             run: Self::run_defaults(),
+        }
+    }
+}
+
+impl SequenceParams {
+    /// Stage 1's training, as the spec sets it.
+    pub fn pretraining(&self) -> PlainTraining {
+        PlainTraining {
+            steps: self.pretrain_steps,
+            batch: self.pretrain_batch,
+            learning_rate: self.pretrain_learning_rate,
         }
     }
 }

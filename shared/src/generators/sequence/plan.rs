@@ -1,6 +1,7 @@
 //! The model and the privacy parameters that do not depend on the data: the token layout
 //! from the declared schema, the transformer's sizes and the DP-SGD run's plan.
 
+use super::pretrain::{MAX_PRETRAIN_BATCH, MAX_PRETRAIN_STEPS, StageOne};
 use super::selection::SelectionSpec;
 use super::task::SequenceModelSpec;
 use super::tokens::Layout;
@@ -11,6 +12,7 @@ use crate::calibration::CalibrationPlan;
 use crate::data::domain::Domain;
 use crate::decoder::DecoderConfig;
 use crate::dpsgd::plan::RunPlan;
+use crate::generators::reference::check_location;
 use crate::generators::sequence::SequenceParams;
 use crate::generators::{GeneratorSpec, PlanError, order_with_gaps, require_columns};
 use crate::spec::JobSpec;
@@ -33,6 +35,8 @@ pub struct SequencePlan {
     /// The noise multiplier of the released length histogram, when there is one (one of
     /// the run's `after_training` mechanisms, [`length_mechanism`]).
     pub lengths: Option<f64>,
+    /// Stage 1, when the spec names a reference set.
+    pub stage1: Option<StageOne>,
     pub run: RunPlan,
 }
 
@@ -57,6 +61,30 @@ impl SequencePlan {
         if !params.width.is_multiple_of(params.heads) {
             return Err(invalid(format!("width {} is not a multiple of heads {}", params.width, params.heads)));
         }
+        let training = params.pretraining();
+        let stage1 = match &params.reference {
+            Some(reference) => {
+                check_location(spec, reference).map_err(invalid)?;
+                let rate = training.learning_rate;
+                let within = (1..=MAX_PRETRAIN_STEPS).contains(&training.steps)
+                    && (1..=MAX_PRETRAIN_BATCH).contains(&training.batch)
+                    && rate.is_finite()
+                    && rate > 0.0;
+                if !within {
+                    return Err(invalid(format!(
+                        "stage 1 needs 1 ≤ pretrain_steps ≤ {MAX_PRETRAIN_STEPS}, 1 ≤ pretrain_batch ≤ \
+                         {MAX_PRETRAIN_BATCH} and pretrain_learning_rate > 0"
+                    )));
+                }
+                Some(StageOne { reference: reference.clone(), training })
+            }
+            None if training != SequenceParams::default().pretraining() => {
+                return Err(invalid(
+                    "pretrain_steps, pretrain_batch and pretrain_learning_rate set stage 1: name its reference",
+                ));
+            }
+            None => None,
+        };
         require_columns(GENERATOR, domain)?;
         let order = order_with_gaps(GENERATOR, spec, domain, params.gap_bins)?;
         let order_index = order.as_ref().map(|(i, _)| *i);
@@ -96,7 +124,7 @@ impl SequencePlan {
         let selection = params
             .select_epsilon
             .map(|_| SelectionSpec { neighbours: params.select_neighbours, candidates: params.select_candidates });
-        Ok(Self { model, selection, lengths, run })
+        Ok(Self { model, selection, lengths, stage1, run })
     }
 }
 
@@ -174,8 +202,8 @@ mod tests {
         assert_eq!(length_cells(&rows_per_unit, 8).iter().sum::<f64>(), 8.0);
     }
 
-    /// The example's length release (ε = 2, δ = 1e-8, 5% of the zCDP budget) has σ_L
-    /// ≈ 13, and it is part of the run's charge; a share of 0 releases none.
+    /// The example's length release (ε = 1, δ = 1e-8, 5% of the zCDP budget) has σ_L
+    /// ≈ 24, and it is part of the run's charge; a share of 0 releases none.
     #[test]
     fn the_length_release_takes_its_share_of_the_budget() {
         let text = include_str!("../../../../examples/icu-sequence.toml");
@@ -183,12 +211,48 @@ mod tests {
         let (domain, options) = (Domain::from_spec(&spec), AccountingOptions::default());
         let plan = SequencePlan::new(&spec, &domain, &options).unwrap();
         let sigma = plan.lengths.unwrap();
-        assert!((12.0..14.0).contains(&sigma), "σ_L = {sigma}");
-        let rho = zcdp_budget(2.0, 1e-8, &options).unwrap();
+        assert!((23.0..25.0).contains(&sigma), "σ_L = {sigma}");
+        let rho = zcdp_budget(1.0, 1e-8, &options).unwrap();
         assert!((1.0 / (2.0 * sigma * sigma) - 0.05 * rho).abs() < 1e-12);
         assert_eq!(plan.run.after_training, vec![length_mechanism(sigma)]);
         let off = text.replace("[generator.sequence]\n", "[generator.sequence]\nlength_share = 0.0\n");
         let plan = SequencePlan::new(&JobSpec::parse(&off, "off").unwrap(), &domain, &options).unwrap();
         assert_eq!((plan.lengths, plan.run.after_training.len()), (None, 0));
+    }
+
+    /// Stage 1's reference set is read as public: never the job's input, held-out files or
+    /// ledger (at, in or around them), nor a location named through `..`; its training is
+    /// bounded, and its settings without a reference are refused rather than ignored.
+    #[test]
+    fn stage_one_reads_only_a_public_reference_within_bounds() {
+        let text = include_str!("../../../../examples/icu-sequence.toml");
+        let spec = JobSpec::parse(text, "example").unwrap();
+        let (domain, options) = (Domain::from_spec(&spec), AccountingOptions::default());
+        let plan = SequencePlan::new(&spec, &domain, &options).unwrap();
+        let stage1 = plan.stage1.unwrap();
+        assert_eq!(stage1.reference, "./rhosynth-out/icu-sequence-reference");
+        assert_eq!((stage1.training.steps, stage1.training.batch), (1500, 16));
+        let with = |from: &str, to: &str| {
+            let changed = text.replace(from, to);
+            assert_ne!(changed, text, "{from}");
+            SequencePlan::new(&JobSpec::parse(&changed, "changed").unwrap(), &domain, &options).map(drop)
+        };
+        let reference = "reference = \"./rhosynth-out/icu-sequence-reference\"";
+        for private in [
+            "./rhosynth-out/demo/input/icu_vitals.csv",
+            "./rhosynth-out/demo/input",
+            "./rhosynth-out/demo/input/icu_vitals_holdout.csv",
+            "./rhosynth-out/ledger/demo-icu-cohort",
+            "./public/../rhosynth-out/demo/input/icu_vitals.csv",
+        ] {
+            let err = with(reference, &format!("reference = \"{private}\"")).unwrap_err().to_string();
+            assert!(err.contains("overlaps the job's private data") || err.contains("`..`"), "{private}: {err}");
+        }
+        for bad in ["pretrain_steps = 0", "pretrain_steps = 20001", "pretrain_batch = 1025"] {
+            assert!(with("pretrain_steps = 1500", bad).is_err(), "{bad}");
+        }
+        let err = with(&format!("{reference}\npretrain_steps = 1500"), "pretrain_steps = 3000").unwrap_err();
+        assert!(err.to_string().contains("name its reference"), "{err}");
+        with(&format!("{reference}\npretrain_steps = 1500\n"), "").unwrap();
     }
 }

@@ -504,8 +504,9 @@ fn cached_decoding_gives_the_logits_of_the_full_forward_pass() {
 /// dynamics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_noise_the_model_keeps_each_vitals_lag1() {
-    use super::ceiling::{PlainTraining, feature_sequences, sample, train_plain};
+    use super::ceiling::{feature_sequences, sample};
     use super::plan::SequencePlan;
+    use super::pretrain::{PlainTraining, train_plain};
     use crate::accounting::accountant::AccountingOptions;
     use crate::eval::longitudinal::lag1;
     use crate::simulate::{Cohort, Dynamics, cohort_csv};
