@@ -26,15 +26,38 @@ use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
 use super::reference;
 use crate::context::{JobError, blocking};
 
-/// A language-model generator: HARMONIC when its examples are prompted with reference
-/// rows, DP-2Stage otherwise.
-pub struct LanguageModel<const HARMONIC: bool>;
+/// How a language-model generator makes its examples: a private row alone (DP-2Stage), or
+/// a private row after its nearest rows of the reference set (HARMONIC's prompts).
+pub trait Examples: Send + Sync {
+    const GENERATOR: GeneratorName;
+    /// Whether each example is prompted with reference rows.
+    const PROMPTED: bool;
+}
 
-pub type Dp2Stage = LanguageModel<false>;
-pub type Harmonic = LanguageModel<true>;
+/// DP-2Stage's examples: rows alone.
+pub struct RowsAlone;
 
-impl<const HARMONIC: bool> LanguageModel<HARMONIC> {
-    const GENERATOR: GeneratorName = if HARMONIC { GeneratorName::Harmonic } else { GeneratorName::Dp2stage };
+/// HARMONIC's examples: rows after their nearest reference rows.
+pub struct PromptedRows;
+
+impl Examples for RowsAlone {
+    const GENERATOR: GeneratorName = GeneratorName::Dp2stage;
+    const PROMPTED: bool = false;
+}
+
+impl Examples for PromptedRows {
+    const GENERATOR: GeneratorName = GeneratorName::Harmonic;
+    const PROMPTED: bool = true;
+}
+
+/// A language-model generator, by how it makes its examples.
+pub struct LanguageModel<E: Examples>(std::marker::PhantomData<E>);
+
+pub type Dp2Stage = LanguageModel<RowsAlone>;
+pub type Harmonic = LanguageModel<PromptedRows>;
+
+impl<E: Examples> LanguageModel<E> {
+    const GENERATOR: GeneratorName = E::GENERATOR;
 
     /// Reading the operator's checkpoint failed (its store, not the job's data).
     fn read_error(e: impl std::fmt::Display) -> JobError {
@@ -48,14 +71,14 @@ impl<const HARMONIC: bool> LanguageModel<HARMONIC> {
 
     fn params(spec: &JobSpec) -> Result<&LanguageModelParams, JobError> {
         match &spec.generator {
-            GeneratorSpec::Dp2stage(p) if !HARMONIC => Ok(p),
-            GeneratorSpec::Harmonic(p) if HARMONIC => Ok(p),
+            GeneratorSpec::Dp2stage(p) if !E::PROMPTED => Ok(p),
+            GeneratorSpec::Harmonic(p) if E::PROMPTED => Ok(p),
             _ => Err(JobError::Internal(format!("not a {} job", Self::GENERATOR.as_str()))),
         }
     }
 }
 
-impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
+impl<E: Examples> DpSgdGenerator for LanguageModel<E> {
     const NAME: GeneratorName = Self::GENERATOR;
     type Model = Dp2StageModelSpec;
 
@@ -74,7 +97,7 @@ impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
                     domain,
                     url,
                     params.reference_rows,
-                    if HARMONIC { params.neighbours } else { 0 },
+                    if E::PROMPTED { params.neighbours } else { 0 },
                 )
                 .await
                 .map_err(Self::plan_error)?;
@@ -149,7 +172,8 @@ impl<const HARMONIC: bool> DpSgdGenerator for LanguageModel<HARMONIC> {
     fn public_inputs(model: &Dp2StageModelSpec) -> Vec<String> {
         let mut inputs = vec![format!("checkpoint: {} (SHA-256 {})", model.checkpoint, model.checkpoint_sha256)];
         if let Some(p) = &model.model.prompting {
-            let used = if HARMONIC { format!("prompts (k = {}) and stage 1", p.neighbours) } else { "stage 1".into() };
+            let used =
+                if E::PROMPTED { format!("prompts (k = {}) and stage 1", p.neighbours) } else { "stage 1".into() };
             inputs.push(format!("reference set of the {used}: {}", p.source));
         }
         inputs
