@@ -31,10 +31,10 @@ pub struct ReferenceTable {
 }
 
 impl ReferenceTable {
-    /// Reads the first `rows` rows of the reference set at
-    /// `url` (a rhosynth release, whose manifest lists its parts, or files in the job's
-    /// input format) in the job's schema. A release's parts are read from private copies
-    /// made as they were checked against the manifest.
+    /// Reads the first `rows` rows of the reference set at `url` (a rhosynth release,
+    /// whose manifest lists its parts, or files in the job's input format) in the job's
+    /// schema. A release's parts are read from private copies made as they were checked
+    /// against the manifest.
     pub async fn load(spec: &JobSpec, domain: &Domain, url: &str, rows: usize) -> Result<Self, ReferenceError> {
         let read = |source: DataError| ReferenceError::Read { url: url.to_string(), source };
         let copies = private_dir().map_err(|e| read(DataError::Read { file: url.into(), message: e.to_string() }))?;
