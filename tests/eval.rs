@@ -20,7 +20,7 @@ async fn a_table_against_itself_scores_perfectly() {
     let dir = tempfile::tempdir().unwrap();
     let spec = JobSpec::parse(&demo_spec(dir.path(), 60), "demo").unwrap();
     let domain = Domain::from_spec(&spec);
-    let table = eval::load(&spec, &domain, &spec.input.urls).await.unwrap();
+    let table = rhosynth_shared::data::table::load(&spec, &domain, &spec.input.urls).await.unwrap();
     let report = eval::evaluate(&spec, &domain, &table, &table, &table, None);
     assert!((report.fidelity.hist - 1.0).abs() < 1e-12, "HIST {}", report.fidelity.hist);
     assert!((report.fidelity.pair - 1.0).abs() < 1e-12, "Pair {}", report.fidelity.pair);
@@ -247,7 +247,7 @@ async fn the_report_states_what_its_caps_sampled() {
     spec.schema.target = Some("rhythm".into());
     spec.schema.positive_class = Some("afib".into());
     let domain = Domain::from_spec(&spec);
-    let table = eval::load(&spec, &domain, &spec.input.urls).await.unwrap();
+    let table = rhosynth_shared::data::table::load(&spec, &domain, &spec.input.urls).await.unwrap();
     let rows = table.rows();
     let units = table.units.iter().collect::<std::collections::HashSet<_>>().len();
 
@@ -353,8 +353,10 @@ async fn adult_logistic_regression_matches_scikit_learn() {
     let text = std::fs::read_to_string(repo().join("examples/adult-marginals.toml")).unwrap();
     let spec = JobSpec::parse(&text, "adult").unwrap();
     let domain = Domain::from_spec(&spec);
-    let train = eval::load(&spec, &domain, &[train_csv.to_str().unwrap().to_string()]).await.unwrap();
-    let test = eval::load(&spec, &domain, &[test_csv.to_str().unwrap().to_string()]).await.unwrap();
+    let train =
+        rhosynth_shared::data::table::load(&spec, &domain, &[train_csv.to_str().unwrap().to_string()]).await.unwrap();
+    let test =
+        rhosynth_shared::data::table::load(&spec, &domain, &[test_csv.to_str().unwrap().to_string()]).await.unwrap();
     let target = domain.index_of("income").unwrap();
     let (dtrain, dtest) =
         (eval::utility::design(&domain, &train, target, 1.0), eval::utility::design(&domain, &test, target, 1.0));

@@ -27,8 +27,9 @@ use rhosynth_shared::audit::score::{Score, guess, nearest_scores, pair_scores};
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::data::input::InputReader;
 use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter};
+use rhosynth_shared::data::table::{self, Table};
 use rhosynth_shared::entropy::os_rng;
-use rhosynth_shared::eval::{self, Table};
+use rhosynth_shared::eval;
 use rhosynth_shared::output::{OutputWriter, SyntheticUnits, rows_to_batch};
 use rhosynth_shared::spec::{Format, JobSpec};
 use rhosynth_shared::storage;
@@ -164,7 +165,7 @@ pub async fn run(spec: &JobSpec, options: &AuditOptions, work: &Path) -> Result<
     let domain = Domain::from_spec(spec);
 
     let stand_in_urls = options.data.clone().unwrap_or_else(|| spec.input.urls.clone());
-    let stand_in = eval::load(spec, &domain, &stand_in_urls).await?;
+    let stand_in = table::load(spec, &domain, &stand_in_urls).await?;
     let order_by = spec.schema.order_by.as_ref().and_then(|o| domain.index_of(o));
     // The design is public: any generator will do; the coins that include canaries must
     // be unpredictable, so they come from the OS.
@@ -188,8 +189,8 @@ pub async fn run(spec: &JobSpec, options: &AuditOptions, work: &Path) -> Result<
 
     let scores = match options.score {
         Score::Pairs | Score::Nearest => {
-            let (parts, _) = eval::release_parts(&synthetic_url).await?;
-            let synthetic = eval::load(&job, &domain, &parts).await?;
+            let (parts, _) = table::release_parts(&synthetic_url).await?;
+            let synthetic = table::load(&job, &domain, &parts).await?;
             let (table, ends) = (table_of(&domain, &canaries), &canaries.ends);
             match options.score {
                 Score::Pairs => pair_scores(&domain, &table, ends, &synthetic, &stand_in),

@@ -15,7 +15,8 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 use rhosynth_shared::data::domain::Domain;
-use rhosynth_shared::eval::{EvalLimits, Table, evaluate_with};
+use rhosynth_shared::data::table::Table;
+use rhosynth_shared::eval::{EvalLimits, evaluate_with};
 use rhosynth_shared::spec::JobSpec;
 
 const NUMERIC: usize = 20;

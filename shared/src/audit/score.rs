@@ -23,7 +23,7 @@ use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
 use crate::data::domain::Domain;
-use crate::eval::Table;
+use crate::data::table::Table;
 use crate::eval::privacy::nearest_distances;
 
 /// How a canary is scored.

@@ -689,8 +689,8 @@ url = "/unused"
         JobSpec::parse(&text, "files")
     }
 
-    async fn read(spec: &JobSpec) -> Result<crate::eval::Table, DataError> {
-        crate::eval::load(spec, &Domain::from_spec(spec), &spec.input.urls).await
+    async fn read(spec: &JobSpec) -> Result<crate::data::table::Table, DataError> {
+        crate::data::table::load(spec, &Domain::from_spec(spec), &spec.input.urls).await
     }
 
     const CSV: &str = "id,t,x\nP1,2185-11-18 11:56:00,7\nP1,2185-11-18 12:30:00,9\nP2,2185-11-19 08:00:00,42\n";

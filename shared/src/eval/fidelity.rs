@@ -23,8 +23,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{EvalLimits, Sampling, Table, is_numeric, par_map};
+use super::{EvalLimits, Sampling, is_numeric, par_map};
 use crate::data::domain::{ColumnDomain, Domain, Encoding};
+use crate::data::table::Table;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ColumnFidelity {

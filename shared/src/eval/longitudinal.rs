@@ -38,8 +38,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::fidelity::js_distance;
-use super::{EvalLimits, Sampling, Table, is_numeric, par_map};
+use super::{EvalLimits, Sampling, is_numeric, par_map};
 use crate::data::domain::Domain;
+use crate::data::table::Table;
 
 pub const STATES: usize = 5;
 

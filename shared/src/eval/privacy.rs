@@ -22,8 +22,9 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::{EvalLimits, Sampling, Table, par_map};
+use super::{EvalLimits, Sampling, par_map};
 use crate::data::domain::{Domain, Encoding};
+use crate::data::table::Table;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PrivacyDiagnostics {

@@ -18,8 +18,9 @@ use ndarray::{Array1, Array2};
 use serde::{Deserialize, Serialize};
 
 use super::privacy::auc;
-use super::{EvalLimits, Sampling, Table};
+use super::{EvalLimits, Sampling};
 use crate::data::domain::{Domain, Encoding};
+use crate::data::table::Table;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelScores {

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::data::DataError;
 use crate::data::domain::Domain;
-use crate::eval::{Table, load_first, read_release};
+use crate::data::table::{Table, load_first, read_release};
 use crate::output::Manifest;
 use crate::spec::JobSpec;
 use crate::storage;

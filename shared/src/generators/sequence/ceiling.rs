@@ -13,8 +13,9 @@ use super::sampler::SequenceSampler;
 use super::task::Histories;
 use super::tokens::Layout;
 use crate::data::domain::Domain;
+use crate::data::table::Table;
 use crate::eval::longitudinal::{self, Longitudinal};
-use crate::eval::{EvalLimits, Sampling, Table};
+use crate::eval::{EvalLimits, Sampling};
 use crate::simulate::{Cohort, Dynamics, cohort_csv};
 use crate::spec::JobSpec;
 
@@ -63,8 +64,8 @@ impl SimulatedCohort {
         let spec = JobSpec::parse(&text, "simulated").expect("the example parses");
         let domain = Domain::from_spec(&spec);
         let order = domain.index_of(spec.schema.order_by.as_deref().expect("ordered")).expect("the order column");
-        let train = crate::eval::load(&spec, &domain, &files[..1]).await.expect("the cohort reads");
-        let holdout = crate::eval::load(&spec, &domain, &files[1..]).await.expect("the held-out cohort reads");
+        let train = crate::data::table::load(&spec, &domain, &files[..1]).await.expect("the cohort reads");
+        let holdout = crate::data::table::load(&spec, &domain, &files[1..]).await.expect("the held-out cohort reads");
         Self { spec, domain, order, train, holdout }
     }
 

@@ -531,7 +531,7 @@ async fn without_noise_the_model_keeps_each_vitals_lag1() {
     let spec = JobSpec::parse(&text, "ceiling").unwrap();
     let domain = Domain::from_spec(&spec);
     let plan = SequencePlan::new(&spec, &domain, &AccountingOptions::default()).unwrap();
-    let table = crate::eval::load(&spec, &domain, &spec.input.urls).await.unwrap();
+    let table = crate::data::table::load(&spec, &domain, &spec.input.urls).await.unwrap();
     let rows = (0..table.rows()).map(|r| (table.units[r].clone(), table.columns.iter().map(|c| c[r]).collect()));
     let histories = Histories::from_rows(rows, &plan.model.layout);
 
