@@ -68,8 +68,8 @@ pub enum JobError {
     #[error("the output location {output} overlaps the coordinator's {store} store; choose another output prefix")]
     OutputOverlaps { output: String, store: &'static str },
     /// A reference set is read as public: never from a store of private rows or accounting.
-    #[error("the reference set {reference} overlaps {overlaps}; name a public table or release")]
-    ReferenceOverlaps { reference: String, overlaps: &'static str },
+    #[error("the reference set {reference} overlaps the coordinator's {store} store; name a public table or release")]
+    ReferenceOverlaps { reference: String, store: &'static str },
     /// Another live process trains this job's run (`run_lease`): the scratch store's
     /// state, never the data's.
     #[error("job {job_id} is being trained by another coordinator; refusing to train it twice")]

@@ -28,10 +28,10 @@
 //! ```
 //!
 //! A language-model job names a declared model's id as its `checkpoint`, and a HARMONIC,
-//! DP-2Stage or sequence job a declared reference's id as its `reference`: the coordinator and workers read only
-//! what the operator declared public, never a location a submitter chose (reading one would
-//! tell whether, and how, a private object parses, and private neighbours would have no
-//! bounded sensitivity).
+//! DP-2Stage or sequence job a declared reference's id as its `reference`: the coordinator
+//! and workers read only what the operator declared public, never a location a submitter
+//! chose (reading one would tell whether, and how, a private object parses, and private
+//! neighbours would have no bounded sensitivity).
 
 use std::collections::HashMap;
 

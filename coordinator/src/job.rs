@@ -318,18 +318,18 @@ fn refuse_overlaps(spec: &JobSpec, output_url: &str, ledger_url: &str, env: &Job
     };
     let reference = spec.generator.reference();
     let stores = [
-        ("ledger", Some(ledger_url), "the coordinator's ledger store"),
-        ("scratch", Some(env.scratch_url.as_str()), "the coordinator's scratch store"),
-        ("diagnostics", env.diagnostics_url.as_deref(), "the coordinator's diagnostics store"),
-        ("model", checkpoint, "the coordinator's model store"),
+        ("ledger", Some(ledger_url)),
+        ("scratch", Some(env.scratch_url.as_str())),
+        ("diagnostics", env.diagnostics_url.as_deref()),
+        ("model", checkpoint),
     ];
-    for (store, url, overlaps) in stores {
+    for (store, url) in stores {
         let Some(url) = url.filter(|url| !url.is_empty()) else { continue };
         if storage::nested(output_url, url) {
             return Err(JobError::OutputOverlaps { output: output_url.to_string(), store });
         }
         if let Some(reference) = reference.filter(|reference| store != "model" && storage::nested(reference, url)) {
-            return Err(JobError::ReferenceOverlaps { reference: reference.to_string(), overlaps });
+            return Err(JobError::ReferenceOverlaps { reference: reference.to_string(), store });
         }
     }
     Ok(())

@@ -258,7 +258,9 @@ async fn main() {
             let normal = Normal::new(0.0, sl).unwrap();
             lengths = Some(tables.lengths.iter().map(|v| v + normal.sample(&mut rng)).collect());
         }
-        if copula_stage1 {
+        // Stage 1's pseudo histories (and what they are, for the report), and the
+        // pretraining's default steps and batch.
+        let stage_one = if copula_stage1 {
             let mut copula_spec = cohort.spec.clone();
             copula_spec.generator = GeneratorSpec::HistoryCopula(HistoryCopulaParams::default());
             copula_spec.privacy.epsilon = stage1;
@@ -268,43 +270,32 @@ async fn main() {
                 values.iter_mut().for_each(|v| *v += normal.sample(&mut rng));
             });
             let drawn = CopulaSampler::new(copula).histories(patients, &mut rng);
-            let l = cohort.evaluate(&drawn);
-            report(&format!("{kind}, the copula's histories (ε₁ = {stage1})"), &l, started.elapsed().as_secs_f64());
             let rows = drawn.iter().enumerate().flat_map(|(i, h)| h.iter().map(move |r| (format!("c{i}"), r.clone())));
             let pseudo = Histories::from_rows(rows, &plan.model.layout);
             let mut drawn_lengths = vec![0.0; max_rows];
             drawn.iter().for_each(|h| drawn_lengths[h.len().clamp(1, max_rows) - 1] += 1.0);
             lengths = lengths.or(Some(drawn_lengths));
+            Some((pseudo, format!("the copula's histories (ε₁ = {stage1})"), (1500, 16)))
+        } else if let Some(s1) = stage1_sigma {
+            tables.add_noise(s1 * sensitivity, &mut rng);
+            lengths = lengths.or_else(|| Some(tables.lengths.clone()));
+            let pseudo = tables.draw(domain, &plan.model.layout, order, patients.max(2000), &mut rng);
+            println!("{kind}: stage 1 σ₁ = {s1:.2} (Δ = {sensitivity:.2})");
+            Some((pseudo, "stage 1's pseudo histories themselves".to_string(), (400, 32)))
+        } else {
+            None
+        };
+        if let Some((pseudo, what, (steps, batch))) = stage_one {
+            let drawn: Vec<Vec<Vec<Option<f64>>>> = pseudo.units.iter().map(|(_, rows)| rows.clone()).collect();
+            report(&format!("{kind}, {what}"), &cohort.evaluate(&drawn), started.elapsed().as_secs_f64());
             let pretraining = PlainTraining {
-                steps: env("DP_PRETRAIN_STEPS", 1500),
-                batch: env("DP_PRETRAIN_BATCH", 16),
+                steps: env("DP_PRETRAIN_STEPS", steps),
+                batch: env("DP_PRETRAIN_BATCH", batch),
                 learning_rate: env("DP_PRETRAIN_LR", 0.01),
             };
             let losses = train_plain(&mut model, &pseudo, &pretraining, seed);
             println!(
                 "{kind}: pretrained {} steps: loss {:.1} → {:.1}",
-                pretraining.steps,
-                losses[0],
-                losses.last().unwrap()
-            );
-            let l = cohort.evaluate(&sample(&model, patients.min(1000), lengths.clone(), seed + 2));
-            report(&format!("{kind}, pretrained only"), &l, started.elapsed().as_secs_f64());
-        }
-        if let Some(s1) = stage1_sigma {
-            tables.add_noise(s1 * sensitivity, &mut rng);
-            lengths = lengths.or_else(|| Some(tables.lengths.clone()));
-            let pseudo = tables.draw(domain, &plan.model.layout, order, patients.max(2000), &mut rng);
-            let pretraining = PlainTraining {
-                steps: env("DP_PRETRAIN_STEPS", 400),
-                batch: env("DP_PRETRAIN_BATCH", 32),
-                learning_rate: env("DP_PRETRAIN_LR", 0.01),
-            };
-            let drawn: Vec<Vec<Vec<Option<f64>>>> = pseudo.units.iter().map(|(_, rows)| rows.clone()).collect();
-            let l = cohort.evaluate(&drawn);
-            report(&format!("{kind}, stage 1's pseudo histories themselves"), &l, started.elapsed().as_secs_f64());
-            let losses = train_plain(&mut model, &pseudo, &pretraining, seed);
-            println!(
-                "{kind}: stage 1 σ₁ = {s1:.2} (Δ = {sensitivity:.2}), pretrained {} steps: loss {:.1} → {:.1}",
                 pretraining.steps,
                 losses[0],
                 losses.last().unwrap()

@@ -57,29 +57,27 @@ pub type Dp2Stage = LanguageModel<RowsAlone>;
 pub type Harmonic = LanguageModel<PromptedRows>;
 
 impl<E: Examples> LanguageModel<E> {
-    const GENERATOR: GeneratorName = E::GENERATOR;
-
     /// Reading the operator's checkpoint failed (its store, not the job's data).
     fn read_error(e: impl std::fmt::Display) -> JobError {
-        JobError::Model(format!("{}: {e}", Self::GENERATOR.as_str()))
+        JobError::Model(format!("{}: {e}", E::GENERATOR.as_str()))
     }
 
     /// What public information alone decides (the spec against the checkpoint, stage 1).
     fn plan_error(e: impl std::fmt::Display) -> JobError {
-        JobError::Plan(PlanError::new(Self::GENERATOR.as_str(), e.to_string()))
+        JobError::Plan(PlanError::new(E::GENERATOR.as_str(), e.to_string()))
     }
 
     fn params(spec: &JobSpec) -> Result<&LanguageModelParams, JobError> {
         match &spec.generator {
             GeneratorSpec::Dp2stage(p) if !E::PROMPTED => Ok(p),
             GeneratorSpec::Harmonic(p) if E::PROMPTED => Ok(p),
-            _ => Err(JobError::Internal(format!("not a {} job", Self::GENERATOR.as_str()))),
+            _ => Err(JobError::Internal(format!("not a {} job", E::GENERATOR.as_str()))),
         }
     }
 }
 
 impl<E: Examples> DpSgdGenerator for LanguageModel<E> {
-    const NAME: GeneratorName = Self::GENERATOR;
+    const NAME: GeneratorName = E::GENERATOR;
     type Model = Dp2StageModelSpec;
 
     /// Reads the public checkpoint and fixes how rows read with its tokenizer; reads the
@@ -101,7 +99,7 @@ impl<E: Examples> DpSgdGenerator for LanguageModel<E> {
                 )
                 .await
                 .map_err(Self::plan_error)?;
-                prompting.source = reference::guarantee(Self::GENERATOR, url, &prompting.source, manifest, ledger)?;
+                prompting.source = reference::guarantee(E::GENERATOR, url, &prompting.source, manifest, ledger)?;
                 Some(prompting)
             }
             None => None,
@@ -151,7 +149,7 @@ impl<E: Examples> DpSgdGenerator for LanguageModel<E> {
                 steps = losses.len(),
                 first_loss = losses.first().copied().unwrap_or_default(),
                 last_loss = losses.last().copied().unwrap_or_default(),
-                generator = Self::GENERATOR.as_str(),
+                generator = E::GENERATOR.as_str(),
                 "stage 1 (public examples) trained"
             );
             Ok(parameters)

@@ -14,7 +14,7 @@ use crate::decoder::DecoderConfig;
 use crate::dpsgd::plan::RunPlan;
 use crate::generators::reference::check_location;
 use crate::generators::sequence::SequenceParams;
-use crate::generators::{GeneratorSpec, PlanError, order_with_gaps, require_columns};
+use crate::generators::{GeneratorSpec, PlanError, order_with_gaps, require_columns, require_positive};
 use crate::spec::JobSpec;
 
 /// This generator's name in plan errors.
@@ -65,15 +65,13 @@ impl SequencePlan {
         let stage1 = match &params.reference {
             Some(reference) => {
                 check_location(spec, reference).map_err(invalid)?;
-                let rate = training.learning_rate;
-                let within = (1..=MAX_PRETRAIN_STEPS).contains(&training.steps)
-                    && (1..=MAX_PRETRAIN_BATCH).contains(&training.batch)
-                    && rate.is_finite()
-                    && rate > 0.0;
-                if !within {
+                require_positive(GENERATOR, &[("pretrain_learning_rate", training.learning_rate)])?;
+                if !(1..=MAX_PRETRAIN_STEPS).contains(&training.steps)
+                    || !(1..=MAX_PRETRAIN_BATCH).contains(&training.batch)
+                {
                     return Err(invalid(format!(
-                        "stage 1 needs 1 ≤ pretrain_steps ≤ {MAX_PRETRAIN_STEPS}, 1 ≤ pretrain_batch ≤ \
-                         {MAX_PRETRAIN_BATCH} and pretrain_learning_rate > 0"
+                        "stage 1 needs 1 ≤ pretrain_steps ≤ {MAX_PRETRAIN_STEPS} and 1 ≤ pretrain_batch ≤ \
+                         {MAX_PRETRAIN_BATCH}"
                     )));
                 }
                 Some(StageOne { reference: reference.clone(), training })
