@@ -13,7 +13,8 @@ use rhosynth_coordinator::standalone::Standalone;
 use rhosynth_privacy::ledger::{EntryBody, Ledger};
 use rhosynth_proto::JobState;
 use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
-use rhosynth_shared::spec::{Format, JobSpec};
+use rhosynth_shared::data::source::Format;
+use rhosynth_shared::spec::JobSpec;
 use rhosynth_shared::storage;
 use sha2::{Digest, Sha256};
 
@@ -849,14 +850,14 @@ async fn one_round_sum(
     plan: &rhosynth_shared::generators::findiff::FinDiffPlan,
     weights: &[f32],
 ) -> Vec<f64> {
-    use rhosynth_proto::gradient_sum::Model;
     use rhosynth_proto::task::Work;
     use rhosynth_shared::dpsgd::RoundSettings;
+    use rhosynth_shared::generators::GeneratorName;
     use rhosynth_shared::generators::findiff::FinDiffRound;
 
-    let settings = RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 };
-    let model = Model::Findiff((&FinDiffRound { model: plan.model.clone(), timestep_exponent: 1.0 }).into());
-    let work = Work::GradientSum(settings.task(model, weights.to_vec()));
+    let settings = RoundSettings::new(0, 1.0, 0.5, [9; 32], 16).unwrap();
+    let model = FinDiffRound { model: plan.model.clone(), timestep_exponent: 1.0 };
+    let work = Work::GradientSum(GeneratorName::Findiff.gradient_sum(&settings, &model, weights.to_vec()));
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
     one_round(workers, work, &groups, "gradient_sum", weights.len()).await
 }
@@ -1068,7 +1069,7 @@ async fn one_two_and_four_workers_return_the_same_clipped_gradient_sum() {
     let all = plan.model.load_examples(&urls).await.unwrap();
     let units: Vec<usize> = (0..all.units.len()).collect();
     assert_eq!(units.len(), 60);
-    let settings = RoundSettings { round: 0, rate: 1.0, clip: 0.5, seed: [9; 32], micro_batch: 16 };
+    let settings = RoundSettings::new(0, 1.0, 0.5, [9; 32], 16).unwrap();
     let reference = clipped_gradient_sum(&model, &all, &units, &settings, &device).unwrap().sum;
     let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
     assert!(norm(&reference) > 0.0 && norm(&reference) <= 60.0 * 0.5 * (1.0 + 1e-5));

@@ -38,10 +38,8 @@ use std::collections::HashMap;
 use rhosynth_privacy::ledger::{Budget, Ledger, LedgerError};
 use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::accounting::mechanism::Adjacency;
-use rhosynth_shared::generators::GeneratorSpec;
-use rhosynth_shared::spec::{
-    BadRows, ColumnKind, CsvOptions, Format, InputSpec, MissingPolicy, UnknownPolicy, validate_id,
-};
+use rhosynth_shared::data::source::{BadRows, CsvOptions, Format, Source};
+use rhosynth_shared::spec::{ColumnKind, MissingPolicy, UnknownPolicy, validate_id};
 use rhosynth_shared::storage;
 use serde::Deserialize;
 
@@ -77,7 +75,7 @@ pub enum DatasetsError {
 #[serde(deny_unknown_fields)]
 pub struct DeclaredDataset {
     pub id: String,
-    pub input: InputSpec,
+    pub input: Source,
     #[serde(default)]
     pub unit_column: Option<String>,
     #[serde(default)]
@@ -304,7 +302,7 @@ impl Datasets {
         let dataset = self.by_id.get(&id).ok_or_else(|| DatasetsError::Unknown(id.clone()))?;
         let refuse = |field| Err(DatasetsError::SetBySubmitter { dataset: id.clone(), field });
         let spec = &mut request.spec;
-        if spec.input != InputSpec::default() {
+        if spec.input != Source::default() {
             return refuse("[input]");
         }
         if request.ledger_url.is_some() || spec.privacy.ledger.is_some() {
@@ -343,19 +341,12 @@ impl Datasets {
         }
         let spec = &mut request.spec;
         // A model and a reference set are named by the ids the operator declared.
-        let reference = match &mut spec.generator {
-            GeneratorSpec::Dp2stage(params) | GeneratorSpec::Harmonic(params) => {
-                let url = self
-                    .models
-                    .get(&params.checkpoint)
-                    .ok_or_else(|| DatasetsError::UnknownModel(params.checkpoint.clone()))?;
-                params.checkpoint = url.clone();
-                params.reference.as_mut()
-            }
-            GeneratorSpec::Sequence(params) => params.reference.as_mut(),
-            _ => None,
-        };
-        if let Some(reference) = reference {
+        let inputs = spec.generator.public_inputs_mut();
+        if let Some(checkpoint) = inputs.checkpoint {
+            let url = self.models.get(checkpoint).ok_or_else(|| DatasetsError::UnknownModel(checkpoint.clone()))?;
+            *checkpoint = url.clone();
+        }
+        if let Some(reference) = inputs.reference {
             let declared = self
                 .references
                 .get(reference)
@@ -370,13 +361,7 @@ impl Datasets {
         // The declared ε is the submitter's word; the plan's charge must reach the floor too,
         // so a DP-SGD run's σ is calibrated from ε (a declared σ would set its cost apart
         // from the plan admitted, and could fail the job after its count was read).
-        let declared_sigma = match &spec.generator {
-            GeneratorSpec::Findiff(p) => p.run.noise_multiplier,
-            GeneratorSpec::Sequence(p) => p.run.noise_multiplier,
-            GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => p.run.noise_multiplier,
-            _ => None,
-        };
-        if declared_sigma.is_some() {
+        if spec.generator.run().is_some_and(|run| run.noise_multiplier.is_some()) {
             return refuse("a DP-SGD noise_multiplier (it is calibrated from the job's ε)");
         }
         request.charge_floor = Some(dataset.min_job_epsilon);
@@ -403,6 +388,7 @@ impl Datasets {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rhosynth_shared::generators::GeneratorSpec;
     use rhosynth_shared::spec::JobSpec;
 
     const DATASETS: &str = r#"

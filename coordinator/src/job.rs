@@ -31,10 +31,8 @@ use rhosynth_shared::output::{
 use rhosynth_shared::spec::{ColumnKind, ColumnSpec, JobSpec};
 use rhosynth_shared::storage::{self, StoreLocation};
 
-use crate::generators::{
-    Admission, Aim, Charged, Dp2Stage, DpSgdJob, FinDiff, Fitted, Generator, Harmonic, HistoryCopula, Marginals, Pate,
-    Sequence,
-};
+use crate::generators::dpsgd::{DpSgdGenerator, DpSgdJob};
+use crate::generators::{Admission, Charged, Fitted, Generator};
 use crate::schedule::Schedule;
 use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
@@ -110,17 +108,7 @@ async fn claimed(
         progress,
         schedule,
     };
-    // The registry: one line per generator.
-    let released = match &spec.generator {
-        GeneratorSpec::Marginals(_) => synthesize::<Marginals>(&ctx, &mut ledger, output).await,
-        GeneratorSpec::Aim(_) => synthesize::<Aim>(&ctx, &mut ledger, output).await,
-        GeneratorSpec::Findiff(_) => synthesize::<DpSgdJob<FinDiff>>(&ctx, &mut ledger, output).await,
-        GeneratorSpec::Pate(_) => synthesize::<Pate>(&ctx, &mut ledger, output).await,
-        GeneratorSpec::Sequence(_) => synthesize::<DpSgdJob<Sequence>>(&ctx, &mut ledger, output).await,
-        GeneratorSpec::Dp2stage(_) => synthesize::<DpSgdJob<Dp2Stage>>(&ctx, &mut ledger, output).await,
-        GeneratorSpec::Harmonic(_) => synthesize::<DpSgdJob<Harmonic>>(&ctx, &mut ledger, output).await,
-        GeneratorSpec::HistoryCopula(_) => synthesize::<HistoryCopula>(&ctx, &mut ledger, output).await,
-    };
+    let released = synthesize_with_generator(&ctx, &mut ledger, output).await;
     // Only this process's partitions and run lease of the job: another coordinator
     // sharing the scratch store may hold the same job id.
     scratch::delete_prefix(&scratch_store, &scratch::partition_prefix(job_id)).await;
@@ -163,6 +151,33 @@ async fn claimed(
 
 /// A generator from its plan to its written parts: nothing private is read before the
 /// ledger admits the plan, and no part is written before the release is claimed.
+macro_rules! generator_dispatch {
+    ($($name:ident: $variant:ident($params:ident) by $side:ident $(, $dpsgd:ident)?;)*) => {
+        /// [`synthesize`] with the spec's generator: its coordinator's side as the generator
+        /// list names it, in the engine's `DpSgdJob` for a DP-SGD generator (whose
+        /// parameters must be the list's).
+        async fn synthesize_with_generator(
+            ctx: &JobContext<'_>,
+            ledger: &mut Ledger,
+            output: OutputWriter,
+        ) -> Result<(OutputWriter, Charged), JobError> {
+            match &ctx.spec().generator {
+                $(GeneratorSpec::$variant(_) => rhosynth_shared::if_dpsgd!($($dpsgd)? {
+                    {
+                        fn listed<G: DpSgdGenerator<Params = rhosynth_shared::generators::$name::$params>>() {}
+                        listed::<crate::generators::$name::$side>();
+                        synthesize::<DpSgdJob<crate::generators::$name::$side>>(ctx, ledger, output).await
+                    }
+                } else {
+                    synthesize::<crate::generators::$name::$side>(ctx, ledger, output).await
+                }),)*
+            }
+        }
+    };
+}
+
+rhosynth_shared::generator_list!(generator_dispatch);
+
 async fn synthesize<G: Generator>(
     ctx: &JobContext<'_>,
     ledger: &mut Ledger,
@@ -312,10 +327,7 @@ fn warn_equal_width_bins(spec: &JobSpec) {
 /// as public; the spec's check refuses one in the input, held-out files or the spec's
 /// ledger, `generators::reference::check_location`).
 fn refuse_overlaps(spec: &JobSpec, output_url: &str, ledger_url: &str, env: &JobEnv) -> Result<(), JobError> {
-    let checkpoint = match &spec.generator {
-        GeneratorSpec::Dp2stage(p) | GeneratorSpec::Harmonic(p) => Some(p.checkpoint.as_str()),
-        _ => None,
-    };
+    let checkpoint = spec.generator.checkpoint();
     let reference = spec.generator.reference();
     let stores = [
         ("ledger", Some(ledger_url)),

@@ -10,7 +10,9 @@ pub mod tls;
 /// 4: DP-SGD rounds of the sequence generator (`SequenceModel`) and its selection votes.
 /// 5: DP-SGD rounds of DP-2Stage (`Dp2StageModel`).
 /// 6: HARMONIC's prompts in `Dp2StageModel` (a worker of 5 would train without them).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: one model form in `GradientSum` (the generator's name and its model as JSON) for
+///    every DP-SGD generator; `SelectionVotes` carries its model as JSON.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

@@ -98,16 +98,17 @@ fn transformer() {
         };
         let model = SequenceModel::new(&spec, &device);
         let tracked = model.tracked();
-        let settings = RoundSettings { round: 0, rate: 1.0, clip: 1.0, seed: [1; 32], micro_batch: units };
+        let seed = [1; 32];
+        let settings = RoundSettings::new(0, 1.0, 1.0, seed, units).unwrap();
         let tokens = (0..units)
             .map(|u| {
-                sequence::window::window(&layout, &window, &examples.units[u].1, &settings.seed, &examples.units[u].0)
+                sequence::window::window(&layout, &window, &examples.units[u].1, &seed, &examples.units[u].0)
                     .tokens
                     .len()
             })
             .sum::<usize>();
         let plain = || {
-            let batch = tracked.losses(&examples, &all, &settings.seed, &device, &mut Plain);
+            let batch = tracked.losses(&examples, &all, &seed, &device, &mut Plain);
             let grads = batch.losses.sum().backward();
             std::hint::black_box(tracked.flat_gradient(&grads));
         };
@@ -148,9 +149,10 @@ fn denoiser() {
         let mut model = FinDiffModel::new(&spec, &device);
         model.set_timestep_exponent(1.0);
         let tracked = model.tracked();
-        let settings = RoundSettings { round: 0, rate: 1.0, clip: 1.0, seed: [1; 32], micro_batch: BATCH };
+        let seed = [1; 32];
+        let settings = RoundSettings::new(0, 1.0, 1.0, seed, BATCH).unwrap();
         let plain = || {
-            let batch = tracked.losses(&examples, &units, &settings.seed, &device, &mut Plain);
+            let batch = tracked.losses(&examples, &units, &seed, &device, &mut Plain);
             let grads = batch.losses.sum().backward();
             std::hint::black_box(tracked.flat_gradient(&grads));
         };

@@ -15,7 +15,8 @@ use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::dpsgd::compute_device;
 use rhosynth_shared::eval::longitudinal::Longitudinal;
 use rhosynth_shared::generators::sequence::ceiling::{SimulatedCohort, sample};
-use rhosynth_shared::generators::sequence::pretrain::{PlainTraining, train_plain};
+use rhosynth_shared::generators::sequence::params::PlainTraining;
+use rhosynth_shared::generators::sequence::pretrain::train_plain;
 use rhosynth_shared::generators::sequence::{SequenceModel, SequencePlan};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {

@@ -41,7 +41,8 @@ use rhosynth_shared::eval::longitudinal::Longitudinal;
 use rhosynth_shared::generators::GeneratorSpec;
 use rhosynth_shared::generators::history_copula::{CopulaSampler, HistoryCopulaParams, HistoryCopulaPlan, simulated};
 use rhosynth_shared::generators::sequence::ceiling::{SimulatedCohort, sample};
-use rhosynth_shared::generators::sequence::pretrain::{PlainTraining, train_plain};
+use rhosynth_shared::generators::sequence::params::PlainTraining;
+use rhosynth_shared::generators::sequence::pretrain::train_plain;
 use rhosynth_shared::generators::sequence::{Histories, Layout, SequenceModel, SequencePlan};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -309,8 +310,7 @@ async fn main() {
         let noise = Normal::new(0.0, sigma * run.run.clip).unwrap();
         for round in 0..steps {
             let units: Vec<usize> = (0..histories.units.len()).filter(|_| rng.random::<f64>() < rate).collect();
-            let settings =
-                RoundSettings { round, rate, clip: run.run.clip, seed: rng.random(), micro_batch: run.run.micro_batch };
+            let settings = RoundSettings::new(round, rate, run.run.clip, rng.random(), run.run.micro_batch).unwrap();
             let sum = clipped_gradient_sum(&model, &histories, &units, &settings, &device).unwrap().sum;
             let gradient: Vec<f64> = sum.iter().map(|s| (s + noise.sample(&mut rng)) / (rate * n)).collect();
             optimizer.step(&mut parameters, &gradient);

@@ -33,13 +33,13 @@ pub fn seed(bytes: &[u8]) -> Result<[u8; 32], WireError> {
 
 #[cfg(test)]
 mod tests {
-    use rhosynth_proto::gradient_sum::Model;
     use rhosynth_proto::{GradientSum, TeacherVotes};
 
     use super::*;
     use crate::accounting::accountant::AccountingOptions;
     use crate::data::domain::Domain;
     use crate::dpsgd::RoundSettings;
+    use crate::generators::GeneratorName;
     use crate::generators::findiff::{FinDiffPlan, FinDiffRound};
     use crate::generators::marginals::{MarginalsPlan, MarginalsTask};
     use crate::generators::pate::{PatePlan, Question, VoteTask};
@@ -99,21 +99,19 @@ mod tests {
     fn gradient_sums_round_trip_and_refuse_bad_rates_clips_and_seeds() {
         let spec = job("[generator]\nname = \"findiff\"");
         let plan = FinDiffPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
-        let settings = RoundSettings { round: 3, rate: 0.25, clip: 1.5, seed: [4; 32], micro_batch: 64 };
+        let settings = RoundSettings::new(3, 0.25, 1.5, [4; 32], 64).unwrap();
         let round = FinDiffRound { model: plan.model, timestep_exponent: 0.5 };
-        let wire = settings.task(Model::Findiff((&round).into()), vec![1.0, -2.0]);
+        let wire = GeneratorName::Findiff.gradient_sum(&settings, &round, vec![1.0, -2.0]);
         assert_eq!(RoundSettings::try_from(&wire).unwrap(), settings);
-        let Some(Model::Findiff(model)) = &wire.model else { panic!("a DP-FinDiff model") };
-        let back = FinDiffRound::try_from(model).unwrap();
+        assert_eq!(wire.generator, "findiff");
+        let back: FinDiffRound = from_json("model", &wire.model_json).unwrap();
         assert_eq!((back.model.domain, back.timestep_exponent), (round.model.domain, 0.5));
         let spec = job("[generator]\nname = \"sequence\"\n[generator.sequence]\nstatic_columns = [\"rhythm\"]");
         let plan = SequencePlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
-        let sequence = settings.task(Model::Sequence((&plan.model).into()), vec![0.5]);
-        let Some(Model::Sequence(model)) = &sequence.model else { panic!("a sequence model") };
-        assert_eq!(SequenceModelSpec::try_from(model).unwrap(), plan.model);
-        let mut spoiled = model.clone();
-        spoiled.spec_json.truncate(spoiled.spec_json.len() / 2);
-        assert!(SequenceModelSpec::try_from(&spoiled).is_err());
+        let sequence = GeneratorName::Sequence.gradient_sum(&settings, &plan.model, vec![0.5]);
+        assert_eq!(from_json::<SequenceModelSpec>("model", &sequence.model_json).unwrap(), plan.model);
+        let spoiled = &sequence.model_json[..sequence.model_json.len() / 2];
+        assert!(from_json::<SequenceModelSpec>("model", spoiled).is_err());
         let bad: [fn(&mut GradientSum); 5] = [
             |w| w.rate = 0.0,
             |w| w.rate = 1.5,

@@ -11,7 +11,8 @@ use rhosynth_privacy::ledger::Ledger;
 use rhosynth_shared::accounting::accountant::Accountant;
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::data::input::InputReader;
-use rhosynth_shared::spec::{Format, JobSpec};
+use rhosynth_shared::data::source::Format;
+use rhosynth_shared::spec::JobSpec;
 use rhosynth_shared::storage;
 #[allow(unused_imports)]
 pub use rhosynth_shared::testing::{generator, with_generator};

@@ -6,23 +6,25 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use rhosynth_proto::gradient_sum::Model;
 use rhosynth_proto::task::Work;
 use rhosynth_proto::{CountTables, GradientSum, HistoryStatistics, SelectionVotes, Task, TeacherVotes};
 use rhosynth_shared::data::DataError;
 use rhosynth_shared::data::EncodedBatch;
 use rhosynth_shared::data::partition::read_partition;
+use rhosynth_shared::dpsgd::trainable::{Trainable, WithTrainable};
 use rhosynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
 use rhosynth_shared::entropy::os_rng;
-use rhosynth_shared::generators::dp2stage::Dp2StageModelSpec;
-use rhosynth_shared::generators::findiff::{FinDiffModel, FinDiffRound};
+use rhosynth_shared::generators::GeneratorName;
 use rhosynth_shared::generators::history_copula::HistoryStatisticsTask;
 use rhosynth_shared::generators::marginals::MarginalsTask;
 use rhosynth_shared::generators::pate::VoteTask;
+use rhosynth_shared::generators::sequence::Histories;
 use rhosynth_shared::generators::sequence::selection::SelectionTask;
-use rhosynth_shared::generators::sequence::{Histories, SequenceModel, SequenceModelSpec};
+use rhosynth_shared::wire::from_json;
 
 /// Named f64 tensors plus the number of privacy units that contributed (for a vote
 /// round: the number of teachers).
@@ -171,50 +173,52 @@ impl Executor {
         .await?
     }
 
-    /// One DP-SGD round over the task's partitions: the clipped gradient sum.
+    /// One DP-SGD round over the task's partitions: the clipped gradient sum, of the
+    /// model the named generator's rounds train.
     async fn gradient_sum(&mut self, task: &Task, work: &GradientSum) -> anyhow::Result<Aggregate> {
         let settings = RoundSettings::try_from(work)?;
-        let parameters = work.weights.clone();
+        let unknown =
+            || anyhow::anyhow!("a DP-SGD round of \"{}\", a model this worker does not train", work.generator);
+        let generator: GeneratorName = work.generator.parse().map_err(|_| unknown())?;
+        generator.with_trainable(Round { executor: self, task, work, settings }).ok_or_else(unknown)?.await
+    }
+
+    /// A DP-SGD round of model `T`: built on the job's first round, its partitions read once.
+    async fn train<T: Trainable>(
+        &mut self,
+        task: &Task,
+        work: &GradientSum,
+        settings: RoundSettings,
+    ) -> anyhow::Result<Aggregate> {
+        let round: Arc<T> = Arc::new(from_json("DP-SGD model", &work.model_json)?);
         let device = compute_device();
-        match &work.model {
-            Some(Model::Findiff(model)) => {
-                let round = FinDiffRound::try_from(model)?;
-                let spec = Arc::new(round.model.clone());
-                let parts = self
-                    .partitions(task, move |url| {
-                        let spec = spec.clone();
-                        async move { spec.load_examples(&[url]).await }
-                    })
-                    .await?;
-                let model = self.model(|| async { Ok(FinDiffModel::new(&round.model, &device)) }).await?;
-                let exponent = round.timestep_exponent;
-                clipped_round(model, parts, parameters, settings, move |m| m.set_timestep_exponent(exponent)).await
-            }
-            Some(Model::Sequence(model)) => {
-                let spec = Arc::new(SequenceModelSpec::try_from(model)?);
-                let model = self.model(|| async { Ok(SequenceModel::new(&spec, &device)) }).await?;
-                let parts = self
-                    .partitions(task, move |url| {
-                        let spec = spec.clone();
-                        async move { spec.load_histories(&[url]).await }
-                    })
-                    .await?;
-                clipped_round(model, parts, parameters, settings, |_| {}).await
-            }
-            Some(Model::Dp2stage(model)) => {
-                let spec = Arc::new(Dp2StageModelSpec::try_from(model)?);
-                // The public checkpoint, read from its URL on the job's first round.
-                let model = self.model(|| async { Ok(spec.load_model(&device).await?) }).await?;
-                let parts = self
-                    .partitions(task, move |url| {
-                        let spec = spec.clone();
-                        async move { spec.load_rows(&[url]).await }
-                    })
-                    .await?;
-                clipped_round(model, parts, parameters, settings, |_| {}).await
-            }
-            None => anyhow::bail!("a DP-SGD round with no model this worker knows: it is older than its coordinator"),
-        }
+        let model = self.model(|| async { Ok(round.build(&device).await?) }).await?;
+        let parts = {
+            let round = round.clone();
+            self.partitions(task, move |url| {
+                let round = round.clone();
+                async move { round.load(&[url]).await }
+            })
+            .await?
+        };
+        let parameters = work.weights.clone();
+        clipped_round(model, parts, parameters, settings, move |m| round.prepare(m)).await
+    }
+}
+
+/// [`Executor::train`] of the round's model, whichever it is.
+struct Round<'a> {
+    executor: &'a mut Executor,
+    task: &'a Task,
+    work: &'a GradientSum,
+    settings: RoundSettings,
+}
+
+impl<'a> WithTrainable for Round<'a> {
+    type Output = Pin<Box<dyn Future<Output = anyhow::Result<Aggregate>> + Send + 'a>>;
+
+    fn with<T: Trainable>(self) -> Self::Output {
+        Box::pin(self.executor.train::<T>(self.task, self.work, self.settings))
     }
 }
 

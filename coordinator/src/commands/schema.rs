@@ -16,10 +16,10 @@ use rhosynth_coordinator::service::new_job_id;
 use rhosynth_privacy::ledger::{ChargeRequest, Ledger, LedgerError};
 use rhosynth_privacy::release::Releases;
 use rhosynth_shared::accounting::accountant::Accountant;
+use rhosynth_shared::data::source::CsvOptions;
 use rhosynth_shared::generators::GeneratorName;
 use rhosynth_shared::schema_draft::profile::{header, profile};
 use rhosynth_shared::schema_draft::{DraftJob, DraftOptions, Exact, Provenance, draft, render};
-use rhosynth_shared::spec::CsvOptions;
 use rhosynth_shared::storage;
 use serde_json::json;
 

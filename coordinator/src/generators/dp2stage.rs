@@ -7,7 +7,6 @@
 //! charged; stage 2 is the engine's DP-SGD run; rows are drawn by constrained decoding.
 
 use rhosynth_privacy::ledger::Ledger;
-use rhosynth_proto::gradient_sum::Model;
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::decoder::CheckpointError;
 use rhosynth_shared::decoder::checkpoint::fetch;
@@ -17,8 +16,9 @@ use rhosynth_shared::dpsgd::plan::RunPlan;
 use rhosynth_shared::entropy::os_seed;
 use rhosynth_shared::generators::dp2stage::plan::check;
 use rhosynth_shared::generators::dp2stage::pretrain::pretrain;
-use rhosynth_shared::generators::dp2stage::{Dp2StageModelSpec, Dp2StagePlan, LanguageModelParams, TextSampler};
-use rhosynth_shared::generators::harmonic::Prompting;
+use rhosynth_shared::generators::dp2stage::{
+    Dp2StageModelSpec, Dp2StagePlan, LanguageModelParams, Prompting, TextSampler,
+};
 use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, PlanError, Sampler};
 use rhosynth_shared::spec::JobSpec;
 
@@ -37,24 +37,15 @@ pub trait Examples: Send + Sync {
 /// DP-2Stage's examples: rows alone.
 pub struct RowsAlone;
 
-/// HARMONIC's examples: rows after their nearest reference rows.
-pub struct PromptedRows;
-
 impl Examples for RowsAlone {
     const GENERATOR: GeneratorName = GeneratorName::Dp2stage;
     const PROMPTED: bool = false;
-}
-
-impl Examples for PromptedRows {
-    const GENERATOR: GeneratorName = GeneratorName::Harmonic;
-    const PROMPTED: bool = true;
 }
 
 /// A language-model generator, by how it makes its examples.
 pub struct LanguageModel<E: Examples>(std::marker::PhantomData<E>);
 
 pub type Dp2Stage = LanguageModel<RowsAlone>;
-pub type Harmonic = LanguageModel<PromptedRows>;
 
 impl<E: Examples> LanguageModel<E> {
     /// Reading the operator's checkpoint failed (its store, not the job's data).
@@ -77,7 +68,7 @@ impl<E: Examples> LanguageModel<E> {
 }
 
 impl<E: Examples> DpSgdGenerator for LanguageModel<E> {
-    const NAME: GeneratorName = E::GENERATOR;
+    type Params = LanguageModelParams;
     type Model = Dp2StageModelSpec;
 
     /// Reads the public checkpoint and fixes how rows read with its tokenizer; reads the
@@ -162,9 +153,13 @@ impl<E: Examples> DpSgdGenerator for LanguageModel<E> {
     }
 
     /// The same model every round: encoded once.
-    fn round_model<'a>(model: &Dp2StageModelSpec, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a>, JobError> {
-        let wire = rhosynth_proto::Dp2StageModel::from(model);
-        Ok(Box::new(move |_| Model::Dp2stage(wire.clone())))
+    fn round_model<'a>(
+        model: &Dp2StageModelSpec,
+        _: &'a JobSpec,
+        _: f64,
+    ) -> Result<RoundModel<'a, LanguageModelParams>, JobError> {
+        let model = model.clone();
+        Ok(Box::new(move |_| model.clone()))
     }
 
     fn public_inputs(model: &Dp2StageModelSpec) -> Vec<String> {

@@ -9,13 +9,13 @@ use object_store::{ObjectStoreExt, PutPayload};
 use prost::Message;
 use rhosynth_privacy::ledger::Ledger;
 use rhosynth_privacy::release::Releases;
-use rhosynth_proto::gradient_sum::Model;
 use rhosynth_shared::accounting::mechanism::Mechanism;
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::dpsgd::RoundSettings;
 use rhosynth_shared::dpsgd::optimizer::Optimizer;
 use rhosynth_shared::dpsgd::plan::RunPlan;
-use rhosynth_shared::generators::{GeneratorName, PlanError, Sampler};
+use rhosynth_shared::dpsgd::trainable::Trains;
+use rhosynth_shared::generators::{PlanError, Sampler};
 use rhosynth_shared::spec::JobSpec;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -27,12 +27,13 @@ use crate::gather::Gather;
 use crate::training::{self, TrainingRun};
 use crate::{run_lease, scratch};
 
-/// The model on the wire in each round.
-pub(crate) type RoundModel<'a> = Box<dyn Fn(u64) -> Model + Send + Sync + 'a>;
+/// The model the workers train in each round, as the generator's parameters name it.
+pub(crate) type RoundModel<'a, P> = Box<dyn Fn(u64) -> <P as Trains>::Model + Send + Sync + 'a>;
 
 /// A generator whose model the DP-SGD engine trains.
 pub(crate) trait DpSgdGenerator {
-    const NAME: GeneratorName;
+    /// Its parameters (the generator list's), which name the model its rounds train.
+    type Params: Trains;
     /// The model's configuration: what a checkpoint keeps and a worker rebuilds it from.
     type Model: Clone + Serialize + DeserializeOwned + Send + Sync;
 
@@ -55,7 +56,11 @@ pub(crate) trait DpSgdGenerator {
     async fn initial_parameters(model: &Self::Model) -> Result<Vec<f32>, JobError>;
 
     /// The model the workers train in each round of a run at rate `rate`.
-    fn round_model<'a>(model: &Self::Model, spec: &'a JobSpec, rate: f64) -> Result<RoundModel<'a>, JobError>;
+    fn round_model<'a>(
+        model: &Self::Model,
+        spec: &'a JobSpec,
+        rate: f64,
+    ) -> Result<RoundModel<'a, Self::Params>, JobError>;
 
     /// The trained model as the job's sampler. What the run's charge paid for after its
     /// rounds (`RunPlan::after_training`) is spent here.
@@ -96,7 +101,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         let (scratch, job_id) = (ctx.scratch, &ctx.request.job_id);
         // One process trains a job's run, fresh or resumed: taken before its checkpoint is read.
         run_lease::take(scratch, &ctx.spec().job.dataset_id, job_id, run_lease::PATIENCE).await?;
-        let start = match checkpoint::load::<G::Model>(scratch, job_id, G::NAME).await? {
+        let start = match checkpoint::load::<G::Model>(scratch, job_id, ctx.spec().generator.name()).await? {
             Some(mut saved) => {
                 saved.run.receipt = checkpoint::verify_charged(ledger, job_id, &saved.run.charge, &saved.run.receipt)?;
                 if G::domain(&saved.run.model) != ctx.domain {
@@ -147,7 +152,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
         let bytes = initial.len().saturating_mul(4);
         if bytes > rhosynth_proto::MAX_MESSAGE_BYTES / 2 {
             return Err(JobError::Plan(PlanError::new(
-                G::NAME.as_str(),
+                ctx.spec().generator.name().as_str(),
                 format!("{} trainable parameters ({bytes} bytes a round) exceed a task's message", initial.len()),
             )));
         }
@@ -253,14 +258,9 @@ async fn keep_model<G: DpSgdGenerator>(
     parameters: Vec<f32>,
 ) -> Result<(), JobError> {
     let model = G::round_model(&run.model, ctx.spec(), run.rate)?;
-    let settings = RoundSettings {
-        round,
-        rate: run.rate,
-        clip: run.plan.run.clip,
-        seed: [0; 32],
-        micro_batch: run.plan.run.micro_batch,
-    };
-    let task = settings.task(model(round), parameters);
+    let settings = RoundSettings::new(round, run.rate, run.plan.run.clip, [0; 32], run.plan.run.micro_batch)
+        .map_err(|e| JobError::Internal(e.to_string()))?;
+    let task = ctx.spec().generator.name().gradient_sum(&settings, &model(round), parameters);
     let path = ctx.scratch.child(&scratch::kept_model(&ctx.request.job_id, stage));
     ctx.scratch
         .store
@@ -308,7 +308,7 @@ async fn charge_run<G: DpSgdGenerator>(
     let parameters: Vec<f64> = parameters.into_iter().map(f64::from).collect();
     let optimizer = Optimizer::new(plan.run.optimizer, plan.run.schedule, steps, parameters.len());
     let run = ChargedRun {
-        generator: G::NAME,
+        generator: spec.generator.name(),
         model,
         plan,
         noisy_units,

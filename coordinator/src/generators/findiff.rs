@@ -3,7 +3,6 @@
 //! denoising.
 
 use rhosynth_privacy::ledger::Ledger;
-use rhosynth_proto::gradient_sum::Model;
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::dpsgd::compute_device;
 use rhosynth_shared::dpsgd::params::TrainableLayers;
@@ -12,7 +11,7 @@ use rhosynth_shared::generators::findiff::diffusion::timestep_exponent;
 use rhosynth_shared::generators::findiff::{
     FinDiffModel, FinDiffModelSpec, FinDiffParams, FinDiffPlan, FinDiffRound, FinDiffSampler,
 };
-use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, Sampler};
+use rhosynth_shared::generators::{GeneratorSpec, Sampler};
 use rhosynth_shared::spec::JobSpec;
 
 use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
@@ -28,7 +27,7 @@ fn params(spec: &JobSpec) -> Result<&FinDiffParams, JobError> {
 }
 
 impl DpSgdGenerator for FinDiff {
-    const NAME: GeneratorName = GeneratorName::Findiff;
+    type Params = FinDiffParams;
     type Model = FinDiffModelSpec;
 
     async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(FinDiffModelSpec, RunPlan), JobError> {
@@ -44,15 +43,18 @@ impl DpSgdGenerator for FinDiff {
         Ok(FinDiffModel::new(model, &compute_device()).parameters())
     }
 
-    /// The model's configuration is fixed for the run: encoded once; each round sets its
-    /// timestep exponent.
-    fn round_model<'a>(model: &FinDiffModelSpec, spec: &'a JobSpec, rate: f64) -> Result<RoundModel<'a>, JobError> {
-        let fixed = rhosynth_proto::FinDiffModel::from(&FinDiffRound { model: model.clone(), timestep_exponent: 0.0 });
-        let params = params(spec)?;
+    /// The model's configuration is fixed for the run; each round sets its timestep
+    /// exponent.
+    fn round_model<'a>(
+        model: &FinDiffModelSpec,
+        spec: &'a JobSpec,
+        rate: f64,
+    ) -> Result<RoundModel<'a, FinDiffParams>, JobError> {
+        let (model, params) = (model.clone(), params(spec)?);
         Ok(Box::new(move |round: u64| {
             let exponent =
                 timestep_exponent(params.alpha_start, params.alpha_end, round as f64 * rate, params.run.epochs);
-            Model::Findiff(rhosynth_proto::FinDiffModel { timestep_exponent: exponent, ..fixed.clone() })
+            FinDiffRound { model: model.clone(), timestep_exponent: exponent }
         }))
     }
 

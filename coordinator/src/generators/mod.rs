@@ -11,6 +11,7 @@ pub(crate) mod calibration;
 pub mod dp2stage;
 pub mod dpsgd;
 pub mod findiff;
+pub mod harmonic;
 pub mod history_copula;
 pub mod marginals;
 pub mod pate;
@@ -21,15 +22,6 @@ use rhosynth_privacy::ledger::{ChargeReceipt, Ledger};
 use rhosynth_shared::accounting::accountant::PrivacyCost;
 use rhosynth_shared::accounting::mechanism::Mechanism;
 use rhosynth_shared::generators::Sampler;
-
-pub use aim::Aim;
-pub use dp2stage::{Dp2Stage, Harmonic};
-pub use dpsgd::DpSgdJob;
-pub use findiff::FinDiff;
-pub use history_copula::HistoryCopula;
-pub use marginals::Marginals;
-pub use pate::Pate;
-pub use sequence::Sequence;
 
 use crate::context::{JobContext, JobError, Partitions};
 use crate::gather::{Answer, Gather, Round};

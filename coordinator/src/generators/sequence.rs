@@ -9,7 +9,6 @@ use std::sync::Arc;
 use rand::RngExt;
 
 use rhosynth_privacy::ledger::Ledger;
-use rhosynth_proto::gradient_sum::Model;
 use rhosynth_proto::task::Work;
 use rhosynth_shared::accounting::mechanism::Mechanism;
 use rhosynth_shared::data::domain::Domain;
@@ -17,12 +16,13 @@ use rhosynth_shared::dpsgd::compute_device;
 use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::plan::RunPlan;
 use rhosynth_shared::entropy::os_rng;
+use rhosynth_shared::generators::sequence::params::PlainTraining;
 use rhosynth_shared::generators::sequence::plan::{length_cells, length_mechanism};
-use rhosynth_shared::generators::sequence::pretrain::{PlainTraining, StageOne, reference_histories, train_plain};
+use rhosynth_shared::generators::sequence::pretrain::{StageOne, reference_histories, train_plain};
 use rhosynth_shared::generators::sequence::sampler::SelectedHistories;
 use rhosynth_shared::generators::sequence::selection::{SelectionSpec, SelectionTask, check_votes, features};
 use rhosynth_shared::generators::sequence::{
-    Histories, SequenceModel, SequenceModelSpec, SequencePlan, SequenceSampler,
+    Histories, SequenceModel, SequenceModelSpec, SequenceParams, SequencePlan, SequenceSampler,
 };
 use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, PlanError, Sampler};
 use rhosynth_shared::spec::JobSpec;
@@ -56,7 +56,7 @@ pub struct SequenceRun {
 }
 
 impl DpSgdGenerator for Sequence {
-    const NAME: GeneratorName = GeneratorName::Sequence;
+    type Params = SequenceParams;
     type Model = SequenceRun;
 
     async fn plan(spec: &JobSpec, domain: &Domain, ledger: &Ledger) -> Result<(SequenceRun, RunPlan), JobError> {
@@ -67,8 +67,8 @@ impl DpSgdGenerator for Sequence {
         if let Some(StageOne { reference: url, training }) = plan.stage1 {
             let (histories, read, manifest) = reference_histories(spec, domain, &url, &plan.model.layout)
                 .await
-                .map_err(|e| JobError::Plan(PlanError::new(Self::NAME.as_str(), e.to_string())))?;
-            reference = Some(guarantee(Self::NAME, &url, &read, manifest, ledger)?);
+                .map_err(|e| JobError::Plan(PlanError::new(GeneratorName::Sequence.as_str(), e.to_string())))?;
+            reference = Some(guarantee(GeneratorName::Sequence, &url, &read, manifest, ledger)?);
             stage1 = Some(Arc::new((histories, training)));
         }
         let run =
@@ -108,7 +108,7 @@ impl DpSgdGenerator for Sequence {
             let parameters = model.parameters();
             if !parameters.iter().all(|p| p.is_finite()) {
                 let message = "stage 1 diverged (non-finite weights): lower pretrain_learning_rate";
-                return Err(JobError::Plan(PlanError::new(Self::NAME.as_str(), message)));
+                return Err(JobError::Plan(PlanError::new(GeneratorName::Sequence.as_str(), message)));
             }
             tracing::info!(
                 seed,
@@ -124,9 +124,9 @@ impl DpSgdGenerator for Sequence {
     }
 
     /// The same model every round: encoded once.
-    fn round_model<'a>(run: &SequenceRun, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a>, JobError> {
-        let wire = rhosynth_proto::SequenceModel::from(&run.model);
-        Ok(Box::new(move |_| Model::Sequence(wire.clone())))
+    fn round_model<'a>(run: &SequenceRun, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a, SequenceParams>, JobError> {
+        let model = run.model.clone();
+        Ok(Box::new(move |_| model.clone()))
     }
 
     async fn sampler(mut trained: Trained<'_, '_, SequenceRun>) -> Result<Box<dyn Sampler>, JobError> {

@@ -6,20 +6,20 @@
 //! read from partitions as a worker reads its own, so a canary is scored on exactly the
 //! examples it would have trained as (its rows, their window, their text).
 
+use std::future::Future;
+use std::pin::Pin;
+
 use burn::tensor::Device;
 use rhosynth_proto::GradientSum;
-use rhosynth_proto::gradient_sum::Model;
 
 use crate::accounting::PrivacyError;
 use crate::data::DataError;
-use crate::decoder::checkpoint::CheckpointError;
 use crate::dpsgd::ghost::Plain;
+use crate::dpsgd::trainable::{Trainable, WithTrainable};
 use crate::dpsgd::{DpModel, DpSgdError, UnitExamples, compute_device};
 use crate::entropy::os_seed;
-use crate::generators::dp2stage::Dp2StageModelSpec;
-use crate::generators::findiff::{FinDiffModel, FinDiffRound};
-use crate::generators::sequence::{SequenceModel, SequenceModelSpec};
-use crate::wire::WireError;
+use crate::generators::GeneratorName;
+use crate::wire::{WireError, from_json};
 
 /// Draws of a model's non-private randomness (a row's diffusion timestep and noise, a
 /// history's window) a loss is averaged over; a language model's loss has none.
@@ -29,12 +29,12 @@ pub const DRAWS: usize = 8;
 pub enum LossError {
     #[error("the trained model: {0}")]
     Wire(#[from] WireError),
-    #[error("the trained model has no model this build knows")]
-    NoModel,
+    #[error("the trained model is not a DP-SGD model this build knows: \"{0}\"")]
+    NoModel(String),
     #[error("the canaries: {0}")]
     Data(#[from] DataError),
-    #[error("the pretrained checkpoint: {0}")]
-    Checkpoint(#[from] CheckpointError),
+    #[error("building the trained model: {0}")]
+    Build(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("the trained model: {0}")]
     Model(#[from] DpSgdError),
     #[error("{0}")]
@@ -47,26 +47,31 @@ pub enum LossError {
 /// loss calibrates each canary's own difficulty (an outlying value is hard to fit whether
 /// or not it was trained on).
 pub async fn loss_gains(trained: &GradientSum, initial: &[f32], partitions: &[String]) -> Result<Vec<f64>, LossError> {
-    let device = compute_device();
-    let weights = [initial, &trained.weights[..]];
-    match trained.model.as_ref().ok_or(LossError::NoModel)? {
-        Model::Findiff(model) => {
-            let round = FinDiffRound::try_from(model)?;
-            let examples = round.model.load_examples(partitions).await?;
-            let mut model = FinDiffModel::new(&round.model, &device);
-            model.set_timestep_exponent(round.timestep_exponent);
-            gains(model, weights, &examples, DRAWS, &device)
-        }
-        Model::Sequence(model) => {
-            let spec = SequenceModelSpec::try_from(model)?;
-            let examples = spec.load_histories(partitions).await?;
-            gains(SequenceModel::new(&spec, &device), weights, &examples, DRAWS, &device)
-        }
-        Model::Dp2stage(model) => {
-            let spec = Dp2StageModelSpec::try_from(model)?;
-            let examples = spec.load_rows(partitions).await?;
-            gains(spec.load_model(&device).await?, weights, &examples, 1, &device)
-        }
+    let no_model = || LossError::NoModel(trained.generator.clone());
+    let generator: GeneratorName = trained.generator.parse().map_err(|_| no_model())?;
+    generator.with_trainable(Gains { trained, initial, partitions }).ok_or_else(no_model)?.await
+}
+
+/// [`loss_gains`] of the trained model, whichever it is.
+struct Gains<'a> {
+    trained: &'a GradientSum,
+    initial: &'a [f32],
+    partitions: &'a [String],
+}
+
+impl<'a> WithTrainable for Gains<'a> {
+    type Output = Pin<Box<dyn Future<Output = Result<Vec<f64>, LossError>> + Send + 'a>>;
+
+    fn with<T: Trainable>(self) -> Self::Output {
+        Box::pin(async move {
+            let device = compute_device();
+            let round: T = from_json("the trained model", &self.trained.model_json)?;
+            let examples = round.load(self.partitions).await?;
+            let mut model = round.build(&device).await.map_err(|e| LossError::Build(Box::new(e)))?;
+            round.prepare(&mut model);
+            let draws = if T::RANDOM_LOSS { DRAWS } else { 1 };
+            gains(model, [self.initial, &self.trained.weights[..]], &examples, draws, &device)
+        })
     }
 }
 

@@ -16,8 +16,7 @@ use crate::accounting::accountant::{AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
 use crate::generators::PlanError;
-use crate::generators::marginals::MarginalsTask;
-use crate::generators::marginals::plan::MAX_MODEL_CELLS;
+use crate::generators::marginals::task::{MAX_MODEL_CELLS, MarginalsTask};
 use crate::spec::JobSpec;
 
 pub use raking::{CalibratedSampler, Targets};

@@ -16,13 +16,11 @@ use bytes::{Buf, Bytes};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
+use super::source::{BadRows, CsvOptions, Format, Source};
 use super::{DataError, EncodedBatch};
 use crate::data::domain::Domain;
 use crate::data::parquet_io;
-use crate::spec::{
-    BadRows, ColumnKind, CsvOptions, Format, InputSpec, JobSpec, MissingPolicy, SchemaSpec, UnknownPolicy,
-    parse_datetime, parse_datetime_as,
-};
+use crate::spec::{ColumnKind, JobSpec, MissingPolicy, SchemaSpec, UnknownPolicy, parse_datetime, parse_datetime_as};
 use crate::storage;
 
 /// Rows per record batch.
@@ -128,7 +126,7 @@ struct Encoder<'a> {
 impl<'a> Encoder<'a> {
     /// Maps schema columns to file columns: by name when the file names them, else by position.
     fn new(
-        input: &'a InputSpec,
+        input: &'a Source,
         schema: &SchemaSpec,
         domain: &Domain,
         file: &str,
@@ -299,7 +297,7 @@ impl<'a> Encoder<'a> {
 }
 
 /// A file being read.
-enum Source {
+enum OpenFile {
     Csv {
         stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
         buffered: Bytes,
@@ -314,18 +312,18 @@ enum Source {
 /// Pulls encoded batches from every file of an input section, one file after another,
 /// in a schema.
 pub struct InputReader<'a> {
-    input: &'a InputSpec,
+    input: &'a Source,
     schema: &'a SchemaSpec,
     domain: &'a Domain,
     next_file: usize,
-    current: Option<(Encoder<'a>, Source)>,
+    current: Option<(Encoder<'a>, OpenFile)>,
     on_bad: OnBadValue,
 }
 
 impl<'a> InputReader<'a> {
     /// A reader of `input`'s files in `schema`: a bad value stops it or leaves its row
     /// out, as `bad_rows` says.
-    pub fn new(input: &'a InputSpec, schema: &'a SchemaSpec, domain: &'a Domain) -> Self {
+    pub fn new(input: &'a Source, schema: &'a SchemaSpec, domain: &'a Domain) -> Self {
         let on_bad = match input.bad_rows.unwrap_or_default() {
             BadRows::Fail => OnBadValue::Stop,
             BadRows::Skip => OnBadValue::Skip(SkippedRows::default()),
@@ -346,11 +344,11 @@ impl<'a> InputReader<'a> {
     /// An associated function, not a method: the reader holds a stream that is not
     /// `Sync`, so a borrow of it may not live across an await of a task that moves.
     async fn open(
-        input: &'a InputSpec,
+        input: &'a Source,
         declared: &'a SchemaSpec,
         domain: &'a Domain,
         url: &str,
-    ) -> Result<(Encoder<'a>, Source), DataError> {
+    ) -> Result<(Encoder<'a>, OpenFile), DataError> {
         let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
         let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
         match input.format.unwrap_or_else(|| Format::detect(url)) {
@@ -375,7 +373,8 @@ impl<'a> InputReader<'a> {
                 if let Some(c) = input.csv.comment {
                     builder = builder.with_comment(c as u8);
                 }
-                let source = Source::Csv { stream, buffered, decoder: Box::new(builder.build_decoder()), done: false };
+                let source =
+                    OpenFile::Csv { stream, buffered, decoder: Box::new(builder.build_decoder()), done: false };
                 Ok((encoder, source))
             }
             Format::Parquet => {
@@ -383,7 +382,7 @@ impl<'a> InputReader<'a> {
                     .await
                     .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
                 let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-                Ok((Encoder::new(input, declared, domain, url, Some(&names))?, Source::Parquet { stream }))
+                Ok((Encoder::new(input, declared, domain, url, Some(&names))?, OpenFile::Parquet { stream }))
             }
         }
     }
@@ -403,7 +402,7 @@ impl<'a> InputReader<'a> {
             let file = encoder.file.clone();
             let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: file.clone(), message: e.to_string() };
             let batch = match source {
-                Source::Csv { stream, buffered, decoder, done } => loop {
+                OpenFile::Csv { stream, buffered, decoder, done } => loop {
                     if buffered.is_empty() && !*done {
                         match stream.next().await {
                             Some(chunk) => *buffered = chunk.map_err(|e| read_err(&e))?,
@@ -420,7 +419,7 @@ impl<'a> InputReader<'a> {
                         }
                     }
                 },
-                Source::Parquet { stream } => match stream.next().await {
+                OpenFile::Parquet { stream } => match stream.next().await {
                     Some(batch) => Some(batch.map_err(|e| read_err(&format!("corrupt Parquet data: {e}")))?),
                     None => None,
                 },

@@ -6,6 +6,7 @@ pub mod examples;
 pub mod input;
 pub mod parquet_io;
 pub mod partition;
+pub mod source;
 pub mod table;
 
 /// Input and partition errors. They name the file, column and row, never a value.

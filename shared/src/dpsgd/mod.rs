@@ -17,6 +17,7 @@ pub mod optimizer;
 pub mod params;
 pub mod plan;
 pub mod run;
+pub mod trainable;
 
 use burn::tensor::{Device, Tensor};
 use rand::rngs::ChaCha8Rng;
@@ -31,6 +32,8 @@ use params::TrainableLayers;
 pub enum DpSgdError {
     #[error("model: {0}")]
     Model(String),
+    #[error("a DP-SGD round needs 0 < rate ≤ 1 and a positive finite clip, not rate {rate} and clip {clip}")]
+    Round { rate: f64, clip: f64 },
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
     #[error(transparent)]
@@ -92,58 +95,46 @@ pub struct Batch {
     pub units: Vec<usize>,
 }
 
-/// Settings of one round that every worker gets.
+/// Settings of one round that every worker gets; valid by construction (the coordinator's
+/// and a worker's alike).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RoundSettings {
-    pub round: u64,
+    pub(crate) round: u64,
     /// Poisson sampling rate q of every unit.
-    pub rate: f64,
-    /// L2 clipping norm C of a unit's whole gradient.
-    pub clip: f64,
+    pub(crate) rate: f64,
+    /// L2 clipping norm C of a unit's whole gradient (the run's `clip`).
+    pub(crate) clip: f64,
     /// Keys the non-private per-row randomness of this round.
-    pub seed: [u8; 32],
+    pub(crate) seed: [u8; 32],
     /// Units per backward pass (memory bound; no effect on the result).
-    pub micro_batch: usize,
+    pub(crate) micro_batch: usize,
+}
+
+impl RoundSettings {
+    /// Round `round` at sampling rate 0 < q ≤ 1, clipping to a positive finite norm.
+    pub fn new(round: u64, rate: f64, clip: f64, seed: [u8; 32], micro_batch: usize) -> Result<Self, DpSgdError> {
+        if !(rate > 0.0 && rate <= 1.0 && clip > 0.0 && clip.is_finite()) {
+            return Err(DpSgdError::Round { rate, clip });
+        }
+        Ok(Self { round, rate, clip, seed, micro_batch })
+    }
 }
 
 /// A round as `GradientSum` (`rhosynth.proto`).
 #[cfg(feature = "wire")]
 mod wire {
     use rhosynth_proto::GradientSum;
-    use rhosynth_proto::gradient_sum::Model;
 
     use super::RoundSettings;
     use crate::wire::{WireError, seed};
-
-    impl RoundSettings {
-        /// The round as a task: these settings, the model it trains and the model's weights.
-        pub fn task(&self, model: Model, weights: Vec<f32>) -> GradientSum {
-            GradientSum {
-                round: self.round,
-                rate: self.rate,
-                clip: self.clip,
-                seed: self.seed.to_vec(),
-                micro_batch: u32::try_from(self.micro_batch).unwrap_or(u32::MAX),
-                model: Some(model),
-                weights,
-            }
-        }
-    }
 
     impl TryFrom<&GradientSum> for RoundSettings {
         type Error = WireError;
 
         fn try_from(wire: &GradientSum) -> Result<Self, WireError> {
-            if !(wire.rate > 0.0 && wire.rate <= 1.0 && wire.clip > 0.0 && wire.clip.is_finite()) {
-                return Err(WireError::new("a DP-SGD round needs 0 < rate ≤ 1 and a positive clip"));
-            }
-            Ok(Self {
-                round: wire.round,
-                rate: wire.rate,
-                clip: wire.clip,
-                seed: seed(&wire.seed)?,
-                micro_batch: wire.micro_batch as usize,
-            })
+            let seed = seed(&wire.seed)?;
+            RoundSettings::new(wire.round, wire.rate, wire.clip, seed, wire.micro_batch as usize)
+                .map_err(|e| WireError::new(e.to_string()))
         }
     }
 }
@@ -274,7 +265,7 @@ pub(crate) mod tests {
     }
 
     fn settings(clip: f64) -> RoundSettings {
-        RoundSettings { round: 0, rate: 1.0, clip, seed: [3; 32], micro_batch: 7 }
+        RoundSettings::new(0, 1.0, clip, [3; 32], 7).unwrap()
     }
 
     fn check_against_naive(rows_of: &[usize]) {

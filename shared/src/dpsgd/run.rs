@@ -56,15 +56,19 @@ impl RunParams {
     }
 }
 
-/// A generator trained by DP-SGD: its run's defaults.
-pub trait RunDefaults {
+/// The parameters of a generator the DP-SGD engine trains: its run.
+pub trait DpSgdParams {
+    /// Its run's defaults.
     fn run_defaults() -> RunParams;
+
+    /// Its run (`[generator.<name>.run]`).
+    fn run(&self) -> &RunParams;
 }
 
 /// Reads a run table over the generator's defaults (`deserialize_with` of each
 /// generator's `run` field): a field the table names replaces the default, an unknown
 /// one is refused.
-pub fn over_defaults<'de, G: RunDefaults, D: Deserializer<'de>>(deserializer: D) -> Result<RunParams, D::Error> {
+pub fn over_defaults<'de, G: DpSgdParams, D: Deserializer<'de>>(deserializer: D) -> Result<RunParams, D::Error> {
     let given = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
     // TOML has no null: a null here is a float JSON cannot hold (nan, inf), which would
     // otherwise read as an absent σ.
@@ -83,11 +87,15 @@ pub fn over_defaults<'de, G: RunDefaults, D: Deserializer<'de>>(deserializer: D)
 mod tests {
     use super::*;
 
-    struct Slow;
+    struct Slow(RunParams);
 
-    impl RunDefaults for Slow {
+    impl DpSgdParams for Slow {
         fn run_defaults() -> RunParams {
             RunParams { epochs: 20.0, batch_size: 128.0, ..RunParams::default() }
+        }
+
+        fn run(&self) -> &RunParams {
+            &self.0
         }
     }
 

@@ -9,9 +9,9 @@ use object_store::ObjectStoreExt;
 
 use crate::data::DataError;
 use crate::data::input::MAX_HEADER_BYTES;
+use crate::data::source::CsvOptions;
 use crate::entropy::os_rng;
 use crate::sampling::Reservoir;
-use crate::spec::CsvOptions;
 use crate::storage;
 
 /// What one cell holds.

@@ -1,6 +1,7 @@
 use super::profile::{ColumnProfile, Shape, header, profile};
 use super::*;
-use crate::spec::{CsvOptions, JobSpec};
+use crate::data::source::CsvOptions;
+use crate::spec::JobSpec;
 
 /// A file of 30 patients with 1 to 3 visits: an id, an integer age (20 + p), a decimal
 /// score, a colour (red twice as common as blue), a note only one row holds.

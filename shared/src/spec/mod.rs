@@ -3,7 +3,6 @@
 //! in it may be derived from the private rows without spending budget.
 
 mod datetime;
-mod input;
 mod output;
 mod schema;
 
@@ -12,12 +11,12 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 pub use datetime::{parse_datetime, parse_datetime_as};
-pub use input::{BadRows, CsvOptions, Format, InputSpec};
 pub use output::{DEFAULT_OUTPUT_URL, OutputSpec};
 pub use schema::{Bins, Bound, ColumnKind, ColumnSpec, MissingPolicy, OTHER_CATEGORY, SchemaSpec, UnknownPolicy};
 
 use crate::accounting::Budget;
 use crate::accounting::accountant::Accountant;
+use crate::data::source::Source;
 use crate::dpsgd::run::RunParams;
 use crate::generators::section::GeneratorSpec;
 
@@ -49,7 +48,7 @@ pub struct JobSpec {
     /// Absent when the coordinator's operator declares the dataset's input (`serve
     /// --datasets`); required otherwise (see [`JobSpec::require_input`]).
     #[serde(default)]
-    pub input: InputSpec,
+    pub input: Source,
     pub schema: SchemaSpec,
     pub privacy: PrivacySpec,
     pub generator: GeneratorSpec,

@@ -26,7 +26,7 @@ pub mod plan;
 pub mod rounds;
 
 pub use params::{AimParams, Workload, WorkloadRule};
-pub use plan::AimPlan;
+pub use plan::{AimPlan, check};
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::generators::section::DEFAULT_BINS;
+use crate::generators::params::{DEFAULT_BINS, GeneratorParams, PublicInputs};
 
 /// AIM's workload: a rule over the declared columns, or the column sets themselves.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -96,9 +96,8 @@ impl Default for AimParams {
     }
 }
 
-impl AimParams {
-    /// Checks what needs no schema.
-    pub fn validate(&self) -> Result<(), String> {
+impl GeneratorParams for AimParams {
+    fn validate(&self) -> Result<(), String> {
         let valid = self.max_rows_per_unit > 0
             && self.default_bins >= 2
             && self.selection_share > 0.0
@@ -113,5 +112,21 @@ impl AimParams {
         Err("[generator.aim] needs max_rows_per_unit ≥ 1, default_bins ≥ 2, 0 < selection_share < 1, \
              1 ≤ max_model_cells ≤ 10⁷, 1 ≤ fit_iterations ≤ 10⁴, 1 ≤ rounds ≤ 10⁴ and 0 ≤ target_share ≤ 0.5"
             .into())
+    }
+
+    fn default_bins(&self) -> u32 {
+        self.default_bins
+    }
+
+    fn draws_histories(&self) -> bool {
+        false
+    }
+
+    fn public_inputs(&self) -> PublicInputs<&String> {
+        PublicInputs::none()
+    }
+
+    fn public_inputs_mut(&mut self) -> PublicInputs<&mut String> {
+        PublicInputs::none()
     }
 }

@@ -52,6 +52,11 @@ pub struct AimPlan {
     pub workload: String,
 }
 
+/// Plans from the spec and the declared domain alone, as a job is submitted.
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
+    AimPlan::new(spec, domain, &AccountingOptions::default()).map(drop)
+}
+
 impl AimPlan {
     pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {
         require_columns(GENERATOR, domain)?;

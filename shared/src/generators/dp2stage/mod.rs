@@ -16,13 +16,15 @@ pub mod model;
 pub mod params;
 pub mod plan;
 pub mod pretrain;
+pub mod prompting;
 pub mod row_text;
 pub mod sampler;
 pub mod task;
 
 pub use model::{TextModel, TextModelSpec, TextRows};
 pub use params::{LanguageModelParams, LoraParams};
-pub use plan::Dp2StagePlan;
+pub use plan::{Dp2StagePlan, check};
+pub use prompting::Prompting;
 pub use sampler::TextSampler;
 pub use task::Dp2StageModelSpec;
 

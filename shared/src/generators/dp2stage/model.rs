@@ -8,6 +8,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
 
+use super::prompting::Prompting;
 use super::row_text::{RowText, RowTokens};
 use crate::data::domain::Domain;
 use crate::decoder::{Decoder, LoraConfig, TokenBatch, next_token_losses};
@@ -15,7 +16,6 @@ use crate::dpsgd::ghost::Hook;
 use crate::dpsgd::layers::{Layer, LayerMut};
 use crate::dpsgd::params::TrainableLayers;
 use crate::dpsgd::{Batch, DpModel, UnitExamples};
-use crate::generators::harmonic::Prompting;
 
 use super::pretrain::pseudo_rows;
 

@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::dpsgd::run::{RunDefaults, RunParams, over_defaults};
+use crate::dpsgd::run::{DpSgdParams, RunParams, over_defaults};
+use crate::generators::params::{DEFAULT_BINS, GeneratorParams, PublicInputs};
 
 /// Parameters of the language-model generators: a pretrained model fine-tuned on rows as
 /// text, first without privacy on public examples (stage 1), then with DP-SGD on the
@@ -84,8 +85,34 @@ impl Default for LoraParams {
     }
 }
 
-impl RunDefaults for LanguageModelParams {
+impl DpSgdParams for LanguageModelParams {
     fn run_defaults() -> RunParams {
         RunParams { epochs: 2.0, micro_batch: 32, ..RunParams::default() }
+    }
+
+    fn run(&self) -> &RunParams {
+        &self.run
+    }
+}
+
+impl GeneratorParams for LanguageModelParams {
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn default_bins(&self) -> u32 {
+        DEFAULT_BINS
+    }
+
+    fn draws_histories(&self) -> bool {
+        false
+    }
+
+    fn public_inputs(&self) -> PublicInputs<&String> {
+        PublicInputs { checkpoint: Some(&self.checkpoint), reference: self.reference.as_ref() }
+    }
+
+    fn public_inputs_mut(&mut self) -> PublicInputs<&mut String> {
+        PublicInputs { checkpoint: Some(&mut self.checkpoint), reference: self.reference.as_mut() }
     }
 }

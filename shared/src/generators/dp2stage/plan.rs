@@ -4,6 +4,7 @@
 
 use super::model::TextModelSpec;
 use super::pretrain::PseudoTraining;
+use super::prompting::Prompting;
 use super::row_text::RowText;
 use super::task::Dp2StageModelSpec;
 use crate::accounting::accountant::AccountingOptions;
@@ -14,7 +15,6 @@ use crate::decoder::model::TARGETS;
 use crate::decoder::tokenizer::TextTokenizer;
 use crate::dpsgd::plan::RunPlan;
 use crate::generators::dp2stage::LanguageModelParams;
-use crate::generators::harmonic::Prompting;
 use crate::generators::reference::check_location;
 use crate::generators::{GeneratorSpec, PlanError, require_columns, require_positive};
 use crate::spec::JobSpec;
@@ -44,9 +44,15 @@ pub struct Dp2StagePlan {
     pub run: RunPlan,
 }
 
-/// The spec's parameters (DP-2Stage's or HARMONIC's), checked without the checkpoint or
-/// the reference set.
-pub fn check(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, PlanError> {
+/// Checks the spec's parameters (DP-2Stage's or HARMONIC's) without the checkpoint or the
+/// reference set: how rows read needs the checkpoint's tokenizer, checked when the job
+/// runs.
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
+    checked_params(spec, domain).map(drop)
+}
+
+/// The spec's parameters, checked as [`check`] does.
+fn checked_params(spec: &JobSpec, domain: &Domain) -> Result<LanguageModelParams, PlanError> {
     let generator = spec.generator.name().as_str();
     let invalid = |message: String| PlanError::new(generator, message);
     let (GeneratorSpec::Dp2stage(params) | GeneratorSpec::Harmonic(params)) = spec.generator.clone() else {
@@ -127,7 +133,7 @@ impl Dp2StagePlan {
         sha256: &str,
         prompting: Option<Prompting>,
     ) -> Result<Self, PlanError> {
-        let params = check(spec, domain)?;
+        let params = checked_params(spec, domain)?;
         let generator = spec.generator.name().as_str();
         let invalid = |message: String| PlanError::new(generator, message);
         if prompting.is_some() != params.reference.is_some() {

@@ -6,12 +6,14 @@ use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
 use super::model::{TextModel, TextModelSpec, TextRows};
+use super::params::LanguageModelParams;
 use super::pretrain::PseudoTraining;
 use super::row_text::RowTokens;
 use crate::data::DataError;
 use crate::data::examples::Examples;
 use crate::decoder::CheckpointError;
 use crate::decoder::checkpoint::fetch;
+use crate::dpsgd::trainable::{Trainable, Trains};
 use crate::eval::par_map;
 
 /// Everything a worker needs to rebuild a DP-2Stage job's model (weights travel apart).
@@ -85,25 +87,22 @@ impl Dp2StageModelSpec {
     }
 }
 
-/// The model as `Dp2StageModel` (`rhosynth.proto`).
-#[cfg(feature = "wire")]
-mod wire {
-    use rhosynth_proto::Dp2StageModel;
+impl Trains for LanguageModelParams {
+    type Model = Dp2StageModelSpec;
+}
 
-    use super::Dp2StageModelSpec;
-    use crate::wire::{WireError, from_json, to_json};
+impl Trainable for Dp2StageModelSpec {
+    type Model = TextModel;
+    type Error = CheckpointError;
 
-    impl From<&Dp2StageModelSpec> for Dp2StageModel {
-        fn from(spec: &Dp2StageModelSpec) -> Self {
-            Self { spec_json: to_json(spec) }
-        }
+    async fn build(&self, device: &Device) -> Result<TextModel, CheckpointError> {
+        self.load_model(device).await
     }
 
-    impl TryFrom<&Dp2StageModel> for Dp2StageModelSpec {
-        type Error = WireError;
+    /// A language model's loss has no randomness.
+    const RANDOM_LOSS: bool = false;
 
-        fn try_from(wire: &Dp2StageModel) -> Result<Self, WireError> {
-            from_json("DP-2Stage model", &wire.spec_json)
-        }
+    async fn load(&self, urls: &[String]) -> Result<TextRows, DataError> {
+        self.load_rows(urls).await
     }
 }

@@ -10,6 +10,7 @@ use rand::{RngExt, SeedableRng};
 
 use super::model::{TextModel, TextModelSpec, TextRows};
 use super::pretrain::{PseudoTraining, pretrain, pseudo_rows};
+use super::prompting::Prompting;
 use super::row_text::RowText;
 use super::row_text::tests::tokenizer;
 use super::sampler::TextSampler;
@@ -21,7 +22,6 @@ use crate::dpsgd::ghost::Plain;
 use crate::dpsgd::layers::Layer;
 use crate::dpsgd::params::TrainableLayers;
 use crate::dpsgd::{DpModel, RoundSettings, clipped_gradient_sum, compute_device};
-use crate::generators::harmonic::Prompting;
 use crate::spec::ColumnKind;
 use crate::storage;
 use crate::testing::runtime_held;
@@ -126,7 +126,7 @@ pub(crate) fn check_against_naive(model: &TextModel, what: &str) {
         expected.iter_mut().zip(g).for_each(|(e, v)| *e += c * v);
     }
     let all: Vec<usize> = (0..examples.units.len()).collect();
-    let settings = RoundSettings { round: 0, rate: 1.0, clip, seed, micro_batch: 4 };
+    let settings = RoundSettings::new(0, 1.0, clip, seed, 4).unwrap();
     let got = clipped_gradient_sum(model, &examples, &all, &settings, &device).unwrap();
     let diff: Vec<f64> = got.sum.iter().zip(&expected).map(|(a, b)| a - b).collect();
     let err = norm(&diff) / norm(&expected);

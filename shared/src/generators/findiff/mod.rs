@@ -20,6 +20,6 @@ pub mod task;
 
 pub use model::FinDiffModel;
 pub use params::FinDiffParams;
-pub use plan::FinDiffPlan;
+pub use plan::{FinDiffPlan, check};
 pub use sampler::FinDiffSampler;
 pub use task::{FinDiffModelSpec, FinDiffRound};

@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dpsgd::optimizer::OptimizerSpec;
-use crate::dpsgd::run::{RunDefaults, RunParams, over_defaults};
+use crate::dpsgd::run::{DpSgdParams, RunParams, over_defaults};
+use crate::generators::params::{DEFAULT_BINS, GeneratorParams, PublicInputs};
 
 /// Parameters of the DP-FinDiff generator (defaults: the paper's, except as noted).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -49,7 +50,7 @@ impl Default for FinDiffParams {
     }
 }
 
-impl RunDefaults for FinDiffParams {
+impl DpSgdParams for FinDiffParams {
     fn run_defaults() -> RunParams {
         RunParams {
             epochs: 20.0,
@@ -59,5 +60,31 @@ impl RunDefaults for FinDiffParams {
             checkpoint_every: 100,
             ..RunParams::default()
         }
+    }
+
+    fn run(&self) -> &RunParams {
+        &self.run
+    }
+}
+
+impl GeneratorParams for FinDiffParams {
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn default_bins(&self) -> u32 {
+        DEFAULT_BINS
+    }
+
+    fn draws_histories(&self) -> bool {
+        false
+    }
+
+    fn public_inputs(&self) -> PublicInputs<&String> {
+        PublicInputs::none()
+    }
+
+    fn public_inputs_mut(&mut self) -> PublicInputs<&mut String> {
+        PublicInputs::none()
     }
 }

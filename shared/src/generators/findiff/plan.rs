@@ -27,6 +27,11 @@ pub struct FinDiffPlan {
     pub run: RunPlan,
 }
 
+/// Plans from the spec and the declared domain alone, as a job is submitted.
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
+    FinDiffPlan::new(spec, domain, &AccountingOptions::default()).map(drop)
+}
+
 impl FinDiffPlan {
     pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {
         let GeneratorSpec::Findiff(params) = spec.generator.clone() else {

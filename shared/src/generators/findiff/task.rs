@@ -1,13 +1,17 @@
 //! The worker's side: the model a DP-SGD round trains (its configuration and this round's
 //! timestep exponent) and its wire form; the round itself is the engine's (`crate::dpsgd`).
 
+use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
 use super::diffusion::Schedule;
 use super::encoding::TabularEncoding;
-use super::model::DenoiserConfig;
+use super::model::{DenoiserConfig, FinDiffModel};
+use super::params::FinDiffParams;
+use crate::data::DataError;
 use crate::data::domain::Domain;
 use crate::data::examples::Examples;
+use crate::dpsgd::trainable::{Trainable, Trains};
 
 /// Everything a worker needs to rebuild the model of a job (no weights).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -27,7 +31,7 @@ impl FinDiffModelSpec {
     }
 
     /// The worker's examples: its partitions encoded into the feature space.
-    pub async fn load_examples(&self, urls: &[String]) -> Result<Examples, crate::data::DataError> {
+    pub async fn load_examples(&self, urls: &[String]) -> Result<Examples, DataError> {
         Examples::load(urls, &self.domain, self.max_rows_per_unit, self.encoding.width, |batch, row, out| {
             self.encoding.encode_row(batch, row, out)
         })
@@ -37,35 +41,30 @@ impl FinDiffModelSpec {
 
 /// The model of one DP-SGD round of a DP-FinDiff job, as a worker receives it (the
 /// round's settings and weights travel beside it).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FinDiffRound {
     pub model: FinDiffModelSpec,
     /// α_k of the adaptive timestep sampler for this round's epoch.
     pub timestep_exponent: f64,
 }
 
-/// The round's model as `FinDiffModel` (`rhosynth.proto`).
-#[cfg(feature = "wire")]
-mod wire {
-    use rhosynth_proto::FinDiffModel;
+impl Trains for FinDiffParams {
+    type Model = FinDiffRound;
+}
 
-    use super::FinDiffRound;
-    use crate::wire::{WireError, from_json, to_json};
+impl Trainable for FinDiffRound {
+    type Model = FinDiffModel;
+    type Error = std::convert::Infallible;
 
-    impl From<&FinDiffRound> for FinDiffModel {
-        fn from(round: &FinDiffRound) -> Self {
-            Self { spec_json: to_json(&round.model), timestep_exponent: round.timestep_exponent }
-        }
+    async fn build(&self, device: &Device) -> Result<FinDiffModel, Self::Error> {
+        Ok(FinDiffModel::new(&self.model, device))
     }
 
-    impl TryFrom<&FinDiffModel> for FinDiffRound {
-        type Error = WireError;
+    async fn load(&self, urls: &[String]) -> Result<Examples, DataError> {
+        self.model.load_examples(urls).await
+    }
 
-        fn try_from(wire: &FinDiffModel) -> Result<Self, WireError> {
-            Ok(Self {
-                model: from_json("DP-FinDiff model", &wire.spec_json)?,
-                timestep_exponent: wire.timestep_exponent,
-            })
-        }
+    fn prepare(&self, model: &mut FinDiffModel) {
+        model.set_timestep_exponent(self.timestep_exponent);
     }
 }

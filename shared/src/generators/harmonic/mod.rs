@@ -20,10 +20,12 @@
 //!
 //! The seed's instruction words are left out: the prompt is the k rows as text, then the
 //! answer; a fine-tuned model learns the layout, and words would only cost tokens.
+//!
+//! The folder holds what HARMONIC adds to DP-2Stage's: its name in the generator list and
+//! its tests; the reference set's prompts (`dp2stage::prompting`) serve DP-2Stage's stage 1
+//! too.
 
-pub mod reference;
-
-pub use reference::Prompting;
+pub use super::dp2stage::{LanguageModelParams, check};
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,6 @@ use burn::tensor::activation::log_softmax;
 use rand::SeedableRng;
 use rand::rngs::{ChaCha8Rng, ChaCha20Rng};
 
-use super::Prompting;
 use crate::decoder::TokenBatch;
 use crate::dpsgd::DpModel;
 use crate::dpsgd::compute_device;
@@ -15,7 +14,7 @@ use crate::dpsgd::ghost::Plain;
 use crate::generators::dp2stage::model::TextRows;
 use crate::generators::dp2stage::pretrain::{PseudoTraining, pretrain};
 use crate::generators::dp2stage::tests::{check_against_naive, domain, model};
-use crate::generators::dp2stage::{TextModel, TextSampler};
+use crate::generators::dp2stage::{Prompting, TextModel, TextSampler};
 
 /// Rows (c, n) of the test domain (c: 3 categories, n: 1..=10, bin = n − 1).
 fn reference() -> Prompting {

@@ -25,7 +25,7 @@ pub mod task;
 
 pub use model::{CopulaModel, Margin};
 pub use params::HistoryCopulaParams;
-pub use plan::HistoryCopulaPlan;
+pub use plan::{HistoryCopulaPlan, check};
 pub use sampler::CopulaSampler;
 pub use task::{CopulaLayout, HistoryStatisticsTask, Stage};
 

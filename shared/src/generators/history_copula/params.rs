@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::generators::section::DEFAULT_GAP_BINS;
+use crate::generators::params::{DEFAULT_BINS, DEFAULT_GAP_BINS, GeneratorParams, PublicInputs};
 
 /// Parameters of the history copula: whole histories drawn from a Gaussian copula whose
 /// latent normals follow a VAR(1), fitted to two released rounds of bounded per-unit
@@ -35,5 +35,27 @@ impl Default for HistoryCopulaParams {
             length_share: 0.05,
             moment_clip: None,
         }
+    }
+}
+
+impl GeneratorParams for HistoryCopulaParams {
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn default_bins(&self) -> u32 {
+        DEFAULT_BINS
+    }
+
+    fn draws_histories(&self) -> bool {
+        true
+    }
+
+    fn public_inputs(&self) -> PublicInputs<&String> {
+        PublicInputs::none()
+    }
+
+    fn public_inputs_mut(&mut self) -> PublicInputs<&mut String> {
+        PublicInputs::none()
     }
 }

@@ -7,7 +7,7 @@ use super::task::{CopulaLayout, HistoryStatisticsTask, Stage};
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::data::domain::Domain;
-use crate::generators::section::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
+use crate::generators::params::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
 use crate::generators::{GeneratorSpec, PlanError, order_with_gaps, require_columns};
 use crate::spec::JobSpec;
 
@@ -28,6 +28,11 @@ pub struct HistoryCopulaPlan {
     pub margins_sigma: f64,
     pub moments_sigma: f64,
     pub lengths_sigma: f64,
+}
+
+/// Plans from the spec and the declared domain alone, as a job is submitted.
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
+    HistoryCopulaPlan::new(spec, domain, &AccountingOptions::default()).map(drop)
 }
 
 impl HistoryCopulaPlan {

@@ -27,7 +27,7 @@ pub mod sampler;
 pub mod task;
 
 pub use params::MarginalsParams;
-pub use plan::MarginalsPlan;
+pub use plan::{MarginalsPlan, check};
 pub use sampler::MarginalsSampler;
 pub use task::MarginalsTask;
 

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::generators::section::{DEFAULT_BINS, MAX_GAP_BINS, MAX_HISTORY_ROWS};
+use crate::generators::params::{DEFAULT_BINS, GeneratorParams, MAX_GAP_BINS, MAX_HISTORY_ROWS, PublicInputs};
 
 /// Parameters of the DP marginals generator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -26,7 +26,7 @@ pub struct MarginalsParams {
     /// first row) and written on every row of a history.
     pub static_columns: Vec<String>,
     /// With `history_rows`: geometric bins of the gap between consecutive order values
-    /// (default [`DEFAULT_GAP_BINS`](crate::generators::section::DEFAULT_GAP_BINS)).
+    /// (default [`DEFAULT_GAP_BINS`](crate::generators::params::DEFAULT_GAP_BINS)).
     pub gap_bins: Option<u32>,
 }
 
@@ -43,9 +43,8 @@ impl Default for MarginalsParams {
     }
 }
 
-impl MarginalsParams {
-    /// Checks what needs no schema.
-    pub fn validate(&self) -> Result<(), String> {
+impl GeneratorParams for MarginalsParams {
+    fn validate(&self) -> Result<(), String> {
         if self.max_rows_per_unit == 0
             || self.default_bins < 2
             || self.gap_bins.is_some_and(|g| !(1..=MAX_GAP_BINS).contains(&g))
@@ -66,5 +65,22 @@ impl MarginalsParams {
             }
             _ => Ok(()),
         }
+    }
+
+    fn default_bins(&self) -> u32 {
+        self.default_bins
+    }
+
+    /// PATH's Direct draws a flattened history per unit.
+    fn draws_histories(&self) -> bool {
+        self.history_rows.is_some()
+    }
+
+    fn public_inputs(&self) -> PublicInputs<&String> {
+        PublicInputs::none()
+    }
+
+    fn public_inputs_mut(&mut self) -> PublicInputs<&mut String> {
+        PublicInputs::none()
     }
 }

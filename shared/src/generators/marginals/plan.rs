@@ -3,13 +3,13 @@
 use serde::{Deserialize, Serialize};
 
 use super::history::HistoryLayout;
-use super::task::MarginalsTask;
+use super::task::{MAX_MODEL_CELLS, MarginalsTask};
 use crate::accounting::PrivacyError;
 use crate::accounting::accountant::{AccountingOptions, calibrate_sigma};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::domain::Domain;
-use crate::generators::section::DEFAULT_GAP_BINS;
+use crate::generators::params::DEFAULT_GAP_BINS;
 use crate::generators::{GeneratorSpec, PlanError, require_columns};
 use crate::pgm::JunctionTree;
 use crate::spec::JobSpec;
@@ -21,17 +21,17 @@ fn invalid(message: impl Into<String>) -> PlanError {
     PlanError::new(GENERATOR, message)
 }
 
-/// The most cells the fitted model's cliques may hold together (8 bytes each, a few
-/// copies while fitting, every fitting step a pass over them): pairs that form dense
-/// cycles need large cliques and are refused.
-pub const MAX_MODEL_CELLS: f64 = 1e6;
-
 /// The measurement plan of a job: every column's 1-way table, then the pairs' (or a
 /// flattened history's tables).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MarginalsPlan {
     pub task: MarginalsTask,
     pub calibration: Option<CalibrationPlan>,
+}
+
+/// Plans from the spec and the declared domain alone, as a job is submitted.
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
+    MarginalsPlan::new(spec, domain, &AccountingOptions::default()).map(drop)
 }
 
 impl MarginalsPlan {

@@ -14,6 +14,11 @@ use crate::entropy::os_rng;
 use crate::sampling::Reservoir;
 use crate::spec::JobSpec;
 
+/// The most cells the fitted model's cliques may hold together (8 bytes each, a few
+/// copies while fitting, every fitting step a pass over them): pairs that form dense
+/// cycles need large cliques and are refused. The tables themselves are held to it too.
+pub const MAX_MODEL_CELLS: f64 = 1e6;
+
 /// What a worker computes over its partitions (`CountTables` on the wire).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MarginalsTask {
@@ -195,7 +200,7 @@ mod wire {
     use super::MarginalsTask;
     use crate::data::domain::Domain;
     use crate::generators::marginals::history::HistoryLayout;
-    use crate::generators::section::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
+    use crate::generators::params::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
     use crate::wire::{WireError, from_json, to_json};
 
     impl From<&MarginalsTask> for CountTables {

@@ -42,6 +42,6 @@ pub mod task;
 pub mod teacher;
 
 pub use params::{PateParams, PateRelease, TeacherModel, TeacherVote};
-pub use plan::PatePlan;
+pub use plan::{PatePlan, check};
 pub use sampler::PateSampler;
 pub use task::{Question, VoteTask};

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::generators::params::{DEFAULT_BINS, GeneratorParams, PublicInputs};
+
 /// Parameters of the PATE-TabTransGAN generator (defaults: the paper's models; privacy
 /// and loop settings chosen for sound, data-independent accounting).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -155,5 +157,27 @@ impl Default for PateParams {
             threshold: None,
             threshold_sigma: None,
         }
+    }
+}
+
+impl GeneratorParams for PateParams {
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn default_bins(&self) -> u32 {
+        DEFAULT_BINS
+    }
+
+    fn draws_histories(&self) -> bool {
+        false
+    }
+
+    fn public_inputs(&self) -> PublicInputs<&String> {
+        PublicInputs::none()
+    }
+
+    fn public_inputs_mut(&mut self) -> PublicInputs<&mut String> {
+        PublicInputs::none()
     }
 }

@@ -34,6 +34,11 @@ pub struct PatePlan {
     pub calibration: Option<CalibrationPlan>,
 }
 
+/// Plans from the spec and the declared domain alone, as a job is submitted.
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
+    PatePlan::new(spec, domain, &AccountingOptions::default()).map(drop)
+}
+
 impl PatePlan {
     /// Validates the parameters and finds how many iterations the job's ε pays for.
     pub fn new(spec: &JobSpec, domain: &Domain, options: &AccountingOptions) -> Result<Self, PlanError> {

@@ -28,7 +28,7 @@ pub mod window;
 
 pub use model::SequenceModel;
 pub use params::SequenceParams;
-pub use plan::SequencePlan;
+pub use plan::{SequencePlan, check};
 pub use sampler::SequenceSampler;
 pub use task::{Histories, SequenceModelSpec};
 pub use tokens::Layout;

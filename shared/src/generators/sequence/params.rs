@@ -2,9 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::pretrain::PlainTraining;
-use crate::dpsgd::run::{RunDefaults, RunParams, over_defaults};
-use crate::generators::section::DEFAULT_GAP_BINS;
+use crate::dpsgd::run::{DpSgdParams, RunParams, over_defaults};
+use crate::generators::params::{DEFAULT_BINS, DEFAULT_GAP_BINS, GeneratorParams, PublicInputs};
 
 /// Parameters of the sequence generator: whole unit histories as token sequences, a
 /// decoder-only transformer trained with user-level DP-SGD (defaults train the demo's
@@ -89,6 +88,15 @@ impl Default for SequenceParams {
     }
 }
 
+/// Ordinary minibatch training: `steps` Adam steps (cosine schedule) over `batch` units
+/// drawn uniformly, each a training window as DP-SGD draws it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlainTraining {
+    pub steps: u64,
+    pub batch: usize,
+    pub learning_rate: f64,
+}
+
 impl SequenceParams {
     /// Stage 1's training, as the spec sets it.
     pub fn pretraining(&self) -> PlainTraining {
@@ -100,8 +108,34 @@ impl SequenceParams {
     }
 }
 
-impl RunDefaults for SequenceParams {
+impl DpSgdParams for SequenceParams {
     fn run_defaults() -> RunParams {
         RunParams::default()
+    }
+
+    fn run(&self) -> &RunParams {
+        &self.run
+    }
+}
+
+impl GeneratorParams for SequenceParams {
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn default_bins(&self) -> u32 {
+        DEFAULT_BINS
+    }
+
+    fn draws_histories(&self) -> bool {
+        true
+    }
+
+    fn public_inputs(&self) -> PublicInputs<&String> {
+        PublicInputs { checkpoint: None, reference: self.reference.as_ref() }
+    }
+
+    fn public_inputs_mut(&mut self) -> PublicInputs<&mut String> {
+        PublicInputs { checkpoint: None, reference: self.reference.as_mut() }
     }
 }

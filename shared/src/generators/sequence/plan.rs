@@ -40,6 +40,11 @@ pub struct SequencePlan {
     pub run: RunPlan,
 }
 
+/// Plans from the spec and the declared domain alone, as a job is submitted.
+pub fn check(spec: &JobSpec, domain: &Domain) -> Result<(), PlanError> {
+    SequencePlan::new(spec, domain, &AccountingOptions::default()).map(drop)
+}
+
 impl SequencePlan {
     /// `options`: the ledger's accounting options (the selection's noise is calibrated
     /// under them).

@@ -8,6 +8,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
 use super::model::SequenceModel;
+use super::params::PlainTraining;
 use super::task::Histories;
 use super::tokens::Layout;
 use crate::data::domain::Domain;
@@ -33,15 +34,6 @@ pub const MAX_PRETRAIN_BATCH: usize = 1024;
 pub struct StageOne {
     pub reference: String,
     pub training: PlainTraining,
-}
-
-/// Ordinary minibatch training: `steps` Adam steps (cosine schedule) over `batch` units
-/// drawn uniformly, each a training window as DP-SGD draws it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PlainTraining {
-    pub steps: u64,
-    pub batch: usize,
-    pub learning_rate: f64,
 }
 
 /// Trains `model` on `histories`; returns each step's loss per unit.

@@ -147,13 +147,12 @@ mod wire {
     use rhosynth_proto::SelectionVotes;
 
     use super::{SelectionTask, feature_count};
-    use crate::generators::sequence::SequenceModelSpec;
-    use crate::wire::WireError;
+    use crate::wire::{WireError, from_json, to_json};
 
     impl From<&SelectionTask> for SelectionVotes {
         fn from(task: &SelectionTask) -> Self {
             Self {
-                model: Some((&task.model).into()),
+                model_json: to_json(&task.model),
                 candidates: task.candidates.clone(),
                 neighbours: task.neighbours as u32,
             }
@@ -164,8 +163,7 @@ mod wire {
         type Error = WireError;
 
         fn try_from(wire: &SelectionVotes) -> Result<Self, WireError> {
-            let model = wire.model.as_ref().ok_or_else(|| WireError::new("a selection round names no model"))?;
-            let model = SequenceModelSpec::try_from(model)?;
+            let model = from_json("sequence model", &wire.model_json)?;
             let width = feature_count(&model);
             if wire.candidates.is_empty() || !wire.candidates.len().is_multiple_of(width) {
                 return Err(WireError::new(format!("candidate features are not whole rows of {width}")));

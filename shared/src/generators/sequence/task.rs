@@ -3,8 +3,11 @@
 
 use std::collections::HashMap;
 
+use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
+use super::model::SequenceModel;
+use super::params::SequenceParams;
 use super::tokens::Layout;
 use super::window::WindowSpec;
 use crate::data::DataError;
@@ -12,6 +15,7 @@ use crate::data::domain::Domain;
 use crate::data::partition::read_partition;
 use crate::decoder::DecoderConfig;
 use crate::dpsgd::UnitExamples;
+use crate::dpsgd::trainable::{Trainable, Trains};
 
 /// Everything a worker needs to rebuild the model of a job (no weights).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -113,25 +117,19 @@ impl SequenceModelSpec {
     }
 }
 
-/// The model as `SequenceModel` (`rhosynth.proto`).
-#[cfg(feature = "wire")]
-mod wire {
-    use rhosynth_proto::SequenceModel;
+impl Trains for SequenceParams {
+    type Model = SequenceModelSpec;
+}
 
-    use super::SequenceModelSpec;
-    use crate::wire::{WireError, from_json, to_json};
+impl Trainable for SequenceModelSpec {
+    type Model = SequenceModel;
+    type Error = std::convert::Infallible;
 
-    impl From<&SequenceModelSpec> for SequenceModel {
-        fn from(spec: &SequenceModelSpec) -> Self {
-            Self { spec_json: to_json(spec) }
-        }
+    async fn build(&self, device: &Device) -> Result<SequenceModel, Self::Error> {
+        Ok(SequenceModel::new(self, device))
     }
 
-    impl TryFrom<&SequenceModel> for SequenceModelSpec {
-        type Error = WireError;
-
-        fn try_from(wire: &SequenceModel) -> Result<Self, WireError> {
-            from_json("sequence model", &wire.spec_json)
-        }
+    async fn load(&self, urls: &[String]) -> Result<Histories, DataError> {
+        self.load_histories(urls).await
     }
 }

@@ -225,7 +225,7 @@ fn check_against_naive(width: usize, window: WindowSpec) {
         let c = (clip / n).min(1.0);
         expected.iter_mut().zip(g).for_each(|(e, v)| *e += c * v);
     }
-    let settings = RoundSettings { round: 0, rate: 1.0, clip, seed, micro_batch: 3 };
+    let settings = RoundSettings::new(0, 1.0, clip, seed, 3).unwrap();
     let got = clipped_gradient_sum(&model, &examples, &all, &settings, &device).unwrap();
     let diff: Vec<f64> = got.sum.iter().zip(&expected).map(|(a, b)| a - b).collect();
     let err = norm(&diff) / norm(&expected);
@@ -259,7 +259,7 @@ fn a_long_history_changes_the_clipped_sum_by_at_most_the_clip() {
     with.units.extend(histories(&domain, &[500]).units.into_iter().map(|(_, rows)| ("long-stay".to_string(), rows)));
     assert_eq!(with.units[6].1.len(), 500);
     for (round, clip) in [(0u8, 0.1), (1, 1.0), (2, 10.0)] {
-        let settings = RoundSettings { round: u64::from(round), rate: 1.0, clip, seed: [round; 32], micro_batch: 4 };
+        let settings = RoundSettings::new(u64::from(round), 1.0, clip, [round; 32], 4).unwrap();
         let units = |h: &Histories| (0..h.units.len()).collect::<Vec<_>>();
         let a = clipped_gradient_sum(&model, &without, &units(&without), &settings, &device).unwrap();
         let b = clipped_gradient_sum(&model, &with, &units(&with), &settings, &device).unwrap();
@@ -505,8 +505,9 @@ fn cached_decoding_gives_the_logits_of_the_full_forward_pass() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_noise_the_model_keeps_each_vitals_lag1() {
     use super::ceiling::{feature_sequences, sample};
+    use super::params::PlainTraining;
     use super::plan::SequencePlan;
-    use super::pretrain::{PlainTraining, train_plain};
+    use super::pretrain::train_plain;
     use crate::accounting::accountant::AccountingOptions;
     use crate::eval::longitudinal::lag1;
     use crate::simulate::{Cohort, Dynamics, cohort_csv};

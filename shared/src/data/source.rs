@@ -1,4 +1,7 @@
-//! `[input]`: the files a job reads and how.
+//! Where a table is read from and how: the files, their format, the CSV dialect and what a
+//! row that breaks the schema does. A job's `[input]` is one; the evaluation's held-out
+//! files, the audit's tables and a generator's reference set are others (`of_files`).
+//! Every reader takes one (`data::input::InputReader`).
 
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +22,7 @@ impl Format {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct InputSpec {
+pub struct Source {
     /// Files to read: paths, `file://` or `s3://` URLs.
     pub urls: Vec<String>,
     /// Autodetected from the extension when absent.
@@ -32,11 +35,11 @@ pub struct InputSpec {
     pub bad_rows: Option<BadRows>,
 }
 
-impl InputSpec {
+impl Source {
     /// This section's dialect reading other files (a held-out set, a release, a reference
     /// set): each file's format from its extension, and rhosynth's own Parquet output as
     /// written (its values are spelled exactly as declared: no suffix to strip).
-    pub fn of_files(&self, urls: &[String]) -> InputSpec {
+    pub fn of_files(&self, urls: &[String]) -> Source {
         let mut input = self.clone();
         input.urls = urls.to_vec();
         input.format = None;

@@ -1,5 +1,6 @@
-//! HARMONIC's prompts: the public reference set (`generators::reference`) as bins, and its
-//! nearest rows to a row. Sent to workers with the model.
+//! The public reference set (`generators::reference`) as bins, and its nearest rows to a
+//! row: HARMONIC's prompts, and the rows of DP-2Stage's stage 1 when a spec names a
+//! reference. Sent to workers with the model.
 
 use serde::{Deserialize, Serialize};
 
