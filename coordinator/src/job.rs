@@ -149,8 +149,6 @@ async fn claimed(
     Ok(manifest)
 }
 
-/// A generator from its plan to its written parts: nothing private is read before the
-/// ledger admits the plan, and no part is written before the release is claimed.
 macro_rules! generator_dispatch {
     ($($name:ident: $variant:ident($params:ident) by $side:ident $(, $dpsgd:ident)?;)*) => {
         /// [`synthesize`] with the spec's generator: its coordinator's side as the generator
@@ -178,6 +176,8 @@ macro_rules! generator_dispatch {
 
 rhosynth_shared::generator_list!(generator_dispatch);
 
+/// A generator from its plan to its written parts: nothing private is read before the
+/// ledger admits the plan, and no part is written before the release is claimed.
 async fn synthesize<G: Generator>(
     ctx: &JobContext<'_>,
     ledger: &mut Ledger,

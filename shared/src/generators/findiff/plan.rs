@@ -43,6 +43,10 @@ impl FinDiffPlan {
         if params.beta_end >= 1.0 || params.beta_start > params.beta_end {
             return Err(invalid("need 0 < beta_start ≤ beta_end < 1"));
         }
+        // Each round's exponent travels to the workers as JSON, which holds finite numbers only.
+        if !(params.alpha_start.is_finite() && params.alpha_end.is_finite()) {
+            return Err(invalid("alpha_start and alpha_end must be finite numbers"));
+        }
         if params.diffusion_steps == 0 || params.sampling_steps == 0 || params.sampling_steps > params.diffusion_steps {
             return Err(invalid("need 1 ≤ sampling_steps ≤ diffusion_steps"));
         }
@@ -67,5 +71,24 @@ impl FinDiffPlan {
             max_rows_per_unit: params.max_rows_per_unit,
         };
         Ok(Self { model, params, run })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{demo_job, generator};
+
+    /// A timestep exponent JSON cannot carry is refused when the job is submitted, not
+    /// after its run is charged (every round would fail on the workers).
+    #[test]
+    fn a_timestep_exponent_that_is_not_finite_is_refused_at_submission() {
+        for alphas in ["alpha_start = nan", "alpha_end = inf", "alpha_start = -inf"] {
+            let spec = demo_job(&generator("findiff", alphas));
+            let refused = check(&spec, &Domain::from_spec(&spec)).unwrap_err().to_string();
+            assert!(refused.contains("alpha_start and alpha_end must be finite"), "{alphas}: {refused}");
+        }
+        let spec = demo_job(&generator("findiff", "alpha_start = 2.0"));
+        check(&spec, &Domain::from_spec(&spec)).unwrap();
     }
 }
