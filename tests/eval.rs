@@ -145,6 +145,34 @@ fn eval_on_pbcseq_renders() {
     }
 }
 
+/// `rhosynth run` reads an input named through a parent folder (the examples read
+/// `../shared/data`): the ledger binds the file's own path, so the job runs instead of
+/// being refused for the `..` (which a ledger never records).
+#[test]
+fn run_reads_an_input_named_through_a_parent_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let absolute = dir.path().join("icu_vitals.csv");
+    let spec = demo_spec(dir.path(), 40).replace(absolute.to_str().unwrap(), "../icu_vitals.csv");
+    let sub = dir.path().join("jobs");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("job.toml"), &spec).unwrap();
+    let run = Command::new(bin("rhosynth"))
+        .current_dir(&sub)
+        .args(["run", "job.toml", "--scratch", dir.path().join("scratch").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(manifest(&dir.path().join("out")).is_some());
+    // The ledger (`<store>/<dataset>/entries/<seq>.json`) names the file itself.
+    let entries = dir.path().join("ledger/demo-icu-vitals/entries");
+    let canonical = std::fs::canonicalize(&absolute).unwrap();
+    let names_file = std::fs::read_dir(entries)
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains(canonical.to_str().unwrap())));
+    assert!(names_file, "the ledger binds {}", canonical.display());
+}
+
 /// The report is computed on private rows (training and held-out): it goes to the
 /// operator's diagnostics store, never under the output prefix, and its figures stay out
 /// of the log; a coordinator without a diagnostics store refuses such a job.

@@ -303,11 +303,24 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow:
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let spec = JobSpec::load(&args.spec)?;
+    let mut spec = JobSpec::load(&args.spec)?;
+    spec.input.urls = spec.input.urls.iter().map(|url| without_parent_segments(url)).collect::<anyhow::Result<_>>()?;
     let at =
         Locations { output: args.output, ledger: args.ledger, scratch: args.scratch, diagnostics: args.diagnostics };
     let status = runtime()?.block_on(run_standalone(spec, args.workers, at))?;
     Ok(report(&status))
+}
+
+/// A local input path with a `..` segment (an example reading `../shared/data`) as the file
+/// it names, links resolved: a ledger binds an input by its own path and refuses `..`, which
+/// a store would resolve after a link. Other URLs as written.
+fn without_parent_segments(url: &str) -> anyhow::Result<String> {
+    let path = url.strip_prefix("file://").unwrap_or(url);
+    if path.contains("://") || !path.split('/').any(|segment| segment == "..") {
+        return Ok(url.to_string());
+    }
+    let resolved = std::fs::canonicalize(path).with_context(|| format!("input file {path}"))?;
+    Ok(resolved.to_string_lossy().into_owned())
 }
 
 pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
