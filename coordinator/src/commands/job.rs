@@ -32,7 +32,7 @@ const DEMO_HOLDOUT: &str = "./rhosynth-out/demo/input/icu_vitals_holdout.csv";
 
 #[derive(Args)]
 pub struct SimulateArgs {
-    /// Where to write the CSV.
+    /// Where to write the CSV (with `--relational`: the folder of its three CSV files).
     out: String,
     /// Simulated patients (4–50 charted visits each).
     #[arg(long, default_value_t = 400)]
@@ -48,10 +48,27 @@ pub struct SimulateArgs {
     /// Irregular sampling: bursts of visits minutes apart between gaps of up to two days.
     #[arg(long)]
     irregular: bool,
+    /// A MIMIC-shaped database instead: `patients.csv` → `admissions.csv` → `vitals.csv`
+    /// (vitals charted during each admission), sicker patients with more admissions and
+    /// worse vitals.
+    #[arg(long, conflicts_with_all = ["dynamics", "irregular"])]
+    relational: bool,
 }
 
-/// Writes a simulated ICU cohort (the demo's private input, at any size).
+/// Writes a simulated ICU cohort (the demo's private input, at any size), or a simulated
+/// database of patients, admissions and vitals.
 pub fn simulate_command(args: SimulateArgs) -> anyhow::Result<ExitCode> {
+    if args.relational {
+        let db = simulate::database::database_csv(args.patients, args.seed);
+        std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out))?;
+        for (name, text) in [("patients", &db.patients), ("admissions", &db.admissions), ("vitals", &db.vitals)] {
+            let path = std::path::Path::new(&args.out).join(format!("{name}.csv"));
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("{}: {} rows", path.display(), text.lines().count() - 1);
+        }
+        eprintln!("simulated a database of {} patients into {}", args.patients, args.out);
+        return Ok(ExitCode::SUCCESS);
+    }
     let cohort = simulate::Cohort { patients: args.patients, dynamics: args.dynamics, irregular: args.irregular };
     write_cohort(&args.out, &cohort, args.seed, "")?;
     Ok(ExitCode::SUCCESS)

@@ -18,6 +18,8 @@
 //! The data are simulated (no real person is in them), so the generator may be seeded
 //! for reproducible demos; nothing here draws privacy noise.
 
+pub mod database;
+
 use std::fmt::Write as _;
 
 use chrono::{Duration, NaiveDate};
@@ -171,7 +173,7 @@ pub fn cohort_csv(cohort: &Cohort, seed: u64) -> String {
     out
 }
 
-fn normal(rng: &mut ChaCha8Rng) -> f64 {
+pub(crate) fn normal(rng: &mut ChaCha8Rng) -> f64 {
     StandardNormal.sample(rng)
 }
 
