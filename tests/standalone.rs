@@ -857,7 +857,11 @@ async fn one_round_sum(
 
     let settings = RoundSettings::new(0, 1.0, 0.5, [9; 32], 16).unwrap();
     let model = FinDiffRound { model: plan.model.clone(), timestep_exponent: 1.0 };
-    let work = Work::GradientSum(GeneratorName::Findiff.gradient_sum(&settings, &model, weights.to_vec()));
+    let work = Work::GradientSum(GeneratorName::Findiff.gradient_sum(
+        &settings,
+        rhosynth_shared::wire::to_json(&model),
+        weights.to_vec(),
+    ));
     let groups: Vec<Vec<String>> = urls.iter().map(|u| vec![u.clone()]).collect();
     one_round(workers, work, &groups, "gradient_sum", weights.len()).await
 }

@@ -12,7 +12,6 @@ use rhosynth_privacy::release::Releases;
 use rhosynth_proto::task::Work;
 use rhosynth_shared::dpsgd::optimizer::Optimizer;
 use rhosynth_shared::dpsgd::run::RunParams;
-use rhosynth_shared::dpsgd::trainable::Trainable;
 use rhosynth_shared::dpsgd::{self, RoundSettings};
 use rhosynth_shared::entropy::os_seed;
 
@@ -42,13 +41,13 @@ pub struct TrainingRun<'a> {
 /// `gather` (its task ids continue across every round of the job); `model(round)` is
 /// the model the workers train in that round, `checkpointer` saves the run every so many
 /// rounds.
-pub async fn train<M: Clone + serde::Serialize, T: Trainable>(
+pub async fn train<M: Clone + serde::Serialize>(
     ctx: &JobContext<'_>,
     gather: &mut Gather<'_>,
     run: &mut TrainingRun<'_>,
     parameters: &mut [f64],
     optimizer: &mut Optimizer,
-    model: impl Fn(u64) -> T,
+    model: impl Fn(u64) -> String,
     checkpointer: &Checkpointer<'_, M>,
 ) -> Result<(), JobError> {
     let started = Instant::now();
@@ -62,7 +61,7 @@ pub async fn train<M: Clone + serde::Serialize, T: Trainable>(
             .map_err(|e| JobError::Internal(e.to_string()))?;
         let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
         let round_tasks = Round {
-            work: Work::GradientSum(ctx.spec().generator.name().gradient_sum(&settings, &model(round), weights)),
+            work: Work::GradientSum(ctx.spec().generator.name().gradient_sum(&settings, model(round), weights)),
             groups: &groups,
             tensor: "gradient_sum",
             len: parameters.len(),

@@ -101,14 +101,14 @@ mod tests {
         let plan = FinDiffPlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
         let settings = RoundSettings::new(3, 0.25, 1.5, [4; 32], 64).unwrap();
         let round = FinDiffRound { model: plan.model, timestep_exponent: 0.5 };
-        let wire = GeneratorName::Findiff.gradient_sum(&settings, &round, vec![1.0, -2.0]);
+        let wire = GeneratorName::Findiff.gradient_sum(&settings, to_json(&round), vec![1.0, -2.0]);
         assert_eq!(RoundSettings::try_from(&wire).unwrap(), settings);
         assert_eq!(wire.generator, "findiff");
         let back: FinDiffRound = from_json("model", &wire.model_json).unwrap();
         assert_eq!((back.model.domain, back.timestep_exponent), (round.model.domain, 0.5));
         let spec = job("[generator]\nname = \"sequence\"\n[generator.sequence]\nstatic_columns = [\"rhythm\"]");
         let plan = SequencePlan::new(&spec, &Domain::from_spec(&spec), &AccountingOptions::default()).unwrap();
-        let sequence = GeneratorName::Sequence.gradient_sum(&settings, &plan.model, vec![0.5]);
+        let sequence = GeneratorName::Sequence.gradient_sum(&settings, to_json(&plan.model), vec![0.5]);
         assert_eq!(from_json::<SequenceModelSpec>("model", &sequence.model_json).unwrap(), plan.model);
         let spoiled = &sequence.model_json[..sequence.model_json.len() / 2];
         assert!(from_json::<SequenceModelSpec>("model", spoiled).is_err());

@@ -22,7 +22,7 @@ use rhosynth_shared::generators::dp2stage::{
 use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, PlanError, Sampler};
 use rhosynth_shared::spec::JobSpec;
 
-use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
+use super::dpsgd::{DpSgdGenerator, RoundModel, Trained, same_every_round};
 use super::reference;
 use crate::context::{JobError, blocking};
 
@@ -153,13 +153,8 @@ impl<E: Examples> DpSgdGenerator for LanguageModel<E> {
     }
 
     /// The same model every round: encoded once.
-    fn round_model<'a>(
-        model: &Dp2StageModelSpec,
-        _: &'a JobSpec,
-        _: f64,
-    ) -> Result<RoundModel<'a, LanguageModelParams>, JobError> {
-        let model = model.clone();
-        Ok(Box::new(move |_| model.clone()))
+    fn round_model<'a>(model: &Dp2StageModelSpec, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a>, JobError> {
+        Ok(same_every_round::<LanguageModelParams>(model))
     }
 
     fn public_inputs(model: &Dp2StageModelSpec) -> Vec<String> {

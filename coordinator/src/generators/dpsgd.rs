@@ -17,6 +17,7 @@ use rhosynth_shared::dpsgd::plan::RunPlan;
 use rhosynth_shared::dpsgd::trainable::Trains;
 use rhosynth_shared::generators::{PlanError, Sampler};
 use rhosynth_shared::spec::JobSpec;
+use rhosynth_shared::wire::to_json;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -27,8 +28,22 @@ use crate::gather::Gather;
 use crate::training::{self, TrainingRun};
 use crate::{run_lease, scratch};
 
-/// The model the workers train in each round, as the generator's parameters name it.
-pub(crate) type RoundModel<'a, P> = Box<dyn Fn(u64) -> <P as Trains>::Model + Send + Sync + 'a>;
+/// The model the workers train in each round, as the JSON its task carries
+/// (`GradientSum.model_json`): made by [`same_every_round`] or [`each_round`] from the
+/// model the generator's parameters name.
+pub(crate) type RoundModel<'a> = Box<dyn Fn(u64) -> String + Send + Sync + 'a>;
+
+/// A model no round changes: serialised once, not every round (a language model's
+/// carries its reference set's prompts).
+pub(crate) fn same_every_round<P: Trains>(model: &P::Model) -> RoundModel<'static> {
+    let json = to_json(model);
+    Box::new(move |_| json.clone())
+}
+
+/// A model each round sets something of (DP-FinDiff's timestep exponent).
+pub(crate) fn each_round<'a, P: Trains>(model: impl Fn(u64) -> P::Model + Send + Sync + 'a) -> RoundModel<'a> {
+    Box::new(move |round| to_json(&model(round)))
+}
 
 /// A generator whose model the DP-SGD engine trains.
 pub(crate) trait DpSgdGenerator {
@@ -56,11 +71,7 @@ pub(crate) trait DpSgdGenerator {
     async fn initial_parameters(model: &Self::Model) -> Result<Vec<f32>, JobError>;
 
     /// The model the workers train in each round of a run at rate `rate`.
-    fn round_model<'a>(
-        model: &Self::Model,
-        spec: &'a JobSpec,
-        rate: f64,
-    ) -> Result<RoundModel<'a, Self::Params>, JobError>;
+    fn round_model<'a>(model: &Self::Model, spec: &'a JobSpec, rate: f64) -> Result<RoundModel<'a>, JobError>;
 
     /// The trained model as the job's sampler. What the run's charge paid for after its
     /// rounds (`RunPlan::after_training`) is spent here.
@@ -260,7 +271,7 @@ async fn keep_model<G: DpSgdGenerator>(
     let model = G::round_model(&run.model, ctx.spec(), run.rate)?;
     let settings = RoundSettings::new(round, run.rate, run.plan.run.clip, [0; 32], run.plan.run.micro_batch)
         .map_err(|e| JobError::Internal(e.to_string()))?;
-    let task = ctx.spec().generator.name().gradient_sum(&settings, &model(round), parameters);
+    let task = ctx.spec().generator.name().gradient_sum(&settings, model(round), parameters);
     let path = ctx.scratch.child(&scratch::kept_model(&ctx.request.job_id, stage));
     ctx.scratch
         .store

@@ -14,7 +14,7 @@ use rhosynth_shared::generators::findiff::{
 use rhosynth_shared::generators::{GeneratorSpec, Sampler};
 use rhosynth_shared::spec::JobSpec;
 
-use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
+use super::dpsgd::{DpSgdGenerator, RoundModel, Trained, each_round};
 use crate::context::JobError;
 
 pub struct FinDiff;
@@ -45,13 +45,9 @@ impl DpSgdGenerator for FinDiff {
 
     /// The model's configuration is fixed for the run; each round sets its timestep
     /// exponent.
-    fn round_model<'a>(
-        model: &FinDiffModelSpec,
-        spec: &'a JobSpec,
-        rate: f64,
-    ) -> Result<RoundModel<'a, FinDiffParams>, JobError> {
+    fn round_model<'a>(model: &FinDiffModelSpec, spec: &'a JobSpec, rate: f64) -> Result<RoundModel<'a>, JobError> {
         let (model, params) = (model.clone(), params(spec)?);
-        Ok(Box::new(move |round: u64| {
+        Ok(each_round::<FinDiffParams>(move |round| {
             let exponent =
                 timestep_exponent(params.alpha_start, params.alpha_end, round as f64 * rate, params.run.epochs);
             FinDiffRound { model: model.clone(), timestep_exponent: exponent }

@@ -28,7 +28,7 @@ use rhosynth_shared::generators::{GeneratorName, GeneratorSpec, PlanError, Sampl
 use rhosynth_shared::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 
-use super::dpsgd::{DpSgdGenerator, RoundModel, Trained};
+use super::dpsgd::{DpSgdGenerator, RoundModel, Trained, same_every_round};
 use super::reference::guarantee;
 use crate::context::{JobError, blocking, set_stage};
 use crate::gather::{Answer, Round};
@@ -124,9 +124,8 @@ impl DpSgdGenerator for Sequence {
     }
 
     /// The same model every round: encoded once.
-    fn round_model<'a>(run: &SequenceRun, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a, SequenceParams>, JobError> {
-        let model = run.model.clone();
-        Ok(Box::new(move |_| model.clone()))
+    fn round_model<'a>(run: &SequenceRun, _: &'a JobSpec, _: f64) -> Result<RoundModel<'a>, JobError> {
+        Ok(same_every_round::<SequenceParams>(&run.model))
     }
 
     async fn sampler(mut trained: Trained<'_, '_, SequenceRun>) -> Result<Box<dyn Sampler>, JobError> {

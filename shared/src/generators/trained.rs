@@ -2,7 +2,7 @@
 //! its generator, and a worker or an audit picks the model from it (the generator list's
 //! `dpsgd` entries).
 
-use crate::dpsgd::trainable::{Trainable, Trains, WithTrainable};
+use crate::dpsgd::trainable::{Trains, WithTrainable};
 
 use super::GeneratorName;
 
@@ -30,11 +30,11 @@ crate::generator_list!(trained_models);
 #[cfg(feature = "wire")]
 impl GeneratorName {
     /// The round of this generator's model: the round's settings, the model as the
-    /// generator's parameters name it, and its weights.
-    pub fn gradient_sum<T: Trainable>(
+    /// generator's parameters name it (`Trains::Model`, as JSON), and its weights.
+    pub fn gradient_sum(
         self,
         settings: &crate::dpsgd::RoundSettings,
-        model: &T,
+        model_json: String,
         weights: Vec<f32>,
     ) -> rhosynth_proto::GradientSum {
         rhosynth_proto::GradientSum {
@@ -44,7 +44,7 @@ impl GeneratorName {
             seed: settings.seed.to_vec(),
             micro_batch: u32::try_from(settings.micro_batch).unwrap_or(u32::MAX),
             generator: self.as_str().to_string(),
-            model_json: crate::wire::to_json(model),
+            model_json,
             weights,
         }
     }
