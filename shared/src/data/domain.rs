@@ -241,10 +241,13 @@ fn real_binning(lo: f64, hi: f64, bins: &Option<Bins>, default_bins: u32) -> Bin
 
 impl Domain {
     pub fn from_spec(spec: &JobSpec) -> Domain {
-        let default_bins = spec.generator.default_bins();
-        let columns = spec
-            .schema
-            .columns
+        Self::of_columns(&spec.schema.columns, spec.generator.default_bins())
+    }
+
+    /// The domain of declared columns (a table's), numeric ones cut into `default_bins`
+    /// unless they declare their own.
+    pub fn of_columns(columns: &[ColumnSpec], default_bins: u32) -> Domain {
+        let columns = columns
             .iter()
             .filter(|c| c.kind != ColumnKind::Identifier)
             .map(|c: &ColumnSpec| {

@@ -118,6 +118,8 @@ struct Encoder<'a> {
     options: &'a CsvOptions,
     plans: Vec<ColumnPlan>,
     unit: Option<usize>,
+    /// Key columns read beside the unit (a database table's keys).
+    keys: Vec<usize>,
     domain_len: usize,
     /// Data rows seen so far in this file (for row numbers in errors).
     rows_seen: u64,
@@ -131,6 +133,7 @@ impl<'a> Encoder<'a> {
         domain: &Domain,
         file: &str,
         names: Option<&[String]>,
+        keys: &[&str],
     ) -> Result<Self, DataError> {
         // A declared column named twice: which of them the job would read is ambiguous.
         for c in &schema.columns {
@@ -168,11 +171,20 @@ impl<'a> Encoder<'a> {
             })?),
             None => None,
         };
+        let keys =
+            keys.iter()
+                .map(|k| {
+                    plans.iter().position(|p| p.name == *k).ok_or_else(|| {
+                        DataError::Internal(format!("the key column '{k}' is not among the spec's columns"))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
         Ok(Self {
             file: file.to_string(),
             options: &input.csv,
             plans,
             unit,
+            keys,
             domain_len: domain.columns.len(),
             rows_seen: 0,
         })
@@ -190,8 +202,9 @@ impl<'a> Encoder<'a> {
         self.options.normalise(array.value(i))
     }
 
-    /// Encodes a batch, handing each bad value to `on_bad` (see [`OnBadValue`]).
-    fn encode(&mut self, batch: &RecordBatch, on_bad: &mut OnBadValue) -> Result<EncodedBatch, DataError> {
+    /// Encodes a batch, handing each bad value to `on_bad` (see [`OnBadValue`]), with the
+    /// key columns of its rows.
+    fn encode(&mut self, batch: &RecordBatch, on_bad: &mut OnBadValue) -> Result<KeyedBatch, DataError> {
         let n = batch.num_rows();
         let first_row = self.rows_seen + 1;
         let mut out =
@@ -248,14 +261,26 @@ impl<'a> Encoder<'a> {
             };
             out.units.push(unit);
         }
+        let mut keys: Vec<Vec<Option<String>>> = self
+            .keys
+            .iter()
+            .map(|&k| {
+                let strings = columns[k].as_string::<i32>();
+                (0..n).map(|i| self.cell(strings, i).map(str::to_string)).collect()
+            })
+            .collect();
         self.rows_seen += n as u64;
         if let Some(skipped) = on_bad.counts()
             && left_out.contains(&true)
         {
             skipped.rows += left_out.iter().filter(|l| **l).count() as u64;
             out = out.without(&left_out);
+            for column in &mut keys {
+                let all = std::mem::take(column);
+                *column = all.into_iter().zip(&left_out).filter(|(_, l)| !**l).map(|(k, _)| k).collect();
+            }
         }
-        Ok(out)
+        Ok(KeyedBatch { rows: out, keys })
     }
 
     fn encode_value(&self, plan: &ColumnPlan, text: &str, row: u64) -> Result<f64, DataError> {
@@ -309,12 +334,20 @@ enum OpenFile {
     },
 }
 
+/// Encoded rows with their keys ([`InputReader::with_keys`]; missing: `None`).
+pub struct KeyedBatch {
+    pub rows: EncodedBatch,
+    /// Per key column, each row's key.
+    pub keys: Vec<Vec<Option<String>>>,
+}
+
 /// Pulls encoded batches from every file of an input section, one file after another,
 /// in a schema.
 pub struct InputReader<'a> {
     input: &'a Source,
     schema: &'a SchemaSpec,
     domain: &'a Domain,
+    keys: Vec<&'a str>,
     next_file: usize,
     current: Option<(Encoder<'a>, OpenFile)>,
     on_bad: OnBadValue,
@@ -329,7 +362,14 @@ impl<'a> InputReader<'a> {
             BadRows::Skip => OnBadValue::Skip(SkippedRows::default()),
             BadRows::AsMissing => OnBadValue::AsMissing(SkippedRows::default()),
         };
-        Self { input, schema, domain, next_file: 0, current: None, on_bad }
+        Self { input, schema, domain, keys: Vec::new(), next_file: 0, current: None, on_bad }
+    }
+
+    /// Also reads `columns` (identifiers of the schema) as each row's keys:
+    /// [`Self::next_keyed_batch`].
+    pub fn with_keys(mut self, columns: Vec<&'a str>) -> Self {
+        self.keys = columns;
+        self
     }
 
     /// The rows left out and the values that broke the schema so far (none unless the spec
@@ -347,6 +387,7 @@ impl<'a> InputReader<'a> {
         input: &'a Source,
         declared: &'a SchemaSpec,
         domain: &'a Domain,
+        keys: &[&str],
         url: &str,
     ) -> Result<(Encoder<'a>, OpenFile), DataError> {
         let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
@@ -361,7 +402,7 @@ impl<'a> InputReader<'a> {
                 } else {
                     (None, Bytes::new())
                 };
-                let encoder = Encoder::new(input, declared, domain, url, names.as_deref())?;
+                let encoder = Encoder::new(input, declared, domain, url, names.as_deref(), keys)?;
                 let fields = names.as_ref().map_or(declared.columns.len(), Vec::len);
                 let schema = Schema::new(
                     (0..fields).map(|i| Field::new(format!("c{i}"), DataType::Utf8, true)).collect::<Vec<_>>(),
@@ -382,13 +423,19 @@ impl<'a> InputReader<'a> {
                     .await
                     .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
                 let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-                Ok((Encoder::new(input, declared, domain, url, Some(&names))?, OpenFile::Parquet { stream }))
+                Ok((Encoder::new(input, declared, domain, url, Some(&names), keys)?, OpenFile::Parquet { stream }))
             }
         }
     }
 
     /// The next encoded batch, or `None` after the last file.
     pub async fn next_batch(&mut self) -> Result<Option<EncodedBatch>, DataError> {
+        Ok(self.next_keyed_batch().await?.map(|batch| batch.rows))
+    }
+
+    /// The next encoded batch with its rows' keys ([`Self::with_keys`]), or `None` after
+    /// the last file.
+    pub async fn next_keyed_batch(&mut self) -> Result<Option<KeyedBatch>, DataError> {
         loop {
             if self.current.is_none() {
                 let Some(url) = self.input.urls.get(self.next_file) else {
@@ -396,7 +443,7 @@ impl<'a> InputReader<'a> {
                 };
                 // Counted before opening: validation goes on with the next file.
                 self.next_file += 1;
-                self.current = Some(Self::open(self.input, self.schema, self.domain, url).await?);
+                self.current = Some(Self::open(self.input, self.schema, self.domain, &self.keys, url).await?);
             }
             let (encoder, source) = self.current.as_mut().expect("opened above");
             let file = encoder.file.clone();

@@ -1,6 +1,7 @@
 //! The data plane: the public domain of each column, streaming and encoding the private
 //! input, and splitting it into disjoint partitions by privacy unit.
 
+pub mod database;
 pub mod domain;
 pub mod examples;
 pub mod input;

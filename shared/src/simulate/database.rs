@@ -22,7 +22,7 @@ use crate::sampling::pick;
 
 pub const PATIENTS_HEADER: &str = "subject_id,age,sex,comorbidity";
 pub const ADMISSIONS_HEADER: &str = "hadm_id,subject_id,admittime,dischtime,admission_type,outcome";
-pub const VITALS_HEADER: &str = "hadm_id,charttime,heart_rate,resp_rate,spo2";
+pub const VITALS_HEADER: &str = "subject_id,hadm_id,charttime,heart_rate,resp_rate,spo2";
 
 pub const COMORBIDITIES: [&str; 3] = ["none", "mild", "severe"];
 pub const ADMISSION_TYPES: [&str; 3] = ["emergency", "urgent", "elective"];
@@ -80,7 +80,7 @@ pub fn database_csv(patients: usize, seed: u64) -> Database {
                 ADMISSION_TYPES[kind],
                 OUTCOMES[outcome]
             );
-            chart(&mut db.vitals, hadm, (admit, discharge), frailty, emergency, &mut rng);
+            chart(&mut db.vitals, (&subject, hadm), (admit, discharge), frailty, emergency, &mut rng);
             if outcome == 2 {
                 break;
             }
@@ -96,7 +96,7 @@ pub fn database_csv(patients: usize, seed: u64) -> Database {
 /// the patient's frailty and an emergency admission shift.
 fn chart(
     out: &mut String,
-    hadm: u64,
+    (subject, hadm): (&str, u64),
     (admit, discharge): (NaiveDateTime, NaiveDateTime),
     frailty: f64,
     emergency: bool,
@@ -112,7 +112,7 @@ fn chart(
         let [hr, rr, spo2] = std::array::from_fn(|k| means[k] + deviation[k]);
         let _ = writeln!(
             out,
-            "H{hadm:07},{},{:.0},{:.0},{:.0}",
+            "{subject},H{hadm:07},{},{:.0},{:.0},{:.0}",
             time.format(TIME),
             hr.clamp(30.0, 220.0),
             rr.clamp(4.0, 60.0),
@@ -167,10 +167,10 @@ mod tests {
         }
         let mut charted: HashMap<&str, usize> = HashMap::new();
         for v in &vitals {
-            let (admit, discharge) = stays[v[0]];
-            let at = time(v[1]);
-            assert!(admit < at && at < discharge, "chart {} outside {}..{}", v[1], admit, discharge);
-            *charted.entry(v[0]).or_default() += 1;
+            let (admit, discharge) = stays[v[1]];
+            let at = time(v[2]);
+            assert!(admit < at && at < discharge, "chart {} outside {}..{}", v[2], admit, discharge);
+            *charted.entry(v[1]).or_default() += 1;
         }
         assert!(charted.len() as f64 > 0.95 * stays.len() as f64, "most admissions have vitals");
     }
@@ -199,9 +199,10 @@ mod tests {
         assert!(severe > none + 0.8, "admissions: severe {severe:.2}, none {none:.2}");
         let vitals = rows(&db.vitals);
         let by_vital = |k: usize| -> Vec<(&str, f64)> {
-            vitals.iter().map(|v| (patient_of[v[0]], v[k].parse::<f64>().unwrap())).collect()
+            vitals.iter().map(|v| (patient_of[v[1]], v[k].parse::<f64>().unwrap())).collect()
         };
-        let (heart, spo2) = (by_vital(2), by_vital(4));
+        assert!(vitals.iter().all(|v| patient_of[v[1]] == v[0]), "a chart's patient is its admission's");
+        let (heart, spo2) = (by_vital(3), by_vital(5));
         let (hr_none, hr_severe) = (mean_by("none", &heart), mean_by("severe", &heart));
         assert!(hr_severe > hr_none + 8.0, "heart rate: severe {hr_severe:.1}, none {hr_none:.1}");
         let (spo2_none, spo2_severe) = (mean_by("none", &spo2), mean_by("severe", &spo2));
@@ -209,7 +210,7 @@ mod tests {
         // Lag-1 of heart rate within admissions, around each admission's own mean.
         let mut by_stay: HashMap<&str, Vec<f64>> = HashMap::new();
         for v in &vitals {
-            by_stay.entry(v[0]).or_default().push(v[2].parse().unwrap());
+            by_stay.entry(v[1]).or_default().push(v[3].parse().unwrap());
         }
         let (mut num, mut den) = (0.0, 0.0);
         for series in by_stay.values().filter(|s| s.len() >= 3) {

@@ -5,6 +5,7 @@
 mod datetime;
 mod output;
 mod schema;
+pub mod tables;
 
 use std::collections::HashSet;
 
@@ -13,6 +14,7 @@ use serde::{Deserialize, Serialize};
 pub use datetime::{parse_datetime, parse_datetime_as};
 pub use output::{DEFAULT_OUTPUT_URL, OutputSpec};
 pub use schema::{Bins, Bound, ColumnKind, ColumnSpec, MissingPolicy, OTHER_CATEGORY, SchemaSpec, UnknownPolicy};
+pub use tables::{ParentSpec, TableSpec};
 
 use crate::accounting::Budget;
 use crate::accounting::accountant::Accountant;
@@ -50,6 +52,10 @@ pub struct JobSpec {
     #[serde(default)]
     pub input: Source,
     pub schema: SchemaSpec,
+    /// A database job's tables below its root (`[input]` and `[schema]`); empty for a
+    /// one-table job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<TableSpec>,
     pub privacy: PrivacySpec,
     pub generator: GeneratorSpec,
     #[serde(default)]
@@ -227,6 +233,16 @@ impl JobSpec {
             }
         }
         self.generator.validate()?;
+        if let Some(name) = &self.schema.table {
+            tables::check_name(name)?;
+        }
+        if !self.tables.is_empty() {
+            tables::validate(&self.schema, &self.tables)?;
+            return Err(format!(
+                "[[tables]]: generator '{}' synthesizes one table; no generator takes a database yet",
+                self.generator.name().as_str()
+            ));
+        }
         if let Some(c) = &self.calibration {
             let valid = c.epsilon_share > 0.0
                 && c.epsilon_share <= 0.5

@@ -21,6 +21,9 @@ pub struct SchemaSpec {
     /// Column ordering each unit's rows (e.g. a visit day), for longitudinal evaluation.
     #[serde(default)]
     pub order_by: Option<String>,
+    /// The table's name: a database job's root, which its `[[tables]]` name as parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
     pub columns: Vec<ColumnSpec>,
 }
 

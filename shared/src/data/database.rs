@@ -1,0 +1,332 @@
+//! Reading a database by privacy unit (`[[tables]]`, `spec::tables`): every table's rows
+//! under their root unit, one set of partitions per table keyed by one partition key, so
+//! a unit's rows in every table land in the same partition index and a worker sees the
+//! unit whole. The root keeps one row per unit; a child table keeps at most its
+//! `max_per_parent` rows per parent row by the spec's public rule (the first by
+//! `order_by`, else a fixed-seed sample), a dropped row's children go with it, and a row
+//! whose parent is absent is left out. A child row carries its place under its unit (its
+//! ordinal among the unit's rows of its table, and its parent's), never a key.
+//!
+//! Each unit's rows are read from their own unit key and capped among themselves alone
+//! (a row's parent is looked up among its unit's rows; a sample's draw is keyed by the
+//! row's unit, parent and place among that parent's rows): adding or removing one unit's
+//! rows, wherever they sit in the files, changes no other unit's kept rows.
+//!
+//! The coordinator holds the kept rows of the child tables in memory while it caps them.
+//! What was dropped is counted, not shown: the counts are private (the operator's log).
+
+use std::cmp::Ordering;
+use std::collections::hash_map::Entry;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use sha2::{Digest, Sha256};
+
+use super::domain::{Binning, ColumnDomain, Domain, Encoding};
+use super::input::{BATCH_ROWS, InputReader, KeyedBatch};
+use super::partition::{PartitionKey, PartitionWriter, Partitioned};
+use super::source::Source;
+use super::{DataError, EncodedBatch};
+use crate::spec::{ColumnKind, JobSpec, SchemaSpec, TableSpec};
+use crate::storage::StoreLocation;
+
+/// A child row's ordinal among its unit's rows of its table (in parent order, then the
+/// table's cap order).
+pub const ROW_COLUMN: &str = "__row";
+/// A child row's parent's ordinal among its unit's rows of the parent table (0 under the
+/// root).
+pub const PARENT_COLUMN: &str = "__parent";
+
+/// Keys the sample that caps a table without `order_by`: public and fixed, so a rerun on
+/// the same files keeps the same rows. It is not privacy noise: the cap bounds a unit's
+/// rows whichever rows it keeps.
+const CAP_SAMPLE_KEY: &[u8] = b"rhosynth database cap sample v1";
+
+/// A database job's tables: the root (the job's `[input]` and `[schema]`) and the tables
+/// below it, parents first (as `spec::tables::validate` checks).
+pub struct Database<'a> {
+    pub root_input: &'a Source,
+    pub root_schema: &'a SchemaSpec,
+    pub tables: &'a [TableSpec],
+    /// Bins of a numeric column that declares none (the generator's).
+    pub default_bins: u32,
+}
+
+impl<'a> Database<'a> {
+    pub fn of_spec(spec: &'a JobSpec) -> Self {
+        Self {
+            root_input: &spec.input,
+            root_schema: &spec.schema,
+            tables: &spec.tables,
+            default_bins: spec.generator.default_bins(),
+        }
+    }
+
+    fn root_name(&self) -> &str {
+        self.root_schema.table.as_deref().unwrap_or("root")
+    }
+
+    /// The unit's key column, in every table.
+    fn unit_key(&self) -> &str {
+        self.root_schema.unit_column.as_deref().expect("a validated database names its unit column")
+    }
+
+    /// The most rows of `table` one unit reaches: the product of the caps on its path.
+    fn reach(&self, table: &str) -> u64 {
+        if table == self.root_name() {
+            return 1;
+        }
+        let child = self.tables.iter().find(|t| t.name == table).expect("a validated parent");
+        self.reach(&child.parent.table) * u64::from(child.max_per_parent)
+    }
+
+    /// A child table's partition domain: its columns, then [`ROW_COLUMN`] and
+    /// [`PARENT_COLUMN`].
+    pub fn child_domain(&self, table: &TableSpec) -> Domain {
+        let mut domain = Domain::of_columns(&table.columns, self.default_bins);
+        let ordinal = |name: &str, reach: u64| {
+            let max = reach.saturating_sub(1) as f64;
+            let binning = Binning::Integer(vec![(0, max as i64)]);
+            let encoding = Encoding::Numeric { kind: ColumnKind::Integer, min: 0.0, max, binning };
+            ColumnDomain { name: name.to_string(), encoding, missing: false }
+        };
+        domain.columns.push(ordinal(ROW_COLUMN, self.reach(&table.name)));
+        domain.columns.push(ordinal(PARENT_COLUMN, self.reach(&table.parent.table)));
+        domain
+    }
+}
+
+/// Rows of one table that reading left out, by reason. Private: counts of the input.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DroppedRows {
+    /// Beyond the cap of their parent row (the root: a unit's rows after its first).
+    pub over_cap: u64,
+    /// Whose parent row is absent: not in the parent table, or dropped from it.
+    pub without_parent: u64,
+    /// Whose own key another kept row already holds: their children go to the first.
+    pub duplicate_keys: u64,
+    /// That broke the table's schema (under `bad_rows = "skip"`).
+    pub bad: u64,
+}
+
+/// One table's partitions.
+pub struct PartitionedTable {
+    pub name: String,
+    pub domain: Domain,
+    pub partitions: Partitioned,
+    pub dropped: DroppedRows,
+}
+
+/// The kept rows of a table that has children: each one's ordinal by unit and own key.
+type Places = HashMap<(String, String), u32>;
+
+/// Where a child table's parent rows are: the root's units, or a table's places.
+enum Parents<'p> {
+    Root(&'p HashSet<String>),
+    Table(&'p Places),
+}
+
+impl Parents<'_> {
+    /// The ordinal of the parent row of a row of `unit` referring to `key`: looked up
+    /// among that unit's rows only.
+    fn find(&self, unit: &str, key: Option<&String>) -> Option<u32> {
+        match self {
+            Parents::Root(units) => units.contains(unit).then_some(0),
+            Parents::Table(places) => places.get(&(unit.to_string(), key?.clone())).copied(),
+        }
+    }
+}
+
+/// A child row competing for its parent's cap: the smallest ranks are kept.
+struct Candidate {
+    rank: f64,
+    seq: u64,
+    values: Vec<Option<f64>>,
+    key: Option<String>,
+}
+
+impl Candidate {
+    fn order(&self, other: &Self) -> Ordering {
+        self.rank.total_cmp(&other.rank).then(self.seq.cmp(&other.seq))
+    }
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.order(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Candidate {}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.order(other)
+    }
+}
+
+/// Reads every table of `db` and writes each into `partitions` partitions under
+/// `prefix/<table>/`, a unit's rows in the same partition index in every table. Tables in
+/// the order declared, the root first.
+pub async fn partition_database(
+    db: &Database<'_>,
+    scratch: &StoreLocation,
+    prefix: &str,
+    partitions: u32,
+    key: PartitionKey,
+) -> Result<Vec<PartitionedTable>, DataError> {
+    let referred: HashSet<&str> = db.tables.iter().map(|t| t.parent.table.as_str()).collect();
+    let (root, units) = partition_root(db, scratch, prefix, partitions, key.clone()).await?;
+    let mut places: HashMap<String, Places> = HashMap::new();
+    let mut out = vec![root];
+    for table in db.tables {
+        let parents = match places.get(&table.parent.table) {
+            Some(places) => Parents::Table(places),
+            None => Parents::Root(&units),
+        };
+        let (partitioned, own) = partition_child(db, table, parents, scratch, prefix, partitions, key.clone()).await?;
+        if referred.contains(table.name.as_str()) {
+            places.insert(table.name.clone(), own);
+        }
+        out.push(partitioned);
+    }
+    Ok(out)
+}
+
+/// The root: a unit's first row, streamed into its partitions. Returns the units.
+async fn partition_root(
+    db: &Database<'_>,
+    scratch: &StoreLocation,
+    prefix: &str,
+    partitions: u32,
+    key: PartitionKey,
+) -> Result<(PartitionedTable, HashSet<String>), DataError> {
+    let name = db.root_name().to_string();
+    let domain = Domain::of_columns(&db.root_schema.columns, db.default_bins);
+    let mut writer = PartitionWriter::new(scratch, &format!("{prefix}/{name}"), &domain, partitions, key)?;
+    let mut reader = InputReader::new(db.root_input, db.root_schema, &domain);
+    let mut units = HashSet::new();
+    let mut dropped = DroppedRows::default();
+    while let Some(batch) = reader.next_batch().await? {
+        let repeated: Vec<bool> = batch.units.iter().map(|unit| !units.insert(unit.clone())).collect();
+        dropped.over_cap += repeated.iter().filter(|r| **r).count() as u64;
+        writer.write(batch.without(&repeated)).await?;
+    }
+    dropped.bad = reader.skipped().map_or(0, |s| s.rows);
+    let partitions = writer.finish().await?;
+    Ok((PartitionedTable { name, domain, partitions, dropped }, units))
+}
+
+/// The rows of one parent row competing for its cap, and how many have competed.
+#[derive(Default)]
+struct Group {
+    kept: BinaryHeap<Candidate>,
+    seen: u64,
+}
+
+/// A child table: each parent row's rows capped, then written in unit order with their
+/// places. Returns the kept rows' places by unit and own key (for the table's children).
+async fn partition_child(
+    db: &Database<'_>,
+    table: &TableSpec,
+    parents: Parents<'_>,
+    scratch: &StoreLocation,
+    prefix: &str,
+    partitions: u32,
+    key: PartitionKey,
+) -> Result<(PartitionedTable, Places), DataError> {
+    let schema = table.schema(db.unit_key());
+    let columns = Domain::of_columns(&table.columns, db.default_bins);
+    let own_key = table.key.as_deref();
+    let mut keys = vec![table.parent.key.as_str()];
+    keys.extend(own_key);
+    let mut reader = InputReader::new(&table.input, &schema, &columns).with_keys(keys);
+    let order = table.order_by.as_deref().and_then(|o| columns.index_of(o));
+    let cap = table.max_per_parent as usize;
+    let mut groups: HashMap<(String, u32), Group> = HashMap::new();
+    let mut dropped = DroppedRows::default();
+    let mut seq = 0u64;
+    while let Some(KeyedBatch { rows, keys }) = reader.next_keyed_batch().await? {
+        let mut keys = keys.into_iter();
+        let parent_keys = keys.next().expect("the parent key is read");
+        let own_keys = keys.next().unwrap_or_default();
+        for (i, unit) in rows.units.iter().enumerate() {
+            let Some(parent) = parents.find(unit, parent_keys[i].as_ref()) else {
+                dropped.without_parent += 1;
+                continue;
+            };
+            let group = groups.entry((unit.clone(), parent)).or_default();
+            let rank = match order {
+                // Missing last: never kept before a row with a value.
+                Some(d) => rows.values[d][i].unwrap_or(f64::INFINITY),
+                None => sample_rank(&table.name, unit, parent, group.seen),
+            };
+            group.seen += 1;
+            seq += 1;
+            let values = rows.values.iter().map(|column| column[i]).collect();
+            group.kept.push(Candidate { rank, seq, values, key: own_keys.get(i).cloned().flatten() });
+            if group.kept.len() > cap {
+                group.kept.pop();
+                dropped.over_cap += 1;
+            }
+        }
+    }
+    dropped.bad = reader.skipped().map_or(0, |s| s.rows);
+
+    // A unit's kept rows in parent order, then cap order.
+    let mut kept: Vec<((String, u32), Candidate)> = groups
+        .into_iter()
+        .flat_map(|(parent, group)| group.kept.into_vec().into_iter().map(move |row| (parent.clone(), row)))
+        .collect();
+    kept.sort_by(|(a, x), (b, y)| a.cmp(b).then(x.order(y)));
+
+    let domain = db.child_domain(table);
+    let mut writer = PartitionWriter::new(scratch, &format!("{prefix}/{}", table.name), &domain, partitions, key)?;
+    let mut own = Places::new();
+    let mut batch = EncodedBatch::empty(domain.columns.len());
+    let mut ordinal = 0u32;
+    let mut previous: Option<String> = None;
+    for ((unit, parent), row) in kept {
+        ordinal = if previous.as_ref() == Some(&unit) { ordinal + 1 } else { 0 };
+        if let Some(key) = row.key {
+            match own.entry((unit.clone(), key)) {
+                Entry::Occupied(_) => dropped.duplicate_keys += 1,
+                Entry::Vacant(slot) => {
+                    slot.insert(ordinal);
+                }
+            }
+        }
+        let links = [Some(f64::from(ordinal)), Some(f64::from(parent))];
+        for (column, value) in batch.values.iter_mut().zip(row.values.into_iter().chain(links)) {
+            column.push(value);
+        }
+        batch.units.push(unit.clone());
+        previous = Some(unit);
+        if batch.len() == BATCH_ROWS {
+            writer.write(std::mem::replace(&mut batch, EncodedBatch::empty(domain.columns.len()))).await?;
+        }
+    }
+    writer.write(batch).await?;
+    let partitions = writer.finish().await?;
+    Ok((PartitionedTable { name: table.name.clone(), domain, partitions, dropped }, own))
+}
+
+/// A row's draw in the sample that caps its parent's rows, in [0, 1): keyed by its table,
+/// its unit, its parent and its place among that parent's rows as read, and nothing else.
+fn sample_rank(table: &str, unit: &str, parent: u32, place: u64) -> f64 {
+    let mut hash = Sha256::new();
+    for part in [CAP_SAMPLE_KEY, table.as_bytes(), unit.as_bytes()] {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part);
+    }
+    hash.update(parent.to_le_bytes());
+    hash.update(place.to_le_bytes());
+    let digest = hash.finalize();
+    let bits = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}

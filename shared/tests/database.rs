@@ -1,0 +1,348 @@
+//! Reading a database by privacy unit: a unit's rows in every table land in one partition
+//! index; each child table keeps at most its cap of rows per parent row, the first by
+//! `order_by` (or a fixed-seed sample), with their places under the unit; rows of dropped
+//! or absent parents are left out and counted. Checked against the simulated database's
+//! own CSV text, recounted here.
+
+use std::collections::{BTreeMap, HashMap};
+
+use rhosynth_shared::data::database::{Database, PARENT_COLUMN, PartitionedTable, ROW_COLUMN, partition_database};
+use rhosynth_shared::data::partition::{PartitionKey, read_partition};
+use rhosynth_shared::simulate::database::database_csv;
+use rhosynth_shared::spec::{JobSpec, parse_datetime};
+use rhosynth_shared::storage;
+
+const ADMISSIONS_CAP: usize = 2;
+const VITALS_CAP: usize = 6;
+
+fn spec(dir: &std::path::Path, vitals_order: &str) -> String {
+    let file = |name: &str| dir.join(name).display().to_string();
+    format!(
+        r#"
+[job]
+dataset_id = "db"
+[input]
+urls = [{patients:?}]
+[schema]
+table = "patients"
+unit_column = "subject_id"
+columns = [
+  {{ name = "subject_id", kind = "identifier" }},
+  {{ name = "age", kind = "integer", min = 18, max = 90 }},
+  {{ name = "sex", kind = "categorical", categories = ["F", "M"] }},
+  {{ name = "comorbidity", kind = "categorical", categories = ["none", "mild", "severe"] }},
+]
+
+[[tables]]
+name = "admissions"
+key = "hadm_id"
+parent = {{ table = "patients", key = "subject_id" }}
+order_by = "admittime"
+max_per_parent = {ADMISSIONS_CAP}
+input = {{ urls = [{admissions:?}] }}
+columns = [
+  {{ name = "hadm_id", kind = "identifier" }},
+  {{ name = "subject_id", kind = "identifier" }},
+  {{ name = "admittime", kind = "datetime", min = "2024-01-01", max = "2030-01-01" }},
+  {{ name = "dischtime", kind = "datetime", min = "2024-01-01", max = "2030-01-01" }},
+  {{ name = "admission_type", kind = "categorical", categories = ["emergency", "urgent", "elective"] }},
+  {{ name = "outcome", kind = "categorical", categories = ["home", "transfer", "died"] }},
+]
+
+[[tables]]
+name = "vitals"
+parent = {{ table = "admissions", key = "hadm_id" }}
+{vitals_order}
+max_per_parent = {VITALS_CAP}
+input = {{ urls = [{vitals:?}] }}
+columns = [
+  {{ name = "subject_id", kind = "identifier" }},
+  {{ name = "hadm_id", kind = "identifier" }},
+  {{ name = "charttime", kind = "datetime", min = "2024-01-01", max = "2030-01-01" }},
+  {{ name = "heart_rate", kind = "continuous", min = 20, max = 250 }},
+  {{ name = "resp_rate", kind = "continuous", min = 4, max = 60 }},
+  {{ name = "spo2", kind = "continuous", min = 50, max = 100 }},
+]
+
+[privacy]
+epsilon = 4.0
+delta = 1e-6
+[generator]
+name = "aim"
+"#,
+        patients = file("patients.csv"),
+        admissions = file("admissions.csv"),
+        vitals = file("vitals.csv"),
+    )
+}
+
+/// The CSV's data rows as fields.
+fn rows(csv: &str) -> Vec<Vec<String>> {
+    csv.lines().skip(1).map(|l| l.split(',').map(str::to_string).collect()).collect()
+}
+
+fn seconds(text: &str) -> f64 {
+    parse_datetime(text).unwrap()
+}
+
+/// Every row of every table read back: by unit, the partition index and the rows' values.
+type ReadBack = HashMap<String, Vec<(usize, Vec<Option<f64>>)>>;
+
+async fn read_back(table: &PartitionedTable) -> ReadBack {
+    let mut out: ReadBack = HashMap::new();
+    for (p, url) in table.partitions.urls.iter().enumerate() {
+        read_partition(url, &table.domain, |batch| {
+            for (i, unit) in batch.units.iter().enumerate() {
+                let row = batch.values.iter().map(|column| column[i]).collect();
+                out.entry(unit.clone()).or_default().push((p, row));
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    }
+    out
+}
+
+async fn partitioned(dir: &std::path::Path, vitals_order: &str) -> (JobSpec, Vec<PartitionedTable>) {
+    let text = spec(dir, vitals_order);
+    // No generator takes a database yet: the structure is checked, the job refused.
+    let refused = JobSpec::parse(&text, "db").unwrap_err().to_string();
+    assert!(refused.contains("no generator takes a database yet"), "{refused}");
+    let spec: JobSpec = toml::from_str(&text).unwrap();
+    let reach = rhosynth_shared::spec::tables::validate(&spec.schema, &spec.tables).unwrap();
+    assert_eq!(reach, vec![1, ADMISSIONS_CAP as u64, (ADMISSIONS_CAP * VITALS_CAP) as u64]);
+    let scratch = storage::open(dir.join("scratch").to_str().unwrap()).unwrap();
+    let key = PartitionKey::generate().unwrap();
+    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 5, key).await.unwrap();
+    (spec, tables)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_units_rows_are_capped_by_the_public_rule_and_partitioned_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = database_csv(300, 5);
+    // A patient written twice, an admission of no patient with two charts, and a chart of
+    // no admission of its patient.
+    let patients = format!("{}S000000,50,F,none\n", db.patients);
+    let admissions = format!("{}H999999,S999999,2025-01-01 00:00:00,2025-01-02 00:00:00,urgent,home\n", db.admissions);
+    let vitals = format!(
+        "{}S999999,H999999,2025-01-01 01:00:00,80,16,97\nS999999,H999999,2025-01-01 02:00:00,81,16,97\n\
+         S000001,H888888,2025-01-01 01:00:00,80,16,97\n",
+        db.vitals
+    );
+    std::fs::write(dir.path().join("patients.csv"), &patients).unwrap();
+    std::fs::write(dir.path().join("admissions.csv"), &admissions).unwrap();
+    std::fs::write(dir.path().join("vitals.csv"), &vitals).unwrap();
+    let (spec, tables) = partitioned(dir.path(), "order_by = \"charttime\"").await;
+    assert_eq!(tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["patients", "admissions", "vitals"]);
+
+    // What the rule keeps, recounted from the CSV text: each patient's first admissions
+    // by time, each kept admission's first charts by time.
+    let mut admissions_of: BTreeMap<String, Vec<(f64, String)>> = BTreeMap::new();
+    for row in rows(&db.admissions) {
+        admissions_of.entry(row[1].clone()).or_default().push((seconds(&row[2]), row[0].clone()));
+    }
+    let mut charts_of: HashMap<String, Vec<f64>> = HashMap::new();
+    for row in rows(&db.vitals) {
+        charts_of.entry(row[1].clone()).or_default().push(seconds(&row[2]));
+    }
+    let (mut admissions_over, mut charts_over, mut charts_orphaned) = (0, 0, 3);
+    // By unit: the kept admission times in order, and each one's kept chart times.
+    let mut expected: HashMap<String, Vec<(f64, Vec<f64>)>> = HashMap::new();
+    for (subject, mut stays) in admissions_of {
+        stays.sort_by(|a, b| a.0.total_cmp(&b.0));
+        admissions_over += stays.len().saturating_sub(ADMISSIONS_CAP);
+        for (i, (admitted, hadm)) in stays.into_iter().enumerate() {
+            let mut charts = charts_of.remove(&hadm).unwrap_or_default();
+            if i >= ADMISSIONS_CAP {
+                charts_orphaned += charts.len();
+                continue;
+            }
+            charts.sort_by(f64::total_cmp);
+            charts_over += charts.len().saturating_sub(VITALS_CAP);
+            charts.truncate(VITALS_CAP);
+            expected.entry(subject.clone()).or_default().push((admitted, charts));
+        }
+    }
+    assert!(admissions_over > 20 && charts_over > 1000, "the caps bind: {admissions_over}, {charts_over}");
+
+    let [patients, admissions, vitals] = &tables[..] else { panic!("three tables") };
+    assert_eq!(patients.partitions.units, 300);
+    let dropped = |t: &PartitionedTable| (t.dropped.over_cap, t.dropped.without_parent, t.dropped.duplicate_keys);
+    assert_eq!(dropped(patients), (1, 0, 0), "the second row of S000000");
+    assert_eq!(dropped(admissions), (admissions_over as u64, 1, 0));
+    assert_eq!(dropped(vitals), (charts_over as u64, charts_orphaned as u64, 0));
+    // One unit reaches at most the product of the caps in each table.
+    assert!(admissions.partitions.rows_per_unit.keys().all(|&n| n as usize <= ADMISSIONS_CAP));
+    assert!(vitals.partitions.rows_per_unit.keys().all(|&n| n as usize <= ADMISSIONS_CAP * VITALS_CAP));
+
+    let (patient_rows, admission_rows, vital_rows) =
+        (read_back(patients).await, read_back(admissions).await, read_back(vitals).await);
+    let column = |t: &PartitionedTable, name: &str| t.domain.index_of(name).unwrap();
+    let (admitted, row, parent) =
+        (column(admissions, "admittime"), column(admissions, ROW_COLUMN), column(vitals, PARENT_COLUMN));
+    let (charted, chart_row) = (column(vitals, "charttime"), column(vitals, ROW_COLUMN));
+    assert_eq!(patient_rows.len(), 300);
+    assert_eq!(admission_rows.len(), expected.len(), "every patient with an admission, no orphan");
+    for (unit, rows) in &patient_rows {
+        assert_eq!(rows.len(), 1, "{unit}: one row");
+        let partition = &rows[0].0;
+        let stays = admission_rows.get(unit).map_or(&[][..], |r| &r[..]);
+        let charts = vital_rows.get(unit).map_or(&[][..], |r| &r[..]);
+        assert!(stays.iter().chain(charts).all(|(p, _)| p == partition), "{unit}: one partition in every table");
+        let wanted = expected.get(unit).map_or(&[][..], |w| &w[..]);
+        // The kept admissions: the first by time, numbered in that order.
+        let mut got: Vec<(f64, f64)> = stays.iter().map(|(_, v)| (v[row].unwrap(), v[admitted].unwrap())).collect();
+        got.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert_eq!(got, wanted.iter().enumerate().map(|(i, (t, _))| (i as f64, *t)).collect::<Vec<_>>(), "{unit}");
+        // Each kept admission's first charts, under its number; charts numbered in order.
+        for (ordinal, (_, times)) in wanted.iter().enumerate() {
+            let mut got: Vec<f64> = charts
+                .iter()
+                .filter(|(_, v)| v[parent] == Some(ordinal as f64))
+                .map(|(_, v)| v[charted].unwrap())
+                .collect();
+            got.sort_by(f64::total_cmp);
+            assert_eq!(&got, times, "{unit}, admission {ordinal}");
+        }
+        let mut numbers: Vec<f64> = charts.iter().map(|(_, v)| v[chart_row].unwrap()).collect();
+        numbers.sort_by(f64::total_cmp);
+        assert_eq!(numbers, (0..charts.len()).map(|n| n as f64).collect::<Vec<_>>(), "{unit}");
+    }
+    assert_eq!(spec.tables.len(), 2);
+}
+
+/// Without `order_by`, a fixed-seed sample: the same rows on every reading of the same
+/// files, within the cap, and not simply the first in the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_order_the_cap_keeps_the_same_sample_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = database_csv(120, 9);
+    std::fs::write(dir.path().join("patients.csv"), &db.patients).unwrap();
+    std::fs::write(dir.path().join("admissions.csv"), &db.admissions).unwrap();
+    std::fs::write(dir.path().join("vitals.csv"), &db.vitals).unwrap();
+    let charts = |tables: Vec<PartitionedTable>| async move {
+        let vitals = &tables[2];
+        let (time, parent) =
+            (vitals.domain.index_of("charttime").unwrap(), vitals.domain.index_of(PARENT_COLUMN).unwrap());
+        let mut kept: Vec<(String, u64, u64)> = read_back(vitals)
+            .await
+            .into_iter()
+            .flat_map(|(unit, rows)| {
+                rows.into_iter().map(move |(_, v)| (unit.clone(), v[parent].unwrap() as u64, v[time].unwrap() as u64))
+            })
+            .collect();
+        kept.sort();
+        kept
+    };
+    let first = charts(partitioned(dir.path(), "").await.1).await;
+    let again = charts(partitioned(dir.path(), "").await.1).await;
+    assert_eq!(first, again, "the same sample on the same files");
+    let mut per_stay: BTreeMap<(String, u64), Vec<u64>> = BTreeMap::new();
+    first.iter().for_each(|(u, p, t)| per_stay.entry((u.clone(), *p)).or_default().push(*t));
+    assert!(per_stay.values().all(|times| times.len() <= VITALS_CAP));
+    // Charts are written in time order: a prefix rule would keep each stay's first ones.
+    let by_time = charts(partitioned(dir.path(), "order_by = \"charttime\"").await.1).await;
+    assert_ne!(first, by_time, "a sample, not the first rows");
+}
+
+/// A key held by two kept rows: both rows stay, the children go to the first (in cap
+/// order), and the repeat is counted; a row breaking its table's schema is counted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_key_sends_its_children_to_the_first_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let patients = "subject_id,age,sex,comorbidity\nP1,40,F,none\n";
+    let admissions = "hadm_id,subject_id,admittime,dischtime,admission_type,outcome\n\
+                      A1,P1,2025-02-01 00:00:00,2025-02-02 00:00:00,urgent,home\n\
+                      A1,P1,2025-01-01 00:00:00,2025-01-02 00:00:00,elective,home\n";
+    let vitals = "subject_id,hadm_id,charttime,heart_rate,resp_rate,spo2\nP1,A1,2025-01-01 01:00:00,80,16,97\n\
+                  P1,A1,2025-02-01 01:00:00,90,18,96\nP1,A1,not a time,90,18,96\n";
+    std::fs::write(dir.path().join("patients.csv"), patients).unwrap();
+    std::fs::write(dir.path().join("admissions.csv"), admissions).unwrap();
+    std::fs::write(dir.path().join("vitals.csv"), vitals).unwrap();
+    let text = spec(dir.path(), "order_by = \"charttime\"")
+        .replace("input = { urls = [", "input = { bad_rows = \"skip\", urls = [");
+    let spec: JobSpec = toml::from_str(&text).unwrap();
+    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
+        .await
+        .unwrap();
+    let (admissions, vitals) = (&tables[1], &tables[2]);
+    assert_eq!((admissions.dropped.duplicate_keys, admissions.partitions.units), (1, 1));
+    assert_eq!((vitals.dropped.bad, vitals.dropped.without_parent, vitals.dropped.over_cap), (1, 0, 0));
+    // The January admission is first by time: number 0, and both charts are under it.
+    let rows = read_back(vitals).await.remove("P1").unwrap();
+    let parent = vitals.domain.index_of(PARENT_COLUMN).unwrap();
+    assert_eq!(rows.iter().map(|(_, v)| v[parent]).collect::<Vec<_>>(), [Some(0.0), Some(0.0)]);
+    let stays = read_back(admissions).await.remove("P1").unwrap();
+    let (row, time) =
+        (admissions.domain.index_of(ROW_COLUMN).unwrap(), admissions.domain.index_of("admittime").unwrap());
+    let first = stays.iter().find(|(_, v)| v[row] == Some(0.0)).unwrap();
+    assert_eq!(first.1[time], Some(seconds("2025-01-01 00:00:00")));
+}
+
+/// Every unit's kept rows, table by table, as sorted rows of values.
+async fn kept_by_unit(tables: &[PartitionedTable]) -> BTreeMap<String, Vec<Vec<Vec<u64>>>> {
+    let mut out: BTreeMap<String, Vec<Vec<Vec<u64>>>> = BTreeMap::new();
+    for (t, table) in tables.iter().enumerate() {
+        for (unit, rows) in read_back(table).await {
+            let mut rows: Vec<Vec<u64>> =
+                rows.into_iter().map(|(_, v)| v.iter().map(|x| x.map_or(u64::MAX, f64::to_bits)).collect()).collect();
+            rows.sort();
+            let tables = out.entry(unit).or_insert_with(|| vec![Vec::new(); tables.len()]);
+            tables[t] = rows;
+        }
+    }
+    out
+}
+
+/// Neighbouring databases: one more patient, written first in every file, with more
+/// admissions and charts than the caps and admission keys that other patients' admissions
+/// also hold. Every other patient keeps exactly the same rows, under a time order and
+/// under the sample alike; the added one stays within the caps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_patient_changes_no_other_patients_rows() {
+    let db = database_csv(150, 21);
+    let taken: Vec<String> = rows(&db.admissions).into_iter().take(6).map(|r| r[0].clone()).collect();
+    let mut admissions = String::new();
+    let mut vitals = String::new();
+    for (i, hadm) in taken.iter().enumerate() {
+        admissions.push_str(&format!(
+            "{hadm},SX,2026-0{}-01 00:00:00,2026-0{}-03 00:00:00,urgent,home\n",
+            i + 1,
+            i + 1
+        ));
+        for hour in 0..40 {
+            vitals.push_str(&format!("SX,{hadm},2026-0{}-01 {:02}:30:00,{},20,90\n", i + 1, hour % 24, 100 + hour));
+        }
+    }
+    let with_one_more = |csv: &str, rows: &str| {
+        let (header, rest) = csv.split_once('\n').unwrap();
+        format!("{header}\n{rows}{rest}")
+    };
+    for order in ["order_by = \"charttime\"", ""] {
+        let (without, with) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        for (dir, patients, admissions, vitals) in [
+            (without.path(), db.patients.clone(), db.admissions.clone(), db.vitals.clone()),
+            (
+                with.path(),
+                with_one_more(&db.patients, "SX,70,M,severe\n"),
+                with_one_more(&db.admissions, &admissions),
+                with_one_more(&db.vitals, &vitals),
+            ),
+        ] {
+            std::fs::write(dir.join("patients.csv"), patients).unwrap();
+            std::fs::write(dir.join("admissions.csv"), admissions).unwrap();
+            std::fs::write(dir.join("vitals.csv"), vitals).unwrap();
+        }
+        let before = kept_by_unit(&partitioned(without.path(), order).await.1).await;
+        let mut after = kept_by_unit(&partitioned(with.path(), order).await.1).await;
+        let added = after.remove("SX").expect("the added patient");
+        assert_eq!(before.len(), after.len());
+        for (unit, tables) in &before {
+            assert_eq!(Some(tables), after.get(unit), "{unit} ({order:?})");
+        }
+        assert_eq!(added.iter().map(Vec::len).collect::<Vec<_>>(), [1, ADMISSIONS_CAP, ADMISSIONS_CAP * VITALS_CAP]);
+    }
+}
