@@ -346,3 +346,90 @@ async fn adding_a_patient_changes_no_other_patients_rows() {
         assert_eq!(added.iter().map(Vec::len).collect::<Vec<_>>(), [1, ADMISSIONS_CAP, ADMISSIONS_CAP * VITALS_CAP]);
     }
 }
+
+/// A worker reads one partition index of every table and sees each patient whole: the
+/// views join each row to its ancestors' values and count its children, matching the
+/// CSV text; a unit gives a view at most the table's cap product rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
+    use rhosynth_shared::data::database::view::POSITION_COLUMN;
+    use rhosynth_shared::data::database::{Layout, View, read_units};
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = database_csv(200, 13);
+    std::fs::write(dir.path().join("patients.csv"), &db.patients).unwrap();
+    std::fs::write(dir.path().join("admissions.csv"), &db.admissions).unwrap();
+    std::fs::write(dir.path().join("vitals.csv"), &db.vitals).unwrap();
+    let (spec, tables) = partitioned(dir.path(), "order_by = \"charttime\"").await;
+    let layout = Layout::of(&Database::of_spec(&spec));
+    assert_eq!((0..3).map(|t| layout.reach(t)).collect::<Vec<_>>(), [1, 2, 12]);
+    // Each patient's attributes and admissions (by time), and each admission's charts.
+    let patient: HashMap<String, Vec<String>> = rows(&db.patients).into_iter().map(|r| (r[0].clone(), r)).collect();
+    let mut stays: HashMap<String, Vec<(f64, String)>> = HashMap::new();
+    for r in rows(&db.admissions) {
+        stays.entry(r[1].clone()).or_default().push((seconds(&r[2]), r[0].clone()));
+    }
+    stays.values_mut().for_each(|s| s.sort_by(|a, b| a.0.total_cmp(&b.0)));
+    let mut charts: HashMap<String, usize> = HashMap::new();
+    rows(&db.vitals).into_iter().for_each(|r| *charts.entry(r[1].clone()).or_default() += 1);
+
+    let views = [View { table: 0 }, View { table: 1 }, View { table: 2 }];
+    let domains: Vec<_> = views.iter().map(|v| v.domain(&layout)).collect();
+    let names = |d: usize| domains[d].columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>();
+    assert_eq!(names(0), ["age", "sex", "comorbidity", "__n.admissions"]);
+    assert_eq!(
+        names(1),
+        [
+            "admittime",
+            "dischtime",
+            "admission_type",
+            "outcome",
+            POSITION_COLUMN,
+            "patients.age",
+            "patients.sex",
+            "patients.comorbidity",
+            "__n.vitals"
+        ]
+    );
+    assert_eq!(names(2)[..5], ["charttime", "heart_rate", "resp_rate", "spo2", POSITION_COLUMN]);
+    assert_eq!(
+        names(2)[5..],
+        [
+            "admissions.admittime",
+            "admissions.dischtime",
+            "admissions.admission_type",
+            "admissions.outcome",
+            "patients.age",
+            "patients.sex",
+            "patients.comorbidity"
+        ]
+    );
+
+    let mut seen = 0;
+    for k in 0..tables[0].partitions.urls.len() {
+        let urls: Vec<String> = tables.iter().map(|t| t.partitions.urls[k].clone()).collect();
+        for (unit, rows) in read_units(&layout, &urls).await.unwrap() {
+            seen += 1;
+            let [root, stay_rows, chart_rows] = [0, 1, 2].map(|t| views[t].rows(&layout, &rows).unwrap());
+            let p = &patient[&unit];
+            let age = p[1].parse::<f64>().unwrap();
+            let kept: Vec<&(f64, String)> = stays[&unit].iter().take(ADMISSIONS_CAP).collect();
+            assert_eq!(root, vec![vec![Some(age), root[0][1], root[0][2], Some(kept.len() as f64)]], "{unit}");
+            assert_eq!(stay_rows.len(), kept.len());
+            for (i, (stay, (admitted, hadm))) in stay_rows.iter().zip(&kept).enumerate() {
+                assert_eq!(stay[0], Some(*admitted), "{unit}: admissions in time order");
+                assert_eq!(stay[4], Some(i as f64), "{unit}: position");
+                assert_eq!(stay[5..8], root[0][..3], "{unit}: the patient's values");
+                let wanted = charts.get(hadm).copied().unwrap_or(0).min(VITALS_CAP);
+                assert_eq!(stay[8], Some(wanted as f64), "{unit}: charts of {hadm}");
+            }
+            assert!(chart_rows.len() as u64 <= views[2].max_rows_per_unit(&layout));
+            for chart in &chart_rows {
+                let stay = stay_rows.iter().find(|s| s[..4] == chart[5..9]).expect("the chart's admission");
+                assert!(chart[0] > stay[0] && chart[0] < stay[1], "{unit}: a chart inside its admission");
+                assert_eq!(chart[9..], root[0][..3]);
+            }
+        }
+    }
+    assert_eq!(seen, 200, "every patient in one partition");
+}

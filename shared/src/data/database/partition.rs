@@ -1,11 +1,8 @@
-//! Reading a database by privacy unit (`[[tables]]`, `spec::tables`): every table's rows
-//! under their root unit, one set of partitions per table keyed by one partition key, so
-//! a unit's rows in every table land in the same partition index and a worker sees the
-//! unit whole. The root keeps one row per unit; a child table keeps at most its
-//! `max_per_parent` rows per parent row by the spec's public rule (the first by
-//! `order_by`, else a fixed-seed sample), a dropped row's children go with it, and a row
-//! whose parent is absent is left out. A child row carries its place under its unit (its
-//! ordinal among the unit's rows of its table, and its parent's), never a key.
+//! Reading a database by unit and capping it: every table's rows under their root unit,
+//! one set of partitions per table keyed by one partition key. The root keeps one row per
+//! unit; a child table keeps at most its `max_per_parent` rows per parent row by the
+//! spec's public rule (the first by `order_by`, else a keyed sample), a dropped row's
+//! children go with it, and a row whose parent is absent is left out.
 //!
 //! Each unit's rows are read from their own unit key and capped among themselves alone
 //! (a row's parent is looked up among its unit's rows; a sample's draw is keyed by the
@@ -21,79 +18,18 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use sha2::{Digest, Sha256};
 
-use super::domain::{Binning, ColumnDomain, Domain, Encoding};
-use super::input::{BATCH_ROWS, InputReader, KeyedBatch};
-use super::partition::{PartitionKey, PartitionWriter, Partitioned};
-use super::source::Source;
-use super::{DataError, EncodedBatch};
-use crate::spec::{ColumnKind, JobSpec, SchemaSpec, TableSpec};
+use super::Database;
+use crate::data::domain::Domain;
+use crate::data::input::{BATCH_ROWS, InputReader, KeyedBatch};
+use crate::data::partition::{PartitionKey, PartitionWriter, Partitioned};
+use crate::data::{DataError, EncodedBatch};
+use crate::spec::TableSpec;
 use crate::storage::StoreLocation;
-
-/// A child row's ordinal among its unit's rows of its table (in parent order, then the
-/// table's cap order).
-pub const ROW_COLUMN: &str = "__row";
-/// A child row's parent's ordinal among its unit's rows of the parent table (0 under the
-/// root).
-pub const PARENT_COLUMN: &str = "__parent";
 
 /// Keys the sample that caps a table without `order_by`: public and fixed, so a rerun on
 /// the same files keeps the same rows. It is not privacy noise: the cap bounds a unit's
 /// rows whichever rows it keeps.
 const CAP_SAMPLE_KEY: &[u8] = b"rhosynth database cap sample v1";
-
-/// A database job's tables: the root (the job's `[input]` and `[schema]`) and the tables
-/// below it, parents first (as `spec::tables::validate` checks).
-pub struct Database<'a> {
-    pub root_input: &'a Source,
-    pub root_schema: &'a SchemaSpec,
-    pub tables: &'a [TableSpec],
-    /// Bins of a numeric column that declares none (the generator's).
-    pub default_bins: u32,
-}
-
-impl<'a> Database<'a> {
-    pub fn of_spec(spec: &'a JobSpec) -> Self {
-        Self {
-            root_input: &spec.input,
-            root_schema: &spec.schema,
-            tables: &spec.tables,
-            default_bins: spec.generator.default_bins(),
-        }
-    }
-
-    fn root_name(&self) -> &str {
-        self.root_schema.table.as_deref().unwrap_or("root")
-    }
-
-    /// The unit's key column, in every table.
-    fn unit_key(&self) -> &str {
-        self.root_schema.unit_column.as_deref().expect("a validated database names its unit column")
-    }
-
-    /// The most rows of `table` one unit reaches: the product of the caps on its path.
-    fn reach(&self, table: &str) -> u64 {
-        if table == self.root_name() {
-            return 1;
-        }
-        let child = self.tables.iter().find(|t| t.name == table).expect("a validated parent");
-        self.reach(&child.parent.table) * u64::from(child.max_per_parent)
-    }
-
-    /// A child table's partition domain: its columns, then [`ROW_COLUMN`] and
-    /// [`PARENT_COLUMN`].
-    pub fn child_domain(&self, table: &TableSpec) -> Domain {
-        let mut domain = Domain::of_columns(&table.columns, self.default_bins);
-        let ordinal = |name: &str, reach: u64| {
-            let max = reach.saturating_sub(1) as f64;
-            let binning = Binning::Integer(vec![(0, max as i64)]);
-            let encoding = Encoding::Numeric { kind: ColumnKind::Integer, min: 0.0, max, binning };
-            ColumnDomain { name: name.to_string(), encoding, missing: false }
-        };
-        domain.columns.push(ordinal(ROW_COLUMN, self.reach(&table.name)));
-        domain.columns.push(ordinal(PARENT_COLUMN, self.reach(&table.parent.table)));
-        domain
-    }
-}
 
 /// Rows of one table that reading left out, by reason. Private: counts of the input.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

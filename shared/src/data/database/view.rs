@@ -1,0 +1,219 @@
+//! A unit whole, as a worker reads it, and the views a database generator counts over it.
+//! A worker reads the same partition index of every table ([`read_units`]): each unit's
+//! rows in every table, joined by their places. A [`View`] of a table makes one row per
+//! row of the table: its own values, its place among its parent's rows, its ancestors'
+//! values and how many rows each of its child tables holds under it. A view is a function
+//! of one unit's rows alone, so a unit contributes at most the table's cap product rows to
+//! it ([`View::max_rows_per_unit`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::Database;
+use crate::data::DataError;
+use crate::data::domain::{ColumnDomain, Domain};
+use crate::data::partition::read_partition;
+use crate::spec::{Bound, ColumnKind, ColumnSpec, MissingPolicy, UnknownPolicy};
+
+/// A view's column holding a row's place among its parent's rows (0 first).
+pub const POSITION_COLUMN: &str = "__position";
+
+/// A database's tables as their partitions hold them: all a worker needs to read a unit
+/// whole. Public: made from the spec alone.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Layout {
+    /// The root first, then parents before their children.
+    pub tables: Vec<TableLayout>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TableLayout {
+    pub name: String,
+    /// Index of the parent table (`None`: the root).
+    pub parent: Option<usize>,
+    /// Rows per parent row (1 for the root).
+    pub max_per_parent: u32,
+    /// Its partitions' domain (a child's ends with its place columns).
+    pub domain: Domain,
+}
+
+impl TableLayout {
+    /// The columns of its own values (its place columns excluded).
+    fn values(&self) -> usize {
+        self.domain.columns.len() - if self.parent.is_some() { 2 } else { 0 }
+    }
+}
+
+impl Layout {
+    pub fn of(db: &Database<'_>) -> Self {
+        let root = TableLayout {
+            name: db.root_name().to_string(),
+            parent: None,
+            max_per_parent: 1,
+            domain: Domain::of_columns(&db.root_schema.columns, db.default_bins),
+        };
+        let mut tables = vec![root];
+        for table in db.tables {
+            let parent = tables.iter().position(|t: &TableLayout| t.name == table.parent.table);
+            let layout = TableLayout {
+                name: table.name.clone(),
+                parent: Some(parent.expect("a validated parent, declared first")),
+                max_per_parent: table.max_per_parent,
+                domain: db.child_domain(table),
+            };
+            tables.push(layout);
+        }
+        Self { tables }
+    }
+
+    /// The most rows of table `t` one unit reaches (the product of the caps on its path).
+    pub fn reach(&self, t: usize) -> u64 {
+        let table = &self.tables[t];
+        table.parent.map_or(1, |p| self.reach(p) * u64::from(table.max_per_parent))
+    }
+
+    fn children(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.tables.len()).filter(move |&c| self.tables[c].parent == Some(t))
+    }
+
+    fn ancestors(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
+        std::iter::successors(self.tables[t].parent, |&p| self.tables[p].parent)
+    }
+}
+
+/// One unit's rows, table by table, each row as its partition holds it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UnitRows {
+    pub tables: Vec<Vec<Vec<Option<f64>>>>,
+}
+
+/// Reads `urls` (the same partition index of every table, in layout order): the units of
+/// that partition, whole, each table's rows in the order of their places.
+pub async fn read_units(layout: &Layout, urls: &[String]) -> Result<BTreeMap<String, UnitRows>, DataError> {
+    if urls.len() != layout.tables.len() {
+        return Err(DataError::Internal(format!("{} partition files for {} tables", urls.len(), layout.tables.len())));
+    }
+    let mut units: BTreeMap<String, UnitRows> = BTreeMap::new();
+    for (t, (table, url)) in layout.tables.iter().zip(urls).enumerate() {
+        read_partition(url, &table.domain, |batch| {
+            for (i, unit) in batch.units.iter().enumerate() {
+                let rows = units
+                    .entry(unit.clone())
+                    .or_insert_with(|| UnitRows { tables: vec![Vec::new(); layout.tables.len()] });
+                rows.tables[t].push(batch.values.iter().map(|column| column[i]).collect());
+            }
+            Ok(())
+        })
+        .await?;
+    }
+    for rows in units.values_mut() {
+        for (t, table) in layout.tables.iter().enumerate().filter(|(_, t)| t.parent.is_some()) {
+            let row = table.domain.columns.len() - 2;
+            rows.tables[t].sort_by_key(|r| place(r, row));
+        }
+    }
+    Ok(units)
+}
+
+/// A place column's value (an ordinal, never missing in a partition).
+fn place(row: &[Option<f64>], column: usize) -> u32 {
+    row[column].map_or(u32::MAX, |v| v as u32)
+}
+
+/// One table's rows, each with its place among its parent's rows, its ancestors' values
+/// and its child tables' row counts under it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct View {
+    /// The table's index in the layout (0: the root).
+    pub table: usize,
+}
+
+impl View {
+    /// At most this many rows of the view come from one unit.
+    pub fn max_rows_per_unit(&self, layout: &Layout) -> u64 {
+        layout.reach(self.table)
+    }
+
+    /// The view's columns: the table's own; for a child table [`POSITION_COLUMN`] and each
+    /// ancestor's own, named `<table>.<column>`; then `__n.<child>` for each child table.
+    pub fn domain(&self, layout: &Layout) -> Domain {
+        let table = &layout.tables[self.table];
+        let mut columns: Vec<ColumnDomain> = table.domain.columns[..table.values()].to_vec();
+        if table.parent.is_some() {
+            columns.push(count_column(POSITION_COLUMN, table.max_per_parent - 1));
+        }
+        for a in layout.ancestors(self.table) {
+            let ancestor = &layout.tables[a];
+            columns.extend(
+                ancestor.domain.columns[..ancestor.values()]
+                    .iter()
+                    .map(|c| ColumnDomain { name: format!("{}.{}", ancestor.name, c.name), ..c.clone() }),
+            );
+        }
+        for c in layout.children(self.table) {
+            let child = &layout.tables[c];
+            columns.push(count_column(&format!("__n.{}", child.name), child.max_per_parent));
+        }
+        Domain { columns }
+    }
+
+    /// The view's rows of one unit, in the order of the table's places.
+    pub fn rows(&self, layout: &Layout, unit: &UnitRows) -> Result<Vec<Vec<Option<f64>>>, DataError> {
+        let table = &layout.tables[self.table];
+        let mut out = Vec::with_capacity(unit.tables[self.table].len());
+        let mut positions: BTreeMap<u32, u32> = BTreeMap::new();
+        for row in &unit.tables[self.table] {
+            let mut values: Vec<Option<f64>> = row[..table.values()].to_vec();
+            if table.parent.is_some() {
+                let position = positions.entry(place(row, table.values() + 1)).or_insert(0);
+                values.push(Some(f64::from(*position)));
+                *position += 1;
+            }
+            // Up the tree: each ancestor's row by the place its child names.
+            let (mut t, mut current) = (self.table, row);
+            while let Some(p) = layout.tables[t].parent {
+                let parent = &layout.tables[p];
+                let found = match parent.parent {
+                    None => unit.tables[p].first(),
+                    Some(_) => {
+                        let wanted = place(current, layout.tables[t].values() + 1);
+                        unit.tables[p].iter().find(|r| place(r, parent.values()) == wanted)
+                    }
+                };
+                let found = found.ok_or_else(|| {
+                    DataError::Internal(format!(
+                        "a row of '{}' without its parent row in '{}'",
+                        table.name, parent.name
+                    ))
+                })?;
+                values.extend_from_slice(&found[..parent.values()]);
+                (t, current) = (p, found);
+            }
+            let own = if table.parent.is_some() { place(row, table.values()) } else { 0 };
+            for c in layout.children(self.table) {
+                let child = &layout.tables[c];
+                let under = unit.tables[c].iter().filter(|r| place(r, child.values() + 1) == own).count();
+                values.push(Some(under as f64));
+            }
+            out.push(values);
+        }
+        Ok(out)
+    }
+}
+
+/// An integer column of the counts 0..=`max`, one bin per count up to 32 of them.
+fn count_column(name: &str, max: u32) -> ColumnDomain {
+    let spec = ColumnSpec {
+        name: name.to_string(),
+        kind: ColumnKind::Integer,
+        min: Some(Bound::Number(0.0)),
+        max: Some(Bound::Number(f64::from(max.max(1)))),
+        categories: None,
+        unknown: UnknownPolicy::Reject,
+        missing: MissingPolicy::Reject,
+        bins: None,
+        format: None,
+    };
+    Domain::of_columns(&[spec], 32).columns.remove(0)
+}
