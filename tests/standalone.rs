@@ -1380,3 +1380,105 @@ async fn a_calibrated_pate_job_runs_its_votes_and_charges_the_calibration() {
     assert_eq!(charged, vec![plan.mechanisms()]);
     assert_eq!(charged[0].last(), Some(&calibration));
 }
+
+/// Counts of a database view on a cluster: each worker reads one partition of every table
+/// and counts the view's rows (real gRPC). The counts match the simulated CSV text, and
+/// one more patient with admissions and charts far beyond the caps (and admission keys
+/// other patients hold) moves each table by exactly their capped rows: at most the view's
+/// bound per table, and the concatenated tables by at most the declared L2 sensitivity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_view_is_counted_per_patient_within_its_bound() {
+    use rhosynth_proto::task::Work;
+    use rhosynth_shared::data::database::{Database, DatabaseView, Layout, View, partition_database};
+    use rhosynth_shared::data::partition::PartitionKey;
+    use rhosynth_shared::generators::marginals::MarginalsTask;
+    use rhosynth_shared::simulate::database::database_csv;
+    use rhosynth_shared::testing::database_spec;
+    use std::collections::HashMap;
+
+    const CAPS: (u32, u32) = (2, 6);
+    let db = database_csv(200, 17);
+    let mut extra = (String::new(), String::new());
+    for (i, hadm) in db.admissions.lines().skip(1).take(6).map(|l| l.split(',').next().unwrap()).enumerate() {
+        extra.0.push_str(&format!("{hadm},SX,2026-0{}-01 00:00:00,2026-0{}-03 00:00:00,urgent,home\n", i + 1, i + 1));
+        for hour in 0..40 {
+            extra.1.push_str(&format!("SX,{hadm},2026-0{}-01 {:02}:30:00,130,30,88\n", i + 1, hour % 24));
+        }
+    }
+    // Admissions by (comorbidity, their charts); charts by (admission type, SpO₂ bin).
+    let mut counted = Vec::new();
+    for with_sx in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut patients, mut admissions, mut vitals) =
+            (db.patients.clone(), db.admissions.clone(), db.vitals.clone());
+        if with_sx {
+            patients.push_str("SX,90,M,severe\n");
+            admissions.push_str(&extra.0);
+            vitals.push_str(&extra.1);
+        }
+        for (name, text) in [("patients.csv", patients), ("admissions.csv", admissions), ("vitals.csv", vitals)] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let spec = database_spec(dir.path(), CAPS, "order_by = \"charttime\"");
+        let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+        let database = Database::of_spec(&spec);
+        let tables = partition_database(&database, &scratch, "db", 3, PartitionKey::generate().unwrap()).await.unwrap();
+        let layout = Layout::of(&database);
+        let groups: Vec<Vec<String>> =
+            (0..3).map(|k| tables.iter().map(|t| t.partitions.urls[k].clone()).collect()).collect();
+        let mut views = Vec::new();
+        for (table, pairs) in
+            [(1, [["patients.comorbidity", "__n.vitals"]]), (2, [["admissions.admission_type", "spo2"]])]
+        {
+            let view = DatabaseView { layout: layout.clone(), view: View { table } };
+            let domain = view.view.domain(&layout);
+            let index = |name: &str| domain.index_of(name).unwrap();
+            let columns: Vec<Vec<usize>> = pairs.iter().map(|p| p.iter().map(|c| index(c)).collect()).collect();
+            let task = MarginalsTask::over_view(view, [columns, vec![vec![0]]].concat());
+            let counts = one_round(2, Work::CountTables((&task).into()), &groups, "counts", task.cells()).await;
+            views.push((task, counts));
+        }
+        counted.push(views);
+    }
+    // Without SX: the admissions view's first table from the CSV text.
+    let comorbidity: HashMap<String, usize> = db
+        .patients
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].to_string(), ["none", "mild", "severe"].iter().position(|c| *c == f[3]).unwrap())
+        })
+        .collect();
+    let mut charts: HashMap<&str, usize> = HashMap::new();
+    db.vitals.lines().skip(1).for_each(|l| *charts.entry(l.split(',').nth(1).unwrap()).or_default() += 1);
+    let mut stays: HashMap<&str, Vec<(String, &str)>> = HashMap::new();
+    for line in db.admissions.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        stays.entry(f[1]).or_default().push((f[2].to_string(), f[0]));
+    }
+    let (task, counts) = &counted[0][0];
+    let n_bins = task.sizes()[task.tables[0][1]];
+    let mut wanted = vec![0.0; task.table_sizes()[0]];
+    for (subject, mut list) in stays {
+        list.sort();
+        for (_, hadm) in list.into_iter().take(CAPS.0 as usize) {
+            let n = charts.get(hadm).copied().unwrap_or(0).min(CAPS.1 as usize);
+            wanted[comorbidity[subject] * n_bins + n] += 1.0;
+        }
+    }
+    assert_eq!(counts[..wanted.len()], wanted[..], "the admissions view's counts against the CSV text");
+
+    for (before, after) in counted[0].iter().zip(&counted[1]) {
+        let (task, bound) = (&before.0, f64::from(before.0.max_rows_per_unit));
+        let offsets = task.offsets();
+        let moved: Vec<f64> = after.1.iter().zip(&before.1).map(|(a, b)| a - b).collect();
+        assert!(moved.iter().all(|d| *d >= 0.0), "adding a patient only adds rows");
+        for table in offsets.windows(2) {
+            let l1: f64 = moved[table[0]..table[1]].iter().sum();
+            assert_eq!(l1, bound, "the added patient gives each table exactly its capped rows");
+        }
+        let l2 = moved.iter().map(|d| d * d).sum::<f64>().sqrt();
+        assert!(l2 <= task.sensitivity() + 1e-9, "moved by {l2}, declared {}", task.sensitivity());
+    }
+}

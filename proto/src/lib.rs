@@ -12,7 +12,9 @@ pub mod tls;
 /// 6: HARMONIC's prompts in `Dp2StageModel` (a worker of 5 would train without them).
 /// 7: one model form in `GradientSum` (the generator's name and its model as JSON) for
 ///    every DP-SGD generator; `SelectionVotes` carries its model as JSON.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8: `CountTables.database_json`, counts over a database view (a worker of 7 would count
+///    the partitions as one table's).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

@@ -95,6 +95,36 @@ mod tests {
         assert!(MarginalsTask::try_from(&forged).unwrap_err().to_string().contains("layout"));
     }
 
+    /// A database view travels with its layout; its domain and per-unit bound are
+    /// derived from the layout on arrival, so a view sent with another domain, a smaller
+    /// bound or a parent after its child is refused.
+    #[test]
+    fn count_tables_over_a_database_view_derive_their_domain_and_bound() {
+        use crate::data::database::{Database, DatabaseView, Layout, View};
+
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::testing::database_spec(dir.path(), (3, 10), "");
+        let layout = Layout::of(&Database::of_spec(&spec));
+        let task = MarginalsTask::over_view(DatabaseView { layout, view: View { table: 2 } }, vec![vec![0, 4]]);
+        assert_eq!(task.max_rows_per_unit, 30);
+        let wire = rhosynth_proto::CountTables::from(&task);
+        assert_eq!(MarginalsTask::try_from(&wire).unwrap(), task);
+        let refused = |wire: &rhosynth_proto::CountTables| MarginalsTask::try_from(wire).unwrap_err().to_string();
+        let mut smaller = wire.clone();
+        smaller.max_rows_per_unit = 1;
+        assert!(refused(&smaller).contains("database view"));
+        let mut other = wire.clone();
+        other.domain_json = to_json(&Domain { columns: task.domain.columns[1..].to_vec() });
+        assert!(refused(&other).contains("database view"));
+        let mut cycle = wire.clone();
+        cycle.database_json = cycle.database_json.replacen("\"parent\":0", "\"parent\":2", 1);
+        assert_ne!(cycle.database_json, wire.database_json);
+        assert!(refused(&cycle).contains("database view"));
+        let mut flat = wire;
+        flat.row_level = true;
+        assert!(refused(&flat).contains("database view"));
+    }
+
     #[test]
     fn gradient_sums_round_trip_and_refuse_bad_rates_clips_and_seeds() {
         let spec = job("[generator]\nname = \"findiff\"");

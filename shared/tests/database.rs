@@ -11,70 +11,10 @@ use rhosynth_shared::data::partition::{PartitionKey, read_partition};
 use rhosynth_shared::simulate::database::database_csv;
 use rhosynth_shared::spec::{JobSpec, parse_datetime};
 use rhosynth_shared::storage;
+use rhosynth_shared::testing::database_job;
 
 const ADMISSIONS_CAP: usize = 2;
 const VITALS_CAP: usize = 6;
-
-fn spec(dir: &std::path::Path, vitals_order: &str) -> String {
-    let file = |name: &str| dir.join(name).display().to_string();
-    format!(
-        r#"
-[job]
-dataset_id = "db"
-[input]
-urls = [{patients:?}]
-[schema]
-table = "patients"
-unit_column = "subject_id"
-columns = [
-  {{ name = "subject_id", kind = "identifier" }},
-  {{ name = "age", kind = "integer", min = 18, max = 90 }},
-  {{ name = "sex", kind = "categorical", categories = ["F", "M"] }},
-  {{ name = "comorbidity", kind = "categorical", categories = ["none", "mild", "severe"] }},
-]
-
-[[tables]]
-name = "admissions"
-key = "hadm_id"
-parent = {{ table = "patients", key = "subject_id" }}
-order_by = "admittime"
-max_per_parent = {ADMISSIONS_CAP}
-input = {{ urls = [{admissions:?}] }}
-columns = [
-  {{ name = "hadm_id", kind = "identifier" }},
-  {{ name = "subject_id", kind = "identifier" }},
-  {{ name = "admittime", kind = "datetime", min = "2024-01-01", max = "2030-01-01" }},
-  {{ name = "dischtime", kind = "datetime", min = "2024-01-01", max = "2030-01-01" }},
-  {{ name = "admission_type", kind = "categorical", categories = ["emergency", "urgent", "elective"] }},
-  {{ name = "outcome", kind = "categorical", categories = ["home", "transfer", "died"] }},
-]
-
-[[tables]]
-name = "vitals"
-parent = {{ table = "admissions", key = "hadm_id" }}
-{vitals_order}
-max_per_parent = {VITALS_CAP}
-input = {{ urls = [{vitals:?}] }}
-columns = [
-  {{ name = "subject_id", kind = "identifier" }},
-  {{ name = "hadm_id", kind = "identifier" }},
-  {{ name = "charttime", kind = "datetime", min = "2024-01-01", max = "2030-01-01" }},
-  {{ name = "heart_rate", kind = "continuous", min = 20, max = 250 }},
-  {{ name = "resp_rate", kind = "continuous", min = 4, max = 60 }},
-  {{ name = "spo2", kind = "continuous", min = 50, max = 100 }},
-]
-
-[privacy]
-epsilon = 4.0
-delta = 1e-6
-[generator]
-name = "aim"
-"#,
-        patients = file("patients.csv"),
-        admissions = file("admissions.csv"),
-        vitals = file("vitals.csv"),
-    )
-}
 
 /// The CSV's data rows as fields.
 fn rows(csv: &str) -> Vec<Vec<String>> {
@@ -105,7 +45,7 @@ async fn read_back(table: &PartitionedTable) -> ReadBack {
 }
 
 async fn partitioned(dir: &std::path::Path, vitals_order: &str) -> (JobSpec, Vec<PartitionedTable>) {
-    let text = spec(dir, vitals_order);
+    let text = database_job(dir, (ADMISSIONS_CAP as u32, VITALS_CAP as u32), vitals_order);
     // No generator takes a database yet: the structure is checked, the job refused.
     let refused = JobSpec::parse(&text, "db").unwrap_err().to_string();
     assert!(refused.contains("no generator takes a database yet"), "{refused}");
@@ -261,7 +201,7 @@ async fn a_repeated_key_sends_its_children_to_the_first_row() {
     std::fs::write(dir.path().join("patients.csv"), patients).unwrap();
     std::fs::write(dir.path().join("admissions.csv"), admissions).unwrap();
     std::fs::write(dir.path().join("vitals.csv"), vitals).unwrap();
-    let text = spec(dir.path(), "order_by = \"charttime\"")
+    let text = database_job(dir.path(), (ADMISSIONS_CAP as u32, VITALS_CAP as u32), "order_by = \"charttime\"")
         .replace("input = { urls = [", "input = { bad_rows = \"skip\", urls = [");
     let spec: JobSpec = toml::from_str(&text).unwrap();
     let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();

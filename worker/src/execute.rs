@@ -271,13 +271,24 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
             Ok(Aggregate { units, tensors: vec![("counts".to_string(), counts)] })
         })
     };
-    for url in &task.partition_urls {
-        let mut batches = Vec::new();
-        read_partition(url, &spec.domain, |batch| {
-            batches.push(batch);
-            Ok(())
-        })
-        .await?;
+    // A database view reads one partition of every table at a time.
+    let group = spec.database.as_ref().map_or(1, |view| view.layout.tables.len());
+    if !task.partition_urls.len().is_multiple_of(group) {
+        anyhow::bail!("{} partition files for a view of {group} tables", task.partition_urls.len());
+    }
+    for urls in task.partition_urls.chunks(group) {
+        let batches = match &spec.database {
+            Some(view) => vec![view.read(urls).await?],
+            None => {
+                let mut batches = Vec::new();
+                read_partition(&urls[0], &spec.domain, |batch| {
+                    batches.push(batch);
+                    Ok(())
+                })
+                .await?;
+                batches
+            }
+        };
         if partitions.send(batches).await.is_err() {
             // The counter stopped: its error is the task's.
             break;
@@ -335,7 +346,8 @@ mod tests {
                 tables.extend((b + 1..columns).map(|c| vec![a, b, c]));
             }
         }
-        let spec = MarginalsTask { domain, tables, max_rows_per_unit: 1, row_level: true, history: None };
+        let spec =
+            MarginalsTask { domain, tables, max_rows_per_unit: 1, row_level: true, history: None, database: None };
         let task = Task { partition_urls: urls, ..Task::default() };
 
         let (aggregate, took, longest) = runtime_held(count_tables(&task, &CountTables::from(&spec))).await;

@@ -12,7 +12,7 @@ use crate::data::source::Source;
 use crate::spec::{ColumnKind, JobSpec, SchemaSpec, TableSpec};
 
 pub use partition::{DroppedRows, PartitionedTable, partition_database};
-pub use view::{Layout, UnitRows, View, read_units};
+pub use view::{DatabaseView, Layout, UnitRows, View, read_units};
 
 /// A child row's ordinal among its unit's rows of its table (in parent order, then the
 /// table's cap order).

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::Database;
-use crate::data::DataError;
 use crate::data::domain::{ColumnDomain, Domain};
 use crate::data::partition::read_partition;
+use crate::data::{DataError, EncodedBatch};
 use crate::spec::{Bound, ColumnKind, ColumnSpec, MissingPolicy, UnknownPolicy};
 
 /// A view's column holding a row's place among its parent's rows (0 first).
@@ -69,8 +69,19 @@ impl Layout {
 
     /// The most rows of table `t` one unit reaches (the product of the caps on its path).
     pub fn reach(&self, t: usize) -> u64 {
+        self.reach_checked(t).expect("a layout a spec made: caps whose products fit in 32 bits")
+    }
+
+    /// [`Self::reach`], or `None` when it exceeds 2³².
+    fn reach_checked(&self, t: usize) -> Option<u64> {
         let table = &self.tables[t];
-        table.parent.map_or(1, |p| self.reach(p) * u64::from(table.max_per_parent))
+        match table.parent {
+            None => Some(1),
+            Some(p) => self
+                .reach_checked(p)?
+                .checked_mul(u64::from(table.max_per_parent))
+                .filter(|r| *r <= u64::from(u32::MAX)),
+        }
     }
 
     fn children(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
@@ -216,4 +227,42 @@ fn count_column(name: &str, max: u32) -> ColumnDomain {
         format: None,
     };
     Domain::of_columns(&[spec], 32).columns.remove(0)
+}
+
+/// A view of a database's partitions: what a count task reads instead of one table's
+/// partitions (`MarginalsTask::database`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DatabaseView {
+    pub layout: Layout,
+    pub view: View,
+}
+
+impl DatabaseView {
+    /// Whether the layout is one a spec makes (the root first, each parent before its
+    /// children, caps of at least 1) and the view one of its tables.
+    pub fn is_consistent(&self) -> bool {
+        let tables = &self.layout.tables;
+        let well_formed = tables.iter().enumerate().all(|(t, table)| match table.parent {
+            None => t == 0 && table.max_per_parent == 1,
+            Some(p) => p < t && table.max_per_parent >= 1 && table.domain.columns.len() >= 2,
+        });
+        well_formed
+            && !tables.is_empty()
+            && self.view.table < tables.len()
+            && (0..tables.len()).try_fold(1u64, |most, t| Some(most.max(self.layout.reach_checked(t)?))).is_some()
+    }
+
+    /// The view's rows of the units in `urls` (the same partition index of every table,
+    /// in layout order), as one batch.
+    pub async fn read(&self, urls: &[String]) -> Result<EncodedBatch, DataError> {
+        let columns = self.view.domain(&self.layout).columns.len();
+        let mut batch = EncodedBatch::empty(columns);
+        for (unit, rows) in read_units(&self.layout, urls).await? {
+            for row in self.view.rows(&self.layout, &rows)? {
+                batch.values.iter_mut().zip(row).for_each(|(column, value)| column.push(value));
+                batch.units.push(unit.clone());
+            }
+        }
+        Ok(batch)
+    }
 }

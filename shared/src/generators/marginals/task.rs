@@ -8,6 +8,7 @@ use rand::rngs::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
 use super::history::{HistoryLayout, OrderedRow, keep_first};
+use crate::data::database::DatabaseView;
 use crate::data::domain::Domain;
 use crate::data::{DataError, EncodedBatch};
 use crate::entropy::os_rng;
@@ -32,6 +33,9 @@ pub struct MarginalsTask {
     /// Each unit counted as one flattened history (PATH's Direct), not as rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<HistoryLayout>,
+    /// The rows counted are a database view's, read from one partition of every table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<DatabaseView>,
 }
 
 impl MarginalsTask {
@@ -44,12 +48,34 @@ impl MarginalsTask {
             max_rows_per_unit,
             row_level: spec.schema.unit_column.is_none(),
             history: None,
+            database: None,
         }
     }
 
     /// `tables` of the variables of `history`, each unit one flattened history.
     pub fn over_histories(domain: &Domain, history: HistoryLayout, tables: Vec<Vec<usize>>) -> Self {
-        Self { domain: domain.clone(), tables, max_rows_per_unit: 1, row_level: false, history: Some(history) }
+        Self {
+            domain: domain.clone(),
+            tables,
+            max_rows_per_unit: 1,
+            row_level: false,
+            history: Some(history),
+            database: None,
+        }
+    }
+
+    /// `tables` of a database view's columns, each unit giving at most the viewed table's
+    /// cap product rows (all it has).
+    pub fn over_view(database: DatabaseView, tables: Vec<Vec<usize>>) -> Self {
+        let reach = database.view.max_rows_per_unit(&database.layout);
+        Self {
+            domain: database.view.domain(&database.layout),
+            tables,
+            max_rows_per_unit: u32::try_from(reach).expect("a spec's caps multiply to at most 2³²"),
+            row_level: false,
+            history: None,
+            database: Some(database),
+        }
     }
 
     /// Values of each variable the tables are over.
@@ -198,6 +224,7 @@ mod wire {
     use rhosynth_proto::{CountTables, MAX_RESULT_VALUES, TableColumns};
 
     use super::MarginalsTask;
+    use crate::data::database::DatabaseView;
     use crate::data::domain::Domain;
     use crate::generators::marginals::history::HistoryLayout;
     use crate::generators::params::{MAX_GAP_BINS, MAX_HISTORY_ROWS};
@@ -215,6 +242,7 @@ mod wire {
                 max_rows_per_unit: task.max_rows_per_unit,
                 row_level: task.row_level,
                 history_json: task.history.as_ref().map(to_json).unwrap_or_default(),
+                database_json: task.database.as_ref().map(to_json).unwrap_or_default(),
             }
         }
     }
@@ -241,12 +269,28 @@ mod wire {
                     return Err(WireError::new("the history layout does not fit the domain"));
                 }
             }
+            let database: Option<DatabaseView> = match wire.database_json.as_str() {
+                "" => None,
+                json => Some(from_json("database view", json)?),
+            };
+            if let Some(view) = &database {
+                // The view's domain and bound derived from its layout, not taken as sent.
+                let fits = view.is_consistent()
+                    && history.is_none()
+                    && !wire.row_level
+                    && view.view.domain(&view.layout) == domain
+                    && u64::from(wire.max_rows_per_unit) == view.view.max_rows_per_unit(&view.layout);
+                if !fits {
+                    return Err(WireError::new("the database view does not fit its domain and bound"));
+                }
+            }
             let task = MarginalsTask {
                 domain,
                 tables: wire.tables.iter().map(|t| t.columns.iter().map(|&c| c as usize).collect()).collect(),
                 max_rows_per_unit: wire.max_rows_per_unit,
                 row_level: wire.row_level,
                 history,
+                database,
             };
             let sizes = task.sizes();
             if task.tables.iter().flatten().any(|&v| v >= sizes.len()) || task.tables.iter().any(Vec::is_empty) {
