@@ -143,6 +143,6 @@ name = "aim"
 /// gets while no generator takes one.
 pub fn database_spec(dir: &std::path::Path, caps: (u32, u32), vitals_order: &str) -> crate::spec::JobSpec {
     let spec: crate::spec::JobSpec = toml::from_str(&database_job(dir, caps, vitals_order)).expect("a database job");
-    crate::spec::tables::validate(&spec.schema, &spec.tables).expect("valid tables");
+    crate::spec::tables::validate(&spec.input, &spec.schema, &spec.tables).expect("valid tables");
     spec
 }

@@ -9,6 +9,7 @@
 //! `rhosynth_coordinator::generators`.
 
 pub mod aim;
+pub mod database;
 pub mod dp2stage;
 pub mod findiff;
 pub mod harmonic;

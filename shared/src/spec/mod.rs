@@ -237,7 +237,7 @@ impl JobSpec {
             tables::check_name(name)?;
         }
         if !self.tables.is_empty() {
-            tables::validate(&self.schema, &self.tables)?;
+            tables::validate(&self.input, &self.schema, &self.tables)?;
             return Err(format!(
                 "[[tables]]: generator '{}' synthesizes one table; no generator takes a database yet",
                 self.generator.name().as_str()

@@ -75,11 +75,12 @@ pub fn check_name(name: &str) -> Result<(), String> {
     if valid { Ok(()) } else { Err(format!("table name {name:?}: use 1 to 64 letters, digits, '_' and '-'")) }
 }
 
-/// Checks a database's tables against the root's schema: unique valid names, parents
-/// declared before their children, keys and order columns that exist with the right kind,
-/// and caps whose products along every path fit in 32 bits. Returns each table's cap
+/// Checks a database's tables against the root's input and schema: unique valid names,
+/// parents declared before their children, keys and order columns that exist with the
+/// right kind, keys read alike in every table, and caps whose products along every path
+/// fit in 32 bits. Returns each table's cap
 /// product (the most rows one unit can reach in it), root first.
-pub fn validate(root: &SchemaSpec, tables: &[TableSpec]) -> Result<Vec<u64>, String> {
+pub fn validate(root_input: &Source, root: &SchemaSpec, tables: &[TableSpec]) -> Result<Vec<u64>, String> {
     let Some(root_name) = &root.table else {
         return Err("a database job names its root table: [schema] table = \"…\"".into());
     };
@@ -99,6 +100,14 @@ pub fn validate(root: &SchemaSpec, tables: &[TableSpec]) -> Result<Vec<u64>, Str
     reach.insert(root_name, (1, Some(root_key)));
     for table in tables {
         let name = &table.name;
+        // Keys are compared as read: a table trimming or stripping a suffix the root does
+        // not would join one patient's rows to another's key.
+        let (ours, root_csv) = (&table.input.csv, &root_input.csv);
+        if ours.trim != root_csv.trim || ours.strip_suffix != root_csv.strip_suffix {
+            return Err(format!(
+                "table '{name}': its input must trim and strip suffixes as [input.csv] does, so that keys read alike"
+            ));
+        }
         let mut names = HashSet::new();
         for c in &table.columns {
             if !names.insert(c.name.as_str()) {
@@ -204,7 +213,7 @@ columns = [
         assert!(refusal(ROOT, STAYS).contains("no generator takes a database yet"), "{}", refusal(ROOT, STAYS));
         let text = format!("{}{STAYS}", schema_job(ROOT, &generator("aim", "")));
         let spec: JobSpec = toml::from_str(&text).unwrap();
-        assert_eq!(super::validate(&spec.schema, &spec.tables).unwrap(), vec![1, 4, 200]);
+        assert_eq!(super::validate(&spec.input, &spec.schema, &spec.tables).unwrap(), vec![1, 4, 200]);
         let cases = [
             (ROOT.replace("table = \"patients\"\n", ""), STAYS.to_string(), "names its root table"),
             (ROOT.replace("unit_column = \"id\"\n", ""), STAYS.to_string(), "needs its key as [schema] unit_column"),
@@ -232,6 +241,16 @@ columns = [
                 "and only theirs",
             ),
             (ROOT.into(), STAYS.replace("key = \"stay\"\n", "key = \"id\"\n"), "a column of its own"),
+            (
+                ROOT.into(),
+                STAYS.replace("[\"stays.csv\"] }", "[\"stays.csv\"], csv = { strip_suffix = \".\" } }"),
+                "keys read alike",
+            ),
+            (
+                ROOT.into(),
+                STAYS.replace("[\"charts.csv\"] }", "[\"charts.csv\"], csv = { trim = false } }"),
+                "keys read alike",
+            ),
         ];
         for (root, tables, wanted) in cases {
             let refused = refusal(&root, &tables);

@@ -28,7 +28,10 @@ use crate::storage::StoreLocation;
 
 /// Keys the sample that caps a table without `order_by`: public and fixed, so a rerun on
 /// the same files keeps the same rows. It is not privacy noise: the cap bounds a unit's
-/// rows whichever rows it keeps.
+/// rows whichever rows it keeps, and the kept rows are a function of that unit's own rows,
+/// so nothing rests on the draw being secret (and no accounting claims amplification by
+/// this sample). The worker's reservoir draws from the OS instead because it picks rows
+/// afresh for each count.
 const CAP_SAMPLE_KEY: &[u8] = b"rhosynth database cap sample v1";
 
 /// Rows of one table that reading left out, by reason. Private: counts of the input.
@@ -121,9 +124,10 @@ pub async fn partition_database(
     let mut places: HashMap<String, Places> = HashMap::new();
     let mut out = vec![root];
     for table in db.tables {
-        let parents = match places.get(&table.parent.table) {
-            Some(places) => Parents::Table(places),
-            None => Parents::Root(&units),
+        let parents = if table.parent.table == db.root_name() {
+            Parents::Root(&units)
+        } else {
+            Parents::Table(places.get(&table.parent.table).expect("a validated parent, read before its children"))
         };
         let (partitioned, own) = partition_child(db, table, parents, scratch, prefix, partitions, key.clone()).await?;
         if referred.contains(table.name.as_str()) {

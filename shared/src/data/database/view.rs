@@ -120,8 +120,17 @@ pub async fn read_units(layout: &Layout, urls: &[String]) -> Result<BTreeMap<Str
     }
     for rows in units.values_mut() {
         for (t, table) in layout.tables.iter().enumerate().filter(|(_, t)| t.parent.is_some()) {
-            let row = table.domain.columns.len() - 2;
+            let row = table.values();
             rows.tables[t].sort_by_key(|r| place(r, row));
+            // A unit's places in a table are 0, 1, 2, …: what the views index by.
+            let dense =
+                rows.tables[t].iter().enumerate().all(|(i, r)| r[row] == Some(i as f64) && r[row + 1].is_some());
+            if !dense {
+                return Err(DataError::Internal(format!("a partition of '{}' with rows out of place", table.name)));
+            }
+        }
+        if rows.tables[0].len() != 1 {
+            return Err(DataError::Internal("a unit without exactly one root row".into()));
         }
     }
     Ok(units)
@@ -169,12 +178,27 @@ impl View {
         Domain { columns }
     }
 
-    /// The view's rows of one unit, in the order of the table's places.
+    /// The view's rows of one unit (as [`read_units`] reads it: places dense, one root
+    /// row), in the order of the table's places.
     pub fn rows(&self, layout: &Layout, unit: &UnitRows) -> Result<Vec<Vec<Option<f64>>>, DataError> {
         let table = &layout.tables[self.table];
         let mut out = Vec::with_capacity(unit.tables[self.table].len());
         let mut positions: BTreeMap<u32, u32> = BTreeMap::new();
-        for row in &unit.tables[self.table] {
+        // Each child table's rows under each row of this table, in one pass.
+        let under: Vec<Vec<u32>> = layout
+            .children(self.table)
+            .map(|c| {
+                let mut counts = vec![0u32; unit.tables[self.table].len()];
+                let parent = layout.tables[c].values() + 1;
+                for r in &unit.tables[c] {
+                    if let Some(n) = counts.get_mut(place(r, parent) as usize) {
+                        *n += 1;
+                    }
+                }
+                counts
+            })
+            .collect();
+        for (own, row) in unit.tables[self.table].iter().enumerate() {
             let mut values: Vec<Option<f64>> = row[..table.values()].to_vec();
             if table.parent.is_some() {
                 let position = positions.entry(place(row, table.values() + 1)).or_insert(0);
@@ -185,13 +209,11 @@ impl View {
             let (mut t, mut current) = (self.table, row);
             while let Some(p) = layout.tables[t].parent {
                 let parent = &layout.tables[p];
-                let found = match parent.parent {
-                    None => unit.tables[p].first(),
-                    Some(_) => {
-                        let wanted = place(current, layout.tables[t].values() + 1);
-                        unit.tables[p].iter().find(|r| place(r, parent.values()) == wanted)
-                    }
+                let wanted = match parent.parent {
+                    None => 0,
+                    Some(_) => place(current, layout.tables[t].values() + 1) as usize,
                 };
+                let found = unit.tables[p].get(wanted);
                 let found = found.ok_or_else(|| {
                     DataError::Internal(format!(
                         "a row of '{}' without its parent row in '{}'",
@@ -201,12 +223,7 @@ impl View {
                 values.extend_from_slice(&found[..parent.values()]);
                 (t, current) = (p, found);
             }
-            let own = if table.parent.is_some() { place(row, table.values()) } else { 0 };
-            for c in layout.children(self.table) {
-                let child = &layout.tables[c];
-                let under = unit.tables[c].iter().filter(|r| place(r, child.values() + 1) == own).count();
-                values.push(Some(under as f64));
-            }
+            values.extend(under.iter().map(|counts| Some(f64::from(counts[own]))));
             out.push(values);
         }
         Ok(out)
