@@ -14,6 +14,7 @@ use rhosynth_coordinator::standalone::Standalone;
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::eval;
 use rhosynth_shared::spec::JobSpec;
+use rhosynth_shared::testing::shared_data;
 
 #[tokio::test]
 async fn a_table_against_itself_scores_perfectly() {

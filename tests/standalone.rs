@@ -16,6 +16,7 @@ use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use rhosynth_shared::data::source::Format;
 use rhosynth_shared::spec::JobSpec;
 use rhosynth_shared::storage;
+use rhosynth_shared::testing::shared_data;
 use sha2::{Digest, Sha256};
 
 const RUNNING: i32 = JobState::Running as i32;

@@ -146,3 +146,16 @@ pub fn database_spec(dir: &std::path::Path, caps: (u32, u32), vitals_order: &str
     crate::spec::tables::validate(&spec.input, &spec.schema, &spec.tables).expect("valid tables");
     spec
 }
+
+/// A file under `../shared/data` (beside the repository), if present; missing, the test
+/// is skipped loudly, and fails in CI (`CI=true`).
+pub fn shared_data(relative: &str) -> Option<std::path::PathBuf> {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the repository root");
+    let path = repo.join("../shared/data").join(relative);
+    if path.exists() {
+        return Some(path.canonicalize().expect("canonical path"));
+    }
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{} missing in CI", path.display());
+    eprintln!("\n*** SKIPPED: {} not found ***\n", path.display());
+    None
+}

@@ -31,17 +31,6 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
 }
 
-/// A file under `../shared/data`, if present (fails in CI when missing).
-pub fn shared_data(relative: &str) -> Option<PathBuf> {
-    let path = repo().join("../shared/data").join(relative);
-    if path.exists() {
-        return Some(path.canonicalize().expect("canonical path"));
-    }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{} missing in CI", path.display());
-    eprintln!("\n*** SKIPPED: {} not found ***\n", path.display());
-    None
-}
-
 /// The demo spec with its input, output and ledger moved under `dir`.
 pub fn demo_spec(dir: &Path, patients: usize) -> String {
     let input = dir.join("icu_vitals.csv");
