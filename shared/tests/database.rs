@@ -678,3 +678,47 @@ name = "aim"
         );
     }
 }
+
+/// Partition files a worker reads are checked before any view is made of them: a child
+/// row whose places are not dense, or whose parent is not among its unit's parent rows,
+/// is refused rather than counted under no parent.
+#[tokio::test]
+async fn read_units_refuses_rows_out_of_place() {
+    use rhosynth_shared::data::EncodedBatch;
+    use rhosynth_shared::data::partition::PartitionWriter;
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = rhosynth_shared::testing::database_spec(dir.path(), (2, 3), "");
+    let layout = Layout::of(&Database::of_spec(&spec));
+    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+    // One patient with one admission, and charts whose (row, parent) places are given.
+    let write = |table: usize, rows: Vec<Vec<Option<f64>>>| {
+        let (scratch, domain) = (scratch.clone(), layout.tables[table].domain.clone());
+        async move {
+            let key = PartitionKey::generate().unwrap();
+            let mut writer = PartitionWriter::new(&scratch, &format!("t{table}"), &domain, 1, key).unwrap();
+            let mut batch = EncodedBatch::empty(domain.columns.len());
+            for row in rows {
+                batch.units.push("P1".into());
+                batch.values.iter_mut().zip(row).for_each(|(c, v)| c.push(v));
+            }
+            writer.write(batch).await.unwrap();
+            writer.finish().await.unwrap().urls.remove(0)
+        }
+    };
+    let patient = write(0, vec![vec![Some(40.0), Some(0.0), Some(0.0)]]).await;
+    let admission = write(1, vec![vec![Some(1.7e9), Some(1.7e9), Some(0.0), Some(0.0), Some(0.0), Some(0.0)]]).await;
+    let chart = |places: &[(f64, f64)]| {
+        places
+            .iter()
+            .map(|&(row, parent)| vec![Some(1.7e9), Some(80.0), Some(16.0), Some(97.0), Some(row), Some(parent)])
+            .collect()
+    };
+    for (places, refused) in
+        [(&[(0.0, 0.0), (1.0, 0.0)][..], false), (&[(0.0, 0.0), (2.0, 0.0)], true), (&[(0.0, 1.0)], true)]
+    {
+        let charts = write(2, chart(places)).await;
+        let read = read_units(&layout, &[patient.clone(), admission.clone(), charts]).await;
+        assert_eq!(read.is_err(), refused, "{places:?}");
+    }
+}

@@ -103,9 +103,13 @@ pub fn validate(root_input: &Source, root: &SchemaSpec, tables: &[TableSpec]) ->
         // Keys are compared as read: a table trimming or stripping a suffix the root does
         // not would join one patient's rows to another's key.
         let (ours, root_csv) = (&table.input.csv, &root_input.csv);
-        if ours.trim != root_csv.trim || ours.strip_suffix != root_csv.strip_suffix {
+        if ours.trim != root_csv.trim
+            || ours.strip_suffix != root_csv.strip_suffix
+            || ours.null_values != root_csv.null_values
+        {
             return Err(format!(
-                "table '{name}': its input must trim and strip suffixes as [input.csv] does, so that keys read alike"
+                "table '{name}': its input must trim, strip suffixes and read nulls as [input.csv] does, so that keys \
+                 read alike"
             ));
         }
         let mut names = HashSet::new();
@@ -249,6 +253,11 @@ columns = [
             (
                 ROOT.into(),
                 STAYS.replace("[\"charts.csv\"] }", "[\"charts.csv\"], csv = { trim = false } }"),
+                "keys read alike",
+            ),
+            (
+                ROOT.into(),
+                STAYS.replace("[\"charts.csv\"] }", "[\"charts.csv\"], csv = { null_values = [\"?\"] } }"),
                 "keys read alike",
             ),
         ];

@@ -132,6 +132,20 @@ pub async fn read_units(layout: &Layout, urls: &[String]) -> Result<BTreeMap<Str
         if rows.tables[0].len() != 1 {
             return Err(DataError::Internal("a unit without exactly one root row".into()));
         }
+        // Every row's parent among its unit's rows of the parent table (the root's one row).
+        for (t, table) in layout.tables.iter().enumerate() {
+            let Some(p) = table.parent else { continue };
+            let parents = rows.tables[p].len();
+            if rows.tables[t]
+                .iter()
+                .any(|r| r[table.values() + 1].is_none_or(|v| v.fract() != 0.0 || v < 0.0 || v as usize >= parents))
+            {
+                return Err(DataError::Internal(format!(
+                    "a partition of '{}' with a row out of its parent",
+                    table.name
+                )));
+            }
+        }
     }
     Ok(units)
 }

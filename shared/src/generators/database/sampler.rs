@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use rand::Rng;
 
-use crate::data::database::Layout;
 use crate::data::database::view::POSITION_COLUMN;
+use crate::data::database::{Layout, View};
 use crate::data::domain::Domain;
 use crate::output::SyntheticValue;
 use crate::pgm::GraphicalModel;
@@ -38,13 +38,19 @@ struct Drawn {
 }
 
 /// Draws `units` root rows and everything under them, table by table in layout order;
-/// `views[t]` is table `t`'s view fitted.
+/// `views[t]` is table `t`'s view fitted. `units` must be public or released (the root
+/// model's noisy total), never a count a worker reported.
 pub fn sample_database(
     layout: &Layout,
     views: &[FittedView],
     units: usize,
     rng: &mut impl Rng,
 ) -> Vec<Vec<SyntheticRow>> {
+    assert!(
+        views.len() == layout.tables.len()
+            && views.iter().enumerate().all(|(t, v)| v.domain == View { table: t }.domain(layout)),
+        "one fitted view per table, over its view's domain"
+    );
     let mut drawn: Vec<Drawn> = Vec::with_capacity(layout.tables.len());
     for (t, table) in layout.tables.iter().enumerate() {
         let fitted = &views[t];
