@@ -55,9 +55,13 @@ impl Generator for Aim {
 }
 
 /// The rounds: every 1-way table, the target's pairs, then selections and measurements
-/// until the budget is spent (or no candidate fits the model's size limit), the model
-/// refitted after each.
+/// until the plan's ρ is spent (or no candidate fits the model's size limit), the model
+/// refitted after each. A run spends its own plan's ρ, whatever else the charge pays for
+/// (a database job's other views).
 fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases) -> Result<GraphicalModel, Unpaid> {
+    let (before, released_before) = (releases.zcdp_left(), releases.zcdp_released().len());
+    // Never above what the charge has left (the difference rounds either way).
+    let left = |releases: &Releases| releases.zcdp_left().min(plan.rho - (before - releases.zcdp_left()));
     let sizes: Vec<usize> = plan.task.domain.columns.iter().map(|c| c.bins()).collect();
     let offsets = plan.task.offsets();
     let m = plan.sensitivity();
@@ -79,9 +83,9 @@ fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases)
     }
     let mut model = GraphicalModel::fit(&sizes, &measurements, iterations);
     let mut round = 0;
-    while releases.zcdp_left() > plan.rho * 1e-9 {
-        let last = schedule.fit_to(releases.zcdp_left());
-        let spent = 1.0 - releases.zcdp_left() / plan.rho;
+    while left(releases) > plan.rho * 1e-9 {
+        let last = schedule.fit_to(left(releases));
+        let spent = 1.0 - left(releases) / plan.rho;
         let candidates = eligible(plan, &model, spent * plan.max_model_cells);
         if candidates.is_empty() {
             tracing::info!(round, "AIM: no candidate fits the model's size limit; the rest of the budget is unused");
@@ -104,7 +108,7 @@ fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases)
         tracing::info!(
             round,
             measured = ?vars,
-            rho_spent = plan.rho - releases.zcdp_left(),
+            rho_spent = plan.rho - left(releases),
             rho = plan.rho,
             model_cells = model.cells(),
             "AIM progress"
@@ -113,7 +117,7 @@ fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases)
             break;
         }
     }
-    let run = releases.zcdp_released();
+    let run = &releases.zcdp_released()[released_before..];
     tracing::info!(
         measurements = measurements.len(),
         selections = run.len() - measurements.len(),
@@ -254,5 +258,71 @@ mod tests {
         let measured_epsilon = account(&measurements, Accountant::Rdp, delta, &options).unwrap().epsilon;
         assert!(run_epsilon >= measured_epsilon, "run ε {run_epsilon} below its measurements' {measured_epsilon}");
         assert!((charged - spec.privacy.epsilon).abs() < 1e-6 * spec.privacy.epsilon, "charged ε {charged}");
+    }
+
+    /// A database's views under one charge: each view's AIM run spends its own share of
+    /// the charged ρ (the first run does not take the second's), every measurement and
+    /// selection at that view's per-patient bound (1 row of the root's view, the cap of the
+    /// admissions' view), and the two together spend the charge.
+    #[tokio::test]
+    async fn each_view_spends_its_own_share_of_one_charge() {
+        use rhosynth_shared::data::database::{Database, DatabaseView, Layout, View};
+        use rhosynth_shared::generators::aim::AimParams;
+
+        let dir = tempfile::tempdir().unwrap();
+        let spec = rhosynth_shared::testing::database_spec(dir.path(), (3, 10), "");
+        let layout = Layout::of(&Database::of_spec(&spec));
+        let params = AimParams { rounds: Some(30), ..AimParams::default() };
+        let shares = [0.3, 0.7];
+        let rho = 0.5;
+        let plans: Vec<AimPlan> = (0..2)
+            .map(|t| {
+                let view = DatabaseView { layout: layout.clone(), view: View { table: t } };
+                AimPlan::over_view(&params, view, shares[t] * rho).unwrap()
+            })
+            .collect();
+        assert_eq!(plans.iter().map(|p| p.task.max_rows_per_unit).collect::<Vec<_>>(), [1, 3]);
+
+        let store = rhosynth_shared::storage::open(dir.path().to_str().unwrap()).unwrap();
+        let options = AccountingOptions::default();
+        let budget = Budget { epsilon: 10.0, delta: 1e-5 };
+        let mut ledger = Ledger::init(&store, "db", budget, Adjacency::AddRemove, options).await.unwrap();
+        let mechanisms = vec![Mechanism::Zcdp { rho, adjacency: Adjacency::AddRemove }];
+        let request = ChargeRequest { job_id: "db".into(), mechanisms, accountant: Accountant::Rdp, delta: 1e-6 };
+        let receipt = ledger.charge(&request).await.unwrap();
+        let mut releases = Releases::paid_by(&receipt).unwrap();
+        let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(5);
+        for plan in &plans {
+            // Exact tables of 500 made-up view rows (test data: a seeded RNG).
+            let sizes: Vec<usize> = plan.task.domain.columns.iter().map(|c| c.bins()).collect();
+            let rows: Vec<Vec<usize>> =
+                (0..500).map(|_| sizes.iter().map(|&n| rng.random_range(0..n)).collect()).collect();
+            let mut exact = Vec::new();
+            for vars in &plan.task.tables {
+                let mut table = vec![0.0; vars.iter().map(|&v| sizes[v]).product()];
+                rows.iter().for_each(|row| table[vars.iter().fold(0, |cell, &v| cell * sizes[v] + row[v])] += 1.0);
+                exact.extend(table);
+            }
+            let released = releases.zcdp_released().len();
+            super::run_rounds(plan, Private::new(exact), &mut releases).unwrap();
+            let run = &releases.zcdp_released()[released..];
+            let spent: f64 = run.iter().map(ZcdpRelease::rho).sum();
+            assert!(
+                spent <= plan.rho * (1.0 + 1e-9) && spent > plan.rho * (1.0 - 1e-6),
+                "spent {spent} of {}",
+                plan.rho
+            );
+            let m = f64::from(plan.task.max_rows_per_unit);
+            let weight = plan.weights.iter().copied().fold(0.0, f64::max);
+            for r in run {
+                match *r {
+                    ZcdpRelease::Gaussian { l2_sensitivity, .. } => assert_eq!(l2_sensitivity, m),
+                    ZcdpRelease::Exponential { sensitivity, .. } => {
+                        assert!(sensitivity > 0.0 && sensitivity <= m * weight)
+                    }
+                }
+            }
+        }
+        assert!(releases.zcdp_left() < rho * 1e-6, "the charge is spent: {} left", releases.zcdp_left());
     }
 }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
+use crate::data::database::DatabaseView;
 use crate::data::domain::Domain;
 use crate::generators::aim::{AimParams, WorkloadRule, params};
 use crate::generators::marginals::MarginalsTask;
@@ -68,6 +69,36 @@ impl AimPlan {
                 "AIM spends a zCDP budget, which only the RDP accountant analyses: accountant = \"rdp\"",
             ));
         }
+        let target = spec.schema.target.as_deref().and_then(|t| domain.index_of(t));
+        let calibration = CalibrationPlan::new(spec, domain, options)?;
+        let budget =
+            zcdp_budget(spec.privacy.epsilon, spec.privacy.delta, options).map_err(|e| invalid(e.to_string()))?;
+        // Calibration's Gaussian release takes its share of ρ: both compose to the budget.
+        let rho = budget - calibration.as_ref().map_or(0.0, CalibrationPlan::rho);
+        let task = |candidates| MarginalsTask::new(spec, domain, candidates, params.max_rows_per_unit);
+        Self::planned(params, domain, target, (rho, calibration), task)
+    }
+
+    /// AIM over a database view (`data::database::view`) with its share `rho` of a job's
+    /// zCDP budget: every table counted over the view's rows, a unit moving each by at most
+    /// the viewed table's cap product.
+    pub fn over_view(params: &AimParams, database: DatabaseView, rho: f64) -> Result<Self, PlanError> {
+        let domain = database.view.domain(&database.layout);
+        require_columns(GENERATOR, &domain)?;
+        let task = |candidates| MarginalsTask::over_view(database, candidates);
+        Self::planned(params, &domain, None, (rho, None), task)
+    }
+
+    /// The candidates, their weights and the rounds of `params` over `domain`, spending
+    /// `rho` (with `calibration` beside it), counted by the task `task` makes of the
+    /// candidates.
+    fn planned(
+        params: &AimParams,
+        domain: &Domain,
+        target: Option<usize>,
+        (rho, calibration): (f64, Option<CalibrationPlan>),
+        task: impl FnOnce(Vec<Vec<usize>>) -> MarginalsTask,
+    ) -> Result<Self, PlanError> {
         let sizes: Vec<usize> = domain.columns.iter().map(|c| c.bins()).collect();
         let cells = |set: &[usize]| set.iter().map(|&c| sizes[c] as f64).product::<f64>();
         let Workload { sets: workload, described } = workload(params, domain, cells)?;
@@ -83,7 +114,6 @@ impl AimPlan {
             .filter(|r| r.len() > 1 && cells(r) <= params.max_model_cells)
             .collect();
         // The target's pairs are candidates (and counted) whatever the workload.
-        let target = spec.schema.target.as_deref().and_then(|t| domain.index_of(t));
         let target_share = match target {
             Some(_) => params.target_share.unwrap_or(DEFAULT_TARGET_SHARE),
             None => 0.0,
@@ -124,13 +154,8 @@ impl AimPlan {
         if d * (1.0 - params.selection_share) / f64::from(rounds) + target_share > 0.8 {
             return Err(invalid("the one-way tables and target_share leave under a fifth of ρ for the rounds"));
         }
-        let calibration = CalibrationPlan::new(spec, domain, options)?;
-        let budget =
-            zcdp_budget(spec.privacy.epsilon, spec.privacy.delta, options).map_err(|e| invalid(e.to_string()))?;
-        // Calibration's Gaussian release takes its share of ρ: both compose to the budget.
-        let rho = budget - calibration.as_ref().map_or(0.0, CalibrationPlan::rho);
         let task_tables = candidates.len();
-        let task = MarginalsTask::new(spec, domain, candidates, params.max_rows_per_unit);
+        let task = task(candidates);
         Ok(Self {
             task,
             weights,
