@@ -56,12 +56,12 @@ impl Generator for Aim {
 
 /// The rounds: every 1-way table, the target's pairs, then selections and measurements
 /// until the plan's ρ is spent (or no candidate fits the model's size limit), the model
-/// refitted after each. A run spends its own plan's ρ, whatever else the charge pays for
-/// (a database job's other views).
+/// refitted after each. A run spends its own plan's ρ (to within rounding), whatever else
+/// the charge pays for (a database job's other views).
 fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases) -> Result<GraphicalModel, Unpaid> {
-    let (before, released_before) = (releases.zcdp_left(), releases.zcdp_released().len());
+    let (left_at_start, released_before) = (releases.zcdp_left(), releases.zcdp_released().len());
     // Never above what the charge has left (the difference rounds either way).
-    let left = |releases: &Releases| releases.zcdp_left().min(plan.rho - (before - releases.zcdp_left()));
+    let left = |releases: &Releases| releases.zcdp_left().min(plan.rho - (left_at_start - releases.zcdp_left()));
     let sizes: Vec<usize> = plan.task.domain.columns.iter().map(|c| c.bins()).collect();
     let offsets = plan.task.offsets();
     let m = plan.sensitivity();
@@ -282,6 +282,13 @@ mod tests {
             })
             .collect();
         assert_eq!(plans.iter().map(|p| p.task.max_rows_per_unit).collect::<Vec<_>>(), [1, 3]);
+        let view = DatabaseView { layout: layout.clone(), view: View { table: 1 } };
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(AimPlan::over_view(&params, view.clone(), bad).unwrap_err().to_string().contains("share of ρ"));
+        }
+        let mut cycle = view;
+        cycle.layout.tables[1].parent = Some(2);
+        assert!(AimPlan::over_view(&params, cycle, 0.1).unwrap_err().to_string().contains("layout"));
 
         let store = rhosynth_shared::storage::open(dir.path().to_str().unwrap()).unwrap();
         let options = AccountingOptions::default();

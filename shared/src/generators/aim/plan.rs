@@ -81,8 +81,14 @@ impl AimPlan {
 
     /// AIM over a database view (`data::database::view`) with its share `rho` of a job's
     /// zCDP budget: every table counted over the view's rows, a unit moving each by at most
-    /// the viewed table's cap product.
+    /// the viewed table's cap product (which replaces `params.max_rows_per_unit`).
     pub fn over_view(params: &AimParams, database: DatabaseView, rho: f64) -> Result<Self, PlanError> {
+        if !(rho.is_finite() && rho > 0.0) {
+            return Err(invalid(format!("a view's share of ρ must be positive, not {rho}")));
+        }
+        if !database.is_consistent() {
+            return Err(invalid("the database view's layout is not one a spec makes"));
+        }
         let domain = database.view.domain(&database.layout);
         require_columns(GENERATOR, &domain)?;
         let task = |candidates| MarginalsTask::over_view(database, candidates);
