@@ -189,7 +189,12 @@ fn quantile_edges(grid: &[f64], lo: f64, hi: f64, bins: u32, integer: bool) -> V
             cumulative += c;
             while next < bins && cumulative >= total * f64::from(next) / f64::from(bins) {
                 let edge = lo + width * (i + 1) as f64;
-                edges.push(if integer { edge.round() } else { edge });
+                let edge = if integer { edge.round() } else { edge };
+                // The last cell's edge is hi only up to rounding (above it, far from zero):
+                // hi itself closes the edges.
+                if edge < hi {
+                    edges.push(edge);
+                }
                 next += 1;
             }
         }

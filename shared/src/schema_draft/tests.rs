@@ -155,6 +155,14 @@ fn bins_fall_at_the_grids_quantiles() {
     let mut grid = vec![0.0; GRID_CELLS];
     grid[0] = 100.0;
     assert_eq!(quantile_edges(&grid, 0.0, 256.0, 4, true), vec![0.0, 1.0, 256.0]);
+    // Found by tests/schema_draft.rs: far from zero, the last grid cell's edge lies above
+    // hi by rounding (lo + (hi − lo)/n·n ≠ hi), was kept and hi dropped, and the draft's
+    // own bins then failed to parse (edges must end at max).
+    let (lo, hi) = (-1_048_576.0, 53.817_370_576_237_73);
+    let mut last = vec![0.0; GRID_CELLS];
+    last[GRID_CELLS - 1] = 100.0;
+    assert!(lo + (hi - lo) / GRID_CELLS as f64 * GRID_CELLS as f64 > hi);
+    assert_eq!(quantile_edges(&last, lo, hi, 4, false), vec![lo, hi]);
     assert_eq!(grid_cell(-5.0, 0.0, 10.0), 0);
     assert_eq!(grid_cell(10.0, 0.0, 10.0), GRID_CELLS - 1);
 }
