@@ -1410,16 +1410,13 @@ async fn a_database_view_is_counted_per_patient_within_its_bound() {
     let mut counted = Vec::new();
     for with_sx in [false, true] {
         let dir = tempfile::tempdir().unwrap();
-        let (mut patients, mut admissions, mut vitals) =
-            (db.patients.clone(), db.admissions.clone(), db.vitals.clone());
+        let mut files = db.clone();
         if with_sx {
-            patients.push_str("SX,90,M,severe\n");
-            admissions.push_str(&extra.0);
-            vitals.push_str(&extra.1);
+            files.patients.push_str("SX,90,M,severe\n");
+            files.admissions.push_str(&extra.0);
+            files.vitals.push_str(&extra.1);
         }
-        for (name, text) in [("patients.csv", patients), ("admissions.csv", admissions), ("vitals.csv", vitals)] {
-            std::fs::write(dir.path().join(name), text).unwrap();
-        }
+        rhosynth_shared::testing::write_database(dir.path(), &files);
         let spec = database_spec(dir.path(), CAPS, "order_by = \"charttime\"");
         let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
         let database = Database::of_spec(&spec);

@@ -159,3 +159,11 @@ pub fn shared_data(relative: &str) -> Option<std::path::PathBuf> {
     eprintln!("\n*** SKIPPED: {} not found ***\n", path.display());
     None
 }
+
+/// Writes a simulated database's three files into `dir`, as [`database_job`] reads them.
+pub fn write_database(dir: &std::path::Path, db: &crate::simulate::database::Database) {
+    for (name, text) in [("patients.csv", &db.patients), ("admissions.csv", &db.admissions), ("vitals.csv", &db.vitals)]
+    {
+        std::fs::write(dir.join(name), text).expect("a writable test folder");
+    }
+}

@@ -13,10 +13,10 @@ use rhosynth_shared::data::partition::{PartitionKey, read_partition};
 use rhosynth_shared::generators::database::{FittedView, sample_database};
 use rhosynth_shared::output::SyntheticValue;
 use rhosynth_shared::pgm::{GraphicalModel, Measurement};
-use rhosynth_shared::simulate::database::database_csv;
+use rhosynth_shared::simulate::database::{Database as SimulatedDatabase, database_csv};
 use rhosynth_shared::spec::{JobSpec, parse_datetime};
 use rhosynth_shared::storage;
-use rhosynth_shared::testing::database_job;
+use rhosynth_shared::testing::{database_job, write_database};
 
 const ADMISSIONS_CAP: usize = 2;
 const VITALS_CAP: usize = 6;
@@ -76,9 +76,7 @@ async fn a_units_rows_are_capped_by_the_public_rule_and_partitioned_together() {
          S000001,H888888,2025-01-01 01:00:00,80,16,97\n",
         db.vitals
     );
-    std::fs::write(dir.path().join("patients.csv"), &patients).unwrap();
-    std::fs::write(dir.path().join("admissions.csv"), &admissions).unwrap();
-    std::fs::write(dir.path().join("vitals.csv"), &vitals).unwrap();
+    write_database(dir.path(), &SimulatedDatabase { patients, admissions, vitals });
     let (spec, tables) = partitioned(dir.path(), "order_by = \"charttime\"").await;
     assert_eq!(tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["patients", "admissions", "vitals"]);
 
@@ -164,9 +162,7 @@ async fn a_units_rows_are_capped_by_the_public_rule_and_partitioned_together() {
 async fn without_an_order_the_cap_keeps_the_same_sample_every_time() {
     let dir = tempfile::tempdir().unwrap();
     let db = database_csv(120, 9);
-    std::fs::write(dir.path().join("patients.csv"), &db.patients).unwrap();
-    std::fs::write(dir.path().join("admissions.csv"), &db.admissions).unwrap();
-    std::fs::write(dir.path().join("vitals.csv"), &db.vitals).unwrap();
+    write_database(dir.path(), &db);
     let charts = |tables: Vec<PartitionedTable>| async move {
         let vitals = &tables[2];
         let (time, parent) =
@@ -203,9 +199,10 @@ async fn a_repeated_key_sends_its_children_to_the_first_row() {
                       A1,P1,2025-01-01 00:00:00,2025-01-02 00:00:00,elective,home\n";
     let vitals = "subject_id,hadm_id,charttime,heart_rate,resp_rate,spo2\nP1,A1,2025-01-01 01:00:00,80,16,97\n\
                   P1,A1,2025-02-01 01:00:00,90,18,96\nP1,A1,not a time,90,18,96\n";
-    std::fs::write(dir.path().join("patients.csv"), patients).unwrap();
-    std::fs::write(dir.path().join("admissions.csv"), admissions).unwrap();
-    std::fs::write(dir.path().join("vitals.csv"), vitals).unwrap();
+    write_database(
+        dir.path(),
+        &SimulatedDatabase { patients: patients.into(), admissions: admissions.into(), vitals: vitals.into() },
+    );
     let text = database_job(dir.path(), (ADMISSIONS_CAP as u32, VITALS_CAP as u32), "order_by = \"charttime\"")
         .replace("input = { urls = [", "input = { bad_rows = \"skip\", urls = [");
     let spec: JobSpec = toml::from_str(&text).unwrap();
@@ -268,19 +265,13 @@ async fn adding_a_patient_changes_no_other_patients_rows() {
     };
     for order in ["order_by = \"charttime\"", ""] {
         let (without, with) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        for (dir, patients, admissions, vitals) in [
-            (without.path(), db.patients.clone(), db.admissions.clone(), db.vitals.clone()),
-            (
-                with.path(),
-                with_one_more(&db.patients, "SX,70,M,severe\n"),
-                with_one_more(&db.admissions, &admissions),
-                with_one_more(&db.vitals, &vitals),
-            ),
-        ] {
-            std::fs::write(dir.join("patients.csv"), patients).unwrap();
-            std::fs::write(dir.join("admissions.csv"), admissions).unwrap();
-            std::fs::write(dir.join("vitals.csv"), vitals).unwrap();
-        }
+        write_database(without.path(), &db);
+        let one_more = SimulatedDatabase {
+            patients: with_one_more(&db.patients, "SX,70,M,severe\n"),
+            admissions: with_one_more(&db.admissions, &admissions),
+            vitals: with_one_more(&db.vitals, &vitals),
+        };
+        write_database(with.path(), &one_more);
         let before = kept_by_unit(&partitioned(without.path(), order).await.1).await;
         let mut after = kept_by_unit(&partitioned(with.path(), order).await.1).await;
         let added = after.remove("SX").expect("the added patient");
@@ -301,9 +292,7 @@ async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
 
     let dir = tempfile::tempdir().unwrap();
     let db = database_csv(200, 13);
-    std::fs::write(dir.path().join("patients.csv"), &db.patients).unwrap();
-    std::fs::write(dir.path().join("admissions.csv"), &db.admissions).unwrap();
-    std::fs::write(dir.path().join("vitals.csv"), &db.vitals).unwrap();
+    write_database(dir.path(), &db);
     let (spec, tables) = partitioned(dir.path(), "order_by = \"charttime\"").await;
     let layout = Layout::of(&Database::of_spec(&spec));
     assert_eq!((0..3).map(|t| layout.reach(t)).collect::<Vec<_>>(), [1, 2, 12]);
@@ -439,9 +428,7 @@ async fn a_database_drawn_down_the_tree_keeps_its_cross_table_structure() {
 
     let dir = tempfile::tempdir().unwrap();
     let db = database_csv(1500, 31);
-    std::fs::write(dir.path().join("patients.csv"), &db.patients).unwrap();
-    std::fs::write(dir.path().join("admissions.csv"), &db.admissions).unwrap();
-    std::fs::write(dir.path().join("vitals.csv"), &db.vitals).unwrap();
+    write_database(dir.path(), &db);
     let spec = rhosynth_shared::testing::database_spec(dir.path(), (3, 8), "order_by = \"charttime\"");
     let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
     let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())

@@ -7,9 +7,8 @@
 pub mod partition;
 pub mod view;
 
-use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
 use crate::data::source::Source;
-use crate::spec::{ColumnKind, JobSpec, SchemaSpec, TableSpec};
+use crate::spec::{JobSpec, SchemaSpec, TableSpec};
 
 pub use partition::{DroppedRows, PartitionedTable, partition_database};
 pub use view::{DatabaseView, Layout, UnitRows, View, read_units};
@@ -48,29 +47,5 @@ impl<'a> Database<'a> {
     /// The unit's key column, in every table.
     pub(super) fn unit_key(&self) -> &str {
         self.root_schema.unit_column.as_deref().expect("a validated database names its unit column")
-    }
-
-    /// The most rows of `table` one unit reaches: the product of the caps on its path.
-    fn reach(&self, table: &str) -> u64 {
-        if table == self.root_name() {
-            return 1;
-        }
-        let child = self.tables.iter().find(|t| t.name == table).expect("a validated parent");
-        self.reach(&child.parent.table) * u64::from(child.max_per_parent)
-    }
-
-    /// A child table's partition domain: its columns, then [`ROW_COLUMN`] and
-    /// [`PARENT_COLUMN`].
-    pub fn child_domain(&self, table: &TableSpec) -> Domain {
-        let mut domain = Domain::of_columns(&table.columns, self.default_bins);
-        let ordinal = |name: &str, reach: u64| {
-            let max = reach.saturating_sub(1) as f64;
-            let binning = Binning::Integer(vec![(0, max as i64)]);
-            let encoding = Encoding::Numeric { kind: ColumnKind::Integer, min: 0.0, max, binning };
-            ColumnDomain { name: name.to_string(), encoding, missing: false }
-        };
-        domain.columns.push(ordinal(ROW_COLUMN, self.reach(&table.name)));
-        domain.columns.push(ordinal(PARENT_COLUMN, self.reach(&table.parent.table)));
-        domain
     }
 }

@@ -18,7 +18,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use sha2::{Digest, Sha256};
 
-use super::Database;
+use super::{Database, Layout};
 use crate::data::domain::Domain;
 use crate::data::input::{BATCH_ROWS, InputReader, KeyedBatch};
 use crate::data::partition::{PartitionKey, PartitionWriter, Partitioned};
@@ -120,16 +120,18 @@ pub async fn partition_database(
     key: PartitionKey,
 ) -> Result<Vec<PartitionedTable>, DataError> {
     let referred: HashSet<&str> = db.tables.iter().map(|t| t.parent.table.as_str()).collect();
-    let (root, units) = partition_root(db, scratch, prefix, partitions, key.clone()).await?;
+    let layout = Layout::of(db);
+    let (root, units) = partition_root(db, &layout.tables[0].domain, scratch, prefix, partitions, key.clone()).await?;
     let mut places: HashMap<String, Places> = HashMap::new();
     let mut out = vec![root];
-    for table in db.tables {
+    for (table, layout) in db.tables.iter().zip(&layout.tables[1..]) {
         let parents = if table.parent.table == db.root_name() {
             Parents::Root(&units)
         } else {
             Parents::Table(places.get(&table.parent.table).expect("a validated parent, read before its children"))
         };
-        let (partitioned, own) = partition_child(db, table, parents, scratch, prefix, partitions, key.clone()).await?;
+        let (partitioned, own) =
+            partition_child(db, (table, &layout.domain), parents, scratch, prefix, partitions, key.clone()).await?;
         if referred.contains(table.name.as_str()) {
             places.insert(table.name.clone(), own);
         }
@@ -141,15 +143,15 @@ pub async fn partition_database(
 /// The root: a unit's first row, streamed into its partitions. Returns the units.
 async fn partition_root(
     db: &Database<'_>,
+    domain: &Domain,
     scratch: &StoreLocation,
     prefix: &str,
     partitions: u32,
     key: PartitionKey,
 ) -> Result<(PartitionedTable, HashSet<String>), DataError> {
     let name = db.root_name().to_string();
-    let domain = Domain::of_columns(&db.root_schema.columns, db.default_bins);
-    let mut writer = PartitionWriter::new(scratch, &format!("{prefix}/{name}"), &domain, partitions, key)?;
-    let mut reader = InputReader::new(db.root_input, db.root_schema, &domain);
+    let mut writer = PartitionWriter::new(scratch, &format!("{prefix}/{name}"), domain, partitions, key)?;
+    let mut reader = InputReader::new(db.root_input, db.root_schema, domain);
     let mut units = HashSet::new();
     let mut dropped = DroppedRows::default();
     while let Some(batch) = reader.next_batch().await? {
@@ -159,7 +161,7 @@ async fn partition_root(
     }
     dropped.bad = reader.skipped().map_or(0, |s| s.rows);
     let partitions = writer.finish().await?;
-    Ok((PartitionedTable { name, domain, partitions, dropped }, units))
+    Ok((PartitionedTable { name, domain: domain.clone(), partitions, dropped }, units))
 }
 
 /// The rows of one parent row competing for its cap, and how many have competed.
@@ -173,7 +175,7 @@ struct Group {
 /// places. Returns the kept rows' places by unit and own key (for the table's children).
 async fn partition_child(
     db: &Database<'_>,
-    table: &TableSpec,
+    (table, domain): (&TableSpec, &Domain),
     parents: Parents<'_>,
     scratch: &StoreLocation,
     prefix: &str,
@@ -225,8 +227,7 @@ async fn partition_child(
         .collect();
     kept.sort_by(|(a, x), (b, y)| a.cmp(b).then(x.order(y)));
 
-    let domain = db.child_domain(table);
-    let mut writer = PartitionWriter::new(scratch, &format!("{prefix}/{}", table.name), &domain, partitions, key)?;
+    let mut writer = PartitionWriter::new(scratch, &format!("{prefix}/{}", table.name), domain, partitions, key)?;
     let mut own = Places::new();
     let mut batch = EncodedBatch::empty(domain.columns.len());
     let mut ordinal = 0u32;
@@ -253,7 +254,7 @@ async fn partition_child(
     }
     writer.write(batch).await?;
     let partitions = writer.finish().await?;
-    Ok((PartitionedTable { name: table.name.clone(), domain, partitions, dropped }, own))
+    Ok((PartitionedTable { name: table.name.clone(), domain: domain.clone(), partitions, dropped }, own))
 }
 
 /// A row's draw in the sample that caps its parent's rows, in [0, 1): keyed by its table,

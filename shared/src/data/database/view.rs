@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::Database;
-use crate::data::domain::{ColumnDomain, Domain};
+use super::{Database, PARENT_COLUMN, ROW_COLUMN};
+use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
 use crate::data::partition::read_partition;
 use crate::data::{DataError, EncodedBatch};
 use crate::spec::{Bound, ColumnKind, ColumnSpec, MissingPolicy, UnknownPolicy};
@@ -34,13 +34,13 @@ pub struct TableLayout {
     pub parent: Option<usize>,
     /// Rows per parent row (1 for the root).
     pub max_per_parent: u32,
-    /// Its partitions' domain (a child's ends with its place columns).
+    /// Its partitions' domain (a child's ends with [`ROW_COLUMN`] and [`PARENT_COLUMN`]).
     pub domain: Domain,
 }
 
 impl TableLayout {
     /// The columns of its own values (its place columns excluded).
-    fn values(&self) -> usize {
+    pub fn values(&self) -> usize {
         self.domain.columns.len() - if self.parent.is_some() { 2 } else { 0 }
     }
 }
@@ -53,18 +53,17 @@ impl Layout {
             max_per_parent: 1,
             domain: Domain::of_columns(&db.root_schema.columns, db.default_bins),
         };
-        let mut tables = vec![root];
+        let mut layout = Self { tables: vec![root] };
         for table in db.tables {
-            let parent = tables.iter().position(|t: &TableLayout| t.name == table.parent.table);
-            let layout = TableLayout {
-                name: table.name.clone(),
-                parent: Some(parent.expect("a validated parent, declared first")),
-                max_per_parent: table.max_per_parent,
-                domain: db.child_domain(table),
-            };
-            tables.push(layout);
+            let parent = layout.tables.iter().position(|t| t.name == table.parent.table);
+            let parent = parent.expect("a validated parent, declared first");
+            let reach = layout.reach(parent) * u64::from(table.max_per_parent);
+            let mut domain = Domain::of_columns(&table.columns, db.default_bins);
+            domain.columns.extend([place_column(ROW_COLUMN, reach), place_column(PARENT_COLUMN, layout.reach(parent))]);
+            let max_per_parent = table.max_per_parent;
+            layout.tables.push(TableLayout { name: table.name.clone(), parent: Some(parent), max_per_parent, domain });
         }
-        Self { tables }
+        layout
     }
 
     /// The most rows of table `t` one unit reaches (the product of the caps on its path).
@@ -84,11 +83,13 @@ impl Layout {
         }
     }
 
-    fn children(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
+    /// The child tables of table `t`, in layout order.
+    pub fn children(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
         (0..self.tables.len()).filter(move |&c| self.tables[c].parent == Some(t))
     }
 
-    fn ancestors(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
+    /// The ancestors of table `t`, nearest first.
+    pub fn ancestors(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
         std::iter::successors(self.tables[t].parent, |&p| self.tables[p].parent)
     }
 }
@@ -242,6 +243,14 @@ impl View {
         }
         Ok(out)
     }
+}
+
+/// A place column: ordinals below `reach`, one bin (a place is never a modelled value).
+fn place_column(name: &str, reach: u64) -> ColumnDomain {
+    let max = reach.saturating_sub(1) as f64;
+    let binning = Binning::Integer(vec![(0, max as i64)]);
+    let encoding = Encoding::Numeric { kind: ColumnKind::Integer, min: 0.0, max, binning };
+    ColumnDomain { name: name.to_string(), encoding, missing: false }
 }
 
 /// An integer column of the counts 0..=`max`, one bin per count up to 32 of them.

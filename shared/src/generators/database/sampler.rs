@@ -54,7 +54,7 @@ pub fn sample_database(
     let mut drawn: Vec<Drawn> = Vec::with_capacity(layout.tables.len());
     for (t, table) in layout.tables.iter().enumerate() {
         let fitted = &views[t];
-        let own = table_values(layout, t);
+        let own = table.values();
         let children: Vec<(usize, usize)> = child_columns(layout, t, &fitted.domain);
         let mut out = Drawn { rows: Vec::new(), bins: Vec::new(), counts: HashMap::new() };
         let keep = |out: &mut Drawn, unit: usize, parent: Option<usize>, row: &[usize], rng: &mut _| {
@@ -75,9 +75,9 @@ pub fn sample_database(
                     let given = ancestor_bins(&drawn, layout, p, parent);
                     let model = conditioned.entry(given.clone()).or_insert_with(|| {
                         let allowed: Vec<(usize, Vec<bool>)> = ancestors
-                            .iter()
+                            .clone()
                             .zip(&given)
-                            .map(|(&v, &bin)| {
+                            .map(|(v, &bin)| {
                                 let mut mask = vec![false; fitted.domain.columns[v].bins()];
                                 mask[bin] = true;
                                 (v, mask)
@@ -126,27 +126,17 @@ impl Drawn {
     }
 }
 
-/// The number of a table's own columns (its view's first columns).
-fn table_values(layout: &Layout, t: usize) -> usize {
-    let table = &layout.tables[t];
-    table.domain.columns.len() - if table.parent.is_some() { 2 } else { 0 }
-}
-
 /// Each child table of `t` with its count column in `t`'s view.
 fn child_columns(layout: &Layout, t: usize, domain: &Domain) -> Vec<(usize, usize)> {
-    (0..layout.tables.len())
-        .filter(|&c| layout.tables[c].parent == Some(t))
-        .map(|c| (c, domain.index_of(&format!("__n.{}", layout.tables[c].name)).expect("a view's count column")))
-        .collect()
+    let column = |c: usize| domain.index_of(&format!("__n.{}", layout.tables[c].name)).expect("a view's count column");
+    layout.children(t).map(|c| (c, column(c))).collect()
 }
 
-/// The view's columns of `t`'s ancestors, nearest first (as `View::domain` lays them out).
-fn ancestor_columns(layout: &Layout, t: usize) -> Vec<usize> {
-    let start = table_values(layout, t) + 1;
-    let width: usize = std::iter::successors(layout.tables[t].parent, |&p| layout.tables[p].parent)
-        .map(|a| table_values(layout, a))
-        .sum();
-    (start..start + width).collect()
+/// The view's columns of `t`'s ancestors, nearest first (after its own and its position,
+/// as `View::domain` lays them out).
+fn ancestor_columns(layout: &Layout, t: usize) -> std::ops::Range<usize> {
+    let start = layout.tables[t].values() + 1;
+    start..start + layout.ancestors(t).map(|a| layout.tables[a].values()).sum::<usize>()
 }
 
 /// The own bins of row `row` of table `p` and of its ancestors' rows, nearest first.
