@@ -1480,3 +1480,140 @@ async fn a_database_view_is_counted_per_patient_within_its_bound() {
         assert!(l2 <= task.sensitivity() + 1e-9, "moved by {l2}, declared {}", task.sensitivity());
     }
 }
+
+/// A database's release read back: each table's rows by column name, its part hashes
+/// checked against the manifest.
+fn read_database(out: &std::path::Path) -> (serde_json::Value, Vec<(String, Vec<arrow_array::RecordBatch>)>) {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let manifest = manifest(out).expect("manifest written");
+    let mut tables = Vec::new();
+    for table in manifest["tables"].as_array().expect("a database's manifest lists its tables") {
+        let name = table["name"].as_str().unwrap().to_string();
+        let mut batches = Vec::new();
+        for part in table["parts"].as_array().unwrap() {
+            let path = part["path"].as_str().unwrap();
+            assert!(path.starts_with(&format!("{name}/")), "{path} under its table's folder");
+            let bytes = std::fs::read(out.join(path)).unwrap();
+            assert_eq!(format!("{:x}", Sha256::digest(&bytes)), part["sha256"].as_str().unwrap());
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes)).unwrap().build().unwrap();
+            batches.extend(reader.map(Result::unwrap));
+        }
+        tables.push((name, batches));
+    }
+    (manifest, tables)
+}
+
+/// The values of column `name` of a table's batches, as `A`.
+fn column<A: arrow_array::Array + Clone + 'static>(batches: &[arrow_array::RecordBatch], name: &str) -> Vec<A> {
+    let column =
+        |b: &arrow_array::RecordBatch| b.column_by_name(name).unwrap_or_else(|| panic!("column {name}")).clone();
+    batches.iter().map(|b| column(b).as_any().downcast_ref::<A>().expect("the column's type").clone()).collect()
+}
+
+/// The strings of column `name` of a table's batches (keys), none missing.
+fn keys(batches: &[arrow_array::RecordBatch], name: &str) -> Vec<String> {
+    use arrow_array::Array;
+    let strings = column::<arrow_array::StringArray>(batches, name);
+    assert!(strings.iter().all(|s| s.null_count() == 0), "every row of {name} has its key");
+    strings.iter().flat_map(|s| s.iter().map(|v| v.unwrap().to_string()).collect::<Vec<_>>()).collect()
+}
+
+/// A database job end to end in a standalone cluster (real gRPC, 2 workers): three tables
+/// (patients → admissions → vitals) read by patient, one ledger charge (the plan's one
+/// zCDP budget), and a release of three Parquet datasets under the prefix whose manifest
+/// lists them. Keys are fresh (none of the input's), unique in their table, and every
+/// child row's parent exists and belongs to the same patient; no parent has more rows
+/// than its declared cap; charts are in time order under their admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_job_releases_every_table_with_its_keys_under_one_charge() {
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::generators::database::DatabasePlan;
+    use std::collections::{HashMap, HashSet};
+
+    const CAPS: (u32, u32) = (3, 8);
+    let dir = tempfile::tempdir().unwrap();
+    let db = rhosynth_shared::simulate::database::database_csv(300, 11);
+    rhosynth_shared::testing::write_database(dir.path(), &db);
+    let out = dir.path().join("out");
+    let text = rhosynth_shared::testing::database_job(dir.path(), CAPS, "order_by = \"charttime\"")
+        .replace(
+            "[privacy]\n",
+            &format!(
+                "[output]\nurl = {:?}\n[privacy]\nledger = {:?}\ndataset_budget = {{ epsilon = 10.0, delta = 1e-5 }}\n",
+                out.display().to_string(),
+                dir.path().join("ledger").display().to_string()
+            ),
+        )
+        .replace("name = \"database\"\n", "name = \"database\"\n[generator.database.aim]\nrounds = 40\n");
+    let spec = JobSpec::parse(&text, "database").unwrap();
+    let (state, message) = run(spec.clone(), &dir.path().join("scratch")).await;
+    assert_eq!(state, SUCCEEDED, "{message}");
+
+    let plan = DatabasePlan::new(&spec, &AccountingOptions::default()).unwrap();
+    assert_eq!(charged_mechanisms(dir.path(), &spec.job.dataset_id).await, vec![plan.mechanisms()]);
+    let (manifest, tables) = read_database(&out);
+    let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
+    assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon, "{epsilon}");
+    assert_eq!(manifest["parts"].as_array().unwrap().len(), 0, "a database's parts are listed by table");
+    let names: Vec<&str> = tables.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["patients", "admissions", "vitals"]);
+    let rows_of = |batches: &[arrow_array::RecordBatch]| batches.iter().map(|b| b.num_rows()).sum::<usize>();
+    let rows: u64 = tables.iter().map(|(_, b)| rows_of(b) as u64).sum();
+    assert_eq!(manifest["rows"].as_u64().unwrap(), rows);
+    // Each table keeps its declared columns, in order.
+    let declared = [
+        spec.schema.columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+        spec.tables[0].columns.iter().map(|c| c.name.clone()).collect(),
+        spec.tables[1].columns.iter().map(|c| c.name.clone()).collect(),
+    ];
+    for ((_, batch), declared) in tables.iter().zip(&declared) {
+        let names: Vec<String> = batch[0].schema().fields().iter().map(|f| f.name().clone()).collect();
+        assert_eq!(&names, declared);
+    }
+    let [(_, patients), (_, admissions), (_, vitals)] = &tables[..] else { panic!("three tables") };
+
+    // Fresh keys, unique in their table; no key of the input.
+    let subjects = keys(patients, "subject_id");
+    let unique: HashSet<&String> = subjects.iter().collect();
+    assert_eq!(unique.len(), subjects.len(), "one row per synthetic patient");
+    let input_keys: HashSet<&str> = db.admissions.lines().skip(1).flat_map(|l| l.split(',').take(2)).collect();
+    // Referential integrity: every admission's patient exists; every chart's admission
+    // exists and belongs to the chart's patient.
+    let hadm = keys(admissions, "hadm_id");
+    let admitted = keys(admissions, "subject_id");
+    assert_eq!(hadm.iter().collect::<HashSet<_>>().len(), hadm.len(), "admission keys are unique");
+    let patient_of: HashMap<&String, &String> = hadm.iter().zip(&admitted).collect();
+    assert!(admitted.iter().all(|s| unique.contains(s)), "every admission's patient exists");
+    let (charted, chart_subject) = (keys(vitals, "hadm_id"), keys(vitals, "subject_id"));
+    for (h, s) in charted.iter().zip(&chart_subject) {
+        assert_eq!(patient_of.get(h), Some(&s), "chart of admission {h} belongs to its patient");
+    }
+    for key in subjects.iter().chain(&hadm) {
+        assert!(!input_keys.contains(key.as_str()), "{key} is a key of the input");
+    }
+    // No parent has more rows than its cap.
+    let most = |children: &[String]| {
+        let mut counts: HashMap<&String, u32> = HashMap::new();
+        children.iter().for_each(|k| *counts.entry(k).or_default() += 1);
+        counts.values().copied().max().unwrap_or(0)
+    };
+    assert!(most(&admitted) <= CAPS.0 && most(&charted) <= CAPS.1);
+    assert!(rows_of(admissions) > 0 && rows_of(vitals) > 0);
+    // Charts in time order under each admission (each admission's charts are contiguous).
+    let times: Vec<Option<i64>> = column::<arrow_array::TimestampSecondArray>(vitals, "charttime")
+        .iter()
+        .flat_map(|a| a.iter().collect::<Vec<_>>())
+        .collect();
+    for i in 1..times.len() {
+        if charted[i] == charted[i - 1] {
+            let (a, b) = (times[i - 1].unwrap_or(i64::MAX), times[i].unwrap_or(i64::MAX));
+            assert!(b >= a, "charts of {} out of order", charted[i]);
+        }
+    }
+    eprintln!(
+        "patients {} (input 300), admissions {}, charts {}",
+        subjects.len(),
+        rows_of(admissions),
+        rows_of(vitals)
+    );
+}

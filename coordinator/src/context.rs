@@ -9,6 +9,7 @@ use rhosynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, 
 use rhosynth_privacy::release::{Private, Releases, Unpaid};
 use rhosynth_shared::accounting::mechanism::Mechanism;
 use rhosynth_shared::data::DataError;
+use rhosynth_shared::data::database::{Database, DroppedRows, partition_database};
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::data::input::InputReader;
 use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
@@ -220,7 +221,9 @@ pub struct JobEnv {
 /// A job's partitions in the scratch store. Their unit counts are private: a release
 /// alone makes one public, and they bound what a worker may return for a partition.
 pub(crate) struct Partitions {
-    pub urls: Vec<String>,
+    /// Each partition's files, a task's group: the one table's partition, or the same
+    /// partition of every table of a database (in layout order).
+    pub groups: Vec<Vec<String>>,
     pub units: Private<u64>,
     pub units_per_partition: Private<Vec<u64>>,
     /// Units by their number of rows.
@@ -321,7 +324,35 @@ impl<'a> JobContext<'a> {
         }
         let Partitioned { urls, units, units_per_partition, rows_per_unit } = writer.finish().await?;
         Ok(Partitions {
-            urls,
+            groups: urls.into_iter().map(|url| vec![url]).collect(),
+            units: Private::new(units),
+            units_per_partition: Private::new(units_per_partition),
+            rows_per_unit: Private::new(rows_per_unit),
+        })
+    }
+
+    /// Splits a database's tables by privacy unit into the scratch store: one set of
+    /// partitions per table, a unit's rows in the same partition index of every table. The
+    /// units are the root's.
+    pub async fn partition_database(&self) -> Result<Partitions, JobError> {
+        set_stage(self.progress, "partitioning");
+        let spec = self.spec();
+        let key = PartitionKey::generate()?;
+        let prefix = scratch::partition_prefix(&self.request.job_id);
+        let database = Database::of_spec(spec);
+        let tables = partition_database(&database, self.scratch, &prefix, spec.job.partitions, key).await?;
+        for table in &tables {
+            // Counts of the input: the operator's log only.
+            let DroppedRows { over_cap, without_parent, duplicate_keys, bad } = &table.dropped;
+            tracing::info!(table = table.name, over_cap, without_parent, duplicate_keys, bad, "rows left out");
+        }
+        let groups = (0..spec.job.partitions as usize)
+            .map(|k| tables.iter().map(|t| t.partitions.urls[k].clone()).collect())
+            .collect();
+        let Partitioned { units, units_per_partition, rows_per_unit, .. } =
+            tables.into_iter().next().expect("a database has its root").partitions;
+        Ok(Partitions {
+            groups,
             units: Private::new(units),
             units_per_partition: Private::new(units_per_partition),
             rows_per_unit: Private::new(rows_per_unit),

@@ -305,6 +305,10 @@ impl Datasets {
         if spec.input != Source::default() {
             return refuse("[input]");
         }
+        // A declared dataset is one table: a database's tables name their own files.
+        if !spec.tables.is_empty() {
+            return refuse("[[tables]] (a declared dataset is one table; run a database job with `rhosynth run`)");
+        }
         if request.ledger_url.is_some() || spec.privacy.ledger.is_some() {
             return refuse("a ledger store");
         }
@@ -447,6 +451,21 @@ url = "/srv/out"
         let headless = format!("{DATASETS}[dataset.input.csv]\nhas_header = false\n");
         let err = Datasets::parse(&headless, "datasets.toml", "/default").unwrap_err();
         assert!(err.to_string().contains("need a header line"), "{err}");
+    }
+
+    /// A submitter's tables would name files the operator never declared (another dataset's
+    /// people, under this dataset's budget): refused before anything is read.
+    #[test]
+    fn a_database_job_on_a_declared_dataset_is_refused() {
+        let datasets = Datasets::parse(DATASETS, "datasets.toml", "/default").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = rhosynth_shared::testing::database_spec(dir.path(), (2, 4), "");
+        spec.job.dataset_id = "icu".into();
+        spec.input = Source::default();
+        spec.schema.unit_column = Some("patient_id".into());
+        let mut job = JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None };
+        let err = datasets.bind(&mut job).unwrap_err();
+        assert!(matches!(err, DatasetsError::SetBySubmitter { .. }) && err.to_string().contains("[[tables]]"), "{err}");
     }
 
     /// A dataset takes jobs of at least its `min_job_epsilon` (0.01 unless declared), so a

@@ -24,15 +24,16 @@ use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::accounting::mechanism::Adjacency;
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::entropy::os_rng;
+use rhosynth_shared::generators::database::DatabaseSampler;
 use rhosynth_shared::generators::{GeneratorSpec, Sampler};
 use rhosynth_shared::output::{
-    MANIFEST_FORMAT, Manifest, ManifestColumn, ManifestPrivacy, OutputWriter, output_schema, rows_to_batch,
+    MANIFEST_FORMAT, Manifest, ManifestPrivacy, ManifestTable, OutputWriter, manifest_columns, rows_to_batch,
 };
 use rhosynth_shared::spec::{ColumnKind, ColumnSpec, JobSpec};
 use rhosynth_shared::storage::{self, StoreLocation};
 
 use crate::generators::dpsgd::{DpSgdGenerator, DpSgdJob};
-use crate::generators::{Admission, Charged, Fitted, Generator};
+use crate::generators::{Admission, Charged, Draws, Fitted, Generator};
 use crate::schedule::Schedule;
 use crate::scheduler::Scheduler;
 use crate::telemetry::Telemetry;
@@ -91,7 +92,7 @@ async fn claimed(
     let ledger_location = storage::open(ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
     // A dataset's budget covers the people of one input: never charged for another file.
-    ledger.bind_input(&spec.input.urls).await?;
+    ledger.bind_input(&spec.input_urls()).await?;
     let scratch_store = storage::open(&env.scratch_url)?;
     // Before any partition exists, so a coordinator sharing the store never sweeps ours.
     env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Scratch {
@@ -118,6 +119,7 @@ async fn claimed(
     scratch::delete_prefix(&scratch_store, &format!("{}/{job_id}", scratch::LEASES)).await;
 
     public_inputs.splice(0..0, declared_inputs(spec));
+    let database = !spec.tables.is_empty();
     let sealed = output.seal(Manifest {
         format: MANIFEST_FORMAT.to_string(),
         rhosynth_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -125,12 +127,9 @@ async fn claimed(
         generator: spec.generator.name().as_str().to_string(),
         created_at: chrono::Utc::now(),
         rows: 0,
-        columns: output_schema(spec)
-            .fields()
-            .iter()
-            .map(|f| ManifestColumn { name: f.name().clone(), data_type: f.data_type().to_string() })
-            .collect(),
+        columns: if database { Vec::new() } else { manifest_columns(&spec.schema.columns) },
         parts: Vec::new(),
+        tables: if database { manifest_tables(spec) } else { Vec::new() },
         privacy: ManifestPrivacy {
             epsilon: cost.epsilon,
             delta: cost.delta,
@@ -186,7 +185,7 @@ async fn synthesize<G: Generator>(
     let mut generator = G::plan(ctx, ledger).await?;
     admit(ctx, ledger, generator.admission()).await?;
     generator.prepare(ctx).await?;
-    let partitions = ctx.partition().await?;
+    let partitions = generator.partition(ctx).await?;
     let Fitted { sampler, released_count, charged } = generator.fit(ctx, ledger, &partitions).await?;
     let units = ctx.spec().declared_output_size().or(released_count).ok_or_else(|| JobError::NoOutputSize)?;
 
@@ -200,7 +199,10 @@ async fn synthesize<G: Generator>(
     // A charge already released (by another coordinator, or a resumed copy of this job)
     // is refused here.
     ledger.record_release(charged.receipt.seq, output.url()).await?;
-    let output = write_parts(ctx.spec(), output, units, sampler, rng).await?;
+    let output = match sampler {
+        Draws::Table(sampler) => write_parts(ctx.spec(), output, units, sampler, rng).await?,
+        Draws::Database(sampler) => write_database(ctx.spec(), output, units, sampler, rng).await?,
+    };
     Ok((output, charged))
 }
 
@@ -275,6 +277,39 @@ async fn write_parts(
         output.write_part(&rows_to_batch(spec, &part, written)).await?;
         written += n;
         tracing::info!(units = written, of = units, "synthetic units written");
+    }
+    Ok(output)
+}
+
+/// Writes `units` units of a database drawn by `sampler`, a batch of units at a time (a
+/// part of each table per batch, memory bounded by `rows_per_part` rows a table), each
+/// batch drawn on a blocking thread.
+async fn write_database(
+    spec: &JobSpec,
+    mut output: OutputWriter,
+    units: u64,
+    mut sampler: DatabaseSampler,
+    mut rng: ChaCha20Rng,
+) -> Result<OutputWriter, JobError> {
+    let per_part = sampler.units_per_part(spec.output.rows_per_part);
+    let names: Vec<String> = sampler.table_names().map(str::to_string).collect();
+    let mut written = 0;
+    while written < units {
+        let n = (units - written).min(per_part);
+        let (back, back_rng, batches) = blocking(move || {
+            let batches = sampler.sample(n as usize, &mut rng);
+            (sampler, rng, batches)
+        })
+        .await?;
+        (sampler, rng) = (back, back_rng);
+        if batches[0].num_rows() as u64 != n {
+            return Err(JobError::Internal(format!("the sampler drew {} of {n} units", batches[0].num_rows())));
+        }
+        for (name, batch) in names.iter().zip(&batches) {
+            output.write_table_part(name, batch).await?;
+        }
+        written += n;
+        tracing::info!(units = written, of = units, "synthetic units written with their rows in every table");
     }
     Ok(output)
 }
@@ -379,6 +414,21 @@ fn declared_inputs(spec: &JobSpec) -> Vec<String> {
         .iter()
         .map(|c| format!("{}: kind, bounds, categories and bins as declared in the job spec", c.name))
         .collect();
+    for table in &spec.tables {
+        for column in &table.columns {
+            out.push(format!(
+                "{}.{}: kind, bounds, categories and bins as declared in the job spec",
+                table.name, column.name
+            ));
+        }
+        out.push(format!(
+            "{}: at most {} rows per row of {} (declared max_per_parent{})",
+            table.name,
+            table.max_per_parent,
+            table.parent.table,
+            table.order_by.as_ref().map_or(", a keyed sample".into(), |o| format!(", the first by {o}"))
+        ));
+    }
     if let Some(rows) = spec.output.rows {
         out.push(format!("output rows: {rows} (declared)"));
     }
@@ -386,4 +436,26 @@ fn declared_inputs(spec: &JobSpec) -> Vec<String> {
         out.push(format!("output units: {units} (declared)"));
     }
     out
+}
+
+/// A database's tables as its manifest lists them (their rows and parts filled in as the
+/// output is sealed).
+fn manifest_tables(spec: &JobSpec) -> Vec<ManifestTable> {
+    let root = ManifestTable {
+        name: spec.schema.table.clone().unwrap_or_default(),
+        key: spec.schema.unit_column.clone(),
+        parent: None,
+        rows: 0,
+        columns: manifest_columns(&spec.schema.columns),
+        parts: Vec::new(),
+    };
+    let children = spec.tables.iter().map(|t| ManifestTable {
+        name: t.name.clone(),
+        key: t.key.clone(),
+        parent: Some(t.parent.clone()),
+        rows: 0,
+        columns: manifest_columns(&t.columns),
+        parts: Vec::new(),
+    });
+    std::iter::once(root).chain(children).collect()
 }

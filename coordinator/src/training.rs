@@ -53,7 +53,7 @@ pub async fn train<M: Clone + serde::Serialize>(
     let started = Instant::now();
     let first_step = optimizer.step;
     let mut last_report = Instant::now();
-    let groups: Vec<Vec<String>> = run.partitions.urls.iter().map(|url| vec![url.clone()]).collect();
+    let groups = &run.partitions.groups;
     while optimizer.step < run.steps {
         let round = optimizer.step;
         let seed = os_seed()?;
@@ -62,7 +62,7 @@ pub async fn train<M: Clone + serde::Serialize>(
         let weights: Vec<f32> = parameters.iter().map(|&v| v as f32).collect();
         let round_tasks = Round {
             work: Work::GradientSum(ctx.spec().generator.name().gradient_sum(&settings, model(round), weights)),
-            groups: &groups,
+            groups,
             tensor: "gradient_sum",
             len: parameters.len(),
         };

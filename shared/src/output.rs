@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::accounting::accountant::Accountant;
 use crate::accounting::mechanism::Mechanism;
-use crate::spec::{ColumnKind, JobSpec};
+use crate::spec::{ColumnKind, ColumnSpec, JobSpec, ParentSpec};
 use crate::storage::StoreLocation;
 
 /// A synthetic value of one column.
@@ -144,17 +144,41 @@ pub struct Manifest {
     pub job_id: String,
     pub generator: String,
     pub created_at: DateTime<Utc>,
+    /// Rows of the release: of its one table, or of all a database's tables.
+    pub rows: u64,
+    /// The one table's columns and parts; empty in a database's release, whose `tables`
+    /// list their own.
+    pub columns: Vec<ManifestColumn>,
+    pub parts: Vec<PartInfo>,
+    /// A database's tables, the root first: each its own Parquet dataset under the
+    /// prefix (`<name>/part-*.parquet`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<ManifestTable>,
+    pub privacy: ManifestPrivacy,
+}
+
+/// One table of a database's release.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestTable {
+    pub name: String,
+    /// The column holding its rows' own keys (fresh synthetic ids), if any; the root's is
+    /// the unit's key.
+    pub key: Option<String>,
+    /// Its parent table and the column holding the parent row's key (`None`: the root).
+    pub parent: Option<ParentSpec>,
     pub rows: u64,
     pub columns: Vec<ManifestColumn>,
     pub parts: Vec<PartInfo>,
-    pub privacy: ManifestPrivacy,
 }
 
 /// Arrow schema of the synthetic table: the spec's columns, names unchanged.
 pub fn output_schema(spec: &JobSpec) -> SchemaRef {
-    let fields: Vec<Field> = spec
-        .schema
-        .columns
+    schema_of(&spec.schema.columns)
+}
+
+/// Arrow schema of synthetic rows of `columns`, names unchanged.
+pub fn schema_of(columns: &[ColumnSpec]) -> SchemaRef {
+    let fields: Vec<Field> = columns
         .iter()
         .map(|c| {
             let data_type = match c.kind {
@@ -169,24 +193,41 @@ pub fn output_schema(spec: &JobSpec) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// The columns' descriptions in a manifest.
+pub fn manifest_columns(columns: &[ColumnSpec]) -> Vec<ManifestColumn> {
+    let schema = schema_of(columns);
+    schema
+        .fields()
+        .iter()
+        .map(|f| ManifestColumn { name: f.name().clone(), data_type: f.data_type().to_string() })
+        .collect()
+}
+
 /// Builds a batch of synthetic rows. Identifier columns get fresh synthetic ids
 /// `syn-<n>`, one per synthetic unit, numbered from `first_id`.
 pub fn rows_to_batch(spec: &JobSpec, units: &SyntheticUnits, first_id: u64) -> RecordBatch {
-    let schema = output_schema(spec);
-    let rows = &units.rows;
-    let mut unit_of_row = Vec::with_capacity(rows.len());
+    let mut unit_of_row = Vec::with_capacity(units.rows.len());
     for (u, end) in units.ends.iter().enumerate() {
         unit_of_row.resize(*end, first_id + u as u64);
     }
+    let ids = |_: &str, row: usize| Some(format!("syn-{}", unit_of_row[row]));
+    columns_to_batch(&spec.schema.columns, &units.rows, ids)
+}
+
+/// Builds a batch of synthetic rows of `columns`: `rows[i]` holds row i's values of the
+/// columns that are not identifiers, in order; an identifier column's value in row i is
+/// `ids(column, i)`.
+pub fn columns_to_batch(
+    columns: &[ColumnSpec],
+    rows: &[Vec<SyntheticValue>],
+    ids: impl Fn(&str, usize) -> Option<String>,
+) -> RecordBatch {
     let mut domain_index = 0;
-    let columns: Vec<ArrayRef> = spec
-        .schema
-        .columns
+    let arrays: Vec<ArrayRef> = columns
         .iter()
         .map(|c| -> ArrayRef {
             if c.kind == ColumnKind::Identifier {
-                let ids = unit_of_row.iter().map(|u| format!("syn-{u}"));
-                return Arc::new(StringArray::from_iter_values(ids));
+                return Arc::new(StringArray::from_iter((0..rows.len()).map(|i| ids(&c.name, i))));
             }
             let d = domain_index;
             domain_index += 1;
@@ -212,13 +253,15 @@ pub fn rows_to_batch(spec: &JobSpec, units: &SyntheticUnits, first_id: u64) -> R
             }
         })
         .collect();
-    RecordBatch::try_new(schema, columns).expect("columns match the output schema")
+    RecordBatch::try_new(schema_of(columns), arrays).expect("columns match the output schema")
 }
 
 /// Writes parts, then the manifest.
 pub struct OutputWriter {
     location: StoreLocation,
     parts: Vec<PartInfo>,
+    /// A database's parts, by table in the order first written.
+    tables: Vec<(String, Vec<PartInfo>)>,
     claim: OutputClaim,
 }
 
@@ -303,7 +346,7 @@ impl OutputWriter {
             claim.release().await;
             return Err(e);
         }
-        Ok(Self { location, parts: Vec::new(), claim })
+        Ok(Self { location, parts: Vec::new(), tables: Vec::new(), claim })
     }
 
     /// The claim this writer holds, for its job to [`abandon`](OutputClaim::abandon) if
@@ -321,13 +364,36 @@ impl OutputWriter {
         OutputError::Write { url: self.location.url.clone(), message: e.to_string() }
     }
 
-    /// Writes one part (encoded in memory: a part is bounded by `rows_per_part`).
+    /// Writes one part of the release's one table (encoded in memory: a part is bounded
+    /// by `rows_per_part`).
     pub async fn write_part(&mut self, batch: &RecordBatch) -> Result<(), OutputError> {
+        let name = format!("part-{:05}.parquet", self.parts.len());
+        let info = self.put(name, batch).await?;
+        self.parts.push(info);
+        Ok(())
+    }
+
+    /// Writes one part of a database's table `table`, under `<table>/`.
+    pub async fn write_table_part(&mut self, table: &str, batch: &RecordBatch) -> Result<(), OutputError> {
+        let at = match self.tables.iter().position(|(name, _)| name == table) {
+            Some(at) => at,
+            None => {
+                self.tables.push((table.to_string(), Vec::new()));
+                self.tables.len() - 1
+            }
+        };
+        let name = format!("{table}/part-{:05}.parquet", self.tables[at].1.len());
+        let info = self.put(name, batch).await?;
+        self.tables[at].1.push(info);
+        Ok(())
+    }
+
+    /// Encodes `batch` as Parquet and stores it at `name` under the prefix.
+    async fn put(&mut self, name: String, batch: &RecordBatch) -> Result<PartInfo, OutputError> {
         let mut bytes = Vec::new();
         let mut writer = ArrowWriter::try_new(&mut bytes, batch.schema(), None).map_err(|e| self.err(e))?;
         writer.write(batch).map_err(|e| self.err(e))?;
         writer.close().map_err(|e| self.err(e))?;
-        let name = format!("part-{:05}.parquet", self.parts.len());
         let info = PartInfo {
             path: name.clone(),
             rows: batch.num_rows() as u64,
@@ -336,8 +402,7 @@ impl OutputWriter {
         };
         self.claim.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(name.clone());
         self.location.store.put(&self.location.child(&name), PutPayload::from(bytes)).await.map_err(|e| self.err(e))?;
-        self.parts.push(info);
-        Ok(())
+        Ok(info)
     }
 
     /// The URLs of the parts written so far.
@@ -348,9 +413,20 @@ impl OutputWriter {
 
     /// The manifest of the parts written, as it will be stored: its SHA-256 is recorded in
     /// the ledger before it is written, so the release read back is known to be this one.
+    /// A database's manifest names its tables (`manifest.tables`); each gets the parts
+    /// written under its name, and every part written must belong to one of them.
     pub fn seal(&self, mut manifest: Manifest) -> Result<Sealed, OutputError> {
         manifest.parts = self.parts.clone();
-        manifest.rows = self.parts.iter().map(|p| p.rows).sum();
+        for table in &mut manifest.tables {
+            table.parts =
+                self.tables.iter().find(|(name, _)| *name == table.name).map(|(_, p)| p.clone()).unwrap_or_default();
+            table.rows = table.parts.iter().map(|p| p.rows).sum();
+        }
+        if let Some((name, _)) = self.tables.iter().find(|(name, _)| !manifest.tables.iter().any(|t| t.name == *name)) {
+            return Err(self.err(format!("parts of table {name}, which the manifest does not name")));
+        }
+        manifest.rows =
+            self.parts.iter().map(|p| p.rows).sum::<u64>() + manifest.tables.iter().map(|t| t.rows).sum::<u64>();
         let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| self.err(e))?;
         let sha256 = format!("{:x}", Sha256::digest(&bytes));
         Ok(Sealed { manifest, bytes, sha256 })
@@ -407,6 +483,7 @@ mod tests {
             rows: 0,
             columns: Vec::new(),
             parts: Vec::new(),
+            tables: Vec::new(),
             privacy,
         }
     }
@@ -468,5 +545,45 @@ mod tests {
         let complete = OutputWriter::create(location(), "d").await.map(drop).unwrap_err();
         assert!(matches!(complete, OutputError::AlreadyComplete { .. }), "{complete}");
         assert_eq!(files(), [MANIFEST, "part-00000.parquet"], "no claim left by the refusal");
+    }
+
+    /// A database's parts are written under their tables' folders and listed by table in
+    /// the manifest; a part of a table the manifest does not name is refused (it would be
+    /// published unlisted), and a database's release is not read as one table.
+    #[tokio::test]
+    async fn a_database_release_lists_each_tables_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("out");
+        let location = || storage::open(url.to_str().unwrap()).unwrap();
+        let batch = |n: i64| {
+            RecordBatch::try_new(
+                Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)])),
+                vec![Arc::new(Int64Array::from_iter_values(0..n))],
+            )
+            .unwrap()
+        };
+        let table = |name: &str| ManifestTable {
+            name: name.into(),
+            key: None,
+            parent: None,
+            rows: 0,
+            columns: Vec::new(),
+            parts: Vec::new(),
+        };
+        let mut writer = OutputWriter::create(location(), "db").await.unwrap();
+        for (name, rows) in [("patients", 2), ("admissions", 3), ("patients", 1)] {
+            writer.write_table_part(name, &batch(rows)).await.unwrap();
+        }
+        let unnamed = Manifest { tables: vec![table("patients")], ..manifest() };
+        assert!(writer.seal(unnamed).map(drop).unwrap_err().to_string().contains("table admissions"));
+        let sealed = writer.seal(Manifest { tables: vec![table("patients"), table("admissions")], ..manifest() });
+        let written = writer.finish(sealed.unwrap()).await.unwrap();
+        let parts = |t: &ManifestTable| t.parts.iter().map(|p| p.path.clone()).collect::<Vec<_>>();
+        assert_eq!(parts(&written.tables[0]), ["patients/part-00000.parquet", "patients/part-00001.parquet"]);
+        assert_eq!(parts(&written.tables[1]), ["admissions/part-00000.parquet"]);
+        assert_eq!((written.tables[0].rows, written.tables[1].rows, written.rows), (3, 3, 6));
+        assert!(written.parts.is_empty() && url.join("admissions/part-00000.parquet").is_file());
+        let read = crate::data::table::read_release(url.to_str().unwrap(), None, None).await.map(drop).unwrap_err();
+        assert!(read.to_string().contains("a database's release, not one table (its tables: patients, admissions)"));
     }
 }

@@ -131,7 +131,7 @@ columns = [
 epsilon = 4.0
 delta = 1e-6
 [generator]
-name = "aim"
+name = "database"
 "#,
         patients = file("patients.csv"),
         admissions = file("admissions.csv"),
@@ -139,12 +139,9 @@ name = "aim"
     )
 }
 
-/// [`database_job`] as a spec, its tables checked, without the refusal a database spec
-/// gets while no generator takes one.
+/// [`database_job`] as a spec, parsed and checked.
 pub fn database_spec(dir: &std::path::Path, caps: (u32, u32), vitals_order: &str) -> crate::spec::JobSpec {
-    let spec: crate::spec::JobSpec = toml::from_str(&database_job(dir, caps, vitals_order)).expect("a database job");
-    crate::spec::tables::validate(&spec.input, &spec.schema, &spec.tables).expect("valid tables");
-    spec
+    crate::spec::JobSpec::parse(&database_job(dir, caps, vitals_order), "database.toml").expect("a database job")
 }
 
 /// A file under `../shared/data` (beside the repository), if present; missing, the test

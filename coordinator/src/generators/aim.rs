@@ -10,7 +10,7 @@ use rhosynth_shared::generators::marginals::MarginalsSampler;
 use rhosynth_shared::pgm::{GraphicalModel, Measurement};
 
 use super::marginals::count_tables;
-use super::{Admission, Charged, Fitted, Generator, calibration};
+use super::{Admission, Charged, Draws, Fitted, Generator, calibration};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
 
 /// A planned AIM job.
@@ -50,7 +50,7 @@ impl Generator for Aim {
         let sampler = Box::new(MarginalsSampler::from_model(domain, model));
         let sampler = calibration::apply(calibration, sampler, &mut public_inputs);
         let charged = Charged { receipt, cost, mechanisms, public_inputs };
-        Ok(Fitted { sampler, released_count: released_rows, charged })
+        Ok(Fitted { sampler: Draws::Table(sampler), released_count: released_rows, charged })
     }
 }
 
@@ -58,7 +58,11 @@ impl Generator for Aim {
 /// until the plan's ρ is spent (or no candidate fits the model's size limit), the model
 /// refitted after each. A run spends its own plan's ρ (to within rounding), whatever else
 /// the charge pays for (a database job's other views).
-fn run_rounds(plan: &AimPlan, exact: Private<Vec<f64>>, releases: &mut Releases) -> Result<GraphicalModel, Unpaid> {
+pub(crate) fn run_rounds(
+    plan: &AimPlan,
+    exact: Private<Vec<f64>>,
+    releases: &mut Releases,
+) -> Result<GraphicalModel, Unpaid> {
     let (left_at_start, released_before) = (releases.zcdp_left(), releases.zcdp_released().len());
     // Never above what the charge has left (the difference rounds either way).
     let left = |releases: &Releases| releases.zcdp_left().min(plan.rho - (left_at_start - releases.zcdp_left()));

@@ -21,7 +21,7 @@ use rhosynth_shared::wire::to_json;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Admission, Charged, Fitted, Generator, calibration};
+use super::{Admission, Charged, Draws, Fitted, Generator, calibration};
 use crate::checkpoint::{self, ChargedRun, Checkpoint, Checkpointer};
 use crate::context::{JobContext, JobError, Partitions, blocking, release_count, set_stage};
 use crate::gather::Gather;
@@ -251,7 +251,7 @@ impl<G: DpSgdGenerator> Generator for DpSgdJob<G> {
             calibration::release(ctx, &mut gather, partitions, &mut releases, plan.calibration.as_deref()).await?;
         let sampler = calibration::apply(calibration, sampler, &mut public_inputs);
         Ok(Fitted {
-            sampler,
+            sampler: Draws::Table(sampler),
             released_count: Some(released_units),
             charged: Charged { receipt, cost, mechanisms, public_inputs },
         })

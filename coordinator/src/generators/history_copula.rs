@@ -11,7 +11,7 @@ use rhosynth_shared::generators::history_copula::{
 };
 use rhosynth_shared::generators::sequence::plan::length_cells;
 
-use super::{Admission, Charged, Fitted, Generator, partition_round};
+use super::{Admission, Charged, Draws, Fitted, Generator, partition_round};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
 use crate::gather::Gather;
 
@@ -82,6 +82,10 @@ impl Generator for HistoryCopula {
         )];
         let cost = receipt.admission.cost.clone();
         let charged = Charged { receipt, cost, mechanisms, public_inputs };
-        Ok(Fitted { sampler: Box::new(CopulaSampler::new(model)), released_count: Some(released_units), charged })
+        Ok(Fitted {
+            sampler: Draws::Table(Box::new(CopulaSampler::new(model))),
+            released_count: Some(released_units),
+            charged,
+        })
     }
 }

@@ -6,7 +6,7 @@ use rhosynth_privacy::release::{Private, Releases};
 use rhosynth_proto::task::Work;
 use rhosynth_shared::generators::marginals::{MarginalsPlan, MarginalsSampler, MarginalsTask};
 
-use super::{Admission, Charged, Fitted, Generator, calibration, partition_round};
+use super::{Admission, Charged, Draws, Fitted, Generator, calibration, partition_round};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
 use crate::gather::Gather;
 
@@ -62,6 +62,6 @@ impl Generator for Marginals {
         let mut public_inputs = Vec::new();
         let sampler = calibration::apply(calibration, Box::new(sampler), &mut public_inputs);
         let charged = Charged { receipt, cost, mechanisms, public_inputs };
-        Ok(Fitted { sampler, released_count: released_rows, charged })
+        Ok(Fitted { sampler: Draws::Table(sampler), released_count: released_rows, charged })
     }
 }

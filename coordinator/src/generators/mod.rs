@@ -8,6 +8,7 @@
 
 pub mod aim;
 pub(crate) mod calibration;
+pub mod database;
 pub mod dp2stage;
 pub mod dpsgd;
 pub mod findiff;
@@ -22,6 +23,7 @@ use rhosynth_privacy::ledger::{ChargeReceipt, Ledger};
 use rhosynth_shared::accounting::accountant::PrivacyCost;
 use rhosynth_shared::accounting::mechanism::Mechanism;
 use rhosynth_shared::generators::Sampler;
+use rhosynth_shared::generators::database::DatabaseSampler;
 
 use crate::context::{JobContext, JobError, Partitions};
 use crate::gather::{Answer, Gather, Round};
@@ -36,9 +38,8 @@ pub(crate) async fn partition_round(
     (work, tensor, len): (rhosynth_proto::task::Work, &'static str, usize),
     check: impl Fn(&[f64], u64) -> Result<(), String>,
 ) -> Result<rhosynth_privacy::release::Private<Vec<f64>>, JobError> {
-    let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
-    let round = Round { work, groups: &groups, tensor, len };
-    ctx.progress_mut().tasks_total = groups.len() as u32;
+    let round = Round { work, groups: &partitions.groups, tensor, len };
+    ctx.progress_mut().tasks_total = partitions.groups.len() as u32;
     let check = |a: Answer<'_>| {
         partitions.units_per_partition.check(|units| check(a.values, a.claimed_units.min(units[a.group])))
     };
@@ -62,6 +63,12 @@ pub(crate) trait Generator: Sized {
         Ok(())
     }
 
+    /// The private input split by privacy unit into the scratch store: one table's
+    /// partitions, unless the generator reads otherwise.
+    async fn partition(&self, ctx: &JobContext<'_>) -> Result<Partitions, JobError> {
+        ctx.partition().await
+    }
+
     /// Its rounds on the workers over `partitions`, each charged before anything derived
     /// from it is drawn; returns the fitted sampler with what was charged.
     async fn fit(self, ctx: &JobContext<'_>, ledger: &mut Ledger, partitions: &Partitions) -> Result<Fitted, JobError>;
@@ -82,11 +89,17 @@ pub(crate) enum Admission {
 
 /// What a generator fitted, and what it was charged for.
 pub(crate) struct Fitted {
-    pub sampler: Box<dyn Sampler>,
+    pub sampler: Draws,
     /// The output's size (units the sampler draws) from a release, for a spec that
     /// declares none.
     pub released_count: Option<u64>,
     pub charged: Charged,
+}
+
+/// What a fitted generator draws: one table's rows (or histories), or a database.
+pub(crate) enum Draws {
+    Table(Box<dyn Sampler>),
+    Database(DatabaseSampler),
 }
 
 /// What a job was charged for, for its manifest.

@@ -27,7 +27,7 @@ use rhosynth_shared::generators::pate::task::validate_votes;
 use rhosynth_shared::generators::pate::teacher::TargetModel;
 use rhosynth_shared::generators::pate::{PatePlan, PateSampler, Question, VoteTask};
 
-use super::{Admission, Charged, Fitted, Generator, calibration};
+use super::{Admission, Charged, Draws, Fitted, Generator, calibration};
 use crate::context::{JobContext, JobError, Partitions, blocking, release_count, set_stage};
 use crate::gather::{Answer, Gather, Round};
 
@@ -259,7 +259,8 @@ impl Generator for Pate {
         // The label queries are one more round of tasks.
         ctx.progress_mut().tasks_total = plan.iterations + u32::from(plan.label_queries > 0);
         let gan = PateGan::new(plan.encoding.clone(), plan.params.clone(), compute_device().autodiff(), os_seed()?);
-        let run = VoteRun { partitions: &partitions.urls, plan: &plan, epsilon: receipt.admission.cost.epsilon };
+        let run =
+            VoteRun { partitions: &partitions.groups.concat(), plan: &plan, epsilon: receipt.admission.cost.epsilon };
         let (gan, labels, summary) = train(ctx, &mut gather, &run, &mut releases, gan).await?;
         let calibration =
             calibration::release(ctx, &mut gather, partitions, &mut releases, plan.calibration.as_ref()).await?;
@@ -289,7 +290,7 @@ impl Generator for Pate {
         let sampler = calibration::apply(calibration, sampler, &mut public_inputs);
         let cost = receipt.admission.cost.clone();
         Ok(Fitted {
-            sampler,
+            sampler: Draws::Table(sampler),
             released_count: released_rows,
             charged: Charged { receipt, cost, mechanisms, public_inputs },
         })

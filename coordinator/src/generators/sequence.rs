@@ -191,8 +191,8 @@ async fn select(
     let per_unit = task.votes_per_unit();
     set_stage(trained.ctx.progress, "private selection (votes)");
     let partitions = trained.partitions;
-    let groups: Vec<Vec<String>> = partitions.urls.iter().map(|url| vec![url.clone()]).collect();
-    let round = Round { work: Work::SelectionVotes((&task).into()), groups: &groups, tensor: "votes", len: count };
+    let groups = &partitions.groups;
+    let round = Round { work: Work::SelectionVotes((&task).into()), groups, tensor: "votes", len: count };
     // A partition's own unit count caps the worker's claim of how many voted.
     let check = |a: Answer<'_>| {
         partitions.units_per_partition.check(|units| {

@@ -104,6 +104,10 @@ pub async fn read_release(
     if ![MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT].contains(&manifest.format.as_str()) {
         return Err(read(format!("{MANIFEST} has format {:?}, not {MANIFEST_FORMAT}", manifest.format)));
     }
+    if !manifest.tables.is_empty() {
+        let names: Vec<&str> = manifest.tables.iter().map(|t| t.name.as_str()).collect();
+        return Err(read(format!("a database's release, not one table (its tables: {})", names.join(", "))));
+    }
     let base = url.trim_end_matches('/');
     // A manifest names files inside its own prefix by plain relative paths, never
     // elsewhere (`..`, a root, a scheme).

@@ -53,6 +53,7 @@ macro_rules! generator_list {
             dp2stage: Dp2stage(LanguageModelParams) by Dp2Stage, dpsgd;
             harmonic: Harmonic(LanguageModelParams) by Harmonic, dpsgd;
             history_copula: HistoryCopula(HistoryCopulaParams) by HistoryCopula;
+            database: Database(DatabaseParams) by Database;
         }
     };
 }

@@ -157,7 +157,19 @@ impl JobSpec {
     /// generator of histories (`[output] units`), rows otherwise (`rows`). Without it, a
     /// job writes as many as its DP count released.
     pub fn declared_output_size(&self) -> Option<u64> {
-        if self.generator.draws_histories() { self.output.units } else { self.output.rows }
+        if self.draws_units() { self.output.units } else { self.output.rows }
+    }
+
+    /// Whether the output is counted in units: whole histories, or a database's units
+    /// with everything under them.
+    pub fn draws_units(&self) -> bool {
+        self.generator.draws_histories() || !self.tables.is_empty()
+    }
+
+    /// Every file the job reads: the root's input, then each table's.
+    pub fn input_urls(&self) -> Vec<String> {
+        let tables = self.tables.iter().flat_map(|t| t.input.urls.iter());
+        self.input.urls.iter().chain(tables).cloned().collect()
     }
 
     /// Parses and validates a spec; `path` names it in messages.
@@ -236,12 +248,19 @@ impl JobSpec {
         if let Some(name) = &self.schema.table {
             tables::check_name(name)?;
         }
+        let database = matches!(self.generator, GeneratorSpec::Database(_));
         if !self.tables.is_empty() {
             tables::validate(&self.input, &self.schema, &self.tables)?;
-            return Err(format!(
-                "[[tables]]: generator '{}' synthesizes one table; no generator takes a database yet",
-                self.generator.name().as_str()
-            ));
+            if !database {
+                return Err(format!(
+                    "[[tables]]: generator '{}' synthesizes one table; a database's is \"database\"",
+                    self.generator.name().as_str()
+                ));
+            }
+        } else if database {
+            return Err(
+                "generator \"database\" synthesizes a database: declare its tables below the root, [[tables]]".into()
+            );
         }
         if let Some(c) = &self.calibration {
             let valid = c.epsilon_share > 0.0
@@ -255,11 +274,15 @@ impl JobSpec {
             }
         }
         let histories = self.generator.draws_histories();
-        if histories && self.output.rows.is_some() {
-            return Err("[output] rows: the generator draws whole histories; declare [output] units".into());
+        if self.draws_units() && self.output.rows.is_some() {
+            return Err("[output] rows: the job draws whole units (histories, or a database's units); declare \
+                        [output] units"
+                .into());
         }
-        if !histories && self.output.units.is_some() {
-            return Err("[output] units is for generators of whole histories; declare [output] rows".into());
+        if !self.draws_units() && self.output.units.is_some() {
+            return Err(
+                "[output] units is for jobs of whole units (histories, databases); declare [output] rows".into()
+            );
         }
         if histories && self.schema.unit_column.is_none() {
             return Err("a generator of histories models each unit's history: [schema] needs a unit_column".into());

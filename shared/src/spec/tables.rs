@@ -206,16 +206,25 @@ columns = [
 "#;
 
     fn refusal(root: &str, tables: &str) -> String {
-        let text = format!("{}{tables}", schema_job(root, &generator("aim", "")));
+        let text = format!("{}{tables}", schema_job(root, &generator("database", "")));
         JobSpec::parse(&text, "db").unwrap_err().to_string()
     }
 
-    /// A well-formed database reaches the one refusal left (no generator takes it); each
-    /// structural mistake is refused with what is wrong, and the caps multiply down a path.
+    /// A well-formed database parses under the database generator alone (which takes
+    /// nothing else); each structural mistake is refused with what is wrong, and the caps
+    /// multiply down a path.
     #[test]
     fn a_database_is_checked_table_by_table() {
-        assert!(refusal(ROOT, STAYS).contains("no generator takes a database yet"), "{}", refusal(ROOT, STAYS));
-        let text = format!("{}{STAYS}", schema_job(ROOT, &generator("aim", "")));
+        let text = format!("{}{STAYS}", schema_job(ROOT, &generator("database", "")));
+        JobSpec::parse(&text, "db").unwrap();
+        let one_table = format!("{}{STAYS}", schema_job(ROOT, &generator("aim", "")));
+        let refused = JobSpec::parse(&one_table, "db").unwrap_err().to_string();
+        assert!(refused.contains("generator 'aim' synthesizes one table"), "{refused}");
+        let no_tables = JobSpec::parse(&schema_job(ROOT, &generator("database", "")), "db").unwrap_err().to_string();
+        assert!(no_tables.contains("declare its tables below the root"), "{no_tables}");
+        let rows = text.replace("url = \"out\"", "url = \"out\"\nrows = 10");
+        let refused = JobSpec::parse(&rows, "db").unwrap_err().to_string();
+        assert!(refused.contains("declare [output] units"), "{refused}");
         let spec: JobSpec = toml::from_str(&text).unwrap();
         assert_eq!(super::validate(&spec.input, &spec.schema, &spec.tables).unwrap(), vec![1, 4, 200]);
         let cases = [
@@ -274,7 +283,7 @@ columns = [
         let one = JobSpec::parse(&schema_job(ROOT, &generator("aim", "")), "one").unwrap();
         assert!(one.tables.is_empty());
         assert!(!toml::to_string(&one).unwrap().contains("tables"));
-        let text = format!("{}{STAYS}", schema_job(ROOT, &generator("aim", "")));
+        let text = format!("{}{STAYS}", schema_job(ROOT, &generator("database", "")));
         let spec: JobSpec = toml::from_str(&text).unwrap();
         assert_eq!(spec.tables.len(), 2);
         assert_eq!(toml::from_str::<JobSpec>(&toml::to_string(&spec).unwrap()).unwrap(), spec);

@@ -1,7 +1,11 @@
-//! Databases (`[[tables]]`): a synthetic database drawn down the tree of its tables from
-//! one model per table's view. Being built (#40, `docs/database.md`): the tree sampler is
-//! here; the plan, the charge and the job are not yet, so no spec names this generator.
+//! Databases (`[[tables]]`, `docs/database.md`): AIM over each table's view of the units
+//! (`data::database::view`), each run with its share of one zCDP budget, then a synthetic
+//! database drawn down the tree of the tables with fresh keys.
 
+pub mod params;
+pub mod plan;
 pub mod sampler;
 
-pub use sampler::{FittedView, SyntheticRow, sample_database};
+pub use params::DatabaseParams;
+pub use plan::{DatabasePlan, check};
+pub use sampler::{DatabaseSampler, FittedView, SyntheticRow, sample_database};

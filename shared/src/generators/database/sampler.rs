@@ -6,18 +6,125 @@
 
 use std::collections::HashMap;
 
+use arrow_array::RecordBatch;
 use rand::Rng;
 
 use crate::data::database::view::POSITION_COLUMN;
 use crate::data::database::{Layout, View};
 use crate::data::domain::Domain;
-use crate::output::SyntheticValue;
+use crate::output::{SyntheticValue, columns_to_batch};
 use crate::pgm::GraphicalModel;
+use crate::spec::{ColumnSpec, JobSpec};
+
+/// A fitted database, drawn a batch of units at a time into one Arrow batch per table
+/// with fresh keys: a unit's `syn-<n>`, a child row's `syn-<table>-<n>`, numbered on
+/// from the batches drawn before.
+pub struct DatabaseSampler {
+    layout: Layout,
+    views: Vec<FittedView>,
+    tables: Vec<TableOutput>,
+    /// Rows drawn so far, per table.
+    drawn: Vec<u64>,
+}
+
+/// A table as written: its declared columns and which of them hold keys.
+struct TableOutput {
+    columns: Vec<ColumnSpec>,
+    /// The unit's key column (in every table).
+    unit_key: String,
+    /// Its own key column, if it has one (the root's is the unit's).
+    key: Option<String>,
+    /// The column holding its parent row's key.
+    parent_key: Option<String>,
+}
+
+impl DatabaseSampler {
+    /// `models[t]` is fitted over table `t`'s view of `layout` (the spec's).
+    pub fn new(spec: &JobSpec, layout: Layout, models: Vec<GraphicalModel>) -> Self {
+        let unit_key = spec.schema.unit_column.clone().expect("a database job names its unit column");
+        let root = TableOutput {
+            columns: spec.schema.columns.clone(),
+            unit_key: unit_key.clone(),
+            key: Some(unit_key.clone()),
+            parent_key: None,
+        };
+        let children = spec.tables.iter().map(|t| TableOutput {
+            columns: t.columns.clone(),
+            unit_key: unit_key.clone(),
+            key: t.key.clone(),
+            parent_key: Some(t.parent.key.clone()),
+        });
+        let tables: Vec<TableOutput> = std::iter::once(root).chain(children).collect();
+        let order_by = std::iter::once(None).chain(spec.tables.iter().map(|t| t.order_by.as_deref()));
+        let views = models
+            .into_iter()
+            .zip(order_by)
+            .enumerate()
+            .map(|(t, (model, order_by))| {
+                let domain = View { table: t }.domain(&layout);
+                let order_by = order_by.and_then(|name| domain.index_of(name));
+                FittedView { domain, model, order_by }
+            })
+            .collect();
+        let drawn = vec![0; tables.len()];
+        Self { layout, views, tables, drawn }
+    }
+
+    /// The tables' names, root first: the batches of [`Self::sample`] in this order.
+    pub fn table_names(&self) -> impl Iterator<Item = &str> {
+        self.layout.tables.iter().map(|t| t.name.as_str())
+    }
+
+    /// How many units to draw at a time for parts of at most about `rows_per_part` rows:
+    /// a unit reaches at most the sum of its tables' cap products.
+    pub fn units_per_part(&self, rows_per_part: u64) -> u64 {
+        let reach: u64 = (0..self.layout.tables.len()).map(|t| self.layout.reach(t)).sum();
+        (rows_per_part / reach).max(1)
+    }
+
+    /// Draws `units` more units and all their rows, one batch per table.
+    pub fn sample(&mut self, units: usize, rng: &mut impl Rng) -> Vec<RecordBatch> {
+        let drawn = sample_database(&self.layout, &self.views, units, rng);
+        let first = self.drawn.clone();
+        let batches = drawn
+            .iter()
+            .enumerate()
+            .map(|(t, rows)| {
+                let (table, layout) = (&self.tables[t], &self.layout.tables[t]);
+                let name = |t: usize, row: usize| match t {
+                    0 => format!("syn-{}", first[0] + row as u64),
+                    t => format!("syn-{}-{}", self.layout.tables[t].name, first[t] + row as u64),
+                };
+                let ids = |column: &str, i: usize| {
+                    let row = &rows[i];
+                    if column == table.unit_key {
+                        Some(name(0, row.unit))
+                    } else if table.key.as_deref() == Some(column) {
+                        Some(name(t, i))
+                    } else if table.parent_key.as_deref() == Some(column) {
+                        Some(name(layout.parent?, row.parent?))
+                    } else {
+                        None
+                    }
+                };
+                let values: Vec<Vec<SyntheticValue>> = rows.iter().map(|r| r.values.clone()).collect();
+                columns_to_batch(&table.columns, &values, ids)
+            })
+            .collect();
+        for (count, rows) in self.drawn.iter_mut().zip(&drawn) {
+            *count += rows.len() as u64;
+        }
+        batches
+    }
+}
 
 /// A view's fitted model: over the bins of the view's domain.
 pub struct FittedView {
     pub domain: Domain,
     pub model: GraphicalModel,
+    /// The table's own column that orders the rows under one parent (the spec's
+    /// `order_by`): sibling rows are drawn, then sorted by it (else by their drawn places).
+    pub order_by: Option<usize>,
 }
 
 /// One synthetic row of a table: its unit (the index of its root row), its parent (the
@@ -57,13 +164,11 @@ pub fn sample_database(
         let own = table.values();
         let children: Vec<(usize, usize)> = child_columns(layout, t, &fitted.domain);
         let mut out = Drawn { rows: Vec::new(), bins: Vec::new(), counts: HashMap::new() };
-        let keep = |out: &mut Drawn, unit: usize, parent: Option<usize>, row: &[usize], rng: &mut _| {
-            out.keep(&fitted.domain, own, &children, (unit, parent), row, rng)
-        };
         match table.parent {
             None => {
-                for (unit, row) in fitted.model.sample(units, rng).iter().enumerate() {
-                    keep(&mut out, unit, None, row, &mut *rng);
+                for (unit, row) in fitted.model.sample(units, rng).into_iter().enumerate() {
+                    let values = (0..own).map(|c| fitted.domain.columns[c].draw(row[c], rng)).collect();
+                    out.keep(&fitted.domain, &children, (unit, None), (&row, values), &mut *rng);
                 }
             }
             Some(p) => {
@@ -85,14 +190,25 @@ pub fn sample_database(
                             .collect();
                         fitted.model.conditioned(&allowed)
                     });
-                    let mut rows = model.sample(n, rng);
-                    // In the order of their drawn places under the parent.
-                    if let Some(position) = fitted.domain.index_of(POSITION_COLUMN) {
-                        rows.sort_by_key(|r| r[position]);
-                    }
                     let unit = drawn[p].rows[parent].unit;
-                    for row in &rows {
-                        keep(&mut out, unit, Some(parent), row, &mut *rng);
+                    // Their own values drawn inside their bins, then put in order.
+                    let mut rows: Vec<(Vec<usize>, Vec<SyntheticValue>)> = model
+                        .sample(n, rng)
+                        .into_iter()
+                        .map(|row| {
+                            let values = (0..own).map(|c| fitted.domain.columns[c].draw(row[c], rng)).collect();
+                            (row, values)
+                        })
+                        .collect();
+                    match (fitted.order_by, fitted.domain.index_of(POSITION_COLUMN)) {
+                        (Some(order), _) => {
+                            rows.sort_by(|a, b| order_key(&a.1[order]).total_cmp(&order_key(&b.1[order])))
+                        }
+                        (None, Some(position)) => rows.sort_by_key(|(row, _)| row[position]),
+                        (None, None) => {}
+                    }
+                    for (row, values) in rows {
+                        out.keep(&fitted.domain, &children, (unit, Some(parent)), (&row, values), &mut *rng);
                     }
                 }
             }
@@ -103,19 +219,17 @@ pub fn sample_database(
 }
 
 impl Drawn {
-    /// A drawn row of bins: its own values drawn inside their bins, its children's counts.
+    /// A drawn row: its bins, its own values (drawn inside them) and its children's counts.
     fn keep<R: Rng>(
         &mut self,
         domain: &Domain,
-        own: usize,
         children: &[(usize, usize)],
         (unit, parent): (usize, Option<usize>),
-        row: &[usize],
+        (row, values): (&[usize], Vec<SyntheticValue>),
         rng: &mut R,
     ) {
-        let values = (0..own).map(|c| domain.columns[c].draw(row[c], rng)).collect();
+        self.bins.push(row[..values.len()].to_vec());
         self.rows.push(SyntheticRow { unit, parent, values });
-        self.bins.push(row[..own].to_vec());
         for &(child, column) in children {
             let count = match domain.columns[column].draw(row[column], rng) {
                 SyntheticValue::Integer(n) => n.max(0) as usize,
@@ -123,6 +237,15 @@ impl Drawn {
             };
             self.counts.entry(child).or_default().push(count);
         }
+    }
+}
+
+/// Where a value sorts among its siblings: missing last (as the cap reads them).
+fn order_key(value: &SyntheticValue) -> f64 {
+    match value {
+        SyntheticValue::Integer(v) | SyntheticValue::Datetime(v) => *v as f64,
+        SyntheticValue::Real(v) => *v,
+        SyntheticValue::Missing | SyntheticValue::Category(_) => f64::INFINITY,
     }
 }
 
