@@ -1554,6 +1554,7 @@ async fn a_database_job_releases_every_table_with_its_keys_under_one_charge() {
     let (manifest, tables) = read_database(&out);
     let epsilon = manifest["privacy"]["epsilon"].as_f64().unwrap();
     assert!(epsilon <= spec.privacy.epsilon * (1.0 + 1e-9) && epsilon > 0.99 * spec.privacy.epsilon, "{epsilon}");
+    assert_eq!(manifest["format"], "rhosynth.database-manifest.v1");
     assert_eq!(manifest["parts"].as_array().unwrap().len(), 0, "a database's parts are listed by table");
     let names: Vec<&str> = tables.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["patients", "admissions", "vitals"]);

@@ -253,6 +253,11 @@ fn check(spec: &JobSpec, options: &AuditOptions) -> Result<(), AuditError> {
     if options.workers == 0 {
         return refuse("--workers must be at least 1");
     }
+    // Its canaries are rows of one table; a database's other tables would be read as
+    // they are, private, beside the stand-in.
+    if !spec.tables.is_empty() {
+        return refuse("an audit plants canaries in one table; a database job ([[tables]]) is not audited yet");
+    }
     if options.score == Score::Loss && !spec.generator.name().trained_by_dpsgd() {
         return refuse("the loss score needs a generator trained by DP-SGD");
     }

@@ -305,7 +305,7 @@ async fn write_database(
         if batches[0].num_rows() as u64 != n {
             return Err(JobError::Internal(format!("the sampler drew {} of {n} units", batches[0].num_rows())));
         }
-        for (name, batch) in names.iter().zip(&batches) {
+        for (name, batch) in names.iter().zip(&batches).filter(|(_, batch)| batch.num_rows() > 0) {
             output.write_table_part(name, batch).await?;
         }
         written += n;

@@ -69,6 +69,9 @@ impl SyntheticUnits {
 
 pub const MANIFEST: &str = "_manifest.json";
 pub const MANIFEST_FORMAT: &str = "rhosynth.manifest.v1";
+/// A database's manifest: its tables each list their parts, and the top-level `parts` is
+/// empty, so a reader of one table's manifests must not take it for an empty table.
+pub const DATABASE_MANIFEST_FORMAT: &str = "rhosynth.database-manifest.v1";
 /// The same format as written before the project was renamed: read, never written.
 pub const LEGACY_MANIFEST_FORMAT: &str = "dpsynth.manifest.v1";
 
@@ -417,6 +420,9 @@ impl OutputWriter {
     /// written under its name, and every part written must belong to one of them.
     pub fn seal(&self, mut manifest: Manifest) -> Result<Sealed, OutputError> {
         manifest.parts = self.parts.clone();
+        if !manifest.tables.is_empty() {
+            manifest.format = DATABASE_MANIFEST_FORMAT.to_string();
+        }
         for table in &mut manifest.tables {
             table.parts =
                 self.tables.iter().find(|(name, _)| *name == table.name).map(|(_, p)| p.clone()).unwrap_or_default();
@@ -583,6 +589,7 @@ mod tests {
         assert_eq!(parts(&written.tables[1]), ["admissions/part-00000.parquet"]);
         assert_eq!((written.tables[0].rows, written.tables[1].rows, written.rows), (3, 3, 6));
         assert!(written.parts.is_empty() && url.join("admissions/part-00000.parquet").is_file());
+        assert_eq!(written.format, DATABASE_MANIFEST_FORMAT);
         let read = crate::data::table::read_release(url.to_str().unwrap(), None, None).await.map(drop).unwrap_err();
         assert!(read.to_string().contains("a database's release, not one table (its tables: patients, admissions)"));
     }

@@ -318,6 +318,10 @@ async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
             "patients.age",
             "patients.sex",
             "patients.comorbidity",
+            "__prev.admittime",
+            "__prev.dischtime",
+            "__prev.admission_type",
+            "__prev.outcome",
             "__n.vitals"
         ]
     );
@@ -331,7 +335,11 @@ async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
             "admissions.outcome",
             "patients.age",
             "patients.sex",
-            "patients.comorbidity"
+            "patients.comorbidity",
+            "__prev.charttime",
+            "__prev.heart_rate",
+            "__prev.resp_rate",
+            "__prev.spo2"
         ]
     );
 
@@ -350,14 +358,21 @@ async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
                 assert_eq!(stay[0], Some(*admitted), "{unit}: admissions in time order");
                 assert_eq!(stay[4], Some(i as f64), "{unit}: position");
                 assert_eq!(stay[5..8], root[0][..3], "{unit}: the patient's values");
+                // Admissions are a sequence (by admission time): each holds the one before.
+                let before = if i == 0 { vec![None; 4] } else { stay_rows[i - 1][..4].to_vec() };
+                assert_eq!(stay[8..12], before[..], "{unit}: the previous admission's values");
                 let wanted = charts.get(hadm).copied().unwrap_or(0).min(VITALS_CAP);
-                assert_eq!(stay[8], Some(wanted as f64), "{unit}: charts of {hadm}");
+                assert_eq!(stay[12], Some(wanted as f64), "{unit}: charts of {hadm}");
             }
             assert!(chart_rows.len() as u64 <= views[2].max_rows_per_unit(&layout));
-            for chart in &chart_rows {
+            for (i, chart) in chart_rows.iter().enumerate() {
                 let stay = stay_rows.iter().find(|s| s[..4] == chart[5..9]).expect("the chart's admission");
                 assert!(chart[0] > stay[0] && chart[0] < stay[1], "{unit}: a chart inside its admission");
-                assert_eq!(chart[9..], root[0][..3]);
+                assert_eq!(chart[9..12], root[0][..3]);
+                // The previous chart of the same admission (charts come in place order).
+                let first = chart[4] == Some(0.0);
+                let before = if first { vec![None; 4] } else { chart_rows[i - 1][..4].to_vec() };
+                assert_eq!(chart[12..16], before[..], "{unit}: the previous chart's values");
             }
         }
     }
@@ -407,7 +422,7 @@ fn fit_exactly(
             let (a, b) = (domain.index_of(a).unwrap(), domain.index_of(b).unwrap());
             measured.push(exact(&view, &sizes, &[a.min(b), a.max(b)]));
         }
-        fitted.push(FittedView { model: GraphicalModel::fit(&sizes, &measured, 300), domain, order_by: None });
+        fitted.push(FittedView { model: GraphicalModel::fit(&sizes, &measured, 2000), domain, order_by: None });
         bins.push(view);
     }
     (bins, fitted)
@@ -705,4 +720,156 @@ async fn read_units_refuses_rows_out_of_place() {
         let read = read_units(&layout, &[patient.clone(), admission.clone(), charts]).await;
         assert_eq!(read.is_err(), refused, "{places:?}");
     }
+}
+
+/// The simulated database with its times declared inside their intervals: a discharge at
+/// or after its admission, a chart inside its admission.
+fn with_intervals(text: &str) -> String {
+    let (disch, chart) = (
+        "name = \"dischtime\", kind = \"datetime\", min = \"2024-01-01\", max = \"2030-01-01\"",
+        "name = \"charttime\", kind = \"datetime\", min = \"2024-01-01\", max = \"2030-01-01\"",
+    );
+    assert!(text.contains(disch) && text.contains(chart));
+    text.replace(disch, &format!("{disch}, within = \"admittime..\""))
+        .replace(chart, &format!("{chart}, within = \"admissions.admittime..dischtime\""))
+}
+
+/// Times declared inside their parent's interval (`within`): the views hold a chart's
+/// place in its admission (a fraction in [0, 1]) and a stay's length (from the admission
+/// on), and a database drawn from models fitted to them (no noise) has every chart inside
+/// its drawn admission and every discharge at or after its admission, by construction:
+/// the charts do not pile up on the admission's ends (as clipping would pile them), their
+/// places in the admission follow the real ones, and the stays' lengths the real lengths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_lie_inside_their_parents_interval_without_piling_on_its_ends() {
+    use rand::SeedableRng;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = database_csv(800, 41);
+    write_database(dir.path(), &db);
+    let text = with_intervals(&database_job(dir.path(), (3, 8), "order_by = \"charttime\""));
+    let spec = JobSpec::parse(&text, "db").unwrap();
+    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
+        .await
+        .unwrap();
+    let (layout, values) = view_rows(&spec, &tables).await;
+    // The views: stays' lengths in seconds from the admission, charts' places in [0, 1].
+    let stays: Vec<f64> = values[1].iter().map(|r| r[1].unwrap()).collect();
+    let places: Vec<f64> = values[2].iter().map(|r| r[0].unwrap()).collect();
+    assert!(stays.iter().all(|s| *s > 0.0) && places.iter().all(|u| (0.0..=1.0).contains(u)));
+    assert!(places.iter().any(|u| *u > 0.5), "places spread over the stay");
+
+    let pairs: [&[(&str, &str)]; 3] = [&[], &[("dischtime", "admission_type")], &[("charttime", "__position")]];
+    let (_, fitted) = fit_exactly(&layout, &values, &pairs);
+    let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(3);
+    let synthetic = sample_database(&layout, &fitted, 800, &mut rng);
+    let [_, admissions, vitals] = &synthetic[..] else { panic!("three tables") };
+    // Times may be missing (declared `missing = "keep"`: the fitted model keeps a sliver of
+    // mass on the never-measured missing bins), and a time placed from a missing end is.
+    let time = |v: &SyntheticValue| match v {
+        SyntheticValue::Datetime(t) => Some(*t as f64),
+        SyntheticValue::Missing => None,
+        other => panic!("a time, not {other:?}"),
+    };
+    let mut drawn_stays = Vec::new();
+    for a in admissions {
+        let (Some(admit), Some(disch)) = (time(&a.values[0]), time(&a.values[1])) else { continue };
+        assert!(disch >= admit, "a discharge before its admission");
+        drawn_stays.push(disch - admit);
+    }
+    let (mut drawn_places, mut on_ends) = (Vec::new(), 0);
+    for v in vitals {
+        let a = &admissions[v.parent.unwrap()];
+        let [Some(admit), Some(disch), Some(chart)] = [&a.values[0], &a.values[1], &v.values[0]].map(time) else {
+            continue;
+        };
+        assert!(admit <= chart && chart <= disch, "a chart outside its admission");
+        drawn_places.push((chart - admit) / (disch - admit).max(1.0));
+        // On an end: within a second of it (a datetime is floored to the second).
+        on_ends += usize::from((chart - admit).abs() < 1.0 || (disch - chart).abs() < 1.0);
+    }
+    assert!(drawn_stays.len() * 100 > admissions.len() * 98 && drawn_places.len() * 100 > vitals.len() * 97);
+    assert!(on_ends * 100 < vitals.len(), "{on_ends} of {} charts on an end of their stay", vitals.len());
+    // Places in tenths of the stay: real against drawn (equal bins of the fraction, so
+    // drawing inside a bin is exact to the tenth).
+    let tenths = |xs: &[f64]| {
+        let mut h = [0.0; 10];
+        xs.iter().for_each(|x| h[((x * 10.0) as usize).min(9)] += 1.0 / xs.len() as f64);
+        h
+    };
+    let (real, drawn) = (tenths(&places), tenths(&drawn_places));
+    let tvd: f64 = real.iter().zip(&drawn).map(|(a, b)| (a - b).abs()).sum::<f64>() / 2.0;
+    assert!(tvd < 0.05, "places in the stay: TVD {tvd:.3} ({real:.2?} real, {drawn:.2?} drawn)");
+    // Stays' lengths: medians (the fitted model keeps slivers of mass on the long, empty
+    // bins, which a mean would follow).
+    let median = |xs: &[f64]| {
+        let mut xs = xs.to_vec();
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2] / 3600.0
+    };
+    let (real_stay, drawn_stay) = (median(&stays), median(&drawn_stays));
+    assert!((drawn_stay / real_stay - 1.0).abs() < 0.15, "stays: {real_stay:.1} h real, {drawn_stay:.1} h drawn");
+}
+
+/// Pooled lag-1 correlation of a value over consecutive pairs.
+fn lag_one(pairs: &[(f64, f64)]) -> f64 {
+    let n = pairs.len() as f64;
+    let (ma, mb) = (pairs.iter().map(|p| p.0).sum::<f64>() / n, pairs.iter().map(|p| p.1).sum::<f64>() / n);
+    let cov: f64 = pairs.iter().map(|(a, b)| (a - ma) * (b - mb)).sum();
+    let (va, vb): (f64, f64) =
+        (pairs.iter().map(|p| (p.0 - ma).powi(2)).sum(), pairs.iter().map(|p| (p.1 - mb).powi(2)).sum());
+    cov / (va * vb).sqrt()
+}
+
+/// An ordered table's rows are a sequence: its view holds each row's previous sibling's
+/// values, and the sampler draws an admission's charts one after another, each given the
+/// one before. Fitted (no noise) with each value's pair with its previous value, the drawn
+/// heart rates keep the real lag-1 correlation within an admission; without those pairs
+/// the same sampler draws charts independently given their admission, and the
+/// correlation falls to what the admissions' own means leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_keeps_its_lag_one_dependence() {
+    use rand::SeedableRng;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = database_csv(800, 43);
+    write_database(dir.path(), &db);
+    let text = with_intervals(&database_job(dir.path(), (3, 8), "order_by = \"charttime\""));
+    let spec = JobSpec::parse(&text, "db").unwrap();
+    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
+        .await
+        .unwrap();
+    let (layout, values) = view_rows(&spec, &tables).await;
+    let domain = View { table: 2 }.domain(&layout);
+    let (hr, before) = (domain.index_of("heart_rate").unwrap(), domain.index_of("__prev.heart_rate").unwrap());
+    let real: Vec<(f64, f64)> = values[2].iter().filter_map(|r| Some((r[before]?, r[hr]?))).collect();
+    let real = lag_one(&real);
+    assert!(real > 0.3, "the simulated dynamics: {real:.2}");
+
+    let drawn_lag = |pairs: &[(&str, &str)]| {
+        let pairs: [&[(&str, &str)]; 3] = [&[], &[], pairs];
+        let (_, fitted) = fit_exactly(&layout, &values, &pairs);
+        let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(9);
+        let synthetic = sample_database(&layout, &fitted, 800, &mut rng);
+        let vitals = &synthetic[2];
+        let consecutive: Vec<(f64, f64)> = vitals
+            .windows(2)
+            .filter(|w| w[0].parent == w[1].parent)
+            .filter_map(|w| match (&w[0].values[1], &w[1].values[1]) {
+                (SyntheticValue::Real(a), SyntheticValue::Real(b)) => Some((*a, *b)),
+                _ => None,
+            })
+            .collect();
+        lag_one(&consecutive)
+    };
+    let with = drawn_lag(&[
+        ("heart_rate", "__prev.heart_rate"),
+        ("charttime", "__prev.charttime"),
+        ("heart_rate", "admissions.admission_type"),
+    ]);
+    assert!((with - real).abs() < 0.1, "lag-1 of heart rate: {with:.2} drawn, {real:.2} real");
+    let without = drawn_lag(&[("charttime", "__prev.charttime"), ("heart_rate", "admissions.admission_type")]);
+    assert!(without < real / 2.0, "without the dynamics' pairs: {without:.2} ({real:.2} real)");
 }

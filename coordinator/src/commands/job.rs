@@ -321,7 +321,10 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow:
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut spec = JobSpec::load(&args.spec)?;
-    spec.input.urls = spec.input.urls.iter().map(|url| without_parent_segments(url)).collect::<anyhow::Result<_>>()?;
+    let inputs = std::iter::once(&mut spec.input).chain(spec.tables.iter_mut().map(|t| &mut t.input));
+    for input in inputs {
+        input.urls = input.urls.iter().map(|url| without_parent_segments(url)).collect::<anyhow::Result<_>>()?;
+    }
     let at =
         Locations { output: args.output, ledger: args.ledger, scratch: args.scratch, diagnostics: args.diagnostics };
     let status = runtime()?.block_on(run_standalone(spec, args.workers, at))?;

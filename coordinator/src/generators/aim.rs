@@ -73,7 +73,7 @@ pub(crate) fn run_rounds(
     let iterations = plan.fit_iterations as usize;
     let mut schedule = Schedule::new(plan);
     let mut measurements = Vec::new();
-    for c in 0..sizes.len() {
+    for c in (0..sizes.len()).filter(|&c| plan.measures(c)) {
         let counts = releases.zcdp_gaussian(table(c), m, schedule.sigma)?;
         measurements.push(Measurement { vars: vec![c], counts, sigma: schedule.sigma * m });
     }

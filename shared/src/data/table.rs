@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::DataError;
 use super::domain::Domain;
 use super::input::InputReader;
-use crate::output::{LEGACY_MANIFEST_FORMAT, MANIFEST, MANIFEST_FORMAT, Manifest};
+use crate::output::{DATABASE_MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT, MANIFEST, MANIFEST_FORMAT, Manifest};
 use crate::spec::JobSpec;
 use crate::storage;
 
@@ -101,12 +101,12 @@ pub async fn read_release(
     };
     let manifest_sha256 = format!("{:x}", Sha256::digest(&bytes));
     let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| read(format!("{MANIFEST}: {e}")))?;
-    if ![MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT].contains(&manifest.format.as_str()) {
-        return Err(read(format!("{MANIFEST} has format {:?}, not {MANIFEST_FORMAT}", manifest.format)));
-    }
-    if !manifest.tables.is_empty() {
+    if !manifest.tables.is_empty() || manifest.format == DATABASE_MANIFEST_FORMAT {
         let names: Vec<&str> = manifest.tables.iter().map(|t| t.name.as_str()).collect();
         return Err(read(format!("a database's release, not one table (its tables: {})", names.join(", "))));
+    }
+    if ![MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT].contains(&manifest.format.as_str()) {
+        return Err(read(format!("{MANIFEST} has format {:?}, not {MANIFEST_FORMAT}", manifest.format)));
     }
     let base = url.trim_end_matches('/');
     // A manifest names files inside its own prefix by plain relative paths, never

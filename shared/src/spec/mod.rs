@@ -249,6 +249,9 @@ impl JobSpec {
             tables::check_name(name)?;
         }
         let database = matches!(self.generator, GeneratorSpec::Database(_));
+        if self.tables.is_empty() && self.schema.columns.iter().any(|c| c.within.is_some()) {
+            return Err("`within` places a column inside an interval of a database's rows: declare [[tables]]".into());
+        }
         if !self.tables.is_empty() {
             tables::validate(&self.input, &self.schema, &self.tables)?;
             if !database {

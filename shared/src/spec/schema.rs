@@ -107,6 +107,11 @@ pub struct ColumnSpec {
     /// for values no common form reads ([`parse_datetime`]); bounds stay in the common forms.
     #[serde(default)]
     pub format: Option<String>,
+    /// A database table's numeric or datetime column that lies inside an interval of its
+    /// row's or its ancestors' values (`spec::tables::Within`), e.g.
+    /// `"admissions.admittime..admissions.dischtime"` or `"admittime.."`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<String>,
 }
 
 impl ColumnSpec {

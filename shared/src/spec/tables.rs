@@ -67,6 +67,105 @@ impl TableSpec {
     }
 }
 
+/// One end of a column's `within` interval: a column of the same row (`table` is `None`)
+/// or of the named table (the column's own or an ancestor).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WithinEnd {
+    pub table: Option<String>,
+    pub column: String,
+}
+
+/// Parses `within = "start..end"`: each end empty (the column's declared bound), a column
+/// of the same row (`admittime`) or of a table (`admissions.admittime`; a bare end after a
+/// table's start is of that table, so `"admissions.admittime..dischtime"` reads both from
+/// the admission). At least one end is a column.
+pub fn parse_within(text: &str) -> Result<(Option<WithinEnd>, Option<WithinEnd>), String> {
+    let Some((start, end)) = text.split_once("..") else {
+        return Err(format!("within {text:?}: write start..end, e.g. \"admissions.admittime..dischtime\""));
+    };
+    let end_of = |text: &str, table: Option<&str>| {
+        let text = text.trim();
+        (!text.is_empty()).then(|| match text.split_once('.') {
+            Some((table, column)) => WithinEnd { table: Some(table.to_string()), column: column.to_string() },
+            None => WithinEnd { table: table.map(str::to_string), column: text.to_string() },
+        })
+    };
+    let start = end_of(start, None);
+    let end = end_of(end, start.as_ref().and_then(|s| s.table.as_deref()));
+    if start.is_none() && end.is_none() {
+        return Err(format!("within {text:?}: name a column at one end at least"));
+    }
+    Ok((start, end))
+}
+
+/// Checks the `within` intervals of table `name`'s `columns`: each on a numeric or
+/// datetime column without explicit bin edges, each end a column of the same kind family
+/// (datetimes with datetimes), of the same row and declared before it, or of a table that
+/// `scope` finds (the table itself or an ancestor).
+fn check_within<'a>(
+    name: &str,
+    columns: &'a [ColumnSpec],
+    scope: impl Fn(&str) -> Option<&'a [ColumnSpec]>,
+) -> Result<(), String> {
+    let numeric = |c: &ColumnSpec| matches!(c.kind, ColumnKind::Integer | ColumnKind::Continuous);
+    for (i, column) in columns.iter().enumerate() {
+        let Some(text) = &column.within else { continue };
+        let what = format!("table '{name}': column '{}' within {text:?}", column.name);
+        if !(numeric(column) || column.kind == ColumnKind::Datetime) {
+            return Err(format!("{what}: only numeric and datetime columns lie within an interval"));
+        }
+        if matches!(column.bins, Some(super::Bins::Edges(_))) {
+            return Err(format!("{what}: its bins are cut inside the interval: declare a count of bins, not edges"));
+        }
+        let (start, end) = parse_within(text).map_err(|e| format!("table '{name}': {e}"))?;
+        for end in start.iter().chain(&end) {
+            let found = match &end.table {
+                None => columns[..i].iter().find(|c| c.name == end.column),
+                Some(table) => {
+                    let Some(table_columns) = scope(table) else {
+                        return Err(format!("{what}: '{table}' is neither this table nor one of its ancestors"));
+                    };
+                    table_columns.iter().find(|c| c.name == end.column)
+                }
+            };
+            let alike = |c: &&ColumnSpec| (c.kind == ColumnKind::Datetime) == (column.kind == ColumnKind::Datetime);
+            match found {
+                Some(c) if (numeric(c) || c.kind == ColumnKind::Datetime) && alike(&c) => {}
+                Some(_) => return Err(format!("{what}: '{}' is not a column of the same kind", end.column)),
+                None if end.table.is_none() => {
+                    return Err(format!("{what}: '{}' is not a column declared before it in its row", end.column));
+                }
+                None => return Err(format!("{what}: '{}' is not a column of that table", end.column)),
+            }
+            if end.table.as_deref() == Some(name) && end.column == column.name {
+                return Err(format!("{what}: a column cannot lie within itself"));
+            }
+            if end.table.as_deref() == Some(name) && !columns[..i].iter().any(|c| c.name == end.column) {
+                return Err(format!("{what}: '{}' must be declared before it in its row", end.column));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The columns of `wanted` if it is `from` or one of its ancestors (`scope`: each table's
+/// columns and parent).
+fn in_scope<'a>(
+    scope: &HashMap<&str, (&'a [ColumnSpec], Option<&str>)>,
+    from: &str,
+    wanted: &str,
+) -> Option<&'a [ColumnSpec]> {
+    let mut at = Some(from);
+    while let Some(name) = at {
+        let (columns, parent) = scope.get(name)?;
+        if name == wanted {
+            return Some(*columns);
+        }
+        at = *parent;
+    }
+    None
+}
+
 /// A table's name names an output prefix: the rule of a dataset id, without dots.
 pub fn check_name(name: &str) -> Result<(), String> {
     let valid = !name.is_empty()
@@ -89,8 +188,14 @@ pub fn validate(root_input: &Source, root: &SchemaSpec, tables: &[TableSpec]) ->
     };
     let mut reach: HashMap<&str, (u64, Option<&str>)> = HashMap::new();
     let mut products = vec![1];
+    let mut folders = HashSet::new();
     for name in std::iter::once(root_name).chain(tables.iter().map(|t| &t.name)) {
         check_name(name)?;
+        // Each names its output folder: two that differ only in case are one folder on
+        // some stores.
+        if !folders.insert(name.to_ascii_lowercase()) {
+            return Err(format!("table name '{name}' is declared twice (names are compared ignoring case)"));
+        }
     }
     for column in root.columns.iter().chain(tables.iter().flat_map(|t| &t.columns)) {
         if column.name.starts_with(RESERVED_PREFIX) {
@@ -98,6 +203,10 @@ pub fn validate(root_input: &Source, root: &SchemaSpec, tables: &[TableSpec]) ->
         }
     }
     reach.insert(root_name, (1, Some(root_key)));
+    // Each table's columns and parent: the tables a column's `within` may name.
+    let mut scope: HashMap<&str, (&[ColumnSpec], Option<&str>)> = HashMap::new();
+    scope.insert(root_name, (&root.columns, None));
+    check_within(root_name, &root.columns, |t| in_scope(&scope, root_name, t))?;
     for table in tables {
         let name = &table.name;
         // Keys are compared as read: a table trimming or stripping a suffix the root does
@@ -165,6 +274,8 @@ pub fn validate(root_input: &Source, root: &SchemaSpec, tables: &[TableSpec]) ->
         if reach.insert(name, (product, table.key.as_deref())).is_some() {
             return Err(format!("table name '{name}' is declared twice"));
         }
+        scope.insert(name, (&table.columns, Some(parent)));
+        check_within(name, &table.columns, |t| in_scope(&scope, name, t))?;
         products.push(product);
     }
     Ok(products)
@@ -222,15 +333,58 @@ columns = [
         assert!(refused.contains("generator 'aim' synthesizes one table"), "{refused}");
         let no_tables = JobSpec::parse(&schema_job(ROOT, &generator("database", "")), "db").unwrap_err().to_string();
         assert!(no_tables.contains("declare its tables below the root"), "{no_tables}");
+        let timed_root = format!(
+            "{ROOT}\n[[schema.columns]]\nname = \"born\"\nkind = \"integer\"\nmin = 0\nmax = 9\n[[schema.columns]]\nname = \
+             \"died\"\nkind = \"integer\"\nmin = 0\nmax = 9\nwithin = \"born..\""
+        );
+        let one_table = JobSpec::parse(&schema_job(&timed_root, &generator("aim", "")), "one").unwrap_err().to_string();
+        assert!(one_table.contains("`within` places a column inside an interval"), "{one_table}");
+        JobSpec::parse(&format!("{}{STAYS}", schema_job(&timed_root, &generator("database", ""))), "db").unwrap();
         let rows = text.replace("url = \"out\"", "url = \"out\"\nrows = 10");
         let refused = JobSpec::parse(&rows, "db").unwrap_err().to_string();
         assert!(refused.contains("declare [output] units"), "{refused}");
         let spec: JobSpec = toml::from_str(&text).unwrap();
         assert_eq!(super::validate(&spec.input, &spec.schema, &spec.tables).unwrap(), vec![1, 4, 200]);
+        // Intervals: a stay ends at or after its start, a chart's time inside its stay.
+        let timed = STAYS
+            .replace(
+                "{ name = \"ward\", kind = \"categorical\", categories = [\"a\", \"b\"] },",
+                "{ name = \"ward\", kind = \"categorical\", categories = [\"a\", \"b\"] },\n  { name = \"end\", \
+                 kind = \"datetime\", min = \"2020-01-01\", max = \"2030-01-01\", within = \"start..\" },",
+            )
+            .replace(
+                "{ name = \"pulse\", kind = \"integer\", min = 20, max = 250 },",
+                "{ name = \"pulse\", kind = \"integer\", min = 20, max = 250 },\n  { name = \"at\", kind = \
+                 \"datetime\", min = \"2020-01-01\", max = \"2030-01-01\", within = \"stays.start..end\" },",
+            );
+        JobSpec::parse(&format!("{}{timed}", schema_job(ROOT, &generator("database", ""))), "db").unwrap();
+        let within = |from: &str, to: &str| timed.replace(from, to);
+        let pulse = "{ name = \"pulse\", kind = \"integer\", min = 20, max = 250 }";
         let cases = [
+            (ROOT.into(), within("\"start..\"", "\"end..\""), "'end' is not a column declared before it in its row"),
+            (ROOT.into(), within("\"start..\"", "\"..\""), "name a column at one end at least"),
+            (ROOT.into(), within("\"start..\"", "\"start\""), "write start..end"),
+            (ROOT.into(), within("\"stays.start..end\"", "\"charts.pulse..\""), "not a column of the same kind"),
+            (ROOT.into(), within("\"stays.start..end\"", "\"people.start..\""), "'people' is neither this table"),
+            (ROOT.into(), within("\"start..\"", "\"charts.at..\""), "'charts' is neither this table"),
+            (ROOT.into(), within("\"start..\"", "\"stays.end..\""), "a column cannot lie within itself"),
+            (
+                ROOT.into(),
+                within(pulse, &pulse.replace(" }", ", within = \"stays.start..\" }")),
+                "not a column of the same kind",
+            ),
+            (
+                ROOT.into(),
+                within(
+                    "within = \"stays.start..end\"",
+                    "within = \"stays.start..end\", bins = [1577836800, 1700000000, 1893456000]",
+                ),
+                "declare a count of bins",
+            ),
             (ROOT.replace("table = \"patients\"\n", ""), STAYS.to_string(), "names its root table"),
             (ROOT.replace("unit_column = \"id\"\n", ""), STAYS.to_string(), "needs its key as [schema] unit_column"),
             (ROOT.into(), STAYS.replace("name = \"charts\"", "name = \"stays\""), "'stays' is declared twice"),
+            (ROOT.into(), STAYS.replace("name = \"charts\"", "name = \"Stays\""), "'Stays' is declared twice"),
             (ROOT.into(), STAYS.replace("name = \"charts\"", "name = \"ch/arts\""), "table name \"ch/arts\""),
             (ROOT.into(), STAYS.replace("table = \"patients\"", "table = \"people\""), "'people' is not a table"),
             (ROOT.into(), STAYS.replace("key = \"stay\"\n", ""), "'stays' declares no `key`"),

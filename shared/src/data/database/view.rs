@@ -14,10 +14,15 @@ use super::{Database, PARENT_COLUMN, ROW_COLUMN};
 use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
 use crate::data::partition::read_partition;
 use crate::data::{DataError, EncodedBatch};
+use crate::spec::tables::{WithinEnd, parse_within};
 use crate::spec::{Bound, ColumnKind, ColumnSpec, MissingPolicy, UnknownPolicy};
 
 /// A view's column holding a row's place among its parent's rows (0 first).
 pub const POSITION_COLUMN: &str = "__position";
+
+/// Prefix of a view's columns holding the previous sibling's values (missing for the
+/// first): `__prev.heart_rate`.
+pub const PREVIOUS_PREFIX: &str = "__prev.";
 
 /// A database's tables as their partitions hold them: all a worker needs to read a unit
 /// whole. Public: made from the spec alone.
@@ -36,6 +41,30 @@ pub struct TableLayout {
     pub max_per_parent: u32,
     /// Its partitions' domain (a child's ends with [`ROW_COLUMN`] and [`PARENT_COLUMN`]).
     pub domain: Domain,
+    /// Each own value column's interval (`within`), if it declares one.
+    #[serde(default)]
+    pub within: Vec<Option<Within>>,
+    /// Whether its rows under one parent are a sequence (it declares `order_by`): its view
+    /// then holds each row's previous sibling's values, and a sampler draws the siblings
+    /// one after another.
+    #[serde(default)]
+    pub ordered: bool,
+}
+
+/// A column's interval: its ends, each a column of its row or an ancestor's row, or the
+/// column's declared bound. Views hold the column's place in the interval, never its
+/// value: a fraction of the interval with both ends, else its distance from the one end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Within {
+    pub start: Option<ColumnAt>,
+    pub end: Option<ColumnAt>,
+}
+
+/// A value column of a table of the layout (`column` indexes its own values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnAt {
+    pub table: usize,
+    pub column: usize,
 }
 
 impl TableLayout {
@@ -52,6 +81,8 @@ impl Layout {
             parent: None,
             max_per_parent: 1,
             domain: Domain::of_columns(&db.root_schema.columns, db.default_bins),
+            within: Vec::new(),
+            ordered: false,
         };
         let mut layout = Self { tables: vec![root] };
         for table in db.tables {
@@ -60,10 +91,38 @@ impl Layout {
             let reach = layout.reach(parent) * u64::from(table.max_per_parent);
             let mut domain = Domain::of_columns(&table.columns, db.default_bins);
             domain.columns.extend([place_column(ROW_COLUMN, reach), place_column(PARENT_COLUMN, layout.reach(parent))]);
-            let max_per_parent = table.max_per_parent;
-            layout.tables.push(TableLayout { name: table.name.clone(), parent: Some(parent), max_per_parent, domain });
+            layout.tables.push(TableLayout {
+                name: table.name.clone(),
+                parent: Some(parent),
+                max_per_parent: table.max_per_parent,
+                domain,
+                within: Vec::new(),
+                ordered: table.order_by.is_some(),
+            });
+        }
+        // The intervals, once every table has its index.
+        let columns = std::iter::once(&db.root_schema.columns).chain(db.tables.iter().map(|t| &t.columns));
+        for (t, columns) in columns.enumerate() {
+            let values = columns.iter().filter(|c| c.kind != ColumnKind::Identifier);
+            let within = values.map(|c| c.within.as_deref().map(|text| layout.resolve(t, text))).collect();
+            layout.tables[t].within = within;
         }
         layout
+    }
+
+    /// A validated `within` of a column of table `t`, by layout indices.
+    fn resolve(&self, t: usize, text: &str) -> Within {
+        let (start, end) = parse_within(text).expect("a validated interval");
+        let at = |end: Option<WithinEnd>| {
+            end.map(|end| {
+                let table = end
+                    .table
+                    .map_or(t, |name| self.tables.iter().position(|t| t.name == name).expect("a validated table"));
+                let column = self.tables[table].domain.index_of(&end.column).expect("a validated column");
+                ColumnAt { table, column }
+            })
+        };
+        Within { start: at(start), end: at(end) }
     }
 
     /// The most rows of table `t` one unit reaches (the product of the caps on its path).
@@ -86,6 +145,78 @@ impl Layout {
     /// The child tables of table `t`, in layout order.
     pub fn children(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
         (0..self.tables.len()).filter(move |&c| self.tables[c].parent == Some(t))
+    }
+
+    /// The interval of own value column `c` of table `t`, if it has one.
+    pub fn within(&self, t: usize, c: usize) -> Option<Within> {
+        self.tables[t].within.get(c).copied().flatten()
+    }
+
+    /// Own value column `c` of table `t` as views hold it: its place in its interval (equal
+    /// bins of the fraction with both ends; geometric bins of the distance from one end, up
+    /// to the column's declared range), else as partitioned.
+    pub fn view_column(&self, t: usize, c: usize) -> ColumnDomain {
+        let raw = &self.tables[t].domain.columns[c];
+        let (Some(within), Encoding::Numeric { min, max, binning, .. }) = (self.within(t, c), &raw.encoding) else {
+            return raw.clone();
+        };
+        let bins = binning.len();
+        let (max, binning) = match (within.start, within.end) {
+            (Some(_), Some(_)) => (1.0, Binning::Real((0..=bins).map(|k| k as f64 / bins as f64).collect())),
+            _ => (max - min, Binning::distances(max - min, bins as u32)),
+        };
+        let encoding = Encoding::Numeric { kind: ColumnKind::Continuous, min: 0.0, max, binning };
+        // Missing where the value or an end may be.
+        let ends = [within.start, within.end].into_iter().flatten();
+        let missing = raw.missing || ends.into_iter().any(|at| self.tables[at.table].domain.columns[at.column].missing);
+        ColumnDomain { name: raw.name.clone(), encoding, missing }
+    }
+
+    /// Own value column `c` of table `t` as views hold it, from the values of its row and
+    /// its ancestors' rows (`value(table, column)`): its place in its interval (clamped into
+    /// it; `None` when it or an end is missing), else its value.
+    pub fn view_value(&self, t: usize, c: usize, value: impl Fn(usize, usize) -> Option<f64>) -> Option<f64> {
+        let x = value(t, c);
+        let Some(within) = self.within(t, c) else { return x };
+        let x = x?;
+        let range = match &self.tables[t].domain.columns[c].encoding {
+            Encoding::Numeric { min, max, .. } => max - min,
+            Encoding::Categorical { .. } => return None,
+        };
+        let end = |at: Option<ColumnAt>| at.map(|at| value(at.table, at.column));
+        match (end(within.start), end(within.end)) {
+            (Some(start), Some(end)) => {
+                let (start, end) = (start?, end?);
+                Some(if end > start { ((x - start) / (end - start)).clamp(0.0, 1.0) } else { 0.0 })
+            }
+            (Some(start), None) => Some((x - start?).clamp(0.0, range)),
+            (None, Some(end)) => Some((end? - x).clamp(0.0, range)),
+            (None, None) => Some(x),
+        }
+    }
+
+    /// The value of own value column `c` of table `t` at `place` in its interval (as
+    /// [`Self::view_value`] gives it), from its ends' values (`value(table, column)`, of its
+    /// row and its ancestors' rows): what a sampler draws inside the interval. `None` when
+    /// an end is missing.
+    pub fn from_view_value(
+        &self,
+        t: usize,
+        c: usize,
+        place: f64,
+        value: impl Fn(usize, usize) -> Option<f64>,
+    ) -> Option<f64> {
+        let Some(within) = self.within(t, c) else { return Some(place) };
+        let end = |at: Option<ColumnAt>| at.map(|at| value(at.table, at.column));
+        match (end(within.start), end(within.end)) {
+            (Some(start), Some(end)) => {
+                let (start, end) = (start?, end?);
+                Some(start + place * (end - start).max(0.0))
+            }
+            (Some(start), None) => Some(start? + place),
+            (None, Some(end)) => Some(end? - place),
+            (None, None) => Some(place),
+        }
     }
 
     /// The ancestors of table `t`, nearest first.
@@ -174,23 +305,43 @@ impl View {
     /// ancestor's own, named `<table>.<column>`; then `__n.<child>` for each child table.
     pub fn domain(&self, layout: &Layout) -> Domain {
         let table = &layout.tables[self.table];
-        let mut columns: Vec<ColumnDomain> = table.domain.columns[..table.values()].to_vec();
+        let mut columns: Vec<ColumnDomain> = (0..table.values()).map(|c| layout.view_column(self.table, c)).collect();
         if table.parent.is_some() {
             columns.push(count_column(POSITION_COLUMN, table.max_per_parent - 1));
         }
         for a in layout.ancestors(self.table) {
             let ancestor = &layout.tables[a];
-            columns.extend(
-                ancestor.domain.columns[..ancestor.values()]
-                    .iter()
-                    .map(|c| ColumnDomain { name: format!("{}.{}", ancestor.name, c.name), ..c.clone() }),
-            );
+            columns.extend((0..ancestor.values()).map(|c| {
+                let column = layout.view_column(a, c);
+                ColumnDomain { name: format!("{}.{}", ancestor.name, column.name), ..column }
+            }));
+        }
+        if table.ordered {
+            columns.extend((0..table.values()).map(|c| {
+                let column = layout.view_column(self.table, c);
+                ColumnDomain { name: format!("{PREVIOUS_PREFIX}{}", column.name), missing: true, ..column }
+            }));
         }
         for c in layout.children(self.table) {
             let child = &layout.tables[c];
             columns.push(count_column(&format!("__n.{}", child.name), child.max_per_parent));
         }
         Domain { columns }
+    }
+
+    /// The view's columns of the previous sibling's own values (an ordered table's), in
+    /// the order of its own: after its ancestors'.
+    pub fn previous_columns(&self, layout: &Layout) -> std::ops::Range<usize> {
+        let table = &layout.tables[self.table];
+        let start = self.ancestor_columns(layout).end;
+        start..start + if table.ordered { table.values() } else { 0 }
+    }
+
+    /// The view's columns of its table's ancestors, nearest first (after its own and its
+    /// position, as [`Self::domain`] lays them out): what a sampler conditions on.
+    pub fn ancestor_columns(&self, layout: &Layout) -> std::ops::Range<usize> {
+        let start = layout.tables[self.table].values() + usize::from(layout.tables[self.table].parent.is_some());
+        start..start + layout.ancestors(self.table).map(|a| layout.tables[a].values()).sum::<usize>()
     }
 
     /// The view's rows of one unit (as [`read_units`] reads it: places dense, one root
@@ -213,14 +364,14 @@ impl View {
                 counts
             })
             .collect();
+        // The last row seen under each parent row: the next one's previous sibling (rows come
+        // in place order: by parent, then in their order under it).
+        let mut previous: BTreeMap<u32, Vec<Option<f64>>> = BTreeMap::new();
         for (own, row) in unit.tables[self.table].iter().enumerate() {
-            let mut values: Vec<Option<f64>> = row[..table.values()].to_vec();
-            if table.parent.is_some() {
-                let position = positions.entry(place(row, table.values() + 1)).or_insert(0);
-                values.push(Some(f64::from(*position)));
-                *position += 1;
-            }
-            // Up the tree: each ancestor's row by the place its child names.
+            // The row and its ancestors' rows, by table (up the tree: each ancestor's row
+            // by the place its child names).
+            let mut chain: Vec<Option<&[Option<f64>]>> = vec![None; layout.tables.len()];
+            chain[self.table] = Some(row);
             let (mut t, mut current) = (self.table, row);
             while let Some(p) = layout.tables[t].parent {
                 let parent = &layout.tables[p];
@@ -235,8 +386,24 @@ impl View {
                         table.name, parent.name
                     ))
                 })?;
-                values.extend_from_slice(&found[..parent.values()]);
+                chain[p] = Some(found);
                 (t, current) = (p, found);
+            }
+            let value = |t: usize, c: usize| chain[t].and_then(|row| row[c]);
+            let viewed = |t: usize| (0..layout.tables[t].values()).map(move |c| layout.view_value(t, c, value));
+            let mut values: Vec<Option<f64>> = viewed(self.table).collect();
+            if table.parent.is_some() {
+                let position = positions.entry(place(row, table.values() + 1)).or_insert(0);
+                values.push(Some(f64::from(*position)));
+                *position += 1;
+            }
+            for a in layout.ancestors(self.table) {
+                values.extend(viewed(a));
+            }
+            if table.ordered {
+                let mine: Vec<Option<f64>> = values[..table.values()].to_vec();
+                let before = previous.insert(place(row, table.values() + 1), mine);
+                values.extend(before.unwrap_or_else(|| vec![None; table.values()]));
             }
             values.extend(under.iter().map(|counts| Some(f64::from(counts[own]))));
             out.push(values);
@@ -265,6 +432,7 @@ fn count_column(name: &str, max: u32) -> ColumnDomain {
         missing: MissingPolicy::Reject,
         bins: None,
         format: None,
+        within: None,
     };
     Domain::of_columns(&[spec], 32).columns.remove(0)
 }
@@ -286,10 +454,38 @@ impl DatabaseView {
             None => t == 0 && table.max_per_parent == 1,
             Some(p) => p < t && table.max_per_parent >= 1 && table.domain.columns.len() >= 2,
         });
+        // Each interval's ends: numeric columns of the row (declared before it) or of an
+        // ancestor's row.
+        let numeric = |t: usize, c: usize| {
+            matches!(tables[t].domain.columns.get(c).map(|c| &c.encoding), Some(Encoding::Numeric { .. }))
+                && c < tables[t].values()
+        };
+        // (After the parents are known to come first: `ancestors` then ends.)
+        let intervals = || {
+            tables.iter().enumerate().all(|(t, table)| {
+                (table.within.is_empty() || table.within.len() == table.values())
+                    && table.within.iter().enumerate().all(|(c, within)| {
+                        within.is_none_or(|w| {
+                            let end_ok = |at: Option<ColumnAt>| {
+                                at.is_none_or(|at| {
+                                    let reachable = if at.table == t {
+                                        at.column < c
+                                    } else {
+                                        at.table < tables.len() && self.layout.ancestors(t).any(|a| a == at.table)
+                                    };
+                                    reachable && numeric(at.table, at.column)
+                                })
+                            };
+                            numeric(t, c) && (w.start.is_some() || w.end.is_some()) && end_ok(w.start) && end_ok(w.end)
+                        })
+                    })
+            })
+        };
         well_formed
             && !tables.is_empty()
             && self.view.table < tables.len()
             && (0..tables.len()).try_fold(1u64, |most, t| Some(most.max(self.layout.reach_checked(t)?))).is_some()
+            && intervals()
     }
 
     /// The view's rows of the units in `urls` (the same partition index of every table,

@@ -6,6 +6,7 @@ use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::database::DatabaseView;
+use crate::data::database::view::POSITION_COLUMN;
 use crate::data::domain::Domain;
 use crate::generators::aim::{AimParams, WorkloadRule, params};
 use crate::generators::marginals::MarginalsTask;
@@ -43,11 +44,18 @@ pub struct AimPlan {
     pub selection_share: f64,
     pub max_model_cells: f64,
     pub fit_iterations: u32,
-    /// The candidates (table indices) measured before the adaptive rounds: every pair of
-    /// the target with another column, with `target_share` of ρ among them.
+    /// The candidates (table indices) measured before the adaptive rounds, with
+    /// `target_share` of ρ among them: every pair of the target with another column; in a
+    /// database view of a sequence, each value with its previous sibling's.
     pub target_pairs: Vec<usize>,
     pub target_share: f64,
     pub calibration: Option<CalibrationPlan>,
+    /// Columns the sampler draws a row given (a database view's ancestors' values; in a
+    /// sequence also the row's place and its previous sibling's values): no table
+    /// of them alone is measured or selected, the model only ever asked how the other
+    /// columns follow them.
+    #[serde(default)]
+    pub conditioned: Vec<usize>,
     /// The workload and its candidate tables' cells, in words (the log and the manifest:
     /// from the declared domain alone).
     pub workload: String,
@@ -70,13 +78,18 @@ impl AimPlan {
             ));
         }
         let target = spec.schema.target.as_deref().and_then(|t| domain.index_of(t));
+        // The target's pairs: every other column with it.
+        let pairs: Vec<[usize; 2]> = match target {
+            Some(t) => (0..domain.columns.len()).filter(|&c| c != t).map(|c| [c.min(t), c.max(t)]).collect(),
+            None => Vec::new(),
+        };
         let calibration = CalibrationPlan::new(spec, domain, options)?;
         let budget =
             zcdp_budget(spec.privacy.epsilon, spec.privacy.delta, options).map_err(|e| invalid(e.to_string()))?;
         // Calibration's Gaussian release takes its share of ρ: both compose to the budget.
         let rho = budget - calibration.as_ref().map_or(0.0, CalibrationPlan::rho);
         let task = |candidates| MarginalsTask::new(spec, domain, candidates, params.max_rows_per_unit);
-        Self::planned(params, domain, target, (rho, calibration), task)
+        Self::planned(params, domain, pairs, (rho, calibration), task)
     }
 
     /// AIM over a database view (`data::database::view`) with its share `rho` of a job's
@@ -91,8 +104,20 @@ impl AimPlan {
         }
         let domain = database.view.domain(&database.layout);
         require_columns(GENERATOR, &domain)?;
+        // What the sampler draws a row given: its ancestors' values and, in a sequence, its
+        // place and its previous sibling's values. A sequence's dynamics come first: each
+        // value's pair with the one before it.
+        let (layout, view) = (&database.layout, database.view);
+        let mut conditioned: Vec<usize> = view.ancestor_columns(layout).collect();
+        let previous = view.previous_columns(layout);
+        let pairs: Vec<[usize; 2]> = previous.clone().enumerate().map(|(c, before)| [c, before]).collect();
+        if !pairs.is_empty() {
+            conditioned.extend(previous);
+            conditioned.extend(domain.index_of(POSITION_COLUMN));
+        }
         let task = |candidates| MarginalsTask::over_view(database, candidates);
-        Self::planned(params, &domain, None, (rho, None), task)
+        let plan = Self::planned(params, &domain, pairs, (rho, None), task)?;
+        Ok(Self { conditioned, ..plan })
     }
 
     /// The candidates, their weights and the rounds of `params` over `domain`, spending
@@ -101,7 +126,7 @@ impl AimPlan {
     fn planned(
         params: &AimParams,
         domain: &Domain,
-        target: Option<usize>,
+        pairs: Vec<[usize; 2]>,
         (rho, calibration): (f64, Option<CalibrationPlan>),
         task: impl FnOnce(Vec<Vec<usize>>) -> MarginalsTask,
     ) -> Result<Self, PlanError> {
@@ -119,24 +144,21 @@ impl AimPlan {
             })
             .filter(|r| r.len() > 1 && cells(r) <= params.max_model_cells)
             .collect();
-        // The target's pairs are candidates (and counted) whatever the workload.
-        let target_share = match target {
-            Some(_) => params.target_share.unwrap_or(DEFAULT_TARGET_SHARE),
-            None => 0.0,
+        // The pairs measured first are candidates (and counted) whatever the workload.
+        let target_share = match pairs.is_empty() {
+            false => params.target_share.unwrap_or(DEFAULT_TARGET_SHARE),
+            true => 0.0,
         };
-        if let Some(t) = target.filter(|_| target_share > 0.0) {
-            let pairs = (0..domain.columns.len()).filter(|&c| c != t).map(|c| vec![c.min(t), c.max(t)]);
-            larger.extend(pairs.filter(|r| cells(r) <= params.max_model_cells));
-        }
+        let first: Vec<Vec<usize>> = match target_share > 0.0 {
+            true => pairs.iter().map(|p| p.to_vec()).filter(|r| cells(r) <= params.max_model_cells).collect(),
+            false => Vec::new(),
+        };
+        larger.extend(first.iter().cloned());
         larger.sort_by(|a, b| a.len().cmp(&b.len()).then(a.cmp(b)));
         larger.dedup();
         candidates.extend(larger);
-        let target_pairs: Vec<usize> = match target.filter(|_| target_share > 0.0) {
-            Some(t) => {
-                (0..candidates.len()).filter(|&r| candidates[r].len() == 2 && candidates[r].contains(&t)).collect()
-            }
-            None => Vec::new(),
-        };
+        let target_pairs: Vec<usize> =
+            first.iter().map(|r| candidates.iter().position(|c| c == r).expect("a candidate")).collect();
         let weights = candidates
             .iter()
             .map(|r| workload.iter().map(|s| s.iter().filter(|c| r.contains(c)).count() as f64).sum())
@@ -173,6 +195,7 @@ impl AimPlan {
             target_pairs,
             target_share,
             calibration,
+            conditioned: Vec::new(),
             workload: format!("{described}; {} candidate tables of {total:.0} cells", task_tables),
         })
     }
@@ -181,6 +204,12 @@ impl AimPlan {
     pub fn mechanisms(&self) -> Vec<Mechanism> {
         let run = Mechanism::Zcdp { rho: self.rho, adjacency: Adjacency::AddRemove };
         with_calibration(vec![run], self.calibration.as_ref())
+    }
+
+    /// Whether the plan measures or selects candidate table `r`: not one of columns the
+    /// sampler conditions on alone.
+    pub fn measures(&self, r: usize) -> bool {
+        !self.task.tables[r].iter().all(|c| self.conditioned.contains(c))
     }
 
     /// L2 (and L1) sensitivity of one table: a unit moves at most m rows.

@@ -50,7 +50,7 @@ impl Schedule {
 /// join three cliques, the model's largest growth). This depends on the model alone.
 /// Sizing every candidate's model is the round's second cost: one share per core.
 pub fn eligible(plan: &AimPlan, model: &GraphicalModel, limit: f64) -> Vec<usize> {
-    let candidates: Vec<usize> = (0..plan.task.tables.len()).collect();
+    let candidates: Vec<usize> = (0..plan.task.tables.len()).filter(|&r| plan.measures(r)).collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         let parts: Vec<_> = candidates

@@ -50,8 +50,11 @@ impl DatabasePlan {
         if spec.privacy.accountant != Accountant::Rdp {
             return Err(invalid("its AIM runs spend a zCDP budget, which only the RDP accountant analyses"));
         }
-        if spec.calibration.is_some() || spec.schema.target.is_some() {
-            return Err(invalid("a database job takes no [calibration] and no [schema] target"));
+        if spec.calibration.is_some() || spec.schema.target.is_some() || spec.evaluation.is_some() {
+            return Err(invalid(
+                "a database job takes no [calibration], no [schema] target and no [evaluation] (not yet: \
+                 docs/database.md)",
+            ));
         }
         let layout = Layout::of(&Database::of_spec(spec));
         if let Some(name) = params.weights.keys().find(|name| !layout.tables.iter().any(|t| &t.name == *name)) {

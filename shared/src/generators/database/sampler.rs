@@ -11,7 +11,7 @@ use rand::Rng;
 
 use crate::data::database::view::POSITION_COLUMN;
 use crate::data::database::{Layout, View};
-use crate::data::domain::Domain;
+use crate::data::domain::{Domain, Encoding};
 use crate::output::{SyntheticValue, columns_to_batch};
 use crate::pgm::GraphicalModel;
 use crate::spec::{ColumnSpec, JobSpec};
@@ -168,44 +168,88 @@ pub fn sample_database(
             None => {
                 for (unit, row) in fitted.model.sample(units, rng).into_iter().enumerate() {
                     let values = (0..own).map(|c| fitted.domain.columns[c].draw(row[c], rng)).collect();
+                    let values = placed(layout, t, values, |_, _| None);
                     out.keep(&fitted.domain, &children, (unit, None), (&row, values), &mut *rng);
                 }
             }
             Some(p) => {
-                // The ancestors' columns in this view, and their bins for each parent row.
-                let ancestors = ancestor_columns(layout, t);
-                let mut conditioned: HashMap<Vec<usize>, GraphicalModel> = HashMap::new();
+                // The view's columns a row is drawn given: its ancestors' (their bins for each
+                // parent row); for a sequence also its position and its previous sibling's.
+                let view = View { table: t };
+                let ancestors = view.ancestor_columns(layout);
+                let previous = view.previous_columns(layout);
+                let position = fitted.domain.index_of(POSITION_COLUMN).expect("a child's view has its position");
+                let given_bins = |given: &[(usize, usize)]| {
+                    let allowed: Vec<(usize, Vec<bool>)> = given
+                        .iter()
+                        .map(|&(v, bin)| {
+                            let mut mask = vec![false; fitted.domain.columns[v].bins()];
+                            mask[bin] = true;
+                            (v, mask)
+                        })
+                        .collect();
+                    fitted.model.conditioned(&allowed)
+                };
+                // Parents alike share their children's model (a sequence's rows are each given
+                // their own previous row: drawn from a model of their own).
+                let mut by_ancestors: HashMap<Vec<usize>, GraphicalModel> = HashMap::new();
                 let wanted = drawn[p].counts.get(&t).cloned().unwrap_or_default();
                 for (parent, &n) in wanted.iter().enumerate().filter(|(_, n)| **n > 0) {
-                    let given = ancestor_bins(&drawn, layout, p, parent);
-                    let model = conditioned.entry(given.clone()).or_insert_with(|| {
-                        let allowed: Vec<(usize, Vec<bool>)> = ancestors
-                            .clone()
-                            .zip(&given)
-                            .map(|(v, &bin)| {
-                                let mut mask = vec![false; fitted.domain.columns[v].bins()];
-                                mask[bin] = true;
-                                (v, mask)
-                            })
-                            .collect();
-                        fitted.model.conditioned(&allowed)
-                    });
+                    let given: Vec<(usize, usize)> =
+                        ancestors.clone().zip(ancestor_bins(&drawn, layout, p, parent)).collect();
+                    let drawn_rows = if table.ordered {
+                        // One after another: each given its place and the one before it.
+                        let mut rows: Vec<Vec<usize>> = Vec::with_capacity(n);
+                        for k in 0..n {
+                            let mut at = given.clone();
+                            at.push((position, fitted.domain.columns[position].bin(Some(k as f64))));
+                            at.extend(previous.clone().enumerate().map(|(c, v)| {
+                                (v, rows.last().map_or(fitted.domain.columns[v].value_bins(), |row| row[c]))
+                            }));
+                            rows.extend(given_bins(&at).sample(1, rng));
+                        }
+                        rows
+                    } else {
+                        let key: Vec<usize> = given.iter().map(|&(_, bin)| bin).collect();
+                        by_ancestors.entry(key).or_insert_with(|| given_bins(&given)).sample(n, rng)
+                    };
                     let unit = drawn[p].rows[parent].unit;
-                    // Their own values drawn inside their bins, then put in order.
-                    let mut rows: Vec<(Vec<usize>, Vec<SyntheticValue>)> = model
-                        .sample(n, rng)
+                    let ancestor = |a: usize, column: usize| {
+                        let (mut at, mut row) = (p, parent);
+                        while at != a {
+                            (at, row) = (layout.tables[at].parent?, drawn[at].rows[row].parent?);
+                        }
+                        number(&drawn[at].rows[row].values[column])
+                    };
+                    // Their own values drawn inside their bins (and their intervals), then put
+                    // in order.
+                    let mut rows: Vec<(Vec<usize>, Vec<SyntheticValue>)> = drawn_rows
                         .into_iter()
                         .map(|row| {
                             let values = (0..own).map(|c| fitted.domain.columns[c].draw(row[c], rng)).collect();
                             (row, values)
                         })
                         .collect();
-                    match (fitted.order_by, fitted.domain.index_of(POSITION_COLUMN)) {
-                        (Some(order), _) => {
+                    let place = |values: &[SyntheticValue]| placed(layout, t, values.to_vec(), ancestor);
+                    match (fitted.order_by, table.ordered) {
+                        // A sequence drawn in its order: its order values drawn, then given to
+                        // its rows in that order (the first row the earliest), as its view holds
+                        // them (so every value placed from them is placed again).
+                        (Some(order), true) => {
+                            let mut ranked: Vec<(f64, SyntheticValue)> =
+                                rows.iter().map(|r| (order_key(&place(&r.1)[order]), r.1[order].clone())).collect();
+                            ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+                            rows.iter_mut().zip(ranked).for_each(|(row, (_, value))| row.1[order] = value);
+                            rows.iter_mut().for_each(|row| row.1 = place(&row.1));
+                        }
+                        (Some(order), false) => {
+                            rows.iter_mut().for_each(|row| row.1 = place(&row.1));
                             rows.sort_by(|a, b| order_key(&a.1[order]).total_cmp(&order_key(&b.1[order])))
                         }
-                        (None, Some(position)) => rows.sort_by_key(|(row, _)| row[position]),
-                        (None, None) => {}
+                        (None, _) => {
+                            rows.iter_mut().for_each(|row| row.1 = place(&row.1));
+                            rows.sort_by_key(|(row, _)| row[position])
+                        }
                     }
                     for (row, values) in rows {
                         out.keep(&fitted.domain, &children, (unit, Some(parent)), (&row, values), &mut *rng);
@@ -242,24 +286,45 @@ impl Drawn {
 
 /// Where a value sorts among its siblings: missing last (as the cap reads them).
 fn order_key(value: &SyntheticValue) -> f64 {
+    number(value).unwrap_or(f64::INFINITY)
+}
+
+/// A numeric or datetime value as a number (datetimes in epoch seconds).
+fn number(value: &SyntheticValue) -> Option<f64> {
     match value {
-        SyntheticValue::Integer(v) | SyntheticValue::Datetime(v) => *v as f64,
-        SyntheticValue::Real(v) => *v,
-        SyntheticValue::Missing | SyntheticValue::Category(_) => f64::INFINITY,
+        SyntheticValue::Integer(v) | SyntheticValue::Datetime(v) => Some(*v as f64),
+        SyntheticValue::Real(v) => Some(*v),
+        SyntheticValue::Missing | SyntheticValue::Category(_) => None,
     }
+}
+
+/// A row of table `t` drawn as its view holds it, made values: each column with an
+/// interval placed in it from its ends, of the row itself (placed first: an end is
+/// declared before its column) or of an ancestor's drawn row (`ancestor(table, column)`).
+/// Inside the interval by construction, whatever the bin: nothing is clipped.
+fn placed(
+    layout: &Layout,
+    t: usize,
+    mut values: Vec<SyntheticValue>,
+    ancestor: impl Fn(usize, usize) -> Option<f64>,
+) -> Vec<SyntheticValue> {
+    for c in 0..values.len() {
+        let Encoding::Numeric { kind, .. } = layout.tables[t].domain.columns[c].encoding else { continue };
+        if layout.within(t, c).is_none() {
+            continue;
+        }
+        let end =
+            |table: usize, column: usize| if table == t { number(&values[column]) } else { ancestor(table, column) };
+        let value = number(&values[c]).and_then(|place| layout.from_view_value(t, c, place, end));
+        values[c] = value.map_or(SyntheticValue::Missing, |v| SyntheticValue::numeric(kind, v));
+    }
+    values
 }
 
 /// Each child table of `t` with its count column in `t`'s view.
 fn child_columns(layout: &Layout, t: usize, domain: &Domain) -> Vec<(usize, usize)> {
     let column = |c: usize| domain.index_of(&format!("__n.{}", layout.tables[c].name)).expect("a view's count column");
     layout.children(t).map(|c| (c, column(c))).collect()
-}
-
-/// The view's columns of `t`'s ancestors, nearest first (after its own and its position,
-/// as `View::domain` lays them out).
-fn ancestor_columns(layout: &Layout, t: usize) -> std::ops::Range<usize> {
-    let start = layout.tables[t].values() + 1;
-    start..start + layout.ancestors(t).map(|a| layout.tables[a].values()).sum::<usize>()
 }
 
 /// The own bins of row `row` of table `p` and of its ancestors' rows, nearest first.
