@@ -285,7 +285,7 @@ async fn adding_a_patient_changes_no_other_patients_rows() {
 /// CSV text; a unit gives a view at most the table's cap product rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
-    use rhosynth_shared::data::database::view::POSITION_COLUMN;
+    use rhosynth_shared::data::database::view::{AFTER_COLUMN, POSITION_COLUMN};
 
     let dir = tempfile::tempdir().unwrap();
     let db = database_csv(200, 13);
@@ -315,6 +315,7 @@ async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
             "admission_type",
             "outcome",
             POSITION_COLUMN,
+            AFTER_COLUMN,
             "patients.age",
             "patients.sex",
             "patients.comorbidity",
@@ -325,9 +326,9 @@ async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
             "__n.vitals"
         ]
     );
-    assert_eq!(names(2)[..5], ["charttime", "heart_rate", "resp_rate", "spo2", POSITION_COLUMN]);
+    assert_eq!(names(2)[..6], ["charttime", "heart_rate", "resp_rate", "spo2", POSITION_COLUMN, AFTER_COLUMN]);
     assert_eq!(
-        names(2)[5..],
+        names(2)[6..],
         [
             "admissions.admittime",
             "admissions.dischtime",
@@ -357,22 +358,25 @@ async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
             for (i, (stay, (admitted, hadm))) in stay_rows.iter().zip(&kept).enumerate() {
                 assert_eq!(stay[0], Some(*admitted), "{unit}: admissions in time order");
                 assert_eq!(stay[4], Some(i as f64), "{unit}: position");
-                assert_eq!(stay[5..8], root[0][..3], "{unit}: the patient's values");
+                assert_eq!(stay[5], Some((kept.len() - 1 - i) as f64), "{unit}: admissions after this one");
+                assert_eq!(stay[6..9], root[0][..3], "{unit}: the patient's values");
                 // Admissions are a sequence (by admission time): each holds the one before.
                 let before = if i == 0 { vec![None; 4] } else { stay_rows[i - 1][..4].to_vec() };
-                assert_eq!(stay[8..12], before[..], "{unit}: the previous admission's values");
+                assert_eq!(stay[9..13], before[..], "{unit}: the previous admission's values");
                 let wanted = charts.get(hadm).copied().unwrap_or(0).min(VITALS_CAP);
-                assert_eq!(stay[12], Some(wanted as f64), "{unit}: charts of {hadm}");
+                assert_eq!(stay[13], Some(wanted as f64), "{unit}: charts of {hadm}");
             }
             assert!(chart_rows.len() as u64 <= views[2].max_rows_per_unit(&layout));
             for (i, chart) in chart_rows.iter().enumerate() {
-                let stay = stay_rows.iter().find(|s| s[..4] == chart[5..9]).expect("the chart's admission");
+                let stay = stay_rows.iter().find(|s| s[..4] == chart[6..10]).expect("the chart's admission");
                 assert!(chart[0] > stay[0] && chart[0] < stay[1], "{unit}: a chart inside its admission");
-                assert_eq!(chart[9..12], root[0][..3]);
+                assert_eq!(chart[10..13], root[0][..3]);
                 // The previous chart of the same admission (charts come in place order).
                 let first = chart[4] == Some(0.0);
                 let before = if first { vec![None; 4] } else { chart_rows[i - 1][..4].to_vec() };
-                assert_eq!(chart[12..16], before[..], "{unit}: the previous chart's values");
+                assert_eq!(chart[13..17], before[..], "{unit}: the previous chart's values");
+                let last = chart_rows.get(i + 1).is_none_or(|next| next[4] == Some(0.0));
+                assert_eq!(chart[5] == Some(0.0), last, "{unit}: no chart after the last");
             }
         }
     }

@@ -20,6 +20,10 @@ use crate::spec::{Bound, ColumnKind, ColumnSpec, MissingPolicy, UnknownPolicy};
 /// A view's column holding a row's place among its parent's rows (0 first).
 pub const POSITION_COLUMN: &str = "__position";
 
+/// A sequence's view column holding how many rows follow a row under its parent (0 for
+/// the last): what ends a sequence (a death, a discharge) is drawn knowing it ends it.
+pub const AFTER_COLUMN: &str = "__after";
+
 /// Prefix of a view's columns holding the previous sibling's values (missing for the
 /// first): `__prev.heart_rate`.
 pub const PREVIOUS_PREFIX: &str = "__prev.";
@@ -309,6 +313,9 @@ impl View {
         if table.parent.is_some() {
             columns.push(count_column(POSITION_COLUMN, table.max_per_parent - 1));
         }
+        if table.ordered {
+            columns.push(count_column(AFTER_COLUMN, table.max_per_parent - 1));
+        }
         for a in layout.ancestors(self.table) {
             let ancestor = &layout.tables[a];
             columns.extend((0..ancestor.values()).map(|c| {
@@ -337,10 +344,12 @@ impl View {
         start..start + if table.ordered { table.values() } else { 0 }
     }
 
-    /// The view's columns of its table's ancestors, nearest first (after its own and its
-    /// position, as [`Self::domain`] lays them out): what a sampler conditions on.
+    /// The view's columns of its table's ancestors, nearest first (after its own, its
+    /// position and a sequence's rows after, as [`Self::domain`] lays them out): what a
+    /// sampler conditions on.
     pub fn ancestor_columns(&self, layout: &Layout) -> std::ops::Range<usize> {
-        let start = layout.tables[self.table].values() + usize::from(layout.tables[self.table].parent.is_some());
+        let table = &layout.tables[self.table];
+        let start = table.values() + usize::from(table.parent.is_some()) + usize::from(table.ordered);
         start..start + layout.ancestors(self.table).map(|a| layout.tables[a].values()).sum::<usize>()
     }
 
@@ -367,6 +376,12 @@ impl View {
         // The last row seen under each parent row: the next one's previous sibling (rows come
         // in place order: by parent, then in their order under it).
         let mut previous: BTreeMap<u32, Vec<Option<f64>>> = BTreeMap::new();
+        let mut siblings: BTreeMap<u32, u32> = BTreeMap::new();
+        if table.parent.is_some() {
+            unit.tables[self.table]
+                .iter()
+                .for_each(|row| *siblings.entry(place(row, table.values() + 1)).or_insert(0) += 1);
+        }
         for (own, row) in unit.tables[self.table].iter().enumerate() {
             // The row and its ancestors' rows, by table (up the tree: each ancestor's row
             // by the place its child names).
@@ -393,8 +408,12 @@ impl View {
             let viewed = |t: usize| (0..layout.tables[t].values()).map(move |c| layout.view_value(t, c, value));
             let mut values: Vec<Option<f64>> = viewed(self.table).collect();
             if table.parent.is_some() {
-                let position = positions.entry(place(row, table.values() + 1)).or_insert(0);
+                let parent = place(row, table.values() + 1);
+                let position = positions.entry(parent).or_insert(0);
                 values.push(Some(f64::from(*position)));
+                if table.ordered {
+                    values.push(Some(f64::from(siblings[&parent] - 1 - *position)));
+                }
                 *position += 1;
             }
             for a in layout.ancestors(self.table) {

@@ -6,7 +6,7 @@ use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::database::DatabaseView;
-use crate::data::database::view::POSITION_COLUMN;
+use crate::data::database::view::{AFTER_COLUMN, POSITION_COLUMN};
 use crate::data::domain::Domain;
 use crate::generators::aim::{AimParams, WorkloadRule, params};
 use crate::generators::marginals::MarginalsTask;
@@ -114,6 +114,7 @@ impl AimPlan {
         if !pairs.is_empty() {
             conditioned.extend(previous);
             conditioned.extend(domain.index_of(POSITION_COLUMN));
+            conditioned.extend(domain.index_of(AFTER_COLUMN));
         }
         let task = |candidates| MarginalsTask::over_view(database, candidates);
         let plan = Self::planned(params, &domain, pairs, (rho, None), task)?;

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use arrow_array::RecordBatch;
 use rand::Rng;
 
-use crate::data::database::view::POSITION_COLUMN;
+use crate::data::database::view::{AFTER_COLUMN, POSITION_COLUMN};
 use crate::data::database::{Layout, View};
 use crate::data::domain::{Domain, Encoding};
 use crate::output::{SyntheticValue, columns_to_batch};
@@ -179,6 +179,7 @@ pub fn sample_database(
                 let ancestors = view.ancestor_columns(layout);
                 let previous = view.previous_columns(layout);
                 let position = fitted.domain.index_of(POSITION_COLUMN).expect("a child's view has its position");
+                let after = fitted.domain.index_of(AFTER_COLUMN);
                 let given_bins = |given: &[(usize, usize)]| {
                     let allowed: Vec<(usize, Vec<bool>)> = given
                         .iter()
@@ -203,6 +204,7 @@ pub fn sample_database(
                         for k in 0..n {
                             let mut at = given.clone();
                             at.push((position, fitted.domain.columns[position].bin(Some(k as f64))));
+                            at.extend(after.map(|a| (a, fitted.domain.columns[a].bin(Some((n - 1 - k) as f64)))));
                             at.extend(previous.clone().enumerate().map(|(c, v)| {
                                 (v, rows.last().map_or(fitted.domain.columns[v].value_bins(), |row| row[c]))
                             }));

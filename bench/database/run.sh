@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A database job against its two baselines on the simulated MIMIC-shaped cohort: simulate a
+# training cohort and a held-out one, run examples/mimic-database.toml, the independent-
+# tables and flattened baselines at the same ε (baselines.py), and evaluate all three
+# against the held-out cohort (evaluate.py: per-table fidelity, integrity, child counts,
+# cross-table marginals, times, lag-1, TSTR). Prints the table; figures also in
+# $OUT/figures.json.
+#   cargo build --release --bins && bench/database/run.sh [PATIENTS] [OUT]
+set -euo pipefail
+patients=${1:-10000}
+out=${2:-$(mktemp -d)}
+here=$(cd "$(dirname "$0")" && pwd)
+bin=${RHOSYNTH_BIN:-$here/../../target/release}/rhosynth
+mkdir -p "$out"
+cd "$out"
+"$bin" simulate --relational --patients "$patients" --seed 7 train > /dev/null
+"$bin" simulate --relational --patients $((patients / 2)) --seed 8 test > /dev/null
+sed -e "s|./rhosynth-out/database/input|$out/train|" -e "s|./rhosynth-out/ledger|$out/ledger|" \
+    -e "s|./rhosynth-out/database/synthetic|$out/database|" "$here/../../examples/mimic-database.toml" > job.toml
+start=$(date +%s.%N)
+"$bin" run job.toml 2> database.log > /dev/null
+echo "database job: $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+python3 "$here/baselines.py" specs --spec job.toml --train train --out baselines
+for job in independent-patients independent-admissions independent-vitals flattened; do
+  "$bin" run "baselines/$job.toml" 2> "baselines/$job.log" > /dev/null
+done
+python3 "$here/baselines.py" join --spec job.toml --out baselines
+python3 "$here/evaluate.py" --spec job.toml --train train --test test --json figures.json \
+  database=database independent=baselines/independent-joined flattened=baselines/flattened-joined
