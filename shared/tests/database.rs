@@ -877,3 +877,33 @@ async fn a_sequence_keeps_its_lag_one_dependence() {
     let without = drawn_lag(&[("charttime", "__prev.charttime"), ("heart_rate", "admissions.admission_type")]);
     assert!(without < real / 2.0, "without the dynamics' pairs: {without:.2} ({real:.2} real)");
 }
+
+/// A layout arrives with a count task: a worker derives the view's domain and bound from
+/// it, so one no spec makes is refused, not read: a root ordered as a sequence (its view
+/// would read places its rows do not have), an interval on a column whose bounds are out of
+/// order, an end in a table that is not an ancestor.
+#[test]
+fn a_layout_no_spec_makes_is_refused() {
+    use rhosynth_shared::data::database::DatabaseView;
+    use rhosynth_shared::data::database::view::ColumnAt;
+    use rhosynth_shared::data::domain::Encoding;
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = with_intervals(&database_job(dir.path(), (3, 8), "order_by = \"charttime\""));
+    let spec = JobSpec::parse(&text, "db").unwrap();
+    let layout = Layout::of(&Database::of_spec(&spec));
+    let view = |layout: &Layout| DatabaseView { layout: layout.clone(), view: View { table: 2 } };
+    assert!(view(&layout).is_consistent());
+    let mut root_ordered = layout.clone();
+    root_ordered.tables[0].ordered = true;
+    assert!(!view(&root_ordered).is_consistent());
+    let mut reversed = layout.clone();
+    if let Encoding::Numeric { min, max, .. } = &mut reversed.tables[1].domain.columns[0].encoding {
+        std::mem::swap(min, max);
+    }
+    assert!(!view(&reversed).is_consistent(), "an end with its bounds out of order");
+    let mut sideways = layout.clone();
+    let within = sideways.tables[1].within[1].as_mut().unwrap();
+    within.start = Some(ColumnAt { table: 2, column: 0 });
+    assert!(!view(&sideways).is_consistent(), "an end in a table below");
+}

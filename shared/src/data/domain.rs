@@ -51,9 +51,9 @@ impl Binning {
     }
 
     /// Geometric bins of a distance between 0 and `range`, finer than [`Self::gaps`]: edges
-    /// 0, range·2^((i−n)/2) for i = 1..n, each bin √2 times as wide as the one before (a
-    /// value drawn uniformly inside one is off by a sixth at most), the smallest
-    /// 2^(−n/2) of the range (32 bins: 1/65,536 of it).
+    /// 0, range·2^((i−n)/2) for i = 1..n, each edge √2 times the one before (a value drawn
+    /// uniformly inside a bin is off by a sixth at most), the first 2^((1−n)/2) of the range
+    /// (32 bins: 1/46,341 of it).
     pub fn distances(range: f64, bins: u32) -> Binning {
         let n = bins.max(1) as i32;
         let mut edges = vec![0.0];

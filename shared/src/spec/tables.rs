@@ -246,6 +246,18 @@ pub fn validate(root_input: &Source, root: &SchemaSpec, tables: &[TableSpec]) ->
                 Some(c) if !matches!(c.kind, ColumnKind::Identifier | ColumnKind::Categorical) => {}
                 _ => return Err(format!("table '{name}': order_by '{order}' must be a numeric or datetime column")),
             }
+            // A sequence's order values are handed to its rows in order: each row's must be
+            // placed alike, from its ancestors alone.
+            let own_end = |text: &String| {
+                parse_within(text).is_ok_and(|(start, end)| {
+                    start.iter().chain(&end).any(|e| e.table.as_deref().is_none_or(|t| t == name.as_str()))
+                })
+            };
+            if table.column(order).and_then(|c| c.within.as_ref()).is_some_and(own_end) {
+                return Err(format!(
+                    "table '{name}': order_by '{order}' may lie within its ancestors' values, not its own row's"
+                ));
+            }
         }
         let parent = &table.parent.table;
         let (parent_reach, parent_key) = match reach.get(parent.as_str()) {
@@ -363,6 +375,7 @@ columns = [
         let cases = [
             (ROOT.into(), within("\"start..\"", "\"end..\""), "'end' is not a column declared before it in its row"),
             (ROOT.into(), within("\"start..\"", "\"..\""), "name a column at one end at least"),
+            (ROOT.into(), within("order_by = \"start\"", "order_by = \"end\""), "not its own row's"),
             (ROOT.into(), within("\"start..\"", "\"start\""), "write start..end"),
             (ROOT.into(), within("\"stays.start..end\"", "\"charts.pulse..\""), "not a column of the same kind"),
             (ROOT.into(), within("\"stays.start..end\"", "\"people.start..\""), "'people' is neither this table"),

@@ -470,13 +470,15 @@ impl DatabaseView {
     pub fn is_consistent(&self) -> bool {
         let tables = &self.layout.tables;
         let well_formed = tables.iter().enumerate().all(|(t, table)| match table.parent {
-            None => t == 0 && table.max_per_parent == 1,
+            None => t == 0 && table.max_per_parent == 1 && !table.ordered,
             Some(p) => p < t && table.max_per_parent >= 1 && table.domain.columns.len() >= 2,
         });
         // Each interval's ends: numeric columns of the row (declared before it) or of an
         // ancestor's row.
+        // (Numeric with finite bounds in order: a place in an interval is clamped to them.)
         let numeric = |t: usize, c: usize| {
-            matches!(tables[t].domain.columns.get(c).map(|c| &c.encoding), Some(Encoding::Numeric { .. }))
+            let bounded = |min: f64, max: f64| min.is_finite() && max.is_finite() && min <= max;
+            matches!(tables[t].domain.columns.get(c).map(|c| &c.encoding), Some(Encoding::Numeric { min, max, .. }) if bounded(*min, *max))
                 && c < tables[t].values()
         };
         // (After the parents are known to come first: `ancestors` then ends.)

@@ -238,10 +238,15 @@ pub fn sample_database(
                         // its rows in that order (the first row the earliest), as its view holds
                         // them (so every value placed from them is placed again).
                         (Some(order), true) => {
-                            let mut ranked: Vec<(f64, SyntheticValue)> =
-                                rows.iter().map(|r| (order_key(&place(&r.1)[order]), r.1[order].clone())).collect();
+                            // (With its bin: children are drawn given it.)
+                            let mut ranked: Vec<(f64, SyntheticValue, usize)> = rows
+                                .iter()
+                                .map(|r| (order_key(&place(&r.1)[order]), r.1[order].clone(), r.0[order]))
+                                .collect();
                             ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
-                            rows.iter_mut().zip(ranked).for_each(|(row, (_, value))| row.1[order] = value);
+                            rows.iter_mut().zip(ranked).for_each(|(row, (_, value, bin))| {
+                                (row.1[order], row.0[order]) = (value, bin);
+                            });
                             rows.iter_mut().for_each(|row| row.1 = place(&row.1));
                         }
                         (Some(order), false) => {
@@ -303,7 +308,8 @@ fn number(value: &SyntheticValue) -> Option<f64> {
 /// A row of table `t` drawn as its view holds it, made values: each column with an
 /// interval placed in it from its ends, of the row itself (placed first: an end is
 /// declared before its column) or of an ancestor's drawn row (`ancestor(table, column)`).
-/// Inside the interval by construction, whatever the bin: nothing is clipped.
+/// Inside the interval by construction, whatever the bin (a value past the column's
+/// declared bounds is brought to them, as the input's values are).
 fn placed(
     layout: &Layout,
     t: usize,
@@ -311,14 +317,16 @@ fn placed(
     ancestor: impl Fn(usize, usize) -> Option<f64>,
 ) -> Vec<SyntheticValue> {
     for c in 0..values.len() {
-        let Encoding::Numeric { kind, .. } = layout.tables[t].domain.columns[c].encoding else { continue };
+        let Encoding::Numeric { kind, min, max, .. } = layout.tables[t].domain.columns[c].encoding else { continue };
         if layout.within(t, c).is_none() {
             continue;
         }
         let end =
             |table: usize, column: usize| if table == t { number(&values[column]) } else { ancestor(table, column) };
         let value = number(&values[c]).and_then(|place| layout.from_view_value(t, c, place, end));
-        values[c] = value.map_or(SyntheticValue::Missing, |v| SyntheticValue::numeric(kind, v));
+        // Within the declared bounds as well, as the input is read (a distance from one end
+        // may reach past them).
+        values[c] = value.map_or(SyntheticValue::Missing, |v| SyntheticValue::numeric(kind, v.clamp(min, max)));
     }
     values
 }
