@@ -265,12 +265,8 @@ async fn write_parts(
     let mut written = 0;
     while written < units {
         let n = (units - written).min(per_part);
-        let (back, back_rng, part) = blocking(move || {
-            let part = sampler.sample(n as usize, &mut rng);
-            (sampler, rng, part)
-        })
-        .await?;
-        (sampler, rng) = (back, back_rng);
+        let part;
+        (sampler, rng, part) = drawn(sampler, rng, move |s, rng| s.sample(n as usize, rng)).await?;
         if part.units() as u64 != n {
             return Err(JobError::Internal(format!("the sampler drew {} of {n} units", part.units())));
         }
@@ -279,6 +275,20 @@ async fn write_parts(
         tracing::info!(units = written, of = units, "synthetic units written");
     }
     Ok(output)
+}
+
+/// `draw` run on a blocking thread (a part is long to draw), the sampler and its generator
+/// handed back with what it drew.
+async fn drawn<S: Send + 'static, P: Send + 'static>(
+    mut sampler: S,
+    mut rng: ChaCha20Rng,
+    draw: impl FnOnce(&mut S, &mut ChaCha20Rng) -> P + Send + 'static,
+) -> Result<(S, ChaCha20Rng, P), JobError> {
+    blocking(move || {
+        let part = draw(&mut sampler, &mut rng);
+        (sampler, rng, part)
+    })
+    .await
 }
 
 /// Writes `units` units of a database drawn by `sampler`, a batch of units at a time (a
@@ -296,12 +306,8 @@ async fn write_database(
     let mut written = 0;
     while written < units {
         let n = (units - written).min(per_part);
-        let (back, back_rng, batches) = blocking(move || {
-            let batches = sampler.sample(n as usize, &mut rng);
-            (sampler, rng, batches)
-        })
-        .await?;
-        (sampler, rng) = (back, back_rng);
+        let batches;
+        (sampler, rng, batches) = drawn(sampler, rng, move |s, rng| s.sample(n as usize, rng)).await?;
         if batches[0].num_rows() as u64 != n {
             return Err(JobError::Internal(format!("the sampler drew {} of {n} units", batches[0].num_rows())));
         }

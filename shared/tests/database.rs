@@ -738,6 +738,20 @@ fn with_intervals(text: &str) -> String {
         .replace(chart, &format!("{chart}, within = \"admissions.admittime..dischtime\""))
 }
 
+/// The views of 800 simulated patients (seed `seed`) with their times in intervals
+/// ([`with_intervals`]), caps 3 and 8, charts ordered by time.
+async fn timed_views(seed: u64) -> (Layout, Vec<Vec<Vec<Option<f64>>>>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_database(dir.path(), &database_csv(800, seed));
+    let text = with_intervals(&database_job(dir.path(), (3, 8), "order_by = \"charttime\""));
+    let spec = JobSpec::parse(&text, "db").unwrap();
+    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
+        .await
+        .unwrap();
+    view_rows(&spec, &tables).await
+}
+
 /// Times declared inside their parent's interval (`within`): the views hold a chart's
 /// place in its admission (a fraction in [0, 1]) and a stay's length (from the admission
 /// on), and a database drawn from models fitted to them (no noise) has every chart inside
@@ -748,16 +762,7 @@ fn with_intervals(text: &str) -> String {
 async fn times_lie_inside_their_parents_interval_without_piling_on_its_ends() {
     use rand::SeedableRng;
 
-    let dir = tempfile::tempdir().unwrap();
-    let db = database_csv(800, 41);
-    write_database(dir.path(), &db);
-    let text = with_intervals(&database_job(dir.path(), (3, 8), "order_by = \"charttime\""));
-    let spec = JobSpec::parse(&text, "db").unwrap();
-    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
-    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
-        .await
-        .unwrap();
-    let (layout, values) = view_rows(&spec, &tables).await;
+    let (layout, values) = timed_views(41).await;
     // The views: stays' lengths in seconds from the admission, charts' places in [0, 1].
     let stays: Vec<f64> = values[1].iter().map(|r| r[1].unwrap()).collect();
     let places: Vec<f64> = values[2].iter().map(|r| r[0].unwrap()).collect();
@@ -836,16 +841,7 @@ fn lag_one(pairs: &[(f64, f64)]) -> f64 {
 async fn a_sequence_keeps_its_lag_one_dependence() {
     use rand::SeedableRng;
 
-    let dir = tempfile::tempdir().unwrap();
-    let db = database_csv(800, 43);
-    write_database(dir.path(), &db);
-    let text = with_intervals(&database_job(dir.path(), (3, 8), "order_by = \"charttime\""));
-    let spec = JobSpec::parse(&text, "db").unwrap();
-    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
-    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
-        .await
-        .unwrap();
-    let (layout, values) = view_rows(&spec, &tables).await;
+    let (layout, values) = timed_views(43).await;
     let domain = View { table: 2 }.domain(&layout);
     let (hr, before) = (domain.index_of("heart_rate").unwrap(), domain.index_of("__prev.heart_rate").unwrap());
     let real: Vec<(f64, f64)> = values[2].iter().filter_map(|r| Some((r[before]?, r[hr]?))).collect();
