@@ -903,3 +903,21 @@ fn a_layout_no_spec_makes_is_refused() {
     within.start = Some(ColumnAt { table: 2, column: 0 });
     assert!(!view(&sideways).is_consistent(), "an end in a table below");
 }
+
+/// The example database job parses and plans as its comments say: caps 5 and 24 (120
+/// charts a patient at most), one zCDP charge split over three views, the charts' view a
+/// sequence with its dynamics' pairs measured first.
+#[test]
+fn the_example_database_job_plans() {
+    use rhosynth_shared::accounting::accountant::AccountingOptions;
+    use rhosynth_shared::generators::database::DatabasePlan;
+
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mimic-database.toml");
+    let spec = JobSpec::parse(&std::fs::read_to_string(&path).unwrap(), "mimic-database.toml").unwrap();
+    let plan = DatabasePlan::new(&spec, &AccountingOptions::default()).unwrap();
+    assert_eq!((0..3).map(|t| plan.layout.reach(t)).collect::<Vec<_>>(), [1, 5, 120]);
+    let shares: f64 = plan.views.iter().map(|v| v.rho).sum();
+    assert!((shares - plan.rho).abs() < 1e-12 * plan.rho, "the views' shares are the charge");
+    assert_eq!(plan.views.iter().map(|v| v.task.max_rows_per_unit).collect::<Vec<_>>(), [1, 5, 120]);
+    assert_eq!(plan.views[2].target_pairs.len(), 4, "each chart value with the one before it");
+}
