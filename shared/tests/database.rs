@@ -921,3 +921,40 @@ fn the_example_database_job_plans() {
     assert_eq!(plan.views.iter().map(|v| v.task.max_rows_per_unit).collect::<Vec<_>>(), [1, 5, 120]);
     assert_eq!(plan.views[2].target_pairs.len(), 4, "each chart value with the one before it");
 }
+
+/// `rhosynth validate` of a database job reads every table against its own columns and
+/// keys: a chart's heart rate that is no number and an admissions file without its key
+/// column are reported with their files, beside the root's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validating_a_database_reads_every_table() {
+    use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::data::{DataError, input};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut db = database_csv(50, 3);
+    let spec = rhosynth_shared::testing::database_spec(dir.path(), (3, 8), "order_by = \"charttime\"");
+    write_database(dir.path(), &db);
+    let valid = input::validate(&spec, &Domain::from_spec(&spec), 10).await;
+    assert!(valid.is_valid(), "{:?}", valid.problems);
+    assert_eq!(valid.files, 3);
+    let rows = [&db.patients, &db.admissions, &db.vitals].iter().map(|t| t.lines().count() as u64 - 1).sum::<u64>();
+    assert_eq!(valid.rows, rows, "every table's rows read");
+
+    let mut vitals: Vec<String> = db.vitals.lines().map(str::to_string).collect();
+    let mut fields: Vec<&str> = vitals[3].split(',').collect();
+    fields[3] = "fast";
+    vitals[3] = fields.join(",");
+    db.vitals = vitals.join("\n") + "\n";
+    db.admissions = db.admissions.replacen("hadm_id,", "admission,", 1);
+    write_database(dir.path(), &db);
+    let found = input::validate(&spec, &Domain::from_spec(&spec), 10).await;
+    assert!(!found.is_valid());
+    let file_of = |p: &DataError| match p {
+        DataError::Value { file, column, .. } => format!("{file}:{column}"),
+        DataError::MissingColumn { file, column } => format!("{file}:{column}"),
+        other => other.to_string(),
+    };
+    let problems: Vec<String> = found.problems.iter().map(file_of).collect();
+    assert!(problems.iter().any(|p| p.ends_with("admissions.csv:hadm_id")), "{problems:?}");
+    assert!(problems.iter().any(|p| p.ends_with("vitals.csv:heart_rate")), "{problems:?}");
+}

@@ -502,24 +502,35 @@ impl Validation {
 /// Reads every input file of `spec` as a job would, but collects up to `max_problems`
 /// problems instead of stopping at the first: bad values (the row goes on), and errors
 /// that stop reading a file (unreadable, malformed, a declared column absent; the next
-/// file goes on). For the data owner: the result says where rows break the schema.
+/// file goes on). A database's tables are read each against its own columns, with its
+/// keys. For the data owner: the result says where rows break the schema.
 pub async fn validate(spec: &JobSpec, domain: &Domain, max_problems: usize) -> Validation {
-    let mut reader = InputReader::new(&spec.input, &spec.schema, domain);
-    reader.on_bad = OnBadValue::Collect(Problems { found: Vec::new(), limit: max_problems, truncated: false });
-    let mut rows = 0;
-    loop {
-        match reader.next_batch().await {
-            Ok(Some(batch)) => rows += batch.len() as u64,
-            Ok(None) => break,
-            Err(e) => {
-                // Stops this file only; the next one goes on.
-                let _ = reader.on_bad.handle(e);
-                reader.current = None;
+    let unit = spec.schema.unit_column.as_deref().unwrap_or_default();
+    let root = (&spec.input, spec.schema.clone(), domain.clone(), Vec::new());
+    let tables = spec.tables.iter().map(|t| {
+        let keys: Vec<&str> = std::iter::once(t.parent.key.as_str()).chain(t.key.as_deref()).collect();
+        (&t.input, t.schema(unit), Domain::of_columns(&t.columns, spec.generator.default_bins()), keys)
+    });
+    let mut problems = Problems { found: Vec::new(), limit: max_problems, truncated: false };
+    let (mut rows, mut files) = (0, 0);
+    for (input, schema, domain, keys) in std::iter::once(root).chain(tables) {
+        let mut reader = InputReader::new(input, &schema, &domain).with_keys(keys);
+        reader.on_bad = OnBadValue::Collect(problems);
+        loop {
+            match reader.next_batch().await {
+                Ok(Some(batch)) => rows += batch.len() as u64,
+                Ok(None) => break,
+                Err(e) => {
+                    // Stops this file only; the next one goes on.
+                    let _ = reader.on_bad.handle(e);
+                    reader.current = None;
+                }
             }
         }
+        let OnBadValue::Collect(found) = reader.on_bad else { unreachable!("set above") };
+        (problems, files) = (found, files + input.urls.len());
     }
-    let OnBadValue::Collect(problems) = reader.on_bad else { unreachable!("set above") };
-    Validation { files: spec.input.urls.len(), rows, problems: problems.found, truncated: problems.truncated }
+    Validation { files, rows, problems: problems.found, truncated: problems.truncated }
 }
 
 fn csv_err(file: &str, e: &arrow_schema::ArrowError) -> DataError {
