@@ -230,6 +230,20 @@ pub(crate) struct Partitions {
     pub rows_per_unit: Private<std::collections::BTreeMap<u32, u64>>,
 }
 
+impl Partitions {
+    /// `groups` of files, their units counted in `partitioned` (one table's, or a
+    /// database's root's).
+    fn of(groups: Vec<Vec<String>>, partitioned: Partitioned) -> Self {
+        let Partitioned { units, units_per_partition, rows_per_unit, .. } = partitioned;
+        Self {
+            groups,
+            units: Private::new(units),
+            units_per_partition: Private::new(units_per_partition),
+            rows_per_unit: Private::new(rows_per_unit),
+        }
+    }
+}
+
 /// What every generator needs from its job.
 pub(crate) struct JobContext<'a> {
     pub request: &'a JobRequest,
@@ -322,13 +336,9 @@ impl<'a> JobContext<'a> {
                 skipped.by_column.iter().map(|((column, reason), n)| format!("{column}: {reason} ×{n}")).collect();
             tracing::warn!(rows_left_out = skipped.rows, ?by_column, "values that break the job's schema");
         }
-        let Partitioned { urls, units, units_per_partition, rows_per_unit } = writer.finish().await?;
-        Ok(Partitions {
-            groups: urls.into_iter().map(|url| vec![url]).collect(),
-            units: Private::new(units),
-            units_per_partition: Private::new(units_per_partition),
-            rows_per_unit: Private::new(rows_per_unit),
-        })
+        let partitioned = writer.finish().await?;
+        let groups = partitioned.urls.iter().map(|url| vec![url.clone()]).collect();
+        Ok(Partitions::of(groups, partitioned))
     }
 
     /// Splits a database's tables by privacy unit into the scratch store: one set of
@@ -349,14 +359,8 @@ impl<'a> JobContext<'a> {
         let groups = (0..spec.job.partitions as usize)
             .map(|k| tables.iter().map(|t| t.partitions.urls[k].clone()).collect())
             .collect();
-        let Partitioned { units, units_per_partition, rows_per_unit, .. } =
-            tables.into_iter().next().expect("a database has its root").partitions;
-        Ok(Partitions {
-            groups,
-            units: Private::new(units),
-            units_per_partition: Private::new(units_per_partition),
-            rows_per_unit: Private::new(rows_per_unit),
-        })
+        let root = tables.into_iter().next().expect("a database has its root");
+        Ok(Partitions::of(groups, root.partitions))
     }
 
     pub fn charge_request(&self, mechanisms: Vec<Mechanism>) -> ChargeRequest {

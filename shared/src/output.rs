@@ -174,11 +174,6 @@ pub struct ManifestTable {
     pub parts: Vec<PartInfo>,
 }
 
-/// Arrow schema of the synthetic table: the spec's columns, names unchanged.
-pub fn output_schema(spec: &JobSpec) -> SchemaRef {
-    schema_of(&spec.schema.columns)
-}
-
 /// Arrow schema of synthetic rows of `columns`, names unchanged.
 pub fn schema_of(columns: &[ColumnSpec]) -> SchemaRef {
     let fields: Vec<Field> = columns

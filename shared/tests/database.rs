@@ -426,7 +426,7 @@ fn fit_exactly(
             let (a, b) = (domain.index_of(a).unwrap(), domain.index_of(b).unwrap());
             measured.push(exact(&view, &sizes, &[a.min(b), a.max(b)]));
         }
-        fitted.push(FittedView { model: GraphicalModel::fit(&sizes, &measured, 2000), domain, order_by: None });
+        fitted.push(FittedView { model: GraphicalModel::fit(&sizes, &measured, 2000), domain });
         bins.push(view);
     }
     (bins, fitted)
@@ -891,7 +891,7 @@ fn a_layout_no_spec_makes_is_refused() {
     let view = |layout: &Layout| DatabaseView { layout: layout.clone(), view: View { table: 2 } };
     assert!(view(&layout).is_consistent());
     let mut root_ordered = layout.clone();
-    root_ordered.tables[0].ordered = true;
+    root_ordered.tables[0].order_by = Some(0);
     assert!(!view(&root_ordered).is_consistent());
     let mut reversed = layout.clone();
     if let Encoding::Numeric { min, max, .. } = &mut reversed.tables[1].domain.columns[0].encoding {

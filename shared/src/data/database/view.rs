@@ -48,11 +48,11 @@ pub struct TableLayout {
     /// Each own value column's interval (`within`), if it declares one.
     #[serde(default)]
     pub within: Vec<Option<Within>>,
-    /// Whether its rows under one parent are a sequence (it declares `order_by`): its view
-    /// then holds each row's previous sibling's values, and a sampler draws the siblings
-    /// one after another.
+    /// The own value column ordering its rows under one parent (its `order_by`): they are
+    /// then a sequence, its view holds each row's previous sibling's values, and a sampler
+    /// draws the siblings one after another.
     #[serde(default)]
-    pub ordered: bool,
+    pub order_by: Option<usize>,
 }
 
 /// A column's interval: its ends, each a column of its row or an ancestor's row, or the
@@ -86,7 +86,7 @@ impl Layout {
             max_per_parent: 1,
             domain: Domain::of_columns(&db.root_schema.columns, db.default_bins),
             within: Vec::new(),
-            ordered: false,
+            order_by: None,
         };
         let mut layout = Self { tables: vec![root] };
         for table in db.tables {
@@ -99,9 +99,9 @@ impl Layout {
                 name: table.name.clone(),
                 parent: Some(parent),
                 max_per_parent: table.max_per_parent,
-                domain,
                 within: Vec::new(),
-                ordered: table.order_by.is_some(),
+                order_by: table.order_by.as_deref().map(|o| domain.index_of(o).expect("a validated order column")),
+                domain,
             });
         }
         // The intervals, once every table has its index.
@@ -313,7 +313,7 @@ impl View {
         if table.parent.is_some() {
             columns.push(count_column(POSITION_COLUMN, table.max_per_parent - 1));
         }
-        if table.ordered {
+        if table.order_by.is_some() {
             columns.push(count_column(AFTER_COLUMN, table.max_per_parent - 1));
         }
         for a in layout.ancestors(self.table) {
@@ -323,7 +323,7 @@ impl View {
                 ColumnDomain { name: format!("{}.{}", ancestor.name, column.name), ..column }
             }));
         }
-        if table.ordered {
+        if table.order_by.is_some() {
             columns.extend((0..table.values()).map(|c| {
                 let column = layout.view_column(self.table, c);
                 ColumnDomain { name: format!("{PREVIOUS_PREFIX}{}", column.name), missing: true, ..column }
@@ -341,7 +341,7 @@ impl View {
     pub fn previous_columns(&self, layout: &Layout) -> std::ops::Range<usize> {
         let table = &layout.tables[self.table];
         let start = self.ancestor_columns(layout).end;
-        start..start + if table.ordered { table.values() } else { 0 }
+        start..start + if table.order_by.is_some() { table.values() } else { 0 }
     }
 
     /// The view's columns of its table's ancestors, nearest first (after its own, its
@@ -349,7 +349,7 @@ impl View {
     /// sampler conditions on.
     pub fn ancestor_columns(&self, layout: &Layout) -> std::ops::Range<usize> {
         let table = &layout.tables[self.table];
-        let start = table.values() + usize::from(table.parent.is_some()) + usize::from(table.ordered);
+        let start = table.values() + usize::from(table.parent.is_some()) + usize::from(table.order_by.is_some());
         start..start + layout.ancestors(self.table).map(|a| layout.tables[a].values()).sum::<usize>()
     }
 
@@ -411,7 +411,7 @@ impl View {
                 let parent = place(row, table.values() + 1);
                 let position = positions.entry(parent).or_insert(0);
                 values.push(Some(f64::from(*position)));
-                if table.ordered {
+                if table.order_by.is_some() {
                     values.push(Some(f64::from(siblings[&parent] - 1 - *position)));
                 }
                 *position += 1;
@@ -419,7 +419,7 @@ impl View {
             for a in layout.ancestors(self.table) {
                 values.extend(viewed(a));
             }
-            if table.ordered {
+            if table.order_by.is_some() {
                 let mine: Vec<Option<f64>> = values[..table.values()].to_vec();
                 let before = previous.insert(place(row, table.values() + 1), mine);
                 values.extend(before.unwrap_or_else(|| vec![None; table.values()]));
@@ -470,8 +470,13 @@ impl DatabaseView {
     pub fn is_consistent(&self) -> bool {
         let tables = &self.layout.tables;
         let well_formed = tables.iter().enumerate().all(|(t, table)| match table.parent {
-            None => t == 0 && table.max_per_parent == 1 && !table.ordered,
-            Some(p) => p < t && table.max_per_parent >= 1 && table.domain.columns.len() >= 2,
+            None => t == 0 && table.max_per_parent == 1 && table.order_by.is_none(),
+            Some(p) => {
+                p < t
+                    && table.max_per_parent >= 1
+                    && table.domain.columns.len() >= 2
+                    && table.order_by.is_none_or(|o| o < table.values())
+            }
         });
         // Each interval's ends: numeric columns of the row (declared before it) or of an
         // ancestor's row.

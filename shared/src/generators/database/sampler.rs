@@ -23,6 +23,8 @@ pub struct DatabaseSampler {
     layout: Layout,
     views: Vec<FittedView>,
     tables: Vec<TableOutput>,
+    /// The unit's key column (in every table).
+    unit_key: String,
     /// Rows drawn so far, per table.
     drawn: Vec<u64>,
 }
@@ -30,8 +32,6 @@ pub struct DatabaseSampler {
 /// A table as written: its declared columns and which of them hold keys.
 struct TableOutput {
     columns: Vec<ColumnSpec>,
-    /// The unit's key column (in every table).
-    unit_key: String,
     /// Its own key column, if it has one (the root's is the unit's).
     key: Option<String>,
     /// The column holding its parent row's key.
@@ -42,32 +42,18 @@ impl DatabaseSampler {
     /// `models[t]` is fitted over table `t`'s view of `layout` (the spec's).
     pub fn new(spec: &JobSpec, layout: Layout, models: Vec<GraphicalModel>) -> Self {
         let unit_key = spec.schema.unit_column.clone().expect("a database job names its unit column");
-        let root = TableOutput {
-            columns: spec.schema.columns.clone(),
-            unit_key: unit_key.clone(),
-            key: Some(unit_key.clone()),
-            parent_key: None,
-        };
+        let root = TableOutput { columns: spec.schema.columns.clone(), key: Some(unit_key.clone()), parent_key: None };
         let children = spec.tables.iter().map(|t| TableOutput {
             columns: t.columns.clone(),
-            unit_key: unit_key.clone(),
             key: t.key.clone(),
             parent_key: Some(t.parent.key.clone()),
         });
         let tables: Vec<TableOutput> = std::iter::once(root).chain(children).collect();
-        let order_by = std::iter::once(None).chain(spec.tables.iter().map(|t| t.order_by.as_deref()));
-        let views = models
-            .into_iter()
-            .zip(order_by)
-            .enumerate()
-            .map(|(t, (model, order_by))| {
-                let domain = View { table: t }.domain(&layout);
-                let order_by = order_by.and_then(|name| domain.index_of(name));
-                FittedView { domain, model, order_by }
-            })
+        let views = (models.into_iter().enumerate())
+            .map(|(t, model)| FittedView { domain: View { table: t }.domain(&layout), model })
             .collect();
         let drawn = vec![0; tables.len()];
-        Self { layout, views, tables, drawn }
+        Self { layout, views, tables, unit_key, drawn }
     }
 
     /// The tables' names, root first: the batches of [`Self::sample`] in this order.
@@ -86,33 +72,29 @@ impl DatabaseSampler {
     pub fn sample(&mut self, units: usize, rng: &mut impl Rng) -> Vec<RecordBatch> {
         let drawn = sample_database(&self.layout, &self.views, units, rng);
         let first = self.drawn.clone();
-        let batches = drawn
-            .iter()
-            .enumerate()
-            .map(|(t, rows)| {
-                let (table, layout) = (&self.tables[t], &self.layout.tables[t]);
-                let name = |t: usize, row: usize| match t {
-                    0 => format!("syn-{}", first[0] + row as u64),
-                    t => format!("syn-{}-{}", self.layout.tables[t].name, first[t] + row as u64),
-                };
-                let ids = |column: &str, i: usize| {
-                    let row = &rows[i];
-                    if column == table.unit_key {
-                        Some(name(0, row.unit))
-                    } else if table.key.as_deref() == Some(column) {
-                        Some(name(t, i))
-                    } else if table.parent_key.as_deref() == Some(column) {
-                        Some(name(layout.parent?, row.parent?))
-                    } else {
-                        None
-                    }
-                };
-                let values: Vec<Vec<SyntheticValue>> = rows.iter().map(|r| r.values.clone()).collect();
-                columns_to_batch(&table.columns, &values, ids)
-            })
-            .collect();
-        for (count, rows) in self.drawn.iter_mut().zip(&drawn) {
-            *count += rows.len() as u64;
+        let name = |t: usize, row: usize| match t {
+            0 => format!("syn-{}", first[0] + row as u64),
+            t => format!("syn-{}-{}", self.layout.tables[t].name, first[t] + row as u64),
+        };
+        let mut batches = Vec::with_capacity(drawn.len());
+        for (t, rows) in drawn.into_iter().enumerate() {
+            self.drawn[t] += rows.len() as u64;
+            let (table, parent) = (&self.tables[t], self.layout.tables[t].parent);
+            let places: Vec<(usize, Option<usize>)> = rows.iter().map(|r| (r.unit, r.parent)).collect();
+            let values: Vec<Vec<SyntheticValue>> = rows.into_iter().map(|r| r.values).collect();
+            let ids = |column: &str, i: usize| {
+                let (unit, parent_row) = places[i];
+                if column == self.unit_key {
+                    Some(name(0, unit))
+                } else if table.key.as_deref() == Some(column) {
+                    Some(name(t, i))
+                } else if table.parent_key.as_deref() == Some(column) {
+                    Some(name(parent?, parent_row?))
+                } else {
+                    None
+                }
+            };
+            batches.push(columns_to_batch(&table.columns, &values, ids));
         }
         batches
     }
@@ -122,9 +104,6 @@ impl DatabaseSampler {
 pub struct FittedView {
     pub domain: Domain,
     pub model: GraphicalModel,
-    /// The table's own column that orders the rows under one parent (the spec's
-    /// `order_by`): sibling rows are drawn, then sorted by it (else by their drawn places).
-    pub order_by: Option<usize>,
 }
 
 /// One synthetic row of a table: its unit (the index of its root row), its parent (the
@@ -137,6 +116,7 @@ pub struct SyntheticRow {
 }
 
 /// What each table's rows hold while the tree is drawn: their own bins.
+#[derive(Default)]
 struct Drawn {
     rows: Vec<SyntheticRow>,
     bins: Vec<Vec<usize>>,
@@ -161,61 +141,19 @@ pub fn sample_database(
     let mut drawn: Vec<Drawn> = Vec::with_capacity(layout.tables.len());
     for (t, table) in layout.tables.iter().enumerate() {
         let fitted = &views[t];
-        let own = table.values();
         let children: Vec<(usize, usize)> = child_columns(layout, t, &fitted.domain);
-        let mut out = Drawn { rows: Vec::new(), bins: Vec::new(), counts: HashMap::new() };
+        let mut out = Drawn::default();
         match table.parent {
             None => {
                 for (unit, row) in fitted.model.sample(units, rng).into_iter().enumerate() {
-                    let values = (0..own).map(|c| fitted.domain.columns[c].draw(row[c], rng)).collect();
-                    let values = placed(layout, t, values, |_, _| None);
+                    let values = placed(layout, t, own_values(fitted, table.values(), &row, rng), |_, _| None);
                     out.keep(&fitted.domain, &children, (unit, None), (&row, values), &mut *rng);
                 }
             }
             Some(p) => {
-                // The view's columns a row is drawn given: its ancestors' (their bins for each
-                // parent row); for a sequence also its position and its previous sibling's.
-                let view = View { table: t };
-                let ancestors = view.ancestor_columns(layout);
-                let previous = view.previous_columns(layout);
-                let position = fitted.domain.index_of(POSITION_COLUMN).expect("a child's view has its position");
-                let after = fitted.domain.index_of(AFTER_COLUMN);
-                let given_bins = |given: &[(usize, usize)]| {
-                    let allowed: Vec<(usize, Vec<bool>)> = given
-                        .iter()
-                        .map(|&(v, bin)| {
-                            let mut mask = vec![false; fitted.domain.columns[v].bins()];
-                            mask[bin] = true;
-                            (v, mask)
-                        })
-                        .collect();
-                    fitted.model.conditioned(&allowed)
-                };
-                // Parents alike share their children's model (a sequence's rows are each given
-                // their own previous row: drawn from a model of their own).
-                let mut by_ancestors: HashMap<Vec<usize>, GraphicalModel> = HashMap::new();
+                let mut siblings = Siblings::new(layout, t, fitted);
                 let wanted = drawn[p].counts.get(&t).cloned().unwrap_or_default();
                 for (parent, &n) in wanted.iter().enumerate().filter(|(_, n)| **n > 0) {
-                    let given: Vec<(usize, usize)> =
-                        ancestors.clone().zip(ancestor_bins(&drawn, layout, p, parent)).collect();
-                    let drawn_rows = if table.ordered {
-                        // One after another: each given its place and the one before it.
-                        let mut rows: Vec<Vec<usize>> = Vec::with_capacity(n);
-                        for k in 0..n {
-                            let mut at = given.clone();
-                            at.push((position, fitted.domain.columns[position].bin(Some(k as f64))));
-                            at.extend(after.map(|a| (a, fitted.domain.columns[a].bin(Some((n - 1 - k) as f64)))));
-                            at.extend(previous.clone().enumerate().map(|(c, v)| {
-                                (v, rows.last().map_or(fitted.domain.columns[v].value_bins(), |row| row[c]))
-                            }));
-                            rows.extend(given_bins(&at).sample(1, rng));
-                        }
-                        rows
-                    } else {
-                        let key: Vec<usize> = given.iter().map(|&(_, bin)| bin).collect();
-                        by_ancestors.entry(key).or_insert_with(|| given_bins(&given)).sample(n, rng)
-                    };
-                    let unit = drawn[p].rows[parent].unit;
                     let ancestor = |a: usize, column: usize| {
                         let (mut at, mut row) = (p, parent);
                         while at != a {
@@ -223,42 +161,9 @@ pub fn sample_database(
                         }
                         number(&drawn[at].rows[row].values[column])
                     };
-                    // Their own values drawn inside their bins (and their intervals), then put
-                    // in order.
-                    let mut rows: Vec<(Vec<usize>, Vec<SyntheticValue>)> = drawn_rows
-                        .into_iter()
-                        .map(|row| {
-                            let values = (0..own).map(|c| fitted.domain.columns[c].draw(row[c], rng)).collect();
-                            (row, values)
-                        })
-                        .collect();
-                    let place = |values: &[SyntheticValue]| placed(layout, t, values.to_vec(), ancestor);
-                    match (fitted.order_by, table.ordered) {
-                        // A sequence drawn in its order: its order values drawn, then given to
-                        // its rows in that order (the first row the earliest), as its view holds
-                        // them (so every value placed from them is placed again).
-                        (Some(order), true) => {
-                            // (With its bin: children are drawn given it.)
-                            let mut ranked: Vec<(f64, SyntheticValue, usize)> = rows
-                                .iter()
-                                .map(|r| (order_key(&place(&r.1)[order]), r.1[order].clone(), r.0[order]))
-                                .collect();
-                            ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
-                            rows.iter_mut().zip(ranked).for_each(|(row, (_, value, bin))| {
-                                (row.1[order], row.0[order]) = (value, bin);
-                            });
-                            rows.iter_mut().for_each(|row| row.1 = place(&row.1));
-                        }
-                        (Some(order), false) => {
-                            rows.iter_mut().for_each(|row| row.1 = place(&row.1));
-                            rows.sort_by(|a, b| order_key(&a.1[order]).total_cmp(&order_key(&b.1[order])))
-                        }
-                        (None, _) => {
-                            rows.iter_mut().for_each(|row| row.1 = place(&row.1));
-                            rows.sort_by_key(|(row, _)| row[position])
-                        }
-                    }
-                    for (row, values) in rows {
+                    let given = siblings.ancestors.clone().zip(ancestor_bins(&drawn, layout, p, parent)).collect();
+                    let unit = drawn[p].rows[parent].unit;
+                    for (row, values) in siblings.draw(given, n, ancestor, rng) {
                         out.keep(&fitted.domain, &children, (unit, Some(parent)), (&row, values), &mut *rng);
                     }
                 }
@@ -267,6 +172,124 @@ pub fn sample_database(
         drawn.push(out);
     }
     drawn.into_iter().map(|d| d.rows).collect()
+}
+
+/// A view's model given each listed column's bin.
+fn conditioned_on(fitted: &FittedView, given: &[(usize, usize)]) -> GraphicalModel {
+    let allowed: Vec<(usize, Vec<bool>)> = given
+        .iter()
+        .map(|&(v, bin)| {
+            let mut mask = vec![false; fitted.domain.columns[v].bins()];
+            mask[bin] = true;
+            (v, mask)
+        })
+        .collect();
+    fitted.model.conditioned(&allowed)
+}
+
+/// A row's own values (the first `own` columns of its view) drawn inside its bins.
+fn own_values(fitted: &FittedView, own: usize, row: &[usize], rng: &mut impl Rng) -> Vec<SyntheticValue> {
+    (0..own).map(|c| fitted.domain.columns[c].draw(row[c], rng)).collect()
+}
+
+/// The rows of child table `t` under one parent row after another, each drawn given the
+/// bins of its ancestors' rows; a sequence's (a table with `order_by`) one after another,
+/// each also given its place, the rows after it and the row before it.
+struct Siblings<'a> {
+    layout: &'a Layout,
+    t: usize,
+    fitted: &'a FittedView,
+    /// The view's columns of the ancestors' values, of a sequence's previous row's, and
+    /// its place and rows after.
+    ancestors: std::ops::Range<usize>,
+    previous: std::ops::Range<usize>,
+    position: usize,
+    after: Option<usize>,
+    /// Parents alike share their children's model (a sequence's rows are each given their
+    /// own previous row: drawn from a model of their own).
+    by_ancestors: HashMap<Vec<usize>, GraphicalModel>,
+}
+
+impl<'a> Siblings<'a> {
+    fn new(layout: &'a Layout, t: usize, fitted: &'a FittedView) -> Self {
+        let view = View { table: t };
+        let position = fitted.domain.index_of(POSITION_COLUMN).expect("a child's view has its position");
+        Self {
+            layout,
+            t,
+            fitted,
+            ancestors: view.ancestor_columns(layout),
+            previous: view.previous_columns(layout),
+            position,
+            after: fitted.domain.index_of(AFTER_COLUMN),
+            by_ancestors: HashMap::new(),
+        }
+    }
+
+    /// `n` rows under one parent row whose ancestors' bins are `given`, each with its bins
+    /// and its values (placed in their intervals from `ancestor(table, column)`), in order.
+    fn draw(
+        &mut self,
+        given: Vec<(usize, usize)>,
+        n: usize,
+        ancestor: impl Fn(usize, usize) -> Option<f64>,
+        rng: &mut impl Rng,
+    ) -> Vec<(Vec<usize>, Vec<SyntheticValue>)> {
+        let (layout, t, columns) = (self.layout, self.t, &self.fitted.domain.columns);
+        let order = layout.tables[t].order_by;
+        let bins: Vec<Vec<usize>> = match order {
+            Some(_) => {
+                let mut rows: Vec<Vec<usize>> = Vec::with_capacity(n);
+                for k in 0..n {
+                    let mut at = given.clone();
+                    at.push((self.position, columns[self.position].bin(Some(k as f64))));
+                    at.extend(self.after.map(|a| (a, columns[a].bin(Some((n - 1 - k) as f64)))));
+                    at.extend(
+                        self.previous
+                            .clone()
+                            .enumerate()
+                            .map(|(c, v)| (v, rows.last().map_or(columns[v].value_bins(), |row| row[c]))),
+                    );
+                    rows.extend(conditioned_on(self.fitted, &at).sample(1, rng));
+                }
+                rows
+            }
+            None => {
+                let (key, fitted) = (given.iter().map(|&(_, bin)| bin).collect(), self.fitted);
+                self.by_ancestors.entry(key).or_insert_with(|| conditioned_on(fitted, &given)).sample(n, rng)
+            }
+        };
+        let own = layout.tables[t].values();
+        let mut rows: Vec<(Vec<usize>, Vec<SyntheticValue>)> = bins
+            .into_iter()
+            .map(|row| {
+                let values = own_values(self.fitted, own, &row, rng);
+                (row, values)
+            })
+            .collect();
+        let place = |values: &[SyntheticValue]| placed(layout, t, values.to_vec(), &ancestor);
+        match order {
+            // A sequence drawn in its order: its order values drawn, then given to its rows
+            // in that order (the first row the earliest) with their bins (children are drawn
+            // given them), as its view holds them, so every value placed from them is placed
+            // after.
+            Some(order) => {
+                let mut ranked: Vec<(f64, SyntheticValue, usize)> =
+                    rows.iter().map(|r| (order_key(&place(&r.1)[order]), r.1[order].clone(), r.0[order])).collect();
+                ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+                for (row, (_, value, bin)) in rows.iter_mut().zip(ranked) {
+                    (row.1[order], row.0[order]) = (value, bin);
+                }
+                rows.iter_mut().for_each(|row| row.1 = place(&row.1));
+            }
+            // Rows kept by a sample: in their drawn places.
+            None => {
+                rows.iter_mut().for_each(|row| row.1 = place(&row.1));
+                rows.sort_by_key(|(row, _)| row[self.position]);
+            }
+        }
+        rows
+    }
 }
 
 impl Drawn {
