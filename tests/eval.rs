@@ -418,3 +418,70 @@ async fn adult_logistic_regression_matches_scikit_learn() {
     eprintln!("scikit-learn logistic regression ROC-AUC on the same encoding: {reference:.4}");
     assert!((ours - reference).abs() < 0.01, "rhosynth {ours} vs scikit-learn {reference}");
 }
+
+/// `rhosynth eval` of a database: a job's release against a held-out cohort, end to end.
+/// Every synthetic row has its parent, each table has its section, the per-unit utility
+/// is scored, the page renders with a plot per child table; a held-out database missing a
+/// table and a label naming no column are refused with what is wrong.
+#[test]
+fn eval_of_a_database_reports_every_table() {
+    use rhosynth_shared::simulate::database::database_csv;
+    use rhosynth_shared::testing::write_database;
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (dir.path().join("train"), dir.path().join("test"));
+    for (folder, patients, seed) in [(&train, 400, 5), (&test, 200, 6)] {
+        std::fs::create_dir_all(folder).unwrap();
+        write_database(folder, &database_csv(patients, seed));
+    }
+    let spec = std::fs::read_to_string(repo().join("examples/mimic-database.toml"))
+        .unwrap()
+        .replace("./rhosynth-out/database/input", train.to_str().unwrap())
+        .replace("./rhosynth-out/ledger", dir.path().join("ledger").to_str().unwrap())
+        .replace("./rhosynth-out/database/synthetic", dir.path().join("synthetic").to_str().unwrap());
+    let spec_path = dir.path().join("job.toml");
+    std::fs::write(&spec_path, spec).unwrap();
+    let run = Command::new(bin("rhosynth"))
+        .args(["run", spec_path.to_str().unwrap(), "--scratch", dir.path().join("scratch").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let held_out = |tables: &[&str]| -> Vec<String> {
+        tables.iter().flat_map(|t| ["--test".to_string(), format!("{t}={}/{t}.csv", test.display())]).collect()
+    };
+    let eval = |tests: Vec<String>, label: &str| {
+        Command::new(bin("rhosynth"))
+            .args(["eval", "--spec", spec_path.to_str().unwrap()])
+            .args(tests)
+            .args(["--synthetic", dir.path().join("synthetic").to_str().unwrap(), "--label", label])
+            .args(["--out", dir.path().join("report").to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let all = ["patients", "admissions", "vitals"];
+    let output = eval(held_out(&all), "admissions.outcome=died");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let summary = last_json(&output.stdout);
+    let names: Vec<&str> = summary["tables"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, all);
+    for t in summary["tables"].as_array().unwrap() {
+        assert_eq!(t["with_parent"], 1.0, "{t}");
+    }
+    assert_eq!(summary["differentially_private"], false);
+    assert_eq!(summary["utility"].as_array().unwrap().len(), 4, "two models, trained on synthetic and on real");
+    let report = dir.path().join("report");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(report.join("report.json")).unwrap()).unwrap();
+    assert!(json["notice"].as_str().unwrap().contains("DO NOT PUBLISH"));
+    assert!((json["guarantee"]["epsilon"].as_f64().unwrap() - 4.0).abs() < 1e-3, "the manifest's guarantee");
+    assert_eq!(json["tables"][2]["within"][0]["synthetic"], 1.0, "every chart inside its admission");
+    let html = std::fs::read_to_string(report.join("report.html")).unwrap();
+    assert!(all.iter().all(|t| html.contains(&format!("<h2>Table {t}</h2>"))));
+    if let Some(plots) = rendered_plots(&report.join("report.html")) {
+        assert_eq!(plots, 2, "admissions per patient, vitals per admission");
+    }
+
+    let refused = eval(held_out(&all[..2]), "admissions.outcome=died");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no files for table 'vitals'"));
+    let refused = eval(held_out(&all), "admissions.result=died");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("table 'admissions' has no column 'result'"));
+}

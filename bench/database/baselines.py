@@ -92,6 +92,18 @@ def read(path):
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
 
+def written(frame, spec):
+    """A frame with its datetime columns as ISO text, as input files hold them (a
+    release's Parquet may hold them as seconds since the epoch)."""
+    kinds = {c["name"]: c["kind"] for c in spec["schema"]["columns"]}
+    kinds.update({c["name"]: c["kind"] for t in spec["tables"] for c in t["columns"]})
+    frame = frame.copy()
+    for c in frame.columns:
+        if kinds.get(c) == "datetime" and frame[c].dtype.kind in "if":
+            frame[c] = pd.to_datetime(frame[c], unit="s").dt.strftime("%Y-%m-%d %H:%M:%S")
+    return frame
+
+
 def join(spec, out):
     rng = np.random.default_rng(0)  # the baselines' keys: public randomness of a benchmark
     p = read(os.path.join(out, "independent", "patients"))
@@ -105,7 +117,7 @@ def join(spec, out):
     folder = os.path.join(out, "independent-joined")
     os.makedirs(folder, exist_ok=True)
     for name, t in (("patients", p), ("admissions", a), ("vitals", v)):
-        t.to_csv(os.path.join(folder, f"{name}.csv"), index=False)
+        written(t, spec).to_csv(os.path.join(folder, f"{name}.csv"), index=False)
     # Flattened: each synthetic history is a patient (its first row's attributes) and its
     # rows the admissions.
     f = read(os.path.join(out, "flattened"))
@@ -115,8 +127,8 @@ def join(spec, out):
     a = f[["hadm_id", "subject_id", *[c for c in f.columns if c not in root and c not in ("hadm_id", "subject_id")]]]
     folder = os.path.join(out, "flattened-joined")
     os.makedirs(folder, exist_ok=True)
-    p.to_csv(os.path.join(folder, "patients.csv"), index=False)
-    a.to_csv(os.path.join(folder, "admissions.csv"), index=False)
+    written(p, spec).to_csv(os.path.join(folder, "patients.csv"), index=False)
+    written(a, spec).to_csv(os.path.join(folder, "admissions.csv"), index=False)
     pd.DataFrame(columns=["subject_id", "hadm_id", "charttime", "heart_rate", "resp_rate", "spo2"]).to_csv(
         os.path.join(folder, "vitals.csv"), index=False)
 

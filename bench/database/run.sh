@@ -2,9 +2,10 @@
 # A database job against its two baselines on the simulated MIMIC-shaped cohort: simulate a
 # training cohort and a held-out one, run examples/mimic-database.toml, the independent-
 # tables and flattened baselines at the same ε (baselines.py), and evaluate all three
-# against the held-out cohort (evaluate.py: per-table fidelity, integrity, child counts,
-# cross-table marginals, times, lag-1, TSTR). Prints the table; figures also in
-# $OUT/figures.json.
+# against the held-out cohort twice: `rhosynth eval` (reports in $OUT/eval-<name>/) and
+# evaluate.py, a separate pandas/scikit-learn check with its own features (per-table
+# fidelity, integrity, child counts, cross-table marginals, times, lag-1, TSTR). Prints
+# both; evaluate.py's figures also in $OUT/figures.json.
 #   cargo build --release --bins && bench/database/run.sh [PATIENTS] [OUT]
 set -euo pipefail
 patients=${1:-10000}
@@ -27,3 +28,13 @@ done
 python3 "$here/baselines.py" join --spec job.toml --out baselines
 python3 "$here/evaluate.py" --spec job.toml --train train --test test --json figures.json \
   database=database independent=baselines/independent-joined flattened=baselines/flattened-joined
+held_out=(--test patients=test/patients.csv --test admissions=test/admissions.csv --test vitals=test/vitals.csv)
+for name in database independent flattened; do
+  case $name in
+    database) synthetic=(--synthetic database) ;;
+    *) synthetic=(); for t in patients admissions vitals; do synthetic+=(--synthetic "$t=baselines/$name-joined/$t.csv"); done ;;
+  esac
+  echo "rhosynth eval, $name:"
+  "$bin" eval --spec job.toml "${held_out[@]}" "${synthetic[@]}" --label admissions.outcome=died \
+    --out "eval-$name" 2>&1 > "eval-$name.json" | grep -v ' INFO ' | grep -v '^Report:'
+done

@@ -587,5 +587,21 @@ mod tests {
         assert_eq!(written.format, DATABASE_MANIFEST_FORMAT);
         let read = crate::data::table::read_release(url.to_str().unwrap(), None, None).await.map(drop).unwrap_err();
         assert!(read.to_string().contains("a database's release, not one table (its tables: patients, admissions)"));
+        // Read back as a database: each table's parts, checked against the manifest.
+        let (_, tables) = crate::data::table::read_database_release(url.to_str().unwrap()).await.unwrap();
+        let base = url.to_str().unwrap();
+        assert_eq!(
+            tables,
+            [
+                (
+                    "patients".to_string(),
+                    vec![format!("{base}/patients/part-00000.parquet"), format!("{base}/patients/part-00001.parquet")]
+                ),
+                ("admissions".to_string(), vec![format!("{base}/admissions/part-00000.parquet")]),
+            ]
+        );
+        std::fs::write(url.join("admissions/part-00000.parquet"), b"other rows").unwrap();
+        let changed = crate::data::table::read_database_release(base).await.map(drop).unwrap_err();
+        assert!(changed.to_string().contains("part admissions/part-00000.parquet is not the part released"));
     }
 }

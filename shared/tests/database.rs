@@ -87,7 +87,7 @@ async fn a_units_rows_are_capped_by_the_public_rule_and_partitioned_together() {
     for row in rows(&db.vitals) {
         charts_of.entry(row[1].clone()).or_default().push(seconds(&row[2]));
     }
-    let (mut admissions_over, mut charts_over, mut charts_orphaned) = (0, 0, 3);
+    let (mut admissions_over, mut charts_over, mut charts_of_capped) = (0, 0, 0);
     // By unit: the kept admission times in order, and each one's kept chart times.
     let mut expected: HashMap<String, Vec<(f64, Vec<f64>)>> = HashMap::new();
     for (subject, mut stays) in admissions_of {
@@ -96,7 +96,7 @@ async fn a_units_rows_are_capped_by_the_public_rule_and_partitioned_together() {
         for (i, (admitted, hadm)) in stays.into_iter().enumerate() {
             let mut charts = charts_of.remove(&hadm).unwrap_or_default();
             if i >= ADMISSIONS_CAP {
-                charts_orphaned += charts.len();
+                charts_of_capped += charts.len();
                 continue;
             }
             charts.sort_by(f64::total_cmp);
@@ -112,7 +112,9 @@ async fn a_units_rows_are_capped_by_the_public_rule_and_partitioned_together() {
     let dropped = |t: &PartitionedTable| (t.dropped.over_cap, t.dropped.without_parent, t.dropped.duplicate_keys);
     assert_eq!(dropped(patients), (1, 0, 0), "the second row of S000000");
     assert_eq!(dropped(admissions), (admissions_over as u64, 1, 0));
-    assert_eq!(dropped(vitals), (charts_over as u64, charts_orphaned as u64, 0));
+    // The charts of an admission the cap dropped go with it, by the cap; three charts
+    // have no admission of their patient.
+    assert_eq!(dropped(vitals), ((charts_over + charts_of_capped) as u64, 3, 0));
     // One unit reaches at most the product of the caps in each table.
     assert!(admissions.partitions.rows_per_unit.keys().all(|&n| n as usize <= ADMISSIONS_CAP));
     assert!(vitals.partitions.rows_per_unit.keys().all(|&n| n as usize <= ADMISSIONS_CAP * VITALS_CAP));
@@ -957,4 +959,103 @@ async fn validating_a_database_reads_every_table() {
     let problems: Vec<String> = found.problems.iter().map(file_of).collect();
     assert!(problems.iter().any(|p| p.ends_with("admissions.csv:hadm_id")), "{problems:?}");
     assert!(problems.iter().any(|p| p.ends_with("vitals.csv:heart_rate")), "{problems:?}");
+}
+
+/// The evaluation of a database (`eval::database`): a database against itself scores the
+/// floor exactly (every distance 0, the same lag-1, every row with its parent, the same
+/// utility whichever copy trains); a synthetic database with every patient's admissions
+/// cut to the first scores the held-out share of patients with two or more admissions as
+/// the TVD of admissions per patient; and charts moved under another patient's admission
+/// are counted without their parent, one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_evaluation_scores_its_floor_cut_children_and_broken_keys_exactly() {
+    use rhosynth_shared::eval::EvalLimits;
+    use rhosynth_shared::eval::database::{Databases, Label, evaluate, load, spec_files};
+    let dir = tempfile::tempdir().unwrap();
+    let db = database_csv(300, 3);
+    write_database(dir.path(), &db);
+    let spec =
+        JobSpec::parse(&with_intervals(&database_job(dir.path(), (3, 8), "order_by = \"charttime\"")), "db").unwrap();
+    let layout = Layout::of(&Database::of_spec(&spec));
+    let files = spec_files(&spec);
+    let label = Label::parse(&layout, "admissions.outcome=died").unwrap();
+    let loaded = || load(&spec, &files);
+    let databases =
+        Databases { train: loaded().await.unwrap(), test: loaded().await.unwrap(), synthetic: loaded().await.unwrap() };
+    let report = evaluate(&layout, &databases, Some(&label), None, &EvalLimits::default()).unwrap();
+    assert_eq!(report.tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["patients", "admissions", "vitals"]);
+    for t in &report.tables {
+        let distances = t.children.iter().map(|c| &c.tvd).chain(&t.cross).chain(&t.means).chain(&t.transitions);
+        for d in distances {
+            assert_eq!((d.synthetic, d.train), (0.0, 0.0), "{}: {}", t.name, d.what);
+        }
+        assert_eq!((t.integrity.with_parent, t.integrity.without_parent), (1.0, 0), "{}", t.name);
+        assert!((t.fidelity.hist - 1.0).abs() < 1e-12, "{}", t.name);
+        for l in &t.lag1 {
+            assert_eq!((l.synthetic, l.train), (l.held_out, l.held_out), "{}", l.column);
+        }
+        for w in &t.within {
+            assert_eq!((w.held_out, w.synthetic), (1.0, 1.0), "{}", w.column);
+        }
+    }
+    let vitals = &report.tables[2];
+    assert_eq!(vitals.lag1.iter().map(|l| l.column.as_str()).collect::<Vec<_>>(), ["heart_rate", "resp_rate", "spo2"]);
+    assert!(vitals.lag1[0].held_out > 0.3, "the simulated heart rate persists: {:?}", vitals.lag1[0]);
+    assert_eq!(vitals.within.len(), 1);
+    assert!(!vitals.cross.is_empty() && !vitals.means.is_empty() && vitals.transitions.is_empty());
+    assert_eq!(report.tables[1].transitions.len(), 2, "admission type and outcome");
+    let utility = report.utility.as_ref().unwrap();
+    let auc = |on: &str| utility.scores.iter().filter(|s| s.trained_on == on).map(|s| s.roc_auc).collect::<Vec<_>>();
+    assert_eq!(auc("synthetic"), auc("real (train)"));
+    assert!(auc("synthetic").iter().all(|a| *a > 0.6), "the label is predictable: {utility:?}");
+
+    // Each patient's first admission only (by time, as the cap keeps them), and three
+    // charts moved to another patient's admission.
+    let admissions = rows(&db.admissions);
+    let mut first: BTreeMap<&str, &Vec<String>> = BTreeMap::new();
+    for a in &admissions {
+        let kept = first.entry(&a[1]).or_insert(a);
+        if seconds(&a[2]) < seconds(&kept[2]) {
+            *kept = a;
+        }
+    }
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    admissions.iter().for_each(|a| *counts.entry(&a[1]).or_default() += 1);
+    let several = counts.values().filter(|n| **n >= 2).count() as f64 / rows(&db.patients).len() as f64;
+    let cut = dir.path().join("cut");
+    std::fs::create_dir_all(&cut).unwrap();
+    let mut text = format!("{}\n", db.admissions.lines().next().unwrap());
+    first.values().for_each(|a| text.push_str(&format!("{}\n", a.join(","))));
+    std::fs::write(cut.join("admissions.csv"), text).unwrap();
+    let (from, to) = (&first.values().next().unwrap()[0], &first.values().last().unwrap()[0]);
+    let mut moved = 0;
+    let vitals_text: Vec<String> = db
+        .vitals
+        .lines()
+        .map(|line| {
+            let mut fields: Vec<&str> = line.split(',').collect();
+            if moved < 3 && fields[1] == from.as_str() {
+                moved += 1;
+                fields[1] = to;
+            }
+            fields.join(",")
+        })
+        .collect();
+    assert_eq!(moved, 3);
+    std::fs::write(cut.join("vitals.csv"), vitals_text.join("\n") + "\n").unwrap();
+    let mut synthetic = files.clone();
+    synthetic[1] = vec![cut.join("admissions.csv").display().to_string()];
+    synthetic[2] = vec![cut.join("vitals.csv").display().to_string()];
+    let databases = Databases { synthetic: load(&spec, &synthetic).await.unwrap(), ..databases };
+    let report = evaluate(&layout, &databases, None, None, &EvalLimits::default()).unwrap();
+    let per_patient = &report.tables[0].children[0].tvd;
+    assert!((per_patient.synthetic - several).abs() < 1e-12, "{} vs {several}", per_patient.synthetic);
+    assert!(several > 0.2, "{several}");
+    // Without their parent: the three moved, and the charts of every admission cut.
+    let firsts: std::collections::HashSet<&str> = first.values().map(|a| a[0].as_str()).collect();
+    let orphans = rows(&db.vitals).iter().filter(|v| !firsts.contains(v[1].as_str())).count() as u64;
+    let integrity = &report.tables[2].integrity;
+    assert_eq!(integrity.without_parent, 3 + orphans);
+    let share = 1.0 - (3 + orphans) as f64 / integrity.rows_read as f64;
+    assert!((integrity.with_parent - share).abs() < 1e-12 && report.tables[1].integrity.with_parent == 1.0);
 }

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::DataError;
 use super::domain::Domain;
 use super::input::InputReader;
-use crate::output::{DATABASE_MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT, MANIFEST, MANIFEST_FORMAT, Manifest};
+use crate::output::{DATABASE_MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT, MANIFEST, MANIFEST_FORMAT, Manifest, PartInfo};
 use crate::spec::JobSpec;
 use crate::storage;
 
@@ -87,20 +87,10 @@ pub async fn read_release(
     copy_to: Option<&std::path::Path>,
     rows: Option<u64>,
 ) -> Result<ReadRelease, DataError> {
-    if std::path::Path::new(url.trim_start_matches("file://")).is_file() {
-        return Ok(ReadRelease { parts: vec![url.to_string()], manifest: None });
-    }
     let read = |message: String| DataError::Read { file: url.to_string(), message };
-    let location = storage::open_existing_prefix(url).map_err(|e| read(e.to_string()))?;
-    let bytes = match location.store.get(&location.child(MANIFEST)).await {
-        Ok(got) => got.bytes().await.map_err(|e| read(e.to_string()))?,
-        Err(object_store::Error::NotFound { .. }) => {
-            return Ok(ReadRelease { parts: vec![url.to_string()], manifest: None });
-        }
-        Err(e) => return Err(read(e.to_string())),
+    let Some((location, manifest, manifest_sha256)) = read_manifest(url).await? else {
+        return Ok(ReadRelease { parts: vec![url.to_string()], manifest: None });
     };
-    let manifest_sha256 = format!("{:x}", Sha256::digest(&bytes));
-    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| read(format!("{MANIFEST}: {e}")))?;
     if !manifest.tables.is_empty() || manifest.format == DATABASE_MANIFEST_FORMAT {
         let names: Vec<&str> = manifest.tables.iter().map(|t| t.name.as_str()).collect();
         return Err(read(format!("a database's release, not one table (its tables: {})", names.join(", "))));
@@ -108,19 +98,69 @@ pub async fn read_release(
     if ![MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT].contains(&manifest.format.as_str()) {
         return Err(read(format!("{MANIFEST} has format {:?}, not {MANIFEST_FORMAT}", manifest.format)));
     }
+    let parts = checked_parts(url, &location, &manifest.parts, copy_to, rows).await?;
+    Ok(ReadRelease { parts, manifest: Some((manifest, manifest_sha256)) })
+}
+
+/// A database's release read back: its manifest, and each table's files (checked as
+/// [`read_release`] checks a table's), in the manifest's order.
+pub async fn read_database_release(url: &str) -> Result<(Manifest, Vec<(String, Vec<String>)>), DataError> {
+    let read = |message: String| DataError::Read { file: url.to_string(), message };
+    let Some((location, manifest, _)) = read_manifest(url).await? else {
+        return Err(read(format!("no {MANIFEST}: not a rhosynth release")));
+    };
+    if manifest.format != DATABASE_MANIFEST_FORMAT {
+        return Err(read(format!("{MANIFEST} has format {:?}, not {DATABASE_MANIFEST_FORMAT}", manifest.format)));
+    }
+    let mut tables = Vec::with_capacity(manifest.tables.len());
+    for table in &manifest.tables {
+        tables.push((table.name.clone(), checked_parts(url, &location, &table.parts, None, None).await?));
+    }
+    Ok((manifest, tables))
+}
+
+/// The manifest of the release at `url` (with the SHA-256 of its bytes), or `None` for a
+/// single file or a prefix without one.
+async fn read_manifest(url: &str) -> Result<Option<(storage::StoreLocation, Manifest, String)>, DataError> {
+    if std::path::Path::new(url.trim_start_matches("file://")).is_file() {
+        return Ok(None);
+    }
+    let read = |message: String| DataError::Read { file: url.to_string(), message };
+    let location = storage::open_existing_prefix(url).map_err(|e| read(e.to_string()))?;
+    let bytes = match location.store.get(&location.child(MANIFEST)).await {
+        Ok(got) => got.bytes().await.map_err(|e| read(e.to_string()))?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(read(e.to_string())),
+    };
+    let manifest_sha256 = format!("{:x}", Sha256::digest(&bytes));
+    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| read(format!("{MANIFEST}: {e}")))?;
+    Ok(Some((location, manifest, manifest_sha256)))
+}
+
+/// The files of a release's `listed` parts, each checked to be the part released. With
+/// `copy_to`, copied there as they are hashed and named by their copies; with `rows`, only
+/// the first parts that hold that many rows.
+async fn checked_parts(
+    url: &str,
+    location: &storage::StoreLocation,
+    listed: &[PartInfo],
+    copy_to: Option<&std::path::Path>,
+    rows: Option<u64>,
+) -> Result<Vec<String>, DataError> {
+    let read = |message: String| DataError::Read { file: url.to_string(), message };
     let base = url.trim_end_matches('/');
     // A manifest names files inside its own prefix by plain relative paths, never
     // elsewhere (`..`, a root, a scheme).
     let plain = |path: &str| path.split('/').all(|s| !matches!(s, "" | "." | "..") && !s.contains(':'));
-    if let Some(outside) = manifest.parts.iter().find(|p| !plain(&p.path)) {
+    if let Some(outside) = listed.iter().find(|p| !plain(&p.path)) {
         return Err(read(format!("{MANIFEST} names a part outside the release: {}", outside.path)));
     }
     // Each part is the one released: its bytes hash to the manifest's SHA-256, so a part
     // changed after the release (say, to rows of a private input) is refused. Streamed;
     // the message names the part only (its bytes may not be public).
-    let mut parts = Vec::with_capacity(manifest.parts.len());
+    let mut parts = Vec::with_capacity(listed.len());
     let mut held = 0;
-    for part in &manifest.parts {
+    for part in listed {
         if rows.is_some_and(|rows| held >= rows) {
             break;
         }
@@ -159,7 +199,7 @@ pub async fn read_release(
             None => format!("{base}/{}", part.path),
         });
     }
-    Ok(ReadRelease { parts, manifest: Some((manifest, manifest_sha256)) })
+    Ok(parts)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! the report lists, per metric, the rows used out of the rows available. Below the caps
 //! nothing is sampled and every metric is exact.
 
+pub mod database;
 pub mod fidelity;
 pub mod longitudinal;
 pub mod privacy;
@@ -65,8 +66,16 @@ pub struct EvalLimits {
     /// TDCR: the most DTW cells a brute-force search over the samples may fill (estimated
     /// from mean lengths); beyond it both TDCR samples shrink by one factor.
     pub tdcr_cells: u64,
+    /// A database's evaluation: units read of each database (train, held-out, synthetic).
+    /// (Absent from reports written before databases.)
+    #[serde(default = "default_database_units")]
+    pub database_units: usize,
     /// Seed of the (non-private) sampling RNG.
     pub seed: u64,
+}
+
+fn default_database_units() -> usize {
+    EvalLimits::default().database_units
 }
 
 impl Default for EvalLimits {
@@ -84,6 +93,7 @@ impl Default for EvalLimits {
             tdcr_queries: 5_000,
             tdcr_reference: 20_000,
             tdcr_cells: 20_000_000_000,
+            database_units: 50_000,
             seed: 0x5eed,
         }
     }
@@ -314,6 +324,10 @@ pub enum EvalError {
     Storage(#[from] storage::StorageError),
     #[error("evaluation: {0}")]
     Io(String),
+    #[error("evaluation: the label '{label}': {reason}")]
+    Label { label: String, reason: String },
+    #[error("evaluation: the {argument} database's files: {reason}")]
+    DatabaseFiles { argument: &'static str, reason: String },
     #[error(
         "evaluation: refusing to write the report to {out}: {reason}. The report is computed on private data and is \
          not differentially private; it must never sit beside a release. Write it to an operator-only location."
@@ -387,17 +401,23 @@ pub async fn run(
     .await
     .map_err(|e| EvalError::Io(format!("evaluation worker: {e}")))?;
 
-    let location = storage::open(out)?;
     let json = serde_json::to_vec_pretty(&report).map_err(|e| EvalError::Io(e.to_string()))?;
-    for (name, bytes) in [("report.json", json), ("report.html", report::html(&report).into_bytes())] {
+    write_report(out, json, report::html(&report)).await?;
+    tracing::info!("evaluation: report written to {out} (not differentially private: do not publish)");
+    Ok(report)
+}
+
+/// Writes `report.json` and `report.html` to `out`.
+async fn write_report(out: &str, json: Vec<u8>, html: String) -> Result<(), EvalError> {
+    let location = storage::open(out)?;
+    for (name, bytes) in [("report.json", json), ("report.html", html.into_bytes())] {
         location
             .store
             .put(&location.child(name), PutPayload::from(bytes))
             .await
             .map_err(|e| EvalError::Io(format!("writing {out}/{name}: {e}")))?;
     }
-    tracing::info!("evaluation: report written to {out} (not differentially private: do not publish)");
-    Ok(report)
+    Ok(())
 }
 
 #[cfg(test)]

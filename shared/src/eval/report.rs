@@ -3,8 +3,10 @@
 
 use std::fmt::Write as _;
 
+use super::database::{DatabaseReport, Distance, TableEvaluation};
 use super::longitudinal::Longitudinal;
-use super::{EvalReport, NOT_DP};
+use super::utility::Utility;
+use super::{EvalLimits, EvalReport, NOT_DP, SampleUse, StageTiming};
 
 const REAL: &str = "#1f77b4";
 const SYNTHETIC: &str = "#ff7f0e";
@@ -193,67 +195,9 @@ fn metric_table(rows: &[(&str, String, &str)]) -> String {
 
 /// The self-contained HTML page.
 pub fn html(report: &EvalReport) -> String {
-    let mut body = String::new();
-    let explanation = report.notice.strip_prefix(NOT_DP).unwrap_or(&report.notice).trim();
-    let _ = write!(
-        body,
-        "<div class=\"banner\" role=\"alert\"><strong>{}</strong><br>This report is computed on private data and is \
-         not differentially private. Do not publish it, and do not store it beside the released synthetic data.</div>\
-         <h1>rhosynth evaluation report</h1><p class=\"notice\">{}</p>",
-        escape(NOT_DP),
-        escape(explanation)
-    );
-    let sampled: Vec<_> = report.sampling.iter().filter(|u| u.sampled).collect();
-    if !sampled.is_empty() {
-        let _ = write!(
-            body,
-            "<p class=\"notice\">Bounded cost: {} metric inputs were sampled under the evaluation's caps \
-             (uniformly, seeded; not a privacy mechanism). See <a href=\"#sampling\">Sampling</a>.</p>",
-            sampled.len()
-        );
-    }
-    body.push_str("<h2>Formal guarantee</h2>");
-    match &report.guarantee {
-        Some(g) => {
-            let _ = write!(
-                body,
-                "<p>(ε = {}, δ = {}) under the {} accountant, dataset <b>{}</b>, ledger {} entry {}.</p>\
-                 <p>Mechanisms: <code>{}</code></p><p>Declared public: {}</p>",
-                g["epsilon"],
-                g["delta"],
-                escape(g["accountant"].as_str().unwrap_or("?")),
-                escape(g["dataset_id"].as_str().unwrap_or("?")),
-                escape(g["ledger_url"].as_str().unwrap_or("?")),
-                g["ledger_entry"],
-                escape(&g["mechanisms"].to_string()),
-                escape(&g["public_inputs"].as_array().map(|a| a.len()).unwrap_or(0).to_string())
-                    + " schema items (bounds, categories, bins) from the job spec"
-            );
-        }
-        None => body.push_str("<p>No rhosynth manifest with the synthetic data: no formal guarantee is known.</p>"),
-    }
+    let mut body = opening(&report.notice, &report.sampling, &report.guarantee);
     if let Some(u) = &report.utility {
-        let _ = write!(
-            body,
-            "<h2>Utility (train on synthetic, test on real held-out)</h2><p>Target <b>{}</b>, positive class <b>{}</b>; \
-             the rows trained on the real training table are the reference.</p>\
-             <table><tr><th>model</th><th>trained on</th><th>ROC-AUC</th><th>PR-AUC</th><th>F1</th><th>accuracy</th></tr>",
-            escape(&u.target),
-            escape(&u.positive_class)
-        );
-        for s in &u.scores {
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td></tr>",
-                escape(&s.model),
-                escape(&s.trained_on),
-                s.roc_auc,
-                s.pr_auc,
-                s.f1,
-                s.accuracy
-            );
-        }
-        body.push_str("</table>");
+        body.push_str(&utility_section(u));
     }
     let f = &report.fidelity;
     body.push_str("<h2>Fidelity</h2>");
@@ -338,13 +282,229 @@ pub fn html(report: &EvalReport) -> String {
         "<h2>Sizes</h2><p>train {} rows, held-out {} rows, synthetic {} rows (private figures).</p>",
         report.rows.train, report.rows.test, report.rows.synthetic
     );
+    body.push_str(&sampling_section(&report.sampling, &report.limits, &report.timings));
+    page(&body)
+}
+
+/// The page of a database's evaluation: per table its integrity, fidelity, rows per
+/// parent, cross-table measures and dynamics; then per unit the utility.
+pub fn database_html(report: &DatabaseReport) -> String {
+    let mut body = opening(&report.notice, &report.sampling, &report.guarantee);
+    let _ = write!(
+        body,
+        "<p>Units read: train {}, held-out {}, synthetic {} (private figures). Every database is read as the job reads \
+         its input: joined by keys and capped by the spec's rule. Distances are to the held-out database; the \
+         training database's distance to it is the floor a perfect generator would reach.</p>",
+        report.units.train, report.units.test, report.units.synthetic
+    );
+    body.push_str(
+        "<h2>Summary</h2><table><tr><th>table</th><th>rows (synthetic / held-out)</th><th>with parent</th>\
+         <th>HIST</th><th>rows per parent TVD</th><th>cross-table TVD (mean)</th><th>lag-1 gap (mean)</th></tr>",
+    );
+    for t in &report.tables {
+        let children: Vec<String> = t.children.iter().map(|c| pair(&c.tvd)).collect();
+        let gaps: Vec<f64> = t.lag1.iter().map(|l| (l.synthetic - l.held_out).abs()).collect();
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{} / {}</td><td>{:.2}%</td><td>{:.4}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&t.name),
+            t.rows.synthetic,
+            t.rows.test,
+            100.0 * t.integrity.with_parent,
+            t.fidelity.hist,
+            if children.is_empty() { "–".to_string() } else { children.join("; ") },
+            mean_pair(&t.cross),
+            if gaps.is_empty() {
+                "–".to_string()
+            } else {
+                format!("{:.3}", gaps.iter().sum::<f64>() / gaps.len() as f64)
+            }
+        );
+    }
+    body.push_str("</table><p>Cells with two figures: synthetic / train (the floor).</p>");
+    if let Some(u) = &report.utility {
+        body.push_str(&utility_section(u));
+    }
+    for t in &report.tables {
+        body.push_str(&table_section(t));
+    }
+    body.push_str(&sampling_section(&report.sampling, &report.limits, &report.timings));
+    page(&body)
+}
+
+/// "synthetic / train" of a distance.
+fn pair(d: &Distance) -> String {
+    format!("{:.3} / {:.3}", d.synthetic, d.train)
+}
+
+/// The mean of distances, "synthetic / train" ("–" without any).
+fn mean_pair(distances: &[Distance]) -> String {
+    if distances.is_empty() {
+        return "–".to_string();
+    }
+    let mean = |f: fn(&Distance) -> f64| distances.iter().map(f).sum::<f64>() / distances.len() as f64;
+    format!("{:.3} / {:.3}", mean(|d| d.synthetic), mean(|d| d.train))
+}
+
+/// A table of distances: what, synthetic, train.
+fn distance_table(title: &str, distances: &[Distance]) -> String {
+    if distances.is_empty() {
+        return String::new();
+    }
+    let mut out =
+        format!("<h4>{}</h4><table><tr><th>measure</th><th>synthetic</th><th>train (floor)</th></tr>", escape(title));
+    for d in distances {
+        let _ = write!(out, "<tr><td>{}</td><td>{:.4}</td><td>{:.4}</td></tr>", escape(&d.what), d.synthetic, d.train);
+    }
+    out.push_str("</table>");
+    out
+}
+
+/// One table's section.
+fn table_section(t: &TableEvaluation) -> String {
+    let mut body = format!("<h2>Table {}</h2>", escape(&t.name));
+    if let Some(parent) = &t.parent {
+        let i = &t.integrity;
+        let _ = write!(
+            body,
+            "<p>Parent <b>{}</b>. Synthetic rows read {}: {} without their parent, {} duplicate keys, {} over the cap, \
+             {} bad: <b>{:.2}%</b> with their parent.</p>",
+            escape(parent),
+            i.rows_read,
+            i.without_parent,
+            i.duplicate_keys,
+            i.over_cap,
+            i.bad,
+            100.0 * i.with_parent
+        );
+    }
+    let f = &t.fidelity;
+    body.push_str(&metric_table(&[
+        ("HIST", format!("{:.4}", f.hist), "own columns, synthetic against training rows"),
+        ("Pair", format!("{:.4}", f.pair), "mean 2-way histogram intersection of own columns"),
+        ("CorAcc", format!("{:.4}", f.cor_acc), "share of own column pairs with the same association level"),
+    ]));
+    for c in &t.children {
+        let labels: Vec<String> = (0..c.held_out.len()).map(|n| n.to_string()).collect();
+        let _ = write!(body, "<h4>{} rows per {} row: TVD {}</h4>", escape(&c.child), escape(&t.name), pair(&c.tvd));
+        body.push_str(&bars(&c.child, &labels, &c.held_out, &c.synthetic, "real (held-out)"));
+    }
+    body.push_str(&distance_table("Cross-table joint distributions (TVD)", &t.cross));
+    body.push_str(&distance_table("Means by an ancestor's attribute (mean absolute error)", &t.means));
+    body.push_str(&distance_table("Transitions between siblings (TVD)", &t.transitions));
+    if !t.lag1.is_empty() {
+        body.push_str("<h4>Lag-1 correlation between siblings</h4><table><tr><th>column</th><th>held-out</th><th>train</th><th>synthetic</th></tr>");
+        for l in &t.lag1 {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td></tr>",
+                escape(&l.column),
+                l.held_out,
+                l.train,
+                l.synthetic
+            );
+        }
+        body.push_str("</table>");
+    }
+    if !t.within.is_empty() {
+        body.push_str(
+            "<h4>Values inside their interval</h4><table><tr><th>column</th><th>held-out</th><th>synthetic</th></tr>",
+        );
+        for w in &t.within {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{:.2}%</td><td>{:.2}%</td></tr>",
+                escape(&w.column),
+                100.0 * w.held_out,
+                100.0 * w.synthetic
+            );
+        }
+        body.push_str("</table>");
+    }
+    body
+}
+
+/// The banner, the notice, what was sampled and the formal guarantee: every report's top.
+fn opening(notice: &str, sampling: &[SampleUse], guarantee: &Option<serde_json::Value>) -> String {
+    let mut body = String::new();
+    let explanation = notice.strip_prefix(NOT_DP).unwrap_or(notice).trim();
+    let _ = write!(
+        body,
+        "<div class=\"banner\" role=\"alert\"><strong>{}</strong><br>This report is computed on private data and is \
+         not differentially private. Do not publish it, and do not store it beside the released synthetic data.</div>\
+         <h1>rhosynth evaluation report</h1><p class=\"notice\">{}</p>",
+        escape(NOT_DP),
+        escape(explanation)
+    );
+    let sampled: Vec<_> = sampling.iter().filter(|u| u.sampled).collect();
+    if !sampled.is_empty() {
+        let _ = write!(
+            body,
+            "<p class=\"notice\">Bounded cost: {} metric inputs were sampled under the evaluation's caps \
+             (uniformly, seeded; not a privacy mechanism). See <a href=\"#sampling\">Sampling</a>.</p>",
+            sampled.len()
+        );
+    }
+    body.push_str("<h2>Formal guarantee</h2>");
+    match guarantee {
+        Some(g) => {
+            let _ = write!(
+                body,
+                "<p>(ε = {}, δ = {}) under the {} accountant, dataset <b>{}</b>, ledger {} entry {}.</p>\
+                 <p>Mechanisms: <code>{}</code></p><p>Declared public: {}</p>",
+                g["epsilon"],
+                g["delta"],
+                escape(g["accountant"].as_str().unwrap_or("?")),
+                escape(g["dataset_id"].as_str().unwrap_or("?")),
+                escape(g["ledger_url"].as_str().unwrap_or("?")),
+                g["ledger_entry"],
+                escape(&g["mechanisms"].to_string()),
+                escape(&g["public_inputs"].as_array().map(|a| a.len()).unwrap_or(0).to_string())
+                    + " schema items (bounds, categories, bins) from the job spec"
+            );
+        }
+        None => body.push_str("<p>No rhosynth manifest with the synthetic data: no formal guarantee is known.</p>"),
+    }
+    body
+}
+
+/// Train on synthetic, test on real: the scores table.
+fn utility_section(u: &Utility) -> String {
+    let mut body = String::new();
+    let _ = write!(
+        body,
+        "<h2>Utility (train on synthetic, test on real held-out)</h2><p>Target <b>{}</b>, positive class <b>{}</b>; \
+         the rows trained on the real training table are the reference.</p>\
+         <table><tr><th>model</th><th>trained on</th><th>ROC-AUC</th><th>PR-AUC</th><th>F1</th><th>accuracy</th></tr>",
+        escape(&u.target),
+        escape(&u.positive_class)
+    );
+    for s in &u.scores {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td></tr>",
+            escape(&s.model),
+            escape(&s.trained_on),
+            s.roc_auc,
+            s.pr_auc,
+            s.f1,
+            s.accuracy
+        );
+    }
+    body.push_str("</table>");
+    body
+}
+
+/// What each metric read, the caps and the time per stage.
+fn sampling_section(sampling: &[SampleUse], limits: &EvalLimits, timings: &[StageTiming]) -> String {
+    let mut body = String::new();
     body.push_str(
         "<h2 id=\"sampling\">Sampling</h2><p>What each metric read. A table over a metric's cap is sampled \
          uniformly without replacement with a seeded, non-cryptographic RNG: this bounds the evaluation's cost and is \
          not a privacy mechanism. Below the caps every metric is exact.</p>\
          <table><tr><th>metric</th><th>table</th><th>used</th><th>available</th><th></th></tr>",
     );
-    for u in &report.sampling {
+    for u in sampling {
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -356,16 +516,16 @@ pub fn html(report: &EvalReport) -> String {
         );
     }
     body.push_str("</table>");
-    let _ = write!(
-        body,
-        "<p>Caps: <code>{}</code></p>",
-        escape(&serde_json::to_string(&report.limits).unwrap_or_default())
-    );
-    if !report.timings.is_empty() {
-        let stages: Vec<String> =
-            report.timings.iter().map(|t| format!("{} {:.1} s", escape(&t.stage), t.seconds)).collect();
+    let _ = write!(body, "<p>Caps: <code>{}</code></p>", escape(&serde_json::to_string(&limits).unwrap_or_default()));
+    if !timings.is_empty() {
+        let stages: Vec<String> = timings.iter().map(|t| format!("{} {:.1} s", escape(&t.stage), t.seconds)).collect();
         let _ = write!(body, "<p>Time per stage: {}.</p>", stages.join(", "));
     }
+    body
+}
+
+/// The self-contained page around `body`.
+fn page(body: &str) -> String {
     format!(
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>rhosynth evaluation report (not differentially private: do not publish)</title>\
          <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}}table{{border-collapse:collapse;margin:1em 0}}\

@@ -37,9 +37,11 @@ const CAP_SAMPLE_KEY: &[u8] = b"rhosynth database cap sample v1";
 /// Rows of one table that reading left out, by reason. Private: counts of the input.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DroppedRows {
-    /// Beyond the cap of their parent row (the root: a unit's rows after its first).
+    /// Beyond the cap of their parent row (the root: a unit's rows after its first), or
+    /// whose parent row (or an ancestor's) a cap dropped.
     pub over_cap: u64,
-    /// Whose parent row is absent: not in the parent table, or dropped from it.
+    /// Whose parent row is absent: not in the parent table (among its unit's rows), or
+    /// dropped from it for another reason than a cap.
     pub without_parent: u64,
     /// Whose own key another kept row already holds: their children go to the first.
     pub duplicate_keys: u64,
@@ -58,19 +60,40 @@ pub struct PartitionedTable {
 /// The kept rows of a table that has children: each one's ordinal by unit and own key.
 type Places = HashMap<(String, String), u32>;
 
+/// The rows of a table that a cap dropped, with theirs or an ancestor's: by unit and own
+/// key (their children are dropped by the cap too, not for want of a parent).
+type Capped = HashSet<(String, String)>;
+
 /// Where a child table's parent rows are: the root's units, or a table's places.
 enum Parents<'p> {
     Root(&'p HashSet<String>),
-    Table(&'p Places),
+    Table(&'p Places, &'p Capped),
+}
+
+/// A child row's parent row, as looked up.
+enum Parent {
+    /// Kept, at this ordinal among its unit's rows of the parent table.
+    At(u32),
+    /// Dropped by a cap.
+    Capped,
+    Absent,
 }
 
 impl Parents<'_> {
-    /// The ordinal of the parent row of a row of `unit` referring to `key`: looked up
-    /// among that unit's rows only.
-    fn find(&self, unit: &str, key: Option<&String>) -> Option<u32> {
-        match self {
-            Parents::Root(units) => units.contains(unit).then_some(0),
-            Parents::Table(places) => places.get(&(unit.to_string(), key?.clone())).copied(),
+    /// The parent row of a row of `unit` referring to `key`: looked up among that unit's
+    /// rows only.
+    fn find(&self, unit: &str, key: Option<&String>) -> Parent {
+        match (self, key) {
+            (Parents::Root(units), _) if units.contains(unit) => Parent::At(0),
+            (Parents::Table(places, capped), Some(key)) => {
+                let key = (unit.to_string(), key.clone());
+                match places.get(&key) {
+                    Some(at) => Parent::At(*at),
+                    None if capped.contains(&key) => Parent::Capped,
+                    None => Parent::Absent,
+                }
+            }
+            _ => Parent::Absent,
         }
     }
 }
@@ -122,13 +145,15 @@ pub async fn partition_database(
     let referred: HashSet<&str> = db.tables.iter().map(|t| t.parent.table.as_str()).collect();
     let layout = Layout::of(db);
     let (root, units) = partition_root(db, &layout.tables[0].domain, scratch, prefix, partitions, key.clone()).await?;
-    let mut places: HashMap<String, Places> = HashMap::new();
+    let mut places: HashMap<String, (Places, Capped)> = HashMap::new();
     let mut out = vec![root];
     for (table, layout) in db.tables.iter().zip(&layout.tables[1..]) {
         let parents = if table.parent.table == db.root_name() {
             Parents::Root(&units)
         } else {
-            Parents::Table(places.get(&table.parent.table).expect("a validated parent, read before its children"))
+            let (places, capped) =
+                places.get(&table.parent.table).expect("a validated parent, read before its children");
+            Parents::Table(places, capped)
         };
         let (partitioned, own) =
             partition_child(db, (table, &layout.domain), parents, scratch, prefix, partitions, key.clone()).await?;
@@ -172,7 +197,8 @@ struct Group {
 }
 
 /// A child table: each parent row's rows capped, then written in unit order with their
-/// places. Returns the kept rows' places by unit and own key (for the table's children).
+/// places. Returns the kept rows' places by unit and own key, and the keys of the rows a
+/// cap dropped (for the table's children).
 async fn partition_child(
     db: &Database<'_>,
     (table, domain): (&TableSpec, &Domain),
@@ -181,7 +207,7 @@ async fn partition_child(
     prefix: &str,
     partitions: u32,
     key: PartitionKey,
-) -> Result<(PartitionedTable, Places), DataError> {
+) -> Result<(PartitionedTable, (Places, Capped)), DataError> {
     let schema = table.schema(db.unit_key());
     let columns = Domain::of_columns(&table.columns, db.default_bins);
     let own_key = table.key.as_deref();
@@ -192,15 +218,25 @@ async fn partition_child(
     let cap = table.max_per_parent as usize;
     let mut groups: HashMap<(String, u32), Group> = HashMap::new();
     let mut dropped = DroppedRows::default();
+    let mut capped = Capped::new();
     let mut seq = 0u64;
     while let Some(KeyedBatch { rows, keys }) = reader.next_keyed_batch().await? {
         let mut keys = keys.into_iter();
         let parent_keys = keys.next().expect("the parent key is read");
         let own_keys = keys.next().unwrap_or_default();
         for (i, unit) in rows.units.iter().enumerate() {
-            let Some(parent) = parents.find(unit, parent_keys[i].as_ref()) else {
-                dropped.without_parent += 1;
-                continue;
+            let own_key = || own_keys.get(i).cloned().flatten();
+            let parent = match parents.find(unit, parent_keys[i].as_ref()) {
+                Parent::At(parent) => parent,
+                Parent::Capped => {
+                    dropped.over_cap += 1;
+                    capped.extend(own_key().map(|key| (unit.clone(), key)));
+                    continue;
+                }
+                Parent::Absent => {
+                    dropped.without_parent += 1;
+                    continue;
+                }
             };
             let group = groups.entry((unit.clone(), parent)).or_default();
             let rank = match order {
@@ -211,9 +247,10 @@ async fn partition_child(
             group.seen += 1;
             seq += 1;
             let values = rows.values.iter().map(|column| column[i]).collect();
-            group.kept.push(Candidate { rank, seq, values, key: own_keys.get(i).cloned().flatten() });
+            group.kept.push(Candidate { rank, seq, values, key: own_key() });
             if group.kept.len() > cap {
-                group.kept.pop();
+                let dropped_row = group.kept.pop().expect("over the cap");
+                capped.extend(dropped_row.key.map(|key| (unit.clone(), key)));
                 dropped.over_cap += 1;
             }
         }
@@ -254,7 +291,7 @@ async fn partition_child(
     }
     writer.write(batch).await?;
     let partitions = writer.finish().await?;
-    Ok((PartitionedTable { name: table.name.clone(), domain: domain.clone(), partitions, dropped }, own))
+    Ok((PartitionedTable { name: table.name.clone(), domain: domain.clone(), partitions, dropped }, (own, capped)))
 }
 
 /// A row's draw in the sample that caps its parent's rows, in [0, 1): keyed by its table,

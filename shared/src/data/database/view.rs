@@ -223,6 +223,35 @@ impl Layout {
         }
     }
 
+    /// A row of table `t` of `unit` and its ancestors' rows, by table (`None` for the
+    /// tables off its path): up the tree, each ancestor's row by the place its child names.
+    pub fn chain<'u>(
+        &self,
+        unit: &'u UnitRows,
+        t: usize,
+        row: &'u [Option<f64>],
+    ) -> Result<Vec<Option<&'u [Option<f64>]>>, DataError> {
+        let mut chain: Vec<Option<&[Option<f64>]>> = vec![None; self.tables.len()];
+        chain[t] = Some(row);
+        let (mut t, mut current) = (t, row);
+        while let Some(p) = self.tables[t].parent {
+            let parent = &self.tables[p];
+            let wanted = match parent.parent {
+                None => 0,
+                Some(_) => place(current, self.tables[t].values() + 1) as usize,
+            };
+            let found = unit.tables[p].get(wanted).ok_or_else(|| {
+                DataError::Internal(format!(
+                    "a row of '{}' without its parent row in '{}'",
+                    self.tables[t].name, parent.name
+                ))
+            })?;
+            chain[p] = Some(found);
+            (t, current) = (p, found);
+        }
+        Ok(chain)
+    }
+
     /// The ancestors of table `t`, nearest first.
     pub fn ancestors(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
         std::iter::successors(self.tables[t].parent, |&p| self.tables[p].parent)
@@ -383,27 +412,7 @@ impl View {
                 .for_each(|row| *siblings.entry(place(row, table.values() + 1)).or_insert(0) += 1);
         }
         for (own, row) in unit.tables[self.table].iter().enumerate() {
-            // The row and its ancestors' rows, by table (up the tree: each ancestor's row
-            // by the place its child names).
-            let mut chain: Vec<Option<&[Option<f64>]>> = vec![None; layout.tables.len()];
-            chain[self.table] = Some(row);
-            let (mut t, mut current) = (self.table, row);
-            while let Some(p) = layout.tables[t].parent {
-                let parent = &layout.tables[p];
-                let wanted = match parent.parent {
-                    None => 0,
-                    Some(_) => place(current, layout.tables[t].values() + 1) as usize,
-                };
-                let found = unit.tables[p].get(wanted);
-                let found = found.ok_or_else(|| {
-                    DataError::Internal(format!(
-                        "a row of '{}' without its parent row in '{}'",
-                        table.name, parent.name
-                    ))
-                })?;
-                chain[p] = Some(found);
-                (t, current) = (p, found);
-            }
+            let chain = layout.chain(unit, self.table, row)?;
             let value = |t: usize, c: usize| chain[t].and_then(|row| row[c]);
             let viewed = |t: usize| (0..layout.tables[t].values()).map(move |c| layout.view_value(t, c, value));
             let mut values: Vec<Option<f64>> = viewed(self.table).collect();
