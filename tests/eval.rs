@@ -475,6 +475,11 @@ fn eval_of_a_database_reports_every_table() {
     assert_eq!(json["tables"][2]["within"][0]["synthetic"], 1.0, "every chart inside its admission");
     let html = std::fs::read_to_string(report.join("report.html")).unwrap();
     assert!(all.iter().all(|t| html.contains(&format!("<h2>Table {t}</h2>"))));
+    for name in ["report.json", "report.html"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(report.join(name)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}: private data, its owner's only");
+    }
     if let Some(plots) = rendered_plots(&report.join("report.html")) {
         assert_eq!(plots, 2, "admissions per patient, vitals per admission");
     }
@@ -484,4 +489,16 @@ fn eval_of_a_database_reports_every_table() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("no files for table 'vitals'"));
     let refused = eval(held_out(&all), "admissions.result=died");
     assert!(String::from_utf8_lossy(&refused.stderr).contains("table 'admissions' has no column 'result'"));
+    // A release whose manifest lists other tables than the spec's is refused, not read as
+    // a database without them.
+    let manifest = dir.path().join("synthetic/_manifest.json");
+    let mut listed: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    listed["tables"].as_array_mut().unwrap().pop();
+    std::fs::write(&manifest, serde_json::to_vec(&listed).unwrap()).unwrap();
+    let refused = eval(held_out(&all), "admissions.outcome=died");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("the release lists tables [\"patients\", \"admissions\"]"),
+        "{stderr}"
+    );
 }

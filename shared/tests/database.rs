@@ -921,7 +921,49 @@ fn the_example_database_job_plans() {
     let shares: f64 = plan.views.iter().map(|v| v.rho).sum();
     assert!((shares - plan.rho).abs() < 1e-12 * plan.rho, "the views' shares are the charge");
     assert_eq!(plan.views.iter().map(|v| v.task.max_rows_per_unit).collect::<Vec<_>>(), [1, 5, 120]);
-    assert_eq!(plan.views[2].target_pairs.len(), 4, "each chart value with the one before it");
+    // The declared target (`admissions.outcome`): in the admissions' view, its pair with
+    // every column but a sibling's place and values; in the vitals', with each chart value.
+    let pairs = |v: usize| -> Vec<Vec<String>> {
+        let domain = View { table: v }.domain(&plan.layout);
+        let view = &plan.views[v];
+        let named = |r: &usize| view.task.tables[*r].iter().map(|&c| domain.columns[c].name.clone()).collect();
+        view.target_pairs.iter().map(named).collect()
+    };
+    assert!(pairs(0).is_empty(), "the root is above the target");
+    let with_outcome: Vec<String> = pairs(1)
+        .into_iter()
+        .filter(|p| p.contains(&"outcome".to_string()) && !p.contains(&"__prev.outcome".to_string()))
+        .map(|p| p.into_iter().find(|c| c != "outcome").unwrap())
+        .collect();
+    let wanted = ["admittime", "dischtime", "admission_type", "__after", "patients.age", "patients.sex"];
+    assert_eq!(with_outcome, [&wanted[..], &["patients.comorbidity", "__n.vitals"]].concat());
+    assert_eq!(pairs(1).len(), 8 + 4, "and each admission value with the one before it");
+    let charts = ["charttime", "heart_rate", "resp_rate", "spo2"];
+    let expected: Vec<Vec<String>> = charts
+        .iter()
+        .map(|c| vec![c.to_string(), format!("__prev.{c}")])
+        .chain(charts.iter().map(|c| vec![c.to_string(), "admissions.outcome".to_string()]))
+        .collect();
+    let mut got = pairs(2);
+    got.sort_by_key(|p| (p[1].starts_with("admissions"), charts.iter().position(|c| *c == p[0])));
+    assert_eq!(got, expected, "each chart value with the one before it and with the target");
+    assert_eq!(plan.views.iter().map(|v| v.target_share).collect::<Vec<_>>(), [0.0, 0.2, 0.2]);
+
+    // A target no table holds, and a target share without a target, are refused.
+    for (section, refused) in [
+        ("target = \"admissions.result\"", "table 'admissions' has no value column 'result'"),
+        ("target = \"stays.outcome\"", "the job declares no table 'stays'"),
+        ("target = \"admissions.hadm_id\"", "no value column 'hadm_id'"),
+    ] {
+        let text = std::fs::read_to_string(&path).unwrap().replace("target = \"admissions.outcome\"", section);
+        let spec = JobSpec::parse(&text, "db").unwrap();
+        let error = DatabasePlan::new(&spec, &AccountingOptions::default()).unwrap_err().to_string();
+        assert!(error.contains(refused), "{error}");
+    }
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("target = \"admissions.outcome\"", "[generator.database.aim]\ntarget_share = 0.3");
+    assert!(JobSpec::parse(&text, "db").unwrap_err().to_string().contains("declare the target"));
 }
 
 /// `rhosynth validate` of a database job reads every table against its own columns and

@@ -282,17 +282,19 @@ mod tests {
         let plans: Vec<AimPlan> = (0..2)
             .map(|t| {
                 let view = DatabaseView { layout: layout.clone(), view: View { table: t } };
-                AimPlan::over_view(&params, view, shares[t] * rho).unwrap()
+                AimPlan::over_view(&params, view, None, shares[t] * rho).unwrap()
             })
             .collect();
         assert_eq!(plans.iter().map(|p| p.task.max_rows_per_unit).collect::<Vec<_>>(), [1, 3]);
         let view = DatabaseView { layout: layout.clone(), view: View { table: 1 } };
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert!(AimPlan::over_view(&params, view.clone(), bad).unwrap_err().to_string().contains("share of ρ"));
+            assert!(
+                AimPlan::over_view(&params, view.clone(), None, bad).unwrap_err().to_string().contains("share of ρ")
+            );
         }
         let mut cycle = view;
         cycle.layout.tables[1].parent = Some(2);
-        assert!(AimPlan::over_view(&params, cycle, 0.1).unwrap_err().to_string().contains("layout"));
+        assert!(AimPlan::over_view(&params, cycle, None, 0.1).unwrap_err().to_string().contains("layout"));
 
         let store = rhosynth_shared::storage::open(dir.path().to_str().unwrap()).unwrap();
         let options = AccountingOptions::default();

@@ -89,12 +89,12 @@ pub struct TableEvaluation {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Integrity {
     pub rows_read: u64,
-    /// Whose parent row is absent (not in the parent table, of another unit, or itself
-    /// left out).
+    /// Whose parent row is absent (not in the parent table, of another unit, or left out
+    /// for another reason than a cap).
     pub without_parent: u64,
     /// Whose own key an earlier row already holds.
     pub duplicate_keys: u64,
-    /// Beyond their parent's cap.
+    /// Beyond their parent's cap, or under a row a cap dropped.
     pub over_cap: u64,
     /// That broke the table's schema.
     pub bad: u64,
@@ -102,11 +102,28 @@ pub struct Integrity {
     pub with_parent: f64,
 }
 
+impl Integrity {
+    /// Of a table whose reading kept `kept` rows and left out `dropped`.
+    fn of(kept: u64, dropped: &DroppedRows) -> Self {
+        let rows_read = kept + dropped.over_cap + dropped.without_parent + dropped.bad;
+        Self {
+            rows_read,
+            without_parent: dropped.without_parent,
+            duplicate_keys: dropped.duplicate_keys,
+            over_cap: dropped.over_cap,
+            bad: dropped.bad,
+            with_parent: if rows_read == 0 { 1.0 } else { 1.0 - dropped.without_parent as f64 / rows_read as f64 },
+        }
+    }
+}
+
 /// A child table's rows per row of its parent: the held-out and synthetic distributions
-/// over 0..=cap, their TVD, and the training table's TVD to the held-out (the floor).
+/// over the counts' bins (one per count up to 32 of them; `labels`), their TVD, and the
+/// training table's TVD to the held-out (the floor).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChildCounts {
     pub child: String,
+    pub labels: Vec<String>,
     pub held_out: Vec<f64>,
     pub synthetic: Vec<f64>,
     pub tvd: Distance,
@@ -242,9 +259,11 @@ pub fn evaluate<'d>(
     for t in 0..layout.tables.len() {
         let started = Instant::now();
         tracing::info!("evaluation: table '{}' started", layout.tables[t].name);
-        let dropped = &databases.synthetic.dropped[t];
+        // The synthetic database's integrity over all its rows, sampled or not.
+        let kept = databases.synthetic.units.iter().map(|u| u.tables[t].len() as u64).sum();
+        let integrity = Integrity::of(kept, &databases.synthetic.dropped[t]);
         let units = [train.as_slice(), test.as_slice(), synthetic.as_slice()];
-        let table = evaluate_table(layout, t, units, dropped, limits, &mut sampling)?;
+        let table = evaluate_table(layout, t, units, integrity, limits, &mut sampling)?;
         tables.push(table);
         let seconds = started.elapsed().as_secs_f64();
         tracing::info!("evaluation: table '{}' done ({seconds:.1} s)", layout.tables[t].name);
@@ -283,22 +302,12 @@ fn evaluate_table(
     layout: &Layout,
     t: usize,
     [train, test, synthetic]: [&[&UnitRows]; 3],
-    dropped: &DroppedRows,
+    integrity: Integrity,
     limits: &EvalLimits,
     sampling: &mut Sampling,
 ) -> Result<TableEvaluation, EvalError> {
     let table = &layout.tables[t];
     let rows = |units: &[&UnitRows]| units.iter().map(|u| u.tables[t].len()).sum::<usize>();
-    let kept = rows(synthetic) as u64;
-    let rows_read = kept + dropped.over_cap + dropped.without_parent + dropped.bad;
-    let integrity = Integrity {
-        rows_read,
-        without_parent: dropped.without_parent,
-        duplicate_keys: dropped.duplicate_keys,
-        over_cap: dropped.over_cap,
-        bad: dropped.bad,
-        with_parent: if rows_read == 0 { 1.0 } else { 1.0 - dropped.without_parent as f64 / rows_read as f64 },
-    };
     // Own columns as written, synthetic against the training rows.
     let own = Domain { columns: table.domain.columns[..table.values()].to_vec() };
     let own_table = |units: &[&UnitRows]| {
@@ -337,9 +346,12 @@ fn evaluate_table(
     let children = counts
         .iter()
         .map(|&d| {
-            let measure = |rows: &ViewRows| joint(rows, None, column(d));
+            // A count is never missing: its distribution over the count bins alone.
+            let bins = domain.columns[d].value_bins();
+            let measure = |rows: &ViewRows| joint(rows, None, column(d))[..bins].to_vec();
             ChildCounts {
                 child: domain.columns[d].name["__n.".len()..].to_string(),
+                labels: (0..bins).map(|b| domain.columns[d].bin_label(b)).collect(),
                 held_out: measure(&test_rows),
                 synthetic: measure(&synthetic_rows),
                 tvd: compare(format!("{} per {} row", &domain.columns[d].name["__n.".len()..], table.name), &measure),
@@ -419,7 +431,7 @@ fn evaluate_table(
     Ok(TableEvaluation {
         name: table.name.clone(),
         parent: table.parent.map(|p| layout.tables[p].name.clone()),
-        rows: RowCounts { train: rows(train), test: rows(test), synthetic: kept as usize },
+        rows: RowCounts { train: rows(train), test: rows(test), synthetic: rows(synthetic) },
         integrity,
         fidelity,
         children,
@@ -606,15 +618,21 @@ fn unit_features(
     Ok((domain.clone(), [features(train)?, features(test)?, features(synthetic)?]))
 }
 
+/// The table a `TABLE=URL` argument names, and its URL (`None`: not such an argument, a
+/// URL that holds a `=` included).
+fn table_entry<'e>(layout: &Layout, entry: &'e str) -> Option<(usize, &'e str)> {
+    let (name, url) = entry.split_once('=')?;
+    Some((layout.tables.iter().position(|t| t.name.eq_ignore_ascii_case(name.trim()))?, url))
+}
+
 /// The files of each table from `TABLE=URL` arguments (a table named more than once has
 /// several files), in the layout's order; every table must have some.
 pub fn files_by_table(layout: &Layout, argument: &'static str, entries: &[String]) -> Result<TableFiles, EvalError> {
     let refuse = |reason: String| EvalError::DatabaseFiles { argument, reason };
     let mut files: TableFiles = vec![Vec::new(); layout.tables.len()];
     for entry in entries {
-        let (name, url) = entry.split_once('=').ok_or_else(|| refuse(format!("'{entry}' is not TABLE=URL")))?;
-        let t = layout.tables.iter().position(|t| t.name.eq_ignore_ascii_case(name.trim()));
-        let t = t.ok_or_else(|| refuse(format!("'{name}' is not a table of the spec")))?;
+        let (t, url) = table_entry(layout, entry)
+            .ok_or_else(|| refuse(format!("'{entry}' is not TABLE=URL with a table of the spec")))?;
         files[t].push(url.to_string());
     }
     if let Some(missing) = files.iter().position(Vec::is_empty) {
@@ -632,16 +650,19 @@ pub fn spec_files(spec: &JobSpec) -> TableFiles {
 /// the manifest), and its guarantee.
 pub async fn release_files(layout: &Layout, url: &str) -> Result<(TableFiles, serde_json::Value), EvalError> {
     let (manifest, tables) = crate::data::table::read_database_release(url).await?;
+    let refuse = |reason: String| EvalError::DatabaseFiles { argument: "synthetic", reason };
+    let names: Vec<String> = tables.iter().map(|(name, _)| name.clone()).collect();
+    let declared: Vec<&str> = layout.tables.iter().map(|t| t.name.as_str()).collect();
     let mut files: TableFiles = vec![Vec::new(); layout.tables.len()];
     for (name, parts) in tables {
-        let t = layout.tables.iter().position(|t| t.name == name);
-        let t = t.ok_or_else(|| EvalError::DatabaseFiles {
-            argument: "synthetic",
-            reason: format!("the release holds a table '{name}' the spec does not declare"),
-        })?;
+        let t = declared.iter().position(|d| *d == name);
+        let t = t.ok_or_else(|| refuse(format!("the release holds a table '{name}' the spec does not declare")))?;
         files[t] = parts;
     }
-    // A table the release holds no part of (no rows drawn) is read as empty.
+    // Every declared table once: a release lists each, with no parts when no row was drawn.
+    if names.len() != declared.len() || declared.iter().any(|d| !names.iter().any(|n| n == d)) {
+        return Err(refuse(format!("the release lists tables {names:?}, the spec declares {declared:?}")));
+    }
     let guarantee = serde_json::to_value(&manifest.privacy).map_err(|e| EvalError::Io(e.to_string()))?;
     Ok((files, guarantee))
 }
@@ -661,11 +682,11 @@ pub async fn run(
     let layout = Layout::of(&Database::of_spec(spec));
     let label = label.map(|text| Label::parse(&layout, text)).transpose()?;
     for entry in synthetic {
-        let url = entry.split_once('=').map_or(entry.as_str(), |(_, url)| url);
+        let url = table_entry(&layout, entry).map_or(entry.as_str(), |(_, url)| url);
         super::check_report_location(out, url).await?;
     }
     let (synthetic, guarantee) = match synthetic {
-        [release] if !release.contains('=') => {
+        [release] if table_entry(&layout, release).is_none() => {
             let (files, guarantee) = release_files(&layout, release).await?;
             (files, Some(guarantee))
         }

@@ -407,15 +407,23 @@ pub async fn run(
     Ok(report)
 }
 
-/// Writes `report.json` and `report.html` to `out`.
+/// Writes `report.json` and `report.html` to `out`; on a local disk readable by their
+/// owner only (they are private data, whatever folder they land in).
 async fn write_report(out: &str, json: Vec<u8>, html: String) -> Result<(), EvalError> {
     let location = storage::open(out)?;
+    let (scheme, path) = storage::canonical_url(out);
     for (name, bytes) in [("report.json", json), ("report.html", html.into_bytes())] {
         location
             .store
             .put(&location.child(name), PutPayload::from(bytes))
             .await
             .map_err(|e| EvalError::Io(format!("writing {out}/{name}: {e}")))?;
+        if scheme == "file" {
+            use std::os::unix::fs::PermissionsExt;
+            let file = std::path::Path::new(&path).join(name);
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| EvalError::Io(format!("making {} private: {e}", file.display())))?;
+        }
     }
     Ok(())
 }

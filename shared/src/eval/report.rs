@@ -385,9 +385,8 @@ fn table_section(t: &TableEvaluation) -> String {
         ("CorAcc", format!("{:.4}", f.cor_acc), "share of own column pairs with the same association level"),
     ]));
     for c in &t.children {
-        let labels: Vec<String> = (0..c.held_out.len()).map(|n| n.to_string()).collect();
         let _ = write!(body, "<h4>{} rows per {} row: TVD {}</h4>", escape(&c.child), escape(&t.name), pair(&c.tvd));
-        body.push_str(&bars(&c.child, &labels, &c.held_out, &c.synthetic, "real (held-out)"));
+        body.push_str(&bars(&c.child, &c.labels, &c.held_out, &c.synthetic, "real (held-out)"));
     }
     body.push_str(&distance_table("Cross-table joint distributions (TVD)", &t.cross));
     body.push_str(&distance_table("Means by an ancestor's attribute (mean absolute error)", &t.means));

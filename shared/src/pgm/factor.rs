@@ -110,6 +110,38 @@ impl Factor {
         }
     }
 
+    /// The table at `given` (a value for each variable that has one; `None` for the
+    /// others): a table over its other variables, visiting only their cells.
+    pub fn sliced(&self, given: &[Option<usize>]) -> Factor {
+        let mut strides = vec![0; self.vars.len()];
+        let mut stride = 1;
+        for i in (0..self.vars.len()).rev() {
+            strides[i] = stride;
+            stride *= self.sizes[i];
+        }
+        let free: Vec<usize> = (0..self.vars.len()).filter(|&i| given[self.vars[i]].is_none()).collect();
+        let base: usize = (0..self.vars.len()).filter_map(|i| given[self.vars[i]].map(|v| v * strides[i])).sum();
+        let sizes: Vec<usize> = free.iter().map(|&i| self.sizes[i]).collect();
+        let cells: usize = sizes.iter().product();
+        let mut values = Vec::with_capacity(cells);
+        let mut index = vec![0; free.len()];
+        let mut at = base;
+        for _ in 0..cells {
+            values.push(self.values[at]);
+            // Odometer step over the free variables, the last fastest.
+            for k in (0..free.len()).rev() {
+                index[k] += 1;
+                at += strides[free[k]];
+                if index[k] < sizes[k] {
+                    break;
+                }
+                at -= strides[free[k]] * index[k];
+                index[k] = 0;
+            }
+        }
+        Factor { vars: free.iter().map(|&i| self.vars[i]).collect(), sizes, values }
+    }
+
     fn empty_over(&self, sub: &[usize]) -> Factor {
         let sizes: Vec<usize> =
             sub.iter().map(|v| self.sizes[self.vars.iter().position(|w| w == v).expect("a subset")]).collect();

@@ -280,6 +280,57 @@ impl GraphicalModel {
         Self { domain: self.domain.clone(), tree: self.tree.clone(), potentials, marginals, ..*self }
     }
 
+    /// One row drawn from the model given a value of each variable of `given` (variable,
+    /// value index): the same law as [`Self::conditioned`] to those values then
+    /// [`Self::sample`] of one row, at the cost of the cells of the other variables only.
+    /// Each clique's log potential is sliced at the given values; messages go up the tree
+    /// over what is left of each separator, and the row is drawn down it, each clique's
+    /// free values given its parent's.
+    pub fn draw_given(&self, given: &[(usize, usize)], rng: &mut impl Rng) -> Vec<usize> {
+        let mut fixed: Vec<Option<usize>> = vec![None; self.domain.len()];
+        given.iter().for_each(|&(v, value)| fixed[v] = Some(value));
+        let tree = &self.tree;
+        let mut beliefs: Vec<Factor> = self.potentials.iter().map(|p| p.sliced(&fixed)).collect();
+        let shared = |a: &Factor, b: &Factor| a.vars.iter().copied().filter(|v| b.vars.contains(v)).collect::<Vec<_>>();
+        // Children first: each clique's message to its parent joins the parent's belief.
+        for &(p, c) in tree.edges.iter().rev() {
+            let separator = shared(&beliefs[p], &beliefs[c]);
+            let message = beliefs[c].logsumexp_to(&separator);
+            let cells = beliefs[p].cells_in(&separator);
+            beliefs[p].add_mapped(&message, &cells, 1.0);
+        }
+        let mut row: Vec<usize> = fixed.iter().map(|v| v.unwrap_or(0)).collect();
+        let mut drawn = vec![false; self.domain.len()];
+        given.iter().for_each(|&(v, _)| drawn[v] = true);
+        let mut order = vec![0];
+        order.extend(tree.edges.iter().map(|e| e.1));
+        for c in order {
+            let belief = &beliefs[c];
+            // The cells agreeing with the values already drawn (its separator's).
+            let strides: Vec<usize> = (0..belief.vars.len()).map(|i| belief.sizes[i + 1..].iter().product()).collect();
+            let agrees = |cell: usize| {
+                belief
+                    .vars
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &v)| !drawn[v] || (cell / strides[i]) % belief.sizes[i] == row[v])
+            };
+            let top = belief.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights = belief
+                .values
+                .iter()
+                .enumerate()
+                .filter(|&(cell, _)| agrees(cell))
+                .map(|(cell, &v)| (cell, if top.is_finite() { (v - top).exp() } else { 0.0 }));
+            let cell = draw(&cumulative(weights), rng);
+            for (i, &v) in belief.vars.iter().enumerate() {
+                row[v] = (cell / strides[i]) % belief.sizes[i];
+                drawn[v] = true;
+            }
+        }
+        row
+    }
+
     /// Draws `rows` rows (a value index per variable) from the model, clique by clique
     /// down the tree: the root clique's cells first, then each clique's cells given its
     /// separator with its parent. Within each group of rows sharing a separator value, a

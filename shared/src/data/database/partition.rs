@@ -155,9 +155,11 @@ pub async fn partition_database(
                 places.get(&table.parent.table).expect("a validated parent, read before its children");
             Parents::Table(places, capped)
         };
+        let referred = referred.contains(table.name.as_str());
         let (partitioned, own) =
-            partition_child(db, (table, &layout.domain), parents, scratch, prefix, partitions, key.clone()).await?;
-        if referred.contains(table.name.as_str()) {
+            partition_child(db, (table, &layout.domain, referred), parents, scratch, prefix, partitions, key.clone())
+                .await?;
+        if referred {
             places.insert(table.name.clone(), own);
         }
         out.push(partitioned);
@@ -197,11 +199,11 @@ struct Group {
 }
 
 /// A child table: each parent row's rows capped, then written in unit order with their
-/// places. Returns the kept rows' places by unit and own key, and the keys of the rows a
-/// cap dropped (for the table's children).
+/// places. Returns the kept rows' places by unit and own key, and (for a table with
+/// children: `referred`) the keys of the rows a cap dropped.
 async fn partition_child(
     db: &Database<'_>,
-    (table, domain): (&TableSpec, &Domain),
+    (table, domain, referred): (&TableSpec, &Domain, bool),
     parents: Parents<'_>,
     scratch: &StoreLocation,
     prefix: &str,
@@ -230,7 +232,7 @@ async fn partition_child(
                 Parent::At(parent) => parent,
                 Parent::Capped => {
                     dropped.over_cap += 1;
-                    capped.extend(own_key().map(|key| (unit.clone(), key)));
+                    capped.extend(own_key().filter(|_| referred).map(|key| (unit.clone(), key)));
                     continue;
                 }
                 Parent::Absent => {
@@ -250,7 +252,7 @@ async fn partition_child(
             group.kept.push(Candidate { rank, seq, values, key: own_key() });
             if group.kept.len() > cap {
                 let dropped_row = group.kept.pop().expect("over the cap");
-                capped.extend(dropped_row.key.map(|key| (unit.clone(), key)));
+                capped.extend(dropped_row.key.filter(|_| referred).map(|key| (unit.clone(), key)));
                 dropped.over_cap += 1;
             }
         }

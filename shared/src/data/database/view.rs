@@ -382,6 +382,19 @@ impl View {
         start..start + layout.ancestors(self.table).map(|a| layout.tables[a].values()).sum::<usize>()
     }
 
+    /// The view's column holding own value column `at.column` of ancestor table
+    /// `at.table` (`None`: not an ancestor of the viewed table).
+    pub fn ancestor_column(&self, layout: &Layout, at: ColumnAt) -> Option<usize> {
+        let mut start = self.ancestor_columns(layout).start;
+        for a in layout.ancestors(self.table) {
+            if a == at.table {
+                return (at.column < layout.tables[a].values()).then_some(start + at.column);
+            }
+            start += layout.tables[a].values();
+        }
+        None
+    }
+
     /// The view's rows of one unit (as [`read_units`] reads it: places dense, one root
     /// row), in the order of the table's places.
     pub fn rows(&self, layout: &Layout, unit: &UnitRows) -> Result<Vec<Vec<Option<f64>>>, DataError> {

@@ -6,6 +6,7 @@ use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::database::DatabaseView;
+use crate::data::database::view::ColumnAt;
 use crate::data::database::view::{AFTER_COLUMN, POSITION_COLUMN};
 use crate::data::domain::Domain;
 use crate::generators::aim::{AimParams, WorkloadRule, params};
@@ -94,8 +95,16 @@ impl AimPlan {
 
     /// AIM over a database view (`data::database::view`) with its share `rho` of a job's
     /// zCDP budget: every table counted over the view's rows, a unit moving each by at most
-    /// the viewed table's cap product (which replaces `params.max_rows_per_unit`).
-    pub fn over_view(params: &AimParams, database: DatabaseView, rho: f64) -> Result<Self, PlanError> {
+    /// the viewed table's cap product (which replaces `params.max_rows_per_unit`). With a
+    /// `target` column of the database, the view of its table measures the target's pair
+    /// with every other column first, and the view of a table below it the target's pair
+    /// with each of the table's own columns.
+    pub fn over_view(
+        params: &AimParams,
+        database: DatabaseView,
+        target: Option<ColumnAt>,
+        rho: f64,
+    ) -> Result<Self, PlanError> {
         if !(rho.is_finite() && rho > 0.0) {
             return Err(invalid(format!("a view's share of ρ must be positive, not {rho}")));
         }
@@ -110,11 +119,26 @@ impl AimPlan {
         let (layout, view) = (&database.layout, database.view);
         let mut conditioned: Vec<usize> = view.ancestor_columns(layout).collect();
         let previous = view.previous_columns(layout);
-        let pairs: Vec<[usize; 2]> = previous.clone().enumerate().map(|(c, before)| [c, before]).collect();
+        let mut pairs: Vec<[usize; 2]> = previous.clone().enumerate().map(|(c, before)| [c, before]).collect();
         if !pairs.is_empty() {
-            conditioned.extend(previous);
+            conditioned.extend(previous.clone());
             conditioned.extend(domain.index_of(POSITION_COLUMN));
             conditioned.extend(domain.index_of(AFTER_COLUMN));
+        }
+        if let Some(target) = target {
+            let own = layout.tables[view.table].values();
+            if target.table == view.table {
+                // Not with a sibling's place or values: they say one thing many ways (the
+                // first row has no previous one), and the model, told each apart, would
+                // count it many times over when drawing the target given them all.
+                let structural = |c: usize| previous.contains(&c) || domain.index_of(POSITION_COLUMN) == Some(c);
+                let others = (0..domain.columns.len()).filter(|&c| c != target.column && !structural(c));
+                pairs.extend(others.map(|c| [target.column.min(c), target.column.max(c)]));
+            } else if let Some(at) = view.ancestor_column(layout, target) {
+                pairs.extend((0..own).map(|c| [c, at]));
+            }
+            pairs.sort_unstable();
+            pairs.dedup();
         }
         let task = |candidates| MarginalsTask::over_view(database, candidates);
         let plan = Self::planned(params, &domain, pairs, (rho, None), task)?;

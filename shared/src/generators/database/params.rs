@@ -13,9 +13,16 @@ use crate::generators::params::{GeneratorParams, PublicInputs};
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseParams {
     /// Each view's AIM run (`[generator.database.aim]`). A view's bound on a unit's rows
-    /// is its table's cap product, so `max_rows_per_unit` is not set here; a database
-    /// declares no target, so neither is `target_share`.
+    /// is its table's cap product, so `max_rows_per_unit` is not set here; `target_share`
+    /// goes with `target`.
     pub aim: AimParams,
+    /// A column of one table, `TABLE.COLUMN`, the database's declared downstream use (the
+    /// label a model will learn, e.g. `admissions.outcome`): its table's view measures the
+    /// column's pair with every other column of the view, and each descendant table's view
+    /// its pair with each of that table's own columns, first, with `aim.target_share` of the
+    /// view's ρ (default 0.2), so its links across the tables do not rest on AIM selecting
+    /// them.
+    pub target: Option<String>,
     /// Each table's weight in the split of ρ among the views, by table name; a table not
     /// named weighs 1.
     pub weights: BTreeMap<String, f64>,
@@ -24,10 +31,18 @@ pub struct DatabaseParams {
 impl GeneratorParams for DatabaseParams {
     fn validate(&self) -> Result<(), String> {
         self.aim.validate().map_err(|e| e.replace("[generator.aim]", "[generator.database.aim]"))?;
-        if self.aim.max_rows_per_unit != AimParams::default().max_rows_per_unit || self.aim.target_share.is_some() {
-            return Err("[generator.database.aim]: a view is bounded by its table's caps (max_per_parent) and a \
-                        database has no target: leave max_rows_per_unit and target_share out"
+        if self.aim.max_rows_per_unit != AimParams::default().max_rows_per_unit {
+            return Err("[generator.database.aim]: a view is bounded by its table's caps (max_per_parent): leave \
+                        max_rows_per_unit out"
                 .into());
+        }
+        if self.aim.target_share.is_some() && self.target.is_none() {
+            return Err("[generator.database.aim] target_share is the share of [generator.database] target's pairs: \
+                        declare the target"
+                .into());
+        }
+        if self.target.as_deref().is_some_and(|t| t.split_once('.').is_none_or(|(t, c)| t.is_empty() || c.is_empty())) {
+            return Err("[generator.database] target is TABLE.COLUMN, a column of one of the job's tables".into());
         }
         if let Some((name, w)) = self.weights.iter().find(|(_, w)| !(w.is_finite() && **w > 0.0)) {
             return Err(format!("[generator.database] weights: table '{name}' weighs {w}; weights are positive"));

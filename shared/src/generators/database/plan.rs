@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::data::database::view::ColumnAt;
 use crate::data::database::{Database, DatabaseView, Layout, View};
 use crate::data::domain::Domain;
 use crate::generators::aim::AimPlan;
@@ -60,6 +61,7 @@ impl DatabasePlan {
         if let Some(name) = params.weights.keys().find(|name| !layout.tables.iter().any(|t| &t.name == *name)) {
             return Err(invalid(format!("weights name table '{name}', which the job does not declare")));
         }
+        let target = params.target.as_deref().map(|target| target_column(&layout, target)).transpose()?;
         let weights: Vec<f64> =
             layout.tables.iter().map(|t| params.weights.get(&t.name).copied().unwrap_or(1.0)).collect();
         let total: f64 = weights.iter().sum();
@@ -70,7 +72,7 @@ impl DatabasePlan {
             .map(|(table, w)| {
                 let view = DatabaseView { layout: layout.clone(), view: View { table } };
                 let name = &layout.tables[table].name;
-                AimPlan::over_view(&params.aim, view, rho * w / total)
+                AimPlan::over_view(&params.aim, view, target, rho * w / total)
                     .map_err(|e| invalid(format!("the view of table '{name}': {e}")))
             })
             .collect::<Result<_, _>>()?;
@@ -81,4 +83,15 @@ impl DatabasePlan {
     pub fn mechanisms(&self) -> Vec<Mechanism> {
         vec![Mechanism::Zcdp { rho: self.rho, adjacency: Adjacency::AddRemove }]
     }
+}
+
+/// The target `TABLE.COLUMN` as a layout column: a value column of a declared table.
+fn target_column(layout: &Layout, target: &str) -> Result<ColumnAt, PlanError> {
+    let refuse = |reason: String| invalid(format!("[generator.database] target '{target}': {reason}"));
+    let (table, column) = target.split_once('.').ok_or_else(|| refuse("not TABLE.COLUMN".into()))?;
+    let t = layout.tables.iter().position(|t| t.name.eq_ignore_ascii_case(table));
+    let t = t.ok_or_else(|| refuse(format!("the job declares no table '{table}'")))?;
+    let c = layout.tables[t].domain.index_of(column).filter(|&c| c < layout.tables[t].values());
+    let c = c.ok_or_else(|| refuse(format!("table '{}' has no value column '{column}'", layout.tables[t].name)))?;
+    Ok(ColumnAt { table: t, column: c })
 }

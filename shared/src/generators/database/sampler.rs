@@ -250,7 +250,7 @@ impl<'a> Siblings<'a> {
                             .enumerate()
                             .map(|(c, v)| (v, rows.last().map_or(columns[v].value_bins(), |row| row[c]))),
                     );
-                    rows.extend(conditioned_on(self.fitted, &at).sample(1, rng));
+                    rows.push(self.fitted.model.draw_given(&at, rng));
                 }
                 rows
             }
