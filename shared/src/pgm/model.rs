@@ -288,7 +288,10 @@ impl GraphicalModel {
     /// free values given its parent's.
     pub fn draw_given(&self, given: &[(usize, usize)], rng: &mut impl Rng) -> Vec<usize> {
         let mut fixed: Vec<Option<usize>> = vec![None; self.domain.len()];
-        given.iter().for_each(|&(v, value)| fixed[v] = Some(value));
+        for &(v, value) in given {
+            assert!(value < self.domain[v], "variable {v} has {} values, not {value}", self.domain[v]);
+            fixed[v] = Some(value);
+        }
         let tree = &self.tree;
         let mut beliefs: Vec<Factor> = self.potentials.iter().map(|p| p.sliced(&fixed)).collect();
         let shared = |a: &Factor, b: &Factor| a.vars.iter().copied().filter(|v| b.vars.contains(v)).collect::<Vec<_>>();
@@ -315,13 +318,18 @@ impl GraphicalModel {
                     .enumerate()
                     .all(|(i, &v)| !drawn[v] || (cell / strides[i]) % belief.sizes[i] == row[v])
             };
-            let top = belief.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let weights = belief
+            // Shifted by the largest agreeing cell, so that the cells drawn from never all
+            // underflow when the cells that disagree are far likelier.
+            let agreeing: Vec<(usize, f64)> = belief
                 .values
                 .iter()
                 .enumerate()
                 .filter(|&(cell, _)| agrees(cell))
-                .map(|(cell, &v)| (cell, if top.is_finite() { (v - top).exp() } else { 0.0 }));
+                .map(|(cell, &v)| (cell, v))
+                .collect();
+            let top = agreeing.iter().map(|&(_, v)| v).fold(f64::NEG_INFINITY, f64::max);
+            let weights =
+                agreeing.into_iter().map(|(cell, v)| (cell, if top.is_finite() { (v - top).exp() } else { 0.0 }));
             let cell = draw(&cumulative(weights), rng);
             for (i, &v) in belief.vars.iter().enumerate() {
                 row[v] = (cell / strides[i]) % belief.sizes[i];
