@@ -21,7 +21,8 @@ pub struct DatabaseParams {
     /// column's pair with every other column of the view, and each descendant table's view
     /// its pair with each of that table's own columns, first, with `aim.target_share` of the
     /// view's ρ (default 0.2), so its links across the tables do not rest on AIM selecting
-    /// them.
+    /// them. For cohorts of thousands of units: at a few hundred, its pairs' cells are
+    /// noise (docs/database.md).
     pub target: Option<String>,
     /// Each table's weight in the split of ρ among the views, by table name; a table not
     /// named weighs 1.
