@@ -60,8 +60,8 @@ pub struct PartitionedTable {
 /// The kept rows of a table that has children: each one's ordinal by unit and own key.
 type Places = HashMap<(String, String), u32>;
 
-/// The rows of a table that a cap dropped, with theirs or an ancestor's: by unit and own
-/// key (their children are dropped by the cap too, not for want of a parent).
+/// The rows of a table dropped by a cap, on them or on an ancestor: by unit and own key
+/// (their children are dropped by the cap too, not for want of a parent).
 type Capped = HashSet<(String, String)>;
 
 /// Where a child table's parent rows are: the root's units, or a table's places.
