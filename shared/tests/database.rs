@@ -1046,6 +1046,9 @@ async fn a_database_evaluation_scores_its_floor_cut_children_and_broken_keys_exa
     assert_eq!(vitals.within.len(), 1);
     assert!(!vitals.cross.is_empty() && !vitals.means.is_empty() && vitals.transitions.is_empty());
     assert_eq!(report.tables[1].transitions.len(), 2, "admission type and outcome");
+    // Per patient, the synthetic patients are the training ones: every one a copy, at
+    // distance 0.
+    assert_eq!((report.privacy.exact_copy_rate, report.privacy.dcr_synthetic_median), (1.0, 0.0));
     let utility = report.utility.as_ref().unwrap();
     let auc = |on: &str| utility.scores.iter().filter(|s| s.trained_on == on).map(|s| s.roc_auc).collect::<Vec<_>>();
     assert_eq!(auc("synthetic"), auc("real (train)"));

@@ -152,11 +152,20 @@ fn run_database(spec: &JobSpec, args: EvalArgs) -> anyhow::Result<ExitCode> {
             .map(|s| serde_json::json!({"model": s.model, "trained_on": s.trained_on, "roc_auc": s.roc_auc}))
             .collect();
     }
+    let p = &report.privacy;
+    eprintln!(
+        "Per patient: DCR median synthetic {:.4} vs held-out {:.4}; exact copies {:.4}; MIA AUC {:.3}.",
+        p.dcr_synthetic_median, p.dcr_holdout_median, p.exact_copy_rate, p.membership_auc
+    );
     eprintln!("Report: {}/report.html. {}", args.out, eval::NOTICE);
     print_json(&serde_json::json!({
         "out": args.out,
         "tables": tables,
         "utility": utility,
+        "dcr_synthetic_median": p.dcr_synthetic_median,
+        "dcr_holdout_median": p.dcr_holdout_median,
+        "exact_copy_rate": p.exact_copy_rate,
+        "membership_auc": p.membership_auc,
         "differentially_private": false,
         "sampled": report.sampling.iter().any(|u| u.sampled),
     }));

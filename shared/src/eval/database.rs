@@ -19,6 +19,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::fidelity::{self, Fidelity};
+use super::privacy::{self, PrivacyDiagnostics};
 use super::utility::{self, Utility};
 use super::{EvalError, EvalLimits, NOTICE, RowCounts, SampleUse, Sampling, StageTiming};
 use crate::data::DataError;
@@ -50,6 +51,10 @@ pub struct DatabaseReport {
     pub tables: Vec<TableEvaluation>,
     /// Train on synthetic, test on real, per unit (with `--label`).
     pub utility: Option<Utility>,
+    /// Distances to the closest record and the membership attack, per unit: over each
+    /// unit's row of features (as the utility's, without a label), its whole subtree in one
+    /// row.
+    pub privacy: PrivacyDiagnostics,
     pub limits: EvalLimits,
     pub sampling: Vec<SampleUse>,
     pub timings: Vec<StageTiming>,
@@ -269,12 +274,19 @@ pub fn evaluate<'d>(
         tracing::info!("evaluation: table '{}' done ({seconds:.1} s)", layout.tables[t].name);
         timings.push(StageTiming { stage: format!("table {}", layout.tables[t].name), seconds });
     }
+    let read = [train.as_slice(), test.as_slice(), synthetic.as_slice()];
+    let started = Instant::now();
+    tracing::info!("evaluation: empirical privacy started");
+    let (domain, [train_units, test_units, synthetic_units]) = unit_features(layout, None, read)?;
+    let privacy = privacy::evaluate(&domain, &train_units, &test_units, &synthetic_units, limits, &mut sampling);
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!("evaluation: empirical privacy done ({seconds:.1} s)");
+    timings.push(StageTiming { stage: "empirical privacy".into(), seconds });
     let utility = match label {
         Some(label) => {
             let started = Instant::now();
             tracing::info!("evaluation: utility started");
-            let units = [train.as_slice(), test.as_slice(), synthetic.as_slice()];
-            let (domain, [train, test, synthetic]) = unit_features(layout, label, units)?;
+            let (domain, [train, test, synthetic]) = unit_features(layout, Some(label), read)?;
             let target = domain.columns.len() - 1;
             let utility = utility::evaluate(&domain, target, "yes", &train, &test, &synthetic, limits, &mut sampling);
             let seconds = started.elapsed().as_secs_f64();
@@ -291,6 +303,7 @@ pub fn evaluate<'d>(
         units,
         tables,
         utility,
+        privacy,
         limits: *limits,
         sampling: sampling.uses,
         timings,
@@ -537,14 +550,14 @@ fn inside(layout: &Layout, t: usize, c: usize, units: &[&UnitRows]) -> Result<f6
     Ok(if known == 0 { f64::NAN } else { inside as f64 / known as f64 })
 }
 
-/// Per unit, one row of features and the label (the last column, "yes"/"no"): the root's
-/// own values; per table below it, its rows' count and the mean of each own value as views
-/// hold it (a place in an interval: a stay's length, not its date), a category's share for
-/// a categorical one; the label's own column is left out. The domain is public: made from
-/// the layout alone.
+/// Per unit, one row of features and, with a label, the label (the last column,
+/// "yes"/"no"): the root's own values; per table below it, its rows' count and the mean of
+/// each own value as views hold it (a place in an interval: a stay's length, not its
+/// date), a category's share for a categorical one; the label's own column is left out.
+/// The domain is public: made from the layout alone.
 fn unit_features(
     layout: &Layout,
-    label: &Label,
+    label: Option<&Label>,
     databases: [&[&UnitRows]; 3],
 ) -> Result<(Domain, [Table; 3]), DataError> {
     let number = |name: String, min: f64, max: f64| ColumnDomain {
@@ -552,13 +565,14 @@ fn unit_features(
         encoding: Encoding::Numeric { kind: ColumnKind::Continuous, min, max, binning: Binning::Real(vec![min, max]) },
         missing: true,
     };
+    let labelled = |t: usize, c: usize| label.is_some_and(|l| (t, c) == (l.table, l.column));
     // The features each table contributes, and how to make them from its view values.
     let mut columns: Vec<ColumnDomain> = Vec::new();
     for (t, table) in layout.tables.iter().enumerate() {
         if t > 0 {
             columns.push(number(format!("__n.{}", table.name), 0.0, layout.reach(t) as f64));
         }
-        for c in (0..table.values()).filter(|&c| (t, c) != (label.table, label.column)) {
+        for c in (0..table.values()).filter(|&c| !labelled(t, c)) {
             let viewed = layout.view_column(t, c);
             let name = format!("{}.{}", table.name, viewed.name);
             match (&viewed.encoding, t) {
@@ -571,12 +585,14 @@ fn unit_features(
             }
         }
     }
-    let yes_no = vec!["no".to_string(), "yes".to_string()];
-    columns.push(ColumnDomain {
-        name: label.text.clone(),
-        encoding: Encoding::Categorical { categories: yes_no, other: false },
-        missing: false,
-    });
+    if let Some(label) = label {
+        let yes_no = vec!["no".to_string(), "yes".to_string()];
+        columns.push(ColumnDomain {
+            name: label.text.clone(),
+            encoding: Encoding::Categorical { categories: yes_no, other: false },
+            missing: false,
+        });
+    }
     let domain = Domain { columns };
 
     let features = |units: &[&UnitRows]| -> Result<Table, DataError> {
@@ -589,8 +605,9 @@ fn unit_features(
                 if t > 0 {
                     row.push(Some(viewed.len() as f64));
                 }
-                positive |= t == label.table && unit.tables[t].iter().any(|r| r[label.column] == Some(label.code));
-                for c in (0..table.values()).filter(|&c| (t, c) != (label.table, label.column)) {
+                positive |=
+                    label.is_some_and(|l| t == l.table && unit.tables[t].iter().any(|r| r[l.column] == Some(l.code)));
+                for c in (0..table.values()).filter(|&c| !labelled(t, c)) {
                     let values = || viewed.iter().filter_map(|r| r[c]);
                     let present = values().count();
                     match (&layout.tables[t].domain.columns[c].encoding, t) {
@@ -608,7 +625,9 @@ fn unit_features(
                     }
                 }
             }
-            row.push(Some(f64::from(u8::from(positive))));
+            if label.is_some() {
+                row.push(Some(f64::from(u8::from(positive))));
+            }
             out.units.push(String::new());
             out.columns.iter_mut().zip(row).for_each(|(column, value)| column.push(value));
         }

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use super::database::{DatabaseReport, Distance, TableEvaluation};
 use super::longitudinal::Longitudinal;
+use super::privacy::PrivacyDiagnostics;
 use super::utility::Utility;
 use super::{EvalLimits, EvalReport, NOT_DP, SampleUse, StageTiming};
 
@@ -249,34 +250,7 @@ pub fn html(report: &EvalReport) -> String {
         body.push_str(&bars("rows per unit", &labels, &l.real_lengths, &l.synthetic_lengths, "real (train)"));
         body.push_str(&dynamics(l));
     }
-    let p = &report.privacy;
-    body.push_str("<h2>Empirical privacy (diagnostics, not guarantees)</h2>");
-    body.push_str(&metric_table(&[
-        (
-            "DCR p5 / median, synthetic",
-            format!("{:.4} / {:.4}", p.dcr_synthetic_p5, p.dcr_synthetic_median),
-            "Gower distance to the closest training row",
-        ),
-        (
-            "DCR p5 / median, held-out (reference)",
-            format!("{:.4} / {:.4}", p.dcr_holdout_p5, p.dcr_holdout_median),
-            "the same for real rows not used in training",
-        ),
-        ("exact-copy rate (NRS)", format!("{:.4}", p.exact_copy_rate), "synthetic rows identical to a training row"),
-        (
-            "membership-inference AUC",
-            format!("{:.4}", p.membership_auc),
-            "distance attack; 0.5 = cannot tell members apart",
-        ),
-    ]));
-    body.push_str("<h4>distance to closest training record (CDF)</h4>");
-    body.push_str(&cdfs(
-        "distance to closest training record (CDF)",
-        &p.dcr_holdout,
-        "held-out real",
-        &p.dcr_synthetic,
-        "synthetic",
-    ));
+    body.push_str(&privacy_section(&report.privacy, ""));
     let _ = write!(
         body,
         "<h2>Sizes</h2><p>train {} rows, held-out {} rows, synthetic {} rows (private figures).</p>",
@@ -328,6 +302,11 @@ pub fn database_html(report: &DatabaseReport) -> String {
     for t in &report.tables {
         body.push_str(&table_section(t));
     }
+    body.push_str(&privacy_section(
+        &report.privacy,
+        "<p>Per patient: each record is a patient's row of features (the root's values, each table's row count, \
+         the means and shares of its values), the whole subtree in one row.</p>",
+    ));
     body.push_str(&sampling_section(&report.sampling, &report.limits, &report.timings));
     page(&body)
 }
@@ -491,6 +470,40 @@ fn utility_section(u: &Utility) -> String {
         );
     }
     body.push_str("</table>");
+    body
+}
+
+/// The empirical privacy diagnostics (DCR, exact copies, membership attack), `what` said
+/// of the records compared.
+fn privacy_section(p: &PrivacyDiagnostics, what: &str) -> String {
+    let mut body = String::new();
+    let _ = write!(body, "<h2>Empirical privacy (diagnostics, not guarantees)</h2>{what}");
+    body.push_str(&metric_table(&[
+        (
+            "DCR p5 / median, synthetic",
+            format!("{:.4} / {:.4}", p.dcr_synthetic_p5, p.dcr_synthetic_median),
+            "Gower distance to the closest training row",
+        ),
+        (
+            "DCR p5 / median, held-out (reference)",
+            format!("{:.4} / {:.4}", p.dcr_holdout_p5, p.dcr_holdout_median),
+            "the same for real rows not used in training",
+        ),
+        ("exact-copy rate (NRS)", format!("{:.4}", p.exact_copy_rate), "synthetic rows identical to a training row"),
+        (
+            "membership-inference AUC",
+            format!("{:.4}", p.membership_auc),
+            "distance attack; 0.5 = cannot tell members apart",
+        ),
+    ]));
+    body.push_str("<h4>distance to closest training record (CDF)</h4>");
+    body.push_str(&cdfs(
+        "distance to closest training record (CDF)",
+        &p.dcr_holdout,
+        "held-out real",
+        &p.dcr_synthetic,
+        "synthetic",
+    ));
     body
 }
 
