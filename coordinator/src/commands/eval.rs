@@ -113,9 +113,6 @@ fn run_database(spec: &JobSpec, args: EvalArgs) -> anyhow::Result<ExitCode> {
         &args.out,
         &limits,
     ))?;
-    let mean = |d: &[database::Distance], f: fn(&database::Distance) -> f64| {
-        (!d.is_empty()).then(|| d.iter().map(f).sum::<f64>() / d.len() as f64)
-    };
     let mut tables = Vec::new();
     for t in &report.tables {
         let children: Vec<String> = t
@@ -123,7 +120,7 @@ fn run_database(spec: &JobSpec, args: EvalArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|c| format!(", {} per row TVD {:.3} (train {:.3})", c.child, c.tvd.synthetic, c.tvd.train))
             .collect();
-        let cross = mean(&t.cross, |d| d.synthetic).zip(mean(&t.cross, |d| d.train));
+        let cross = t.cross_mean();
         eprintln!(
             "{}: {:.2}% with parent, HIST {:.4}{}{}",
             t.name,

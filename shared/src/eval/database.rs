@@ -19,6 +19,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::fidelity::{self, Fidelity};
+use super::longitudinal::pearson;
 use super::privacy::{self, PrivacyDiagnostics};
 use super::utility::{self, Utility};
 use super::{EvalError, EvalLimits, NOTICE, RowCounts, SampleUse, Sampling, StageTiming};
@@ -52,7 +53,7 @@ pub struct DatabaseReport {
     /// Train on synthetic, test on real, per unit (with `--label`).
     pub utility: Option<Utility>,
     /// Distances to the closest record and the membership attack, per unit: over each
-    /// unit's row of features (as the utility's, without a label), its whole subtree in one
+    /// unit's row of features (the utility's, the label left out), its whole subtree in one
     /// row.
     pub privacy: PrivacyDiagnostics,
     pub limits: EvalLimits,
@@ -105,6 +106,15 @@ pub struct Integrity {
     pub bad: u64,
     /// Share of the rows read whose parent exists (1 for the root): must be 1.
     pub with_parent: f64,
+}
+
+impl TableEvaluation {
+    /// The mean of the cross-table TVDs: (synthetic, train); `None` without any.
+    pub fn cross_mean(&self) -> Option<(f64, f64)> {
+        let n = self.cross.len() as f64;
+        let mean = |f: fn(&Distance) -> f64| self.cross.iter().map(f).sum::<f64>() / n;
+        (n > 0.0).then(|| (mean(|d| d.synthetic), mean(|d| d.train)))
+    }
 }
 
 impl Integrity {
@@ -274,28 +284,32 @@ pub fn evaluate<'d>(
         tracing::info!("evaluation: table '{}' done ({seconds:.1} s)", layout.tables[t].name);
         timings.push(StageTiming { stage: format!("table {}", layout.tables[t].name), seconds });
     }
+    // One row of features per unit, read once: the privacy diagnostics' records (the label
+    // left out) and the utility's rows.
     let read = [train.as_slice(), test.as_slice(), synthetic.as_slice()];
+    let (domain, features) = unit_features(layout, label, read)?;
     let started = Instant::now();
     tracing::info!("evaluation: empirical privacy started");
-    let (domain, [train_units, test_units, synthetic_units]) = unit_features(layout, None, read)?;
-    let privacy = privacy::evaluate(&domain, &train_units, &test_units, &synthetic_units, limits, &mut sampling);
+    let features_only = usize::from(label.is_some());
+    let records = Domain { columns: domain.columns[..domain.columns.len() - features_only].to_vec() };
+    let [train_records, test_records, synthetic_records] = features
+        .each_ref()
+        .map(|table| Table { units: table.units.clone(), columns: table.columns[..records.columns.len()].to_vec() });
+    let privacy = privacy::evaluate(&records, &train_records, &test_records, &synthetic_records, limits, &mut sampling);
     let seconds = started.elapsed().as_secs_f64();
     tracing::info!("evaluation: empirical privacy done ({seconds:.1} s)");
     timings.push(StageTiming { stage: "empirical privacy".into(), seconds });
-    let utility = match label {
-        Some(label) => {
-            let started = Instant::now();
-            tracing::info!("evaluation: utility started");
-            let (domain, [train, test, synthetic]) = unit_features(layout, Some(label), read)?;
-            let target = domain.columns.len() - 1;
-            let utility = utility::evaluate(&domain, target, "yes", &train, &test, &synthetic, limits, &mut sampling);
-            let seconds = started.elapsed().as_secs_f64();
-            tracing::info!("evaluation: utility done ({seconds:.1} s)");
-            timings.push(StageTiming { stage: "utility".into(), seconds });
-            utility
-        }
-        None => None,
-    };
+    let utility = label.and_then(|_| {
+        let started = Instant::now();
+        tracing::info!("evaluation: utility started");
+        let [train, test, synthetic] = &features;
+        let target = domain.columns.len() - 1;
+        let utility = utility::evaluate(&domain, target, "yes", train, test, synthetic, limits, &mut sampling);
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!("evaluation: utility done ({seconds:.1} s)");
+        timings.push(StageTiming { stage: "utility".into(), seconds });
+        utility
+    });
     Ok(DatabaseReport {
         notice: NOTICE.to_string(),
         differentially_private: false,
@@ -474,11 +488,7 @@ fn joint(rows: &ViewRows, a: Option<(usize, &ColumnDomain)>, b: (usize, &ColumnD
         let i = a.map_or(0, |(d, c)| slot(c, row[d]));
         p[i * width + slot(b.1, row[b.0])] += 1.0;
     }
-    let total: f64 = p.iter().sum();
-    if total > 0.0 {
-        p.iter_mut().for_each(|x| *x /= total);
-    }
-    p
+    fidelity::normalise(p)
 }
 
 /// Total variation distance; NaN when either distribution is empty.
@@ -487,6 +497,7 @@ fn tvd(p: &[f64], q: &[f64]) -> f64 {
     if empty(p) || empty(q) {
         return f64::NAN;
     }
+    // Not 1 − Σ min(p, q): that rounds identical distributions to −2·10⁻¹⁶.
     0.5 * p.iter().zip(q).map(|(a, b)| (a - b).abs()).sum::<f64>()
 }
 
@@ -519,15 +530,7 @@ fn mean_error(held_out: &[(f64, f64)], other: &[(f64, f64)]) -> f64 {
 /// rows or without variance.
 fn correlation(rows: &ViewRows, x: usize, y: usize) -> f64 {
     let pairs: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r[x]?, r[y]?))).collect();
-    let n = pairs.len() as f64;
-    if n < 2.0 {
-        return f64::NAN;
-    }
-    let (mx, my) = pairs.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x / n, b + y / n));
-    let (sxy, sxx, syy) = pairs.iter().fold((0.0, 0.0, 0.0), |(c, vx, vy), (x, y)| {
-        (c + (x - mx) * (y - my), vx + (x - mx).powi(2), vy + (y - my).powi(2))
-    });
-    if sxx > 0.0 && syy > 0.0 { sxy / (sxx * syy).sqrt() } else { f64::NAN }
+    pearson(&pairs).unwrap_or(f64::NAN)
 }
 
 /// The share of rows of table `t` whose value `c` lies inside its interval, over the rows

@@ -77,7 +77,8 @@ fn histogram(c: &ColumnDomain, values: &[Option<f64>], numeric_bins: usize) -> V
     normalise(h)
 }
 
-fn normalise(mut h: Vec<f64>) -> Vec<f64> {
+/// `h` scaled to sum to 1 (unchanged when it sums to 0).
+pub(super) fn normalise(mut h: Vec<f64>) -> Vec<f64> {
     let total: f64 = h.iter().sum();
     if total > 0.0 {
         h.iter_mut().for_each(|x| *x /= total);

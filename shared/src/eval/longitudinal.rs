@@ -113,13 +113,18 @@ fn mean_gap(dynamics: &[Dynamics], other: impl Fn(&Dynamics) -> Option<f64>) -> 
 
 /// Lag-1 autocorrelation of `feature` over every unit's consecutive values.
 pub fn lag1(tables: &[Vec<Vec<f64>>], feature: usize) -> Option<f64> {
-    let pairs = || tables.iter().flat_map(|t| t[feature].windows(2).map(|w| (w[0], w[1])));
-    let n = pairs().count() as f64;
+    let pairs: Vec<(f64, f64)> = tables.iter().flat_map(|t| t[feature].windows(2).map(|w| (w[0], w[1]))).collect();
+    pearson(&pairs)
+}
+
+/// Pearson correlation of the pairs (`None` below two pairs or without variance).
+pub fn pearson(pairs: &[(f64, f64)]) -> Option<f64> {
+    let n = pairs.len() as f64;
     if n < 2.0 {
         return None;
     }
-    let (mx, my) = pairs().fold((0.0, 0.0), |(a, b), (x, y)| (a + x / n, b + y / n));
-    let (sxy, sxx, syy) = pairs().fold((0.0, 0.0, 0.0), |(c, vx, vy), (x, y)| {
+    let (mx, my) = pairs.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x / n, b + y / n));
+    let (sxy, sxx, syy) = pairs.iter().fold((0.0, 0.0, 0.0), |(c, vx, vy), (x, y)| {
         (c + (x - mx) * (y - my), vx + (x - mx).powi(2), vy + (y - my).powi(2))
     });
     (sxx > 0.0 && syy > 0.0).then(|| sxy / (sxx * syy).sqrt())

@@ -287,7 +287,7 @@ pub fn database_html(report: &DatabaseReport) -> String {
             100.0 * t.integrity.with_parent,
             t.fidelity.hist,
             if children.is_empty() { "–".to_string() } else { children.join("; ") },
-            mean_pair(&t.cross),
+            t.cross_mean().map_or("–".to_string(), |(s, r)| format!("{s:.3} / {r:.3}")),
             if gaps.is_empty() {
                 "–".to_string()
             } else {
@@ -314,15 +314,6 @@ pub fn database_html(report: &DatabaseReport) -> String {
 /// "synthetic / train" of a distance.
 fn pair(d: &Distance) -> String {
     format!("{:.3} / {:.3}", d.synthetic, d.train)
-}
-
-/// The mean of distances, "synthetic / train" ("–" without any).
-fn mean_pair(distances: &[Distance]) -> String {
-    if distances.is_empty() {
-        return "–".to_string();
-    }
-    let mean = |f: fn(&Distance) -> f64| distances.iter().map(f).sum::<f64>() / distances.len() as f64;
-    format!("{:.3} / {:.3}", mean(|d| d.synthetic), mean(|d| d.train))
 }
 
 /// A table of distances: what, synthetic, train.

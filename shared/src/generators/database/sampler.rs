@@ -205,8 +205,8 @@ struct Siblings<'a> {
     previous: std::ops::Range<usize>,
     position: usize,
     after: Option<usize>,
-    /// Parents alike share their children's model (a sequence's rows are each given their
-    /// own previous row: drawn from a model of their own).
+    /// Parents alike share their children's model (a sequence's rows are each drawn given
+    /// their own previous row: `GraphicalModel::draw_given`, no model kept).
     by_ancestors: HashMap<Vec<usize>, GraphicalModel>,
 }
 
