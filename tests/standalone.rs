@@ -34,7 +34,14 @@ async fn run_with_floor(spec: JobSpec, scratch: &std::path::Path, charge_floor: 
     config.env.scratch_url = scratch.to_str().unwrap().to_string();
     let cluster = Standalone::start(config, 2).await.unwrap();
     let job_id = format!("test-{}", std::process::id());
-    let request = JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None, charge_floor };
+    let request = JobRequest {
+        job_id: job_id.clone(),
+        spec,
+        output_url: None,
+        ledger_url: None,
+        charge_floor,
+        ledger_input: None,
+    };
     cluster.service.start_job(request).unwrap();
     let status = loop {
         let s = cluster.service.job_status(&job_id).unwrap();
@@ -611,6 +618,7 @@ async fn a_second_job_to_a_claimed_prefix_is_refused_before_the_ledger_changes()
         output_url: None,
         ledger_url: None,
         charge_floor: None,
+        ledger_input: None,
     };
     let ended = async |job_id: &str| loop {
         let s = cluster.service.job_status(job_id).unwrap();
@@ -683,8 +691,14 @@ async fn bad_generator_parameters_are_refused_at_submission() {
     for (i, (text, expected)) in cases.into_iter().enumerate() {
         let spec = JobSpec::parse(&text, "bad").unwrap();
         let job_id = format!("bad-{i}");
-        let request =
-            JobRequest { job_id: job_id.clone(), spec, output_url: None, ledger_url: None, charge_floor: None };
+        let request = JobRequest {
+            job_id: job_id.clone(),
+            spec,
+            output_url: None,
+            ledger_url: None,
+            charge_floor: None,
+            ledger_input: None,
+        };
         let status = cluster.service.start_job(request).unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains(expected), "{status:?}");
@@ -1229,6 +1243,7 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
             output_url: None,
             ledger_url: None,
             charge_floor: None,
+            ledger_input: None,
         })
         .unwrap();
 
@@ -1479,43 +1494,6 @@ async fn a_database_view_is_counted_per_patient_within_its_bound() {
         let l2 = moved.iter().map(|d| d * d).sum::<f64>().sqrt();
         assert!(l2 <= task.sensitivity() + 1e-9, "moved by {l2}, declared {}", task.sensitivity());
     }
-}
-
-/// A database's release read back: each table's rows by column name, its part hashes
-/// checked against the manifest.
-fn read_database(out: &std::path::Path) -> (serde_json::Value, Vec<(String, Vec<arrow_array::RecordBatch>)>) {
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let manifest = manifest(out).expect("manifest written");
-    let mut tables = Vec::new();
-    for table in manifest["tables"].as_array().expect("a database's manifest lists its tables") {
-        let name = table["name"].as_str().unwrap().to_string();
-        let mut batches = Vec::new();
-        for part in table["parts"].as_array().unwrap() {
-            let path = part["path"].as_str().unwrap();
-            assert!(path.starts_with(&format!("{name}/")), "{path} under its table's folder");
-            let bytes = std::fs::read(out.join(path)).unwrap();
-            assert_eq!(format!("{:x}", Sha256::digest(&bytes)), part["sha256"].as_str().unwrap());
-            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes)).unwrap().build().unwrap();
-            batches.extend(reader.map(Result::unwrap));
-        }
-        tables.push((name, batches));
-    }
-    (manifest, tables)
-}
-
-/// The values of column `name` of a table's batches, as `A`.
-fn column<A: arrow_array::Array + Clone + 'static>(batches: &[arrow_array::RecordBatch], name: &str) -> Vec<A> {
-    let column =
-        |b: &arrow_array::RecordBatch| b.column_by_name(name).unwrap_or_else(|| panic!("column {name}")).clone();
-    batches.iter().map(|b| column(b).as_any().downcast_ref::<A>().expect("the column's type").clone()).collect()
-}
-
-/// The strings of column `name` of a table's batches (keys), none missing.
-fn keys(batches: &[arrow_array::RecordBatch], name: &str) -> Vec<String> {
-    use arrow_array::Array;
-    let strings = column::<arrow_array::StringArray>(batches, name);
-    assert!(strings.iter().all(|s| s.null_count() == 0), "every row of {name} has its key");
-    strings.iter().flat_map(|s| s.iter().map(|v| v.unwrap().to_string()).collect::<Vec<_>>()).collect()
 }
 
 /// A database job end to end in a standalone cluster (real gRPC, 2 workers): three tables

@@ -404,6 +404,7 @@ async fn run_job(
         output_url: Some(output.to_string()),
         ledger_url: Some(ledger.to_string()),
         charge_floor: None,
+        ledger_input: None,
     };
     let mut last_log = Instant::now();
     let status = cluster

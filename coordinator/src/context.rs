@@ -166,6 +166,10 @@ pub struct JobRequest {
     /// The least ε the job's planned charge may state (a served dataset's
     /// `min_job_epsilon`): each job that reads the data costs at least this much.
     pub charge_floor: Option<f64>,
+    /// The files a served dataset's ledger is bound to (all its tables'), checked in place
+    /// of the files the job reads: a served database job may read some of its declared
+    /// tables. `None`: the job's own input is checked.
+    pub ledger_input: Option<Vec<String>>,
 }
 
 impl JobRequest {
@@ -327,6 +331,9 @@ impl<'a> JobContext<'a> {
         let prefix = scratch::partition_prefix(&self.request.job_id);
         let mut writer = PartitionWriter::new(self.scratch, &prefix, self.domain, spec.job.partitions, key)?;
         let mut input = InputReader::new(&spec.input, &spec.schema, self.domain);
+        // Every file fits the schema before any row is read (a later file's wrong header
+        // would otherwise fail the job after the earlier files' rows, timed by their size).
+        input.check_headers().await?;
         while let Some(batch) = input.next_batch().await? {
             writer.write(batch).await?;
         }

@@ -17,6 +17,16 @@
 //! [dataset.input]
 //! urls = ["s3://private/ed/vitals.parquet"]
 //!
+//! [[dataset]]                       # a database: the input is its root table
+//! id = "mimic-iv-2026"
+//! unit_column = "subject_id"        # every table's unit (docs/database.md)
+//! budget = { epsilon = 10.0, delta = 1e-6 }
+//! [dataset.input]
+//! urls = ["s3://private/mimic/patients.parquet"]
+//! [[dataset.tables]]                # the tables a job's [[tables]] may name, by name
+//! name = "admissions"
+//! input = { urls = ["s3://private/mimic/admissions.parquet"] }
+//!
 //! [[model]]                         # public pretrained checkpoints jobs may name by id
 //! id = "smollm2-135m"
 //! url = "s3://models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,19 +37,25 @@
 //! datasets = ["mimic-iv-ed-2026"]   # the datasets whose jobs may name it
 //! ```
 //!
+//! A database job's `[[tables]]` name declared tables and get their files; the keys,
+//! parents and caps are the submitter's (a row's unit is read from its own unit column,
+//! so no choice of keys moves a row to another unit). A job may read a subset of a
+//! dataset's tables: the same people, under the same budget.
+//!
 //! A language-model job names a declared model's id as its `checkpoint`, and a HARMONIC,
 //! DP-2Stage or sequence job a declared reference's id as its `reference`: the coordinator
 //! and workers read only what the operator declared public, never a location a submitter
 //! chose (reading one would tell whether, and how, a private object parses, and private
 //! neighbours would have no bounded sensitivity).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rhosynth_privacy::ledger::{Budget, Ledger, LedgerError};
 use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::accounting::mechanism::Adjacency;
 use rhosynth_shared::data::source::{BadRows, CsvOptions, Format, Source};
-use rhosynth_shared::spec::{ColumnKind, MissingPolicy, UnknownPolicy, validate_id};
+use rhosynth_shared::spec::tables::{check_name, keys_read_alike};
+use rhosynth_shared::spec::{ColumnKind, ColumnSpec, MissingPolicy, UnknownPolicy, validate_id};
 use rhosynth_shared::storage;
 use serde::Deserialize;
 
@@ -55,6 +71,8 @@ pub enum DatasetsError {
     SetBySubmitter { dataset: String, field: &'static str },
     #[error("dataset '{dataset}': {message}")]
     Ledger { dataset: String, message: String },
+    #[error("dataset '{dataset}' declares no table '{table}': a job's [[tables]] name its declared tables")]
+    UnknownTable { dataset: String, table: String },
     #[error("dataset '{dataset}' has privacy unit '{unit}': the spec must declare it as an identifier column")]
     UnitColumnMissing { dataset: String, unit: String },
     #[error("dataset '{dataset}' takes jobs of ε ≥ {floor} (min_job_epsilon), not ε = {epsilon}")]
@@ -88,6 +106,25 @@ pub struct DeclaredDataset {
     /// showing its submitter a little timing (`schedule`).
     #[serde(default = "default_min_job_epsilon")]
     pub min_job_epsilon: f64,
+    /// A database's tables below the root (`input`), each read by the unit column.
+    #[serde(default)]
+    pub tables: Vec<DeclaredTable>,
+}
+
+/// A table of a declared database: the name a job's `[[tables]]` gives it, and its file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredTable {
+    pub name: String,
+    pub input: Source,
+}
+
+impl DeclaredDataset {
+    /// Every file of the dataset: the root's and its tables'.
+    fn input_urls(&self) -> Vec<String> {
+        let tables = self.tables.iter().flat_map(|t| &t.input.urls);
+        self.input.urls.iter().chain(tables).cloned().collect()
+    }
 }
 
 fn default_min_job_epsilon() -> f64 {
@@ -143,26 +180,21 @@ impl Datasets {
         let mut by_id = HashMap::new();
         for dataset in file.dataset {
             validate_id("dataset id", &dataset.id).map_err(|e| invalid(e.to_string()))?;
-            if dataset.input.urls.is_empty() {
-                return Err(invalid(format!("dataset '{}' has no input urls", dataset.id)));
+            check_input(&dataset.input).map_err(|e| invalid(format!("dataset '{}': {e}", dataset.id)))?;
+            let mut names = HashSet::new();
+            for table in &dataset.tables {
+                let fail = |e: String| invalid(format!("dataset '{}', table '{}': {e}", dataset.id, table.name));
+                check_name(&table.name).map_err(fail)?;
+                if !names.insert(table.name.to_ascii_lowercase()) {
+                    return Err(fail("declared twice (names are compared ignoring case)".into()));
+                }
+                check_input(&table.input).map_err(fail)?;
+                if !keys_read_alike(&dataset.input.csv, &table.input.csv) {
+                    return Err(fail("its input must trim, strip suffixes and read nulls as the root's does".into()));
+                }
             }
-            let csv = dataset
-                .input
-                .urls
-                .iter()
-                .any(|u| dataset.input.format.unwrap_or_else(|| Format::detect(u)) == Format::Csv);
-            if csv && !dataset.input.csv.has_header {
-                // Else a submitter's column count would set how many fields a row must have,
-                // and a failure would say, for free, whether some row has another count.
-                return Err(invalid(format!("dataset '{}': declared CSV inputs need a header line", dataset.id)));
-            }
-            if dataset.input.bad_rows == Some(BadRows::Fail) {
-                return Err(invalid(format!(
-                    "dataset '{}': bad_rows = \"fail\" would tell submitters, for free, whether a row breaks the \
-                     schema they declare; a declared dataset reads such values as missing (check files with \
-                     `rhosynth validate`)",
-                    dataset.id
-                )));
+            if !dataset.tables.is_empty() && dataset.unit_column.is_none() {
+                return Err(invalid(format!("dataset '{}' declares tables: name their unit_column", dataset.id)));
             }
             let Budget { epsilon, delta } = dataset.budget;
             if !(epsilon > 0.0 && epsilon.is_finite() && (0.0..1.0).contains(&delta)) {
@@ -172,7 +204,8 @@ impl Datasets {
                 return Err(invalid(format!("dataset '{}' needs 0 < min_job_epsilon ≤ its budget's ε", dataset.id)));
             }
             // One person's rows under two declarations would have two budgets.
-            let files = |d: &DeclaredDataset| d.input.urls.iter().chain(&d.holdout_urls).cloned().collect::<Vec<_>>();
+            let files =
+                |d: &DeclaredDataset| d.input_urls().into_iter().chain(d.holdout_urls.clone()).collect::<Vec<_>>();
             for other in by_id.values() {
                 for (a, b) in files(&dataset).iter().flat_map(|a| files(other).into_iter().map(move |b| (a.clone(), b)))
                 {
@@ -203,7 +236,11 @@ impl Datasets {
             // Neighbours are public: a reference set may not overlap any dataset's private
             // files or ledger store.
             let private = by_id.values().flat_map(|d: &DeclaredDataset| {
-                d.input.urls.iter().chain(&d.holdout_urls).chain(&d.ledger).cloned().chain([default_ledger.to_string()])
+                d.input_urls()
+                    .into_iter()
+                    .chain(d.holdout_urls.clone())
+                    .chain(d.ledger.clone())
+                    .chain([default_ledger.to_string()])
             });
             if reference.url.split('/').any(|segment| segment == "..") {
                 return Err(invalid(format!("reference '{}': a location with `..` is refused", reference.id)));
@@ -266,9 +303,10 @@ impl Datasets {
             }
             // Every job of the dataset reads its declared input: the ledger records which
             // (the operator's declaration binds a ledger made before inputs were recorded).
+            let urls = dataset.input_urls();
             let bound = match ledger.input() {
-                None => ledger.rebind_input(&dataset.input.urls).await,
-                Some(_) => ledger.bind_input(&dataset.input.urls).await,
+                None => ledger.rebind_input(&urls).await,
+                Some(_) => ledger.bind_input(&urls).await,
             };
             bound.map_err(|e| fail(e.to_string()))?;
         }
@@ -278,7 +316,7 @@ impl Datasets {
     /// What `rhosynth schema draft` reads and charges for a declared dataset: its input (one
     /// CSV file, read with its declared options), its unit column and its ledger store —
     /// never a caller's.
-    pub fn draft_source(&self, id: &str) -> Result<(String, CsvOptions, Option<String>, String), DatasetsError> {
+    pub fn draft_source(&self, id: &str) -> Result<DraftSource, DatasetsError> {
         let dataset = self.by_id.get(id).ok_or_else(|| DatasetsError::Unknown(id.to_string()))?;
         let [url] = dataset.input.urls.as_slice() else {
             return Err(DatasetsError::Ledger {
@@ -292,7 +330,13 @@ impl Datasets {
                 message: "a schema draft reads a CSV file; this dataset's input is Parquet".into(),
             });
         }
-        Ok((url.clone(), dataset.input.csv.clone(), dataset.unit_column.clone(), self.ledger_url(dataset)))
+        Ok(DraftSource {
+            url: url.clone(),
+            csv: dataset.input.csv.clone(),
+            unit_column: dataset.unit_column.clone(),
+            ledger_url: self.ledger_url(dataset),
+            ledger_input: dataset.input_urls(),
+        })
     }
 
     /// Binds a submitted job to its declared dataset: refuses what only the operator may
@@ -305,9 +349,12 @@ impl Datasets {
         if spec.input != Source::default() {
             return refuse("[input]");
         }
-        // A declared dataset is one table: a database's tables name their own files.
-        if !spec.tables.is_empty() {
-            return refuse("[[tables]] (a declared dataset is one table; run a database job with `rhosynth run`)");
+        // A database's tables are the declared ones, read from the declared files.
+        if spec.tables.iter().any(|t| t.input != Source::default()) {
+            return refuse("a table's input ([[tables]] input)");
+        }
+        if let Some(table) = spec.tables.iter().find(|t| !dataset.tables.iter().any(|d| d.name == t.name)) {
+            return Err(DatasetsError::UnknownTable { dataset: id.clone(), table: table.name.clone() });
         }
         if request.ledger_url.is_some() || spec.privacy.ledger.is_some() {
             return refuse("a ledger store");
@@ -335,9 +382,7 @@ impl Datasets {
         let declared = self
             .by_id
             .values()
-            .flat_map(|d| {
-                d.input.urls.iter().chain(&d.holdout_urls).cloned().chain(std::iter::once(self.ledger_url(d)))
-            })
+            .flat_map(|d| d.input_urls().into_iter().chain(d.holdout_urls.clone()).chain([self.ledger_url(d)]))
             .chain(self.references.values().map(|r| r.url.clone()))
             .chain(self.models.values().cloned());
         if declared.into_iter().any(|url| storage::nested(&output, &url)) {
@@ -369,16 +414,14 @@ impl Datasets {
             return refuse("a DP-SGD noise_multiplier (it is calibrated from the job's ε)");
         }
         request.charge_floor = Some(dataset.min_job_epsilon);
-        spec.input = dataset.input.clone();
-        // Every row is read whatever the submitter's schema: a value it does not fit is
-        // missing (or `__other__`), so the work a job does never counts rows that fit a
-        // predicate the submitter chose.
-        spec.input.bad_rows = Some(BadRows::AsMissing);
-        for column in &mut spec.schema.columns {
-            column.missing = MissingPolicy::Keep;
-            if column.kind == ColumnKind::Categorical {
-                column.unknown = UnknownPolicy::Other;
-            }
+        request.ledger_input = Some(dataset.input_urls());
+        // Every row of every table is read whatever the submitter's schema: a value it does
+        // not fit is missing (or `__other__`), so the work a job does never counts rows that
+        // fit a predicate the submitter chose.
+        read_every_row(&mut spec.input, &mut spec.schema.columns, &dataset.input);
+        for table in &mut spec.tables {
+            let declared = dataset.tables.iter().find(|d| d.name == table.name).expect("checked above");
+            read_every_row(&mut table.input, &mut table.columns, &declared.input);
         }
         spec.schema.unit_column = dataset.unit_column.clone();
         if let Some(evaluation) = &mut spec.evaluation {
@@ -386,6 +429,50 @@ impl Datasets {
         }
         request.ledger_url = Some(self.ledger_url(dataset));
         Ok(())
+    }
+}
+
+/// What a schema draft of a declared dataset reads (`url`, its root table's one CSV file)
+/// and charges.
+pub struct DraftSource {
+    pub url: String,
+    pub csv: CsvOptions,
+    pub unit_column: Option<String>,
+    pub ledger_url: String,
+    /// The files the ledger is bound to: the draft's, or with a database's tables theirs too.
+    pub ledger_input: Vec<String>,
+}
+
+/// Checks a declared input: files named, CSV with a header line, no `bad_rows = "fail"`.
+fn check_input(input: &Source) -> Result<(), String> {
+    if input.urls.is_empty() {
+        return Err("no input urls".into());
+    }
+    let csv = input.urls.iter().any(|u| input.format.unwrap_or_else(|| Format::detect(u)) == Format::Csv);
+    if csv && !input.csv.has_header {
+        // Else a submitter's column count would set how many fields a row must have,
+        // and a failure would say, for free, whether some row has another count.
+        return Err("declared CSV inputs need a header line".into());
+    }
+    if input.bad_rows == Some(BadRows::Fail) {
+        return Err("bad_rows = \"fail\" would tell submitters, for free, whether a row breaks the schema they \
+                    declare; a declared dataset reads such values as missing (check files with `rhosynth validate`)"
+            .into());
+    }
+    Ok(())
+}
+
+/// Sets a table's input to the declared one, read so that no row is left out for its
+/// values: each is read as missing or `__other__` where the submitter's schema does not
+/// fit it.
+fn read_every_row(input: &mut Source, columns: &mut [ColumnSpec], declared: &Source) {
+    *input = declared.clone();
+    input.bad_rows = Some(BadRows::AsMissing);
+    for column in columns {
+        column.missing = MissingPolicy::Keep;
+        if column.kind == ColumnKind::Categorical {
+            column.unknown = UnknownPolicy::Other;
+        }
     }
 }
 
@@ -430,7 +517,14 @@ url = "/srv/out"
 
     fn request(extra: &str) -> JobRequest {
         let spec = JobSpec::parse(&format!("{SPEC}{extra}"), "job.toml").unwrap();
-        JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None }
+        JobRequest {
+            job_id: "j".into(),
+            spec,
+            output_url: None,
+            ledger_url: None,
+            charge_floor: None,
+            ledger_input: None,
+        }
     }
 
     #[test]
@@ -453,19 +547,93 @@ url = "/srv/out"
         assert!(err.to_string().contains("need a header line"), "{err}");
     }
 
-    /// A submitter's tables would name files the operator never declared (another dataset's
-    /// people, under this dataset's budget): refused before anything is read.
+    const DATABASE: &str = r#"
+[[dataset]]
+id = "icu"
+unit_column = "subject_id"
+ledger = "/srv/ledger"
+budget = { epsilon = 10.0, delta = 1e-6 }
+[dataset.input]
+urls = ["/srv/db/patients.csv"]
+[[dataset.tables]]
+name = "admissions"
+input = { urls = ["/srv/db/admissions.csv"] }
+[[dataset.tables]]
+name = "vitals"
+input = { urls = ["/srv/db/vitals.csv"] }
+"#;
+
+    /// A database job on a declared database: its tables name declared tables and read the
+    /// declared files, every row of each (never another file a submitter names: another
+    /// dataset's people under this budget); some of the tables are the same people.
     #[test]
-    fn a_database_job_on_a_declared_dataset_is_refused() {
-        let datasets = Datasets::parse(DATASETS, "datasets.toml", "/default").unwrap();
+    fn a_database_job_reads_the_declared_tables() {
+        let datasets = Datasets::parse(DATABASE, "datasets.toml", "/default").unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let mut spec = rhosynth_shared::testing::database_spec(dir.path(), (2, 4), "");
-        spec.job.dataset_id = "icu".into();
-        spec.input = Source::default();
-        spec.schema.unit_column = Some("patient_id".into());
-        let mut job = JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None };
-        let err = datasets.bind(&mut job).unwrap_err();
-        assert!(matches!(err, DatasetsError::SetBySubmitter { .. }) && err.to_string().contains("[[tables]]"), "{err}");
+        let job = || {
+            let mut spec = rhosynth_shared::testing::database_spec(dir.path(), (2, 4), "");
+            spec.job.dataset_id = "icu".into();
+            spec.input = Source::default();
+            for table in &mut spec.tables {
+                table.input = Source::default();
+            }
+            spec.output.url = "/srv/out".into();
+            JobRequest {
+                job_id: "j".into(),
+                spec,
+                output_url: None,
+                ledger_url: None,
+                charge_floor: None,
+                ledger_input: None,
+            }
+        };
+        let mut bound = job();
+        datasets.bind(&mut bound).unwrap();
+        let urls: Vec<_> = bound.spec.tables.iter().map(|t| t.input.urls.clone()).collect();
+        assert_eq!(urls, [["/srv/db/admissions.csv"], ["/srv/db/vitals.csv"]]);
+        assert_eq!(bound.spec.input.urls, ["/srv/db/patients.csv"]);
+        for table in &bound.spec.tables {
+            assert_eq!(table.input.bad_rows, Some(BadRows::AsMissing), "{}: no row reported", table.name);
+            assert!(table.columns.iter().all(|c| c.missing == MissingPolicy::Keep), "{}: nor left out", table.name);
+        }
+        let outcome = bound.spec.tables[0].columns.iter().find(|c| c.name == "outcome").unwrap();
+        assert_eq!(outcome.unknown, UnknownPolicy::Other);
+        // The ledger is checked against every declared file, whichever tables a job reads.
+        let declared = ["/srv/db/patients.csv", "/srv/db/admissions.csv", "/srv/db/vitals.csv"].map(String::from);
+        assert_eq!(bound.ledger_input.as_deref(), Some(declared.as_slice()));
+        let mut some = job();
+        some.spec.tables.truncate(1);
+        datasets.bind(&mut some).unwrap();
+        assert_eq!(some.ledger_input.as_deref(), Some(declared.as_slice()));
+
+        let mut own_file = job();
+        own_file.spec.tables[1].input.urls = vec!["/srv/other/vitals.csv".into()];
+        let err = datasets.bind(&mut own_file).unwrap_err();
+        assert!(
+            matches!(err, DatasetsError::SetBySubmitter { .. }) && err.to_string().contains("table's input"),
+            "{err}"
+        );
+        let mut undeclared = job();
+        undeclared.spec.tables[1].name = "labs".into();
+        assert!(matches!(datasets.bind(&mut undeclared), Err(DatasetsError::UnknownTable { .. })));
+        let mut holding = job();
+        holding.output_url = Some("/srv/db".into());
+        assert!(matches!(datasets.bind(&mut holding), Err(DatasetsError::OutputOverlaps { .. })));
+
+        let refused =
+            |text: &str| Datasets::parse(text, "datasets.toml", "/default").map(drop).unwrap_err().to_string();
+        let no_unit = DATABASE.replace("unit_column = \"subject_id\"\n", "");
+        assert!(refused(&no_unit).contains("name their unit_column"));
+        let twice = DATABASE.replace("name = \"vitals\"", "name = \"Admissions\"");
+        assert!(refused(&twice).contains("declared twice"));
+        let failing = DATABASE.replace("vitals.csv\"] }", "vitals.csv\"], bad_rows = \"fail\" }");
+        assert!(refused(&failing).contains("bad_rows = \"fail\""));
+        let trimmed = DATABASE.replace("vitals.csv\"] }", "vitals.csv\"], csv = { trim = false } }");
+        assert!(refused(&trimmed).contains("as the root's does"));
+        let other = format!(
+            "{DATABASE}[[dataset]]\nid = \"ed\"\nbudget = {{ epsilon = 1.0, delta = 1e-6 }}\n[dataset.input]\nurls = [\"/srv/db/vitals.csv\"]\n"
+        );
+        assert!(refused(&other).contains("overlapping files"));
     }
 
     /// A dataset takes jobs of at least its `min_job_epsilon` (0.01 unless declared), so a
@@ -550,7 +718,14 @@ url = "/srv/out"
                 &format!("name = \"dp2stage\"\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\""),
             );
             let spec = JobSpec::parse(&text, "job.toml").unwrap();
-            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None }
+            JobRequest {
+                job_id: "j".into(),
+                spec,
+                output_url: None,
+                ledger_url: None,
+                charge_floor: None,
+                ledger_input: None,
+            }
         };
         let mut named = job("smol");
         datasets.bind(&mut named).unwrap();
@@ -582,7 +757,14 @@ url = "/srv/out"
                 ),
             );
             let spec = JobSpec::parse(&text, "job.toml").unwrap();
-            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None }
+            JobRequest {
+                job_id: "j".into(),
+                spec,
+                output_url: None,
+                ledger_url: None,
+                charge_floor: None,
+                ledger_input: None,
+            }
         };
         let mut named = job("icu-marginals");
         datasets.bind(&mut named).unwrap();
@@ -624,7 +806,14 @@ url = "/srv/out"
                 &format!("name = \"sequence\"\n[generator.sequence]\nreference = \"{reference}\""),
             );
             let spec = JobSpec::parse(&text, "job.toml").unwrap();
-            JobRequest { job_id: "j".into(), spec, output_url: None, ledger_url: None, charge_floor: None }
+            JobRequest {
+                job_id: "j".into(),
+                spec,
+                output_url: None,
+                ledger_url: None,
+                charge_floor: None,
+                ledger_input: None,
+            }
         };
         let mut named = sequence("icu-marginals");
         datasets.bind(&mut named).unwrap();

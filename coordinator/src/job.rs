@@ -92,7 +92,7 @@ async fn claimed(
     let ledger_location = storage::open(ledger_url)?;
     let mut ledger = open_ledger(&ledger_location, spec).await?;
     // A dataset's budget covers the people of one input: never charged for another file.
-    ledger.bind_input(&spec.input_urls()).await?;
+    ledger.bind_input(&request.ledger_input.clone().unwrap_or_else(|| spec.input_urls())).await?;
     let scratch_store = storage::open(&env.scratch_url)?;
     // Before any partition exists, so a coordinator sharing the store never sweeps ours.
     env.heartbeat.ensure(&scratch_store).await.map_err(|e| JobError::Scratch {

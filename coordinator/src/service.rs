@@ -429,6 +429,7 @@ impl Coordinator for CoordinatorService {
             output_url: r.output_url,
             ledger_url: r.ledger_url,
             charge_floor: None,
+            ledger_input: None,
         };
         self.accept(&mut request, submitter.as_ref())?;
         // Planning can take a while (PATE searches its accountant): off the async threads.

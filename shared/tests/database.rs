@@ -223,6 +223,33 @@ async fn a_repeated_key_sends_its_children_to_the_first_row() {
     assert_eq!(first.1[time], Some(seconds("2025-01-01 00:00:00")));
 }
 
+/// A table whose file lacks a declared column fails the reading before any row of any
+/// table is read: nothing is written to the scratch store (else the failure would come
+/// after the patients' and admissions' rows, timed by their size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_that_does_not_fit_fails_before_any_row_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut db = database_csv(50, 3);
+    db.vitals = db.vitals.replacen("spo2", "sao2", 1);
+    write_database(dir.path(), &db);
+    let spec = rhosynth_shared::testing::database_spec(dir.path(), (2, 6), "order_by = \"charttime\"");
+    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+    let Err(err) =
+        partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap()).await
+    else {
+        panic!("a vitals file without spo2 was read");
+    };
+    assert!(err.to_string().contains("spo2"), "{err}");
+    let written = walk(&dir.path().join("scratch"));
+    assert!(written.is_empty(), "no table's partitions were written: {written:?}");
+}
+
+/// The files under `dir`, at any depth (none if it does not exist).
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.map(|e| e.unwrap().path()).flat_map(|path| if path.is_dir() { walk(&path) } else { vec![path] }).collect()
+}
+
 /// Every unit's kept rows, table by table, as sorted rows of values.
 async fn kept_by_unit(tables: &[PartitionedTable]) -> BTreeMap<String, Vec<Vec<Vec<u64>>>> {
     let mut out: BTreeMap<String, Vec<Vec<Vec<u64>>>> = BTreeMap::new();

@@ -288,3 +288,41 @@ pub fn issue(dir: &Path, ca: &str, name: &str, extensions: &str) {
         ],
     );
 }
+
+/// A database's release read back: each table's rows by column name, its part hashes
+/// checked against the manifest.
+pub fn read_database(out: &std::path::Path) -> (serde_json::Value, Vec<(String, Vec<arrow_array::RecordBatch>)>) {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use sha2::Digest;
+    let manifest = manifest(out).expect("manifest written");
+    let mut tables = Vec::new();
+    for table in manifest["tables"].as_array().expect("a database's manifest lists its tables") {
+        let name = table["name"].as_str().unwrap().to_string();
+        let mut batches = Vec::new();
+        for part in table["parts"].as_array().unwrap() {
+            let path = part["path"].as_str().unwrap();
+            assert!(path.starts_with(&format!("{name}/")), "{path} under its table's folder");
+            let bytes = std::fs::read(out.join(path)).unwrap();
+            assert_eq!(format!("{:x}", sha2::Sha256::digest(&bytes)), part["sha256"].as_str().unwrap());
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes)).unwrap().build().unwrap();
+            batches.extend(reader.map(Result::unwrap));
+        }
+        tables.push((name, batches));
+    }
+    (manifest, tables)
+}
+
+/// The values of column `name` of a table's batches, as `A`.
+pub fn column<A: arrow_array::Array + Clone + 'static>(batches: &[arrow_array::RecordBatch], name: &str) -> Vec<A> {
+    let column =
+        |b: &arrow_array::RecordBatch| b.column_by_name(name).unwrap_or_else(|| panic!("column {name}")).clone();
+    batches.iter().map(|b| column(b).as_any().downcast_ref::<A>().expect("the column's type").clone()).collect()
+}
+
+/// The strings of column `name` of a table's batches (keys), none missing.
+pub fn keys(batches: &[arrow_array::RecordBatch], name: &str) -> Vec<String> {
+    use arrow_array::Array;
+    let strings = column::<arrow_array::StringArray>(batches, name);
+    assert!(strings.iter().all(|s| s.null_count() == 0), "every row of {name} has its key");
+    strings.iter().flat_map(|s| s.iter().map(|v| v.unwrap().to_string()).collect::<Vec<_>>()).collect()
+}

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use rhosynth_coordinator::datasets::Datasets;
+use rhosynth_coordinator::datasets::{Datasets, DraftSource};
 use rhosynth_coordinator::schema_draft::DraftRelease;
 use rhosynth_coordinator::service::new_job_id;
 use rhosynth_privacy::ledger::{ChargeRequest, Ledger, LedgerError};
@@ -100,23 +100,27 @@ struct Source {
     csv: CsvOptions,
     unit: Option<String>,
     ledger: Option<String>,
+    /// The files the ledger is bound to (a declared database's every table's; else `data`).
+    bound: Vec<String>,
 }
 
 /// The data, unit and ledger: a declared dataset's own, or the caller's.
 fn source(args: &DraftArgs) -> anyhow::Result<Source> {
     if let (Some(path), Some(id)) = (&args.datasets, &args.dataset) {
         let datasets = Datasets::load(path, args.store.as_deref().unwrap_or_default())?;
-        let (data, csv, unit, ledger) = datasets.draft_source(id)?;
+        let DraftSource { url: data, csv, unit_column: unit, ledger_url: ledger, ledger_input: bound } =
+            datasets.draft_source(id)?;
         if ledger.is_empty() {
             bail!("dataset '{id}' names no ledger store: pass --store, as to `serve --ledger`");
         }
         if !csv.has_header {
             bail!("dataset '{id}' declares a CSV file without a header line: a draft needs its column names");
         }
-        return Ok(Source { data, csv, unit, ledger: Some(ledger) });
+        return Ok(Source { data, csv, unit, ledger: Some(ledger), bound });
     }
     let data = args.data.clone().expect("clap requires DATA without --datasets");
-    Ok(Source { data, csv: CsvOptions::default(), unit: args.unit_column.clone(), ledger: args.store.clone() })
+    let bound = vec![data.clone()];
+    Ok(Source { data, csv: CsvOptions::default(), unit: args.unit_column.clone(), ledger: args.store.clone(), bound })
 }
 
 async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
@@ -139,7 +143,7 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
         min_share: args.min_share,
         ..DraftOptions::default()
     };
-    let Source { data, csv, unit, ledger: store } = source(&args)?;
+    let Source { data, csv, unit, ledger: store, bound } = source(&args)?;
     let unit = unit.as_deref();
     if unit.is_none() && args.max_rows_per_unit != 1 {
         bail!("--max-rows-per-unit bounds a unit's rows: without a unit column every row is a unit (m = 1)");
@@ -167,7 +171,7 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
         format!("opening the ledger of '{dataset_id}' in {store} (create it with `rhosynth ledger init`)")
     })?;
     // The ledger's budget covers the people of its own input, not any file named here.
-    ledger.bind_input(std::slice::from_ref(&data)).await?;
+    ledger.bind_input(&bound).await?;
     if let Some(u) = unit
         && !names.iter().any(|n| n == u)
     {

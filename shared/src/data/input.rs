@@ -428,6 +428,16 @@ impl<'a> InputReader<'a> {
         }
     }
 
+    /// Opens every file and checks its header (a Parquet file's schema) against the schema,
+    /// reading no row: an input that does not fit fails before any row of it, or of the
+    /// inputs read after it, is read (the failure's time then says nothing of their size).
+    pub async fn check_headers(&mut self) -> Result<(), DataError> {
+        for url in &self.input.urls {
+            Self::open(self.input, self.schema, self.domain, &self.keys, url).await?;
+        }
+        Ok(())
+    }
+
     /// The next encoded batch, or `None` after the last file.
     pub async fn next_batch(&mut self) -> Result<Option<EncodedBatch>, DataError> {
         Ok(self.next_keyed_batch().await?.map(|batch| batch.rows))

@@ -199,6 +199,9 @@ impl JobSpec {
         if self.input.urls.is_empty() {
             return missing("[input] urls is empty");
         }
+        if let Some(table) = self.tables.iter().find(|t| t.input.urls.is_empty()) {
+            return missing(&format!("[[tables]] '{}': input urls is empty", table.name));
+        }
         if self.evaluation.as_ref().is_some_and(|e| e.test_urls.is_empty()) {
             return missing("[evaluation] test_urls is empty");
         }

@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use super::schema::{ColumnKind, ColumnSpec, SchemaSpec};
-use crate::data::source::Source;
+use crate::data::source::{CsvOptions, Source};
 
 /// Prefix of the columns a database's partitions add (a row's place under its unit):
 /// reserved in every table.
@@ -26,6 +26,8 @@ pub const RESERVED_PREFIX: &str = "__";
 pub struct TableSpec {
     /// Names the table's output dataset and its children's `parent.table`.
     pub name: String,
+    /// Its file; on a served dataset, the operator's (the submitter leaves it out).
+    #[serde(default)]
     pub input: Source,
     /// This table's own key (an identifier column), which its child tables refer to.
     #[serde(default)]
@@ -174,6 +176,11 @@ pub fn check_name(name: &str) -> Result<(), String> {
     if valid { Ok(()) } else { Err(format!("table name {name:?}: use 1 to 64 letters, digits, '_' and '-'")) }
 }
 
+/// Whether two tables' CSV options read a key alike (trimmed, suffixes stripped, nulls).
+pub fn keys_read_alike(root: &CsvOptions, table: &CsvOptions) -> bool {
+    table.trim == root.trim && table.strip_suffix == root.strip_suffix && table.null_values == root.null_values
+}
+
 /// Checks a database's tables against the root's input and schema: unique valid names,
 /// parents declared before their children, keys and order columns that exist with the
 /// right kind, keys read alike in every table, and caps whose products along every path
@@ -211,11 +218,7 @@ pub fn validate(root_input: &Source, root: &SchemaSpec, tables: &[TableSpec]) ->
         let name = &table.name;
         // Keys are compared as read: a table trimming or stripping a suffix the root does
         // not would join one patient's rows to another's key.
-        let (ours, root_csv) = (&table.input.csv, &root_input.csv);
-        if ours.trim != root_csv.trim
-            || ours.strip_suffix != root_csv.strip_suffix
-            || ours.null_values != root_csv.null_values
-        {
+        if !keys_read_alike(&root_input.csv, &table.input.csv) {
             return Err(format!(
                 "table '{name}': its input must trim, strip suffixes and read nulls as [input.csv] does, so that keys \
                  read alike"

@@ -144,6 +144,12 @@ pub async fn partition_database(
 ) -> Result<Vec<PartitionedTable>, DataError> {
     let referred: HashSet<&str> = db.tables.iter().map(|t| t.parent.table.as_str()).collect();
     let layout = Layout::of(db);
+    // Every table's files fit its columns before any row of any table is read.
+    InputReader::new(db.root_input, db.root_schema, &layout.tables[0].domain).check_headers().await?;
+    for table in db.tables {
+        let (schema, columns) = (table.schema(db.unit_key()), Domain::of_columns(&table.columns, db.default_bins));
+        InputReader::new(&table.input, &schema, &columns).with_keys(keys_read(table)).check_headers().await?;
+    }
     let (root, units) = partition_root(db, &layout.tables[0].domain, scratch, prefix, partitions, key.clone()).await?;
     let mut places: HashMap<String, (Places, Capped)> = HashMap::new();
     let mut out = vec![root];
@@ -198,6 +204,11 @@ struct Group {
     seen: u64,
 }
 
+/// The keys a child table's rows are read with: its parent's, then its own if declared.
+fn keys_read(table: &TableSpec) -> Vec<&str> {
+    std::iter::once(table.parent.key.as_str()).chain(table.key.as_deref()).collect()
+}
+
 /// A child table: each parent row's rows capped, then written in unit order with their
 /// places. Returns the kept rows' places by unit and own key, and (for a table with
 /// children: `referred`) the keys of the rows a cap dropped.
@@ -212,10 +223,7 @@ async fn partition_child(
 ) -> Result<(PartitionedTable, (Places, Capped)), DataError> {
     let schema = table.schema(db.unit_key());
     let columns = Domain::of_columns(&table.columns, db.default_bins);
-    let own_key = table.key.as_deref();
-    let mut keys = vec![table.parent.key.as_str()];
-    keys.extend(own_key);
-    let mut reader = InputReader::new(&table.input, &schema, &columns).with_keys(keys);
+    let mut reader = InputReader::new(&table.input, &schema, &columns).with_keys(keys_read(table));
     let order = table.order_by.as_deref().and_then(|o| columns.index_of(o));
     let cap = table.max_per_parent as usize;
     let mut groups: HashMap<(String, u32), Group> = HashMap::new();
