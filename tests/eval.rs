@@ -215,14 +215,7 @@ fn a_job_naming_a_held_out_set_writes_its_report_to_the_diagnostics_store_only()
     let refused = rt.block_on(async {
         let cluster = Standalone::start(CoordinatorConfig::default(), 0).await.unwrap();
         let spec = JobSpec::parse(&spec, "evaluated").unwrap();
-        let request = JobRequest {
-            job_id: "evaluated-2".into(),
-            spec,
-            output_url: None,
-            ledger_url: None,
-            charge_floor: None,
-            ledger_input: None,
-        };
+        let request = JobRequest::new("evaluated-2", spec);
         let refused = cluster.service.start_job(request).map(|_| ()).unwrap_err();
         cluster.shutdown().await;
         refused

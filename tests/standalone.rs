@@ -34,14 +34,7 @@ async fn run_with_floor(spec: JobSpec, scratch: &std::path::Path, charge_floor: 
     config.env.scratch_url = scratch.to_str().unwrap().to_string();
     let cluster = Standalone::start(config, 2).await.unwrap();
     let job_id = format!("test-{}", std::process::id());
-    let request = JobRequest {
-        job_id: job_id.clone(),
-        spec,
-        output_url: None,
-        ledger_url: None,
-        charge_floor,
-        ledger_input: None,
-    };
+    let request = JobRequest { charge_floor, ..JobRequest::new(job_id.clone(), spec) };
     cluster.service.start_job(request).unwrap();
     let status = loop {
         let s = cluster.service.job_status(&job_id).unwrap();
@@ -612,14 +605,7 @@ async fn a_second_job_to_a_claimed_prefix_is_refused_before_the_ledger_changes()
     let mut config = CoordinatorConfig::default();
     config.env.scratch_url = dir.path().join("scratch").to_str().unwrap().to_string();
     let cluster = Standalone::start(config, 2).await.unwrap();
-    let request = |job_id: &str| JobRequest {
-        job_id: job_id.into(),
-        spec: spec.clone(),
-        output_url: None,
-        ledger_url: None,
-        charge_floor: None,
-        ledger_input: None,
-    };
+    let request = |job_id: &str| JobRequest::new(job_id, spec.clone());
     let ended = async |job_id: &str| loop {
         let s = cluster.service.job_status(job_id).unwrap();
         if s.state != RUNNING {
@@ -691,14 +677,7 @@ async fn bad_generator_parameters_are_refused_at_submission() {
     for (i, (text, expected)) in cases.into_iter().enumerate() {
         let spec = JobSpec::parse(&text, "bad").unwrap();
         let job_id = format!("bad-{i}");
-        let request = JobRequest {
-            job_id: job_id.clone(),
-            spec,
-            output_url: None,
-            ledger_url: None,
-            charge_floor: None,
-            ledger_input: None,
-        };
+        let request = JobRequest::new(job_id.clone(), spec);
         let status = cluster.service.start_job(request).unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains(expected), "{status:?}");
@@ -1235,17 +1214,7 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
         .unwrap()
         .into_inner()
         .worker_id;
-    cluster
-        .service
-        .start_job(JobRequest {
-            job_id: "hostile".into(),
-            spec: spec.clone(),
-            output_url: None,
-            ledger_url: None,
-            charge_floor: None,
-            ledger_input: None,
-        })
-        .unwrap();
+    cluster.service.start_job(JobRequest::new("hostile", spec.clone())).unwrap();
 
     let task = loop {
         let polled = client.poll_task(PollTaskRequest { worker_id: worker_id.clone(), wait_ms: 500 }).await.unwrap();

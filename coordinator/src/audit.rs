@@ -399,12 +399,9 @@ async fn run_job(
     let cluster = Standalone::start(config, workers).await?;
     let job_id = spec.job.id.clone().expect("set by the audit");
     let request = JobRequest {
-        job_id: job_id.clone(),
-        spec,
         output_url: Some(output.to_string()),
         ledger_url: Some(ledger.to_string()),
-        charge_floor: None,
-        ledger_input: None,
+        ..JobRequest::new(job_id.clone(), spec)
     };
     let mut last_log = Instant::now();
     let status = cluster

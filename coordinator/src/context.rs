@@ -173,6 +173,11 @@ pub struct JobRequest {
 }
 
 impl JobRequest {
+    /// A job as its spec says, nothing overridden.
+    pub fn new(job_id: impl Into<String>, spec: JobSpec) -> Self {
+        Self { job_id: job_id.into(), spec, output_url: None, ledger_url: None, charge_floor: None, ledger_input: None }
+    }
+
     /// The output prefix: the override or the spec's, where `{job_id}` gives every
     /// (scheduled) run its own prefix.
     pub fn resolved_output_url(&self) -> String {

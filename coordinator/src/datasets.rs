@@ -517,14 +517,7 @@ url = "/srv/out"
 
     fn request(extra: &str) -> JobRequest {
         let spec = JobSpec::parse(&format!("{SPEC}{extra}"), "job.toml").unwrap();
-        JobRequest {
-            job_id: "j".into(),
-            spec,
-            output_url: None,
-            ledger_url: None,
-            charge_floor: None,
-            ledger_input: None,
-        }
+        JobRequest::new("j", spec)
     }
 
     #[test]
@@ -578,14 +571,7 @@ input = { urls = ["/srv/db/vitals.csv"] }
                 table.input = Source::default();
             }
             spec.output.url = "/srv/out".into();
-            JobRequest {
-                job_id: "j".into(),
-                spec,
-                output_url: None,
-                ledger_url: None,
-                charge_floor: None,
-                ledger_input: None,
-            }
+            JobRequest::new("j", spec)
         };
         let mut bound = job();
         datasets.bind(&mut bound).unwrap();
@@ -718,14 +704,7 @@ input = { urls = ["/srv/db/vitals.csv"] }
                 &format!("name = \"dp2stage\"\n[generator.dp2stage]\ncheckpoint = \"{checkpoint}\""),
             );
             let spec = JobSpec::parse(&text, "job.toml").unwrap();
-            JobRequest {
-                job_id: "j".into(),
-                spec,
-                output_url: None,
-                ledger_url: None,
-                charge_floor: None,
-                ledger_input: None,
-            }
+            JobRequest::new("j", spec)
         };
         let mut named = job("smol");
         datasets.bind(&mut named).unwrap();
@@ -757,14 +736,7 @@ input = { urls = ["/srv/db/vitals.csv"] }
                 ),
             );
             let spec = JobSpec::parse(&text, "job.toml").unwrap();
-            JobRequest {
-                job_id: "j".into(),
-                spec,
-                output_url: None,
-                ledger_url: None,
-                charge_floor: None,
-                ledger_input: None,
-            }
+            JobRequest::new("j", spec)
         };
         let mut named = job("icu-marginals");
         datasets.bind(&mut named).unwrap();
@@ -806,14 +778,7 @@ input = { urls = ["/srv/db/vitals.csv"] }
                 &format!("name = \"sequence\"\n[generator.sequence]\nreference = \"{reference}\""),
             );
             let spec = JobSpec::parse(&text, "job.toml").unwrap();
-            JobRequest {
-                job_id: "j".into(),
-                spec,
-                output_url: None,
-                ledger_url: None,
-                charge_floor: None,
-                ledger_input: None,
-            }
+            JobRequest::new("j", spec)
         };
         let mut named = sequence("icu-marginals");
         datasets.bind(&mut named).unwrap();

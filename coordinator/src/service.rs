@@ -423,14 +423,8 @@ impl Coordinator for CoordinatorService {
         if let Some(s) = &submitter {
             job_id = format!("{}.{job_id}", s.name);
         }
-        let mut request = JobRequest {
-            job_id: job_id.clone(),
-            spec,
-            output_url: r.output_url,
-            ledger_url: r.ledger_url,
-            charge_floor: None,
-            ledger_input: None,
-        };
+        let mut request =
+            JobRequest { output_url: r.output_url, ledger_url: r.ledger_url, ..JobRequest::new(job_id.clone(), spec) };
         self.accept(&mut request, submitter.as_ref())?;
         // Planning can take a while (PATE searches its accountant): off the async threads.
         let request = tokio::task::spawn_blocking(move || check_generator(&request).map(|()| request))

@@ -303,14 +303,7 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow:
     let cluster = Standalone::start(config, workers).await.context("starting the local cluster")?;
     tracing::info!(coordinator = cluster.url, workers, "standalone cluster started");
     let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
-    let request = JobRequest {
-        job_id: job_id.clone(),
-        spec,
-        output_url: at.output,
-        ledger_url: at.ledger,
-        charge_floor: None,
-        ledger_input: None,
-    };
+    let request = JobRequest { output_url: at.output, ledger_url: at.ledger, ..JobRequest::new(job_id.clone(), spec) };
     let bar = progress_bar();
     let status = cluster.run_job(request, |s| show(&bar, s)).await.map_err(anyhow::Error::msg);
     bar.finish_and_clear();
