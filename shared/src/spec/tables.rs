@@ -342,7 +342,11 @@ columns = [
     #[test]
     fn a_database_is_checked_table_by_table() {
         let text = format!("{}{STAYS}", schema_job(ROOT, &generator("database", "")));
-        JobSpec::parse(&text, "db").unwrap();
+        JobSpec::parse(&text, "db").unwrap().require_input().unwrap();
+        // A table's files may be left to a served dataset's declaration, but a job needs them.
+        let unfiled = JobSpec::parse(&text.replace("input = { urls = [\"stays.csv\"] }\n", ""), "db").unwrap();
+        let missing = unfiled.require_input().unwrap_err().to_string();
+        assert!(missing.contains("[[tables]] 'stays': input urls is empty"), "{missing}");
         let one_table = format!("{}{STAYS}", schema_job(ROOT, &generator("aim", "")));
         let refused = JobSpec::parse(&one_table, "db").unwrap_err().to_string();
         assert!(refused.contains("generator 'aim' synthesizes one table"), "{refused}");
