@@ -11,7 +11,9 @@ set -euo pipefail
 patients=${1:-10000}
 out=${2:-$(mktemp -d)}
 here=$(cd "$(dirname "$0")" && pwd)
-bin=${RHOSYNTH_BIN:-$here/../../target/release}/rhosynth
+# The binaries' folder (RHOSYNTH_BIN, relative to where this is run) made absolute: the
+# script changes into $OUT.
+bin=$(cd "${RHOSYNTH_BIN:-$here/../../target/release}" && pwd)/rhosynth
 mkdir -p "$out"
 cd "$out"
 "$bin" simulate --relational --patients "$patients" --seed 7 train > /dev/null
