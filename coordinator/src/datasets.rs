@@ -353,9 +353,14 @@ impl Datasets {
         if spec.tables.iter().any(|t| t.input != Source::default()) {
             return refuse("a table's input ([[tables]] input)");
         }
-        if let Some(table) = spec.tables.iter().find(|t| !dataset.tables.iter().any(|d| d.name == t.name)) {
-            return Err(DatasetsError::UnknownTable { dataset: id.clone(), table: table.name.clone() });
-        }
+        let declared_tables = spec
+            .tables
+            .iter()
+            .map(|t| {
+                let declared = dataset.tables.iter().find(|d| d.name == t.name);
+                declared.ok_or_else(|| DatasetsError::UnknownTable { dataset: id.clone(), table: t.name.clone() })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         if request.ledger_url.is_some() || spec.privacy.ledger.is_some() {
             return refuse("a ledger store");
         }
@@ -419,8 +424,7 @@ impl Datasets {
         // not fit is missing (or `__other__`), so the work a job does never counts rows that
         // fit a predicate the submitter chose.
         read_every_row(&mut spec.input, &mut spec.schema.columns, &dataset.input);
-        for table in &mut spec.tables {
-            let declared = dataset.tables.iter().find(|d| d.name == table.name).expect("checked above");
+        for (table, declared) in spec.tables.iter_mut().zip(declared_tables) {
             read_every_row(&mut table.input, &mut table.columns, &declared.input);
         }
         spec.schema.unit_column = dataset.unit_column.clone();

@@ -31,23 +31,12 @@ impl Factor {
                 stride *= self.sizes[i];
             }
         }
-        let mut index = vec![0; self.vars.len()];
-        let mut at = 0;
-        let mut out = Vec::with_capacity(self.values.len());
-        for _ in 0..self.values.len() {
-            out.push(at);
-            // Odometer step: the last variable fastest.
-            for i in (0..index.len()).rev() {
-                index[i] += 1;
-                at += strides[i];
-                if index[i] < self.sizes[i] {
-                    break;
-                }
-                at -= strides[i] * index[i];
-                index[i] = 0;
-            }
-        }
-        out
+        offsets(&self.sizes, &strides, 0).collect()
+    }
+
+    /// Each variable's stride in this table's cells (row-major: the last variable's is 1).
+    pub fn strides(&self) -> Vec<usize> {
+        (0..self.sizes.len()).map(|i| self.sizes[i + 1..].iter().product()).collect()
     }
 
     /// The table summed down to `sub` (a subset of `vars`, ascending).
@@ -113,32 +102,12 @@ impl Factor {
     /// The table at `given` (a value for each variable that has one; `None` for the
     /// others): a table over its other variables, visiting only their cells.
     pub fn sliced(&self, given: &[Option<usize>]) -> Factor {
-        let mut strides = vec![0; self.vars.len()];
-        let mut stride = 1;
-        for i in (0..self.vars.len()).rev() {
-            strides[i] = stride;
-            stride *= self.sizes[i];
-        }
+        let strides = self.strides();
         let free: Vec<usize> = (0..self.vars.len()).filter(|&i| given[self.vars[i]].is_none()).collect();
         let base: usize = (0..self.vars.len()).filter_map(|i| given[self.vars[i]].map(|v| v * strides[i])).sum();
         let sizes: Vec<usize> = free.iter().map(|&i| self.sizes[i]).collect();
-        let cells: usize = sizes.iter().product();
-        let mut values = Vec::with_capacity(cells);
-        let mut index = vec![0; free.len()];
-        let mut at = base;
-        for _ in 0..cells {
-            values.push(self.values[at]);
-            // Odometer step over the free variables, the last fastest.
-            for k in (0..free.len()).rev() {
-                index[k] += 1;
-                at += strides[free[k]];
-                if index[k] < sizes[k] {
-                    break;
-                }
-                at -= strides[free[k]] * index[k];
-                index[k] = 0;
-            }
-        }
+        let free_strides: Vec<usize> = free.iter().map(|&i| strides[i]).collect();
+        let values = offsets(&sizes, &free_strides, base).map(|at| self.values[at]).collect();
         Factor { vars: free.iter().map(|&i| self.vars[i]).collect(), sizes, values }
     }
 
@@ -148,6 +117,26 @@ impl Factor {
         let cells = sizes.iter().product();
         Factor { vars: sub.to_vec(), sizes, values: vec![0.0; cells] }
     }
+}
+
+/// Every cell of a table of `sizes`, in order (the last variable fastest), as the offset
+/// `base + Σ index·stride` it falls at: an odometer over the cells.
+fn offsets<'a>(sizes: &'a [usize], strides: &'a [usize], base: usize) -> impl Iterator<Item = usize> + 'a {
+    let mut index = vec![0; sizes.len()];
+    let mut at = base;
+    (0..sizes.iter().product::<usize>()).map(move |_| {
+        let cell = at;
+        for k in (0..sizes.len()).rev() {
+            index[k] += 1;
+            at += strides[k];
+            if index[k] < sizes[k] {
+                break;
+            }
+            at -= strides[k] * index[k];
+            index[k] = 0;
+        }
+        cell
+    })
 }
 
 #[cfg(test)]

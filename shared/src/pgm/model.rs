@@ -294,10 +294,10 @@ impl GraphicalModel {
         }
         let tree = &self.tree;
         let mut beliefs: Vec<Factor> = self.potentials.iter().map(|p| p.sliced(&fixed)).collect();
-        let shared = |a: &Factor, b: &Factor| a.vars.iter().copied().filter(|v| b.vars.contains(v)).collect::<Vec<_>>();
-        // Children first: each clique's message to its parent joins the parent's belief.
+        // Children first: each clique's message to its parent, over the separator's free
+        // variables, joins the parent's belief.
         for &(p, c) in tree.edges.iter().rev() {
-            let separator = shared(&beliefs[p], &beliefs[c]);
+            let separator: Vec<usize> = tree.separator(p, c).into_iter().filter(|&v| fixed[v].is_none()).collect();
             let message = beliefs[c].logsumexp_to(&separator);
             let cells = beliefs[p].cells_in(&separator);
             beliefs[p].add_mapped(&message, &cells, 1.0);
@@ -310,7 +310,7 @@ impl GraphicalModel {
         for c in order {
             let belief = &beliefs[c];
             // The cells agreeing with the values already drawn (its separator's).
-            let strides: Vec<usize> = (0..belief.vars.len()).map(|i| belief.sizes[i + 1..].iter().product()).collect();
+            let strides = belief.strides();
             let agrees = |cell: usize| {
                 belief
                     .vars
