@@ -14,7 +14,9 @@ pub mod tls;
 ///    every DP-SGD generator; `SelectionVotes` carries its model as JSON.
 /// 8: `CountTables.database_json`, counts over a database view (a worker of 7 would count
 ///    the partitions as one table's).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// 9: a database view holds its children's means (`__mean.<child>.<column>`), and each
+///    descendant's view its ancestors' (a worker of 8 would count other columns).
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

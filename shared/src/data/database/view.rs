@@ -2,7 +2,8 @@
 //! A worker reads the same partition index of every table ([`read_units`]): each unit's
 //! rows in every table, joined by their places. A [`View`] of a table makes one row per
 //! row of the table: its own values, its place among its parent's rows, its ancestors'
-//! values and how many rows each of its child tables holds under it. A view is a function
+//! values and children's means, how many rows each of its child tables holds under it and
+//! the mean of each of their plain numeric values. A view is a function
 //! of one unit's rows alone, so a unit contributes at most the table's cap product rows to
 //! it ([`View::max_rows_per_unit`]).
 
@@ -27,6 +28,12 @@ pub const AFTER_COLUMN: &str = "__after";
 /// Prefix of a view's columns holding the previous sibling's values (missing for the
 /// first): `__prev.heart_rate`.
 pub const PREVIOUS_PREFIX: &str = "__prev.";
+
+/// Prefix of a view's columns holding the mean of a child table's value over the rows
+/// under a row (missing when none has one): `__mean.vitals.heart_rate`. A row's children,
+/// summarised in the row's own view, are counted at the row's table's bound on a unit's
+/// rows, not at the children's larger one ([`Layout::summarised`]).
+pub const MEAN_PREFIX: &str = "__mean.";
 
 /// A database's tables as their partitions hold them: all a worker needs to read a unit
 /// whole. Public: made from the spec alone.
@@ -144,6 +151,50 @@ impl Layout {
                 .checked_mul(u64::from(table.max_per_parent))
                 .filter(|r| *r <= u64::from(u32::MAX)),
         }
+    }
+
+    /// The child columns whose mean over a row's children a view of table `t` holds, child
+    /// table by child table in layout order: each plain numeric value column (not a time,
+    /// not in an interval, not the table's order). What ties a row to its children at the
+    /// row's sensitivity: their values are then drawn given it.
+    pub fn summarised(&self, t: usize) -> Vec<ColumnAt> {
+        let plain = |child: &TableLayout, c: usize| {
+            let numeric = matches!(
+                child.domain.columns[c].encoding,
+                Encoding::Numeric { kind, .. } if kind != ColumnKind::Datetime
+            );
+            numeric && child.within.get(c).copied().flatten().is_none() && child.order_by != Some(c)
+        };
+        self.children(t)
+            .flat_map(|table| {
+                let child = &self.tables[table];
+                (0..child.values()).filter(move |&c| plain(child, c)).map(move |column| ColumnAt { table, column })
+            })
+            .collect()
+    }
+
+    /// How many columns describe a row of table `t` in its descendants' views: its own
+    /// values, then its children's means ([`Self::summarised`]).
+    pub fn described(&self, t: usize) -> usize {
+        self.tables[t].values() + self.summarised(t).len()
+    }
+
+    /// The means of [`Self::summarised`]`(t)` over the children of each of `unit`'s rows of
+    /// table `t` (a row's place in its table is its index there).
+    fn means(&self, unit: &UnitRows, t: usize) -> Vec<Vec<Option<f64>>> {
+        let summarised = self.summarised(t);
+        let mut sums = vec![vec![(0.0, 0u32); summarised.len()]; unit.tables[t].len()];
+        for (s, at) in summarised.iter().enumerate() {
+            let parent = self.tables[at.table].values() + 1;
+            for r in &unit.tables[at.table] {
+                if let (Some(sum), Some(v)) = (sums.get_mut(place(r, parent) as usize), r[at.column]) {
+                    sum[s].0 += v;
+                    sum[s].1 += 1;
+                }
+            }
+        }
+        let mean = |(sum, n): (f64, u32)| (n > 0).then(|| sum / f64::from(n));
+        sums.into_iter().map(|row| row.into_iter().map(mean).collect()).collect()
     }
 
     /// The child tables of table `t`, in layout order.
@@ -335,7 +386,8 @@ impl View {
     }
 
     /// The view's columns: the table's own; for a child table [`POSITION_COLUMN`] and each
-    /// ancestor's own, named `<table>.<column>`; then `__n.<child>` for each child table.
+    /// ancestor's own and children's means, named `<table>.<column>`; then `__n.<child>`
+    /// for each child table and its children's means ([`MEAN_PREFIX`]).
     pub fn domain(&self, layout: &Layout) -> Domain {
         let table = &layout.tables[self.table];
         let mut columns: Vec<ColumnDomain> = (0..table.values()).map(|c| layout.view_column(self.table, c)).collect();
@@ -347,10 +399,12 @@ impl View {
         }
         for a in layout.ancestors(self.table) {
             let ancestor = &layout.tables[a];
-            columns.extend((0..ancestor.values()).map(|c| {
-                let column = layout.view_column(a, c);
-                ColumnDomain { name: format!("{}.{}", ancestor.name, column.name), ..column }
-            }));
+            columns.extend(
+                (0..ancestor.values())
+                    .map(|c| layout.view_column(a, c))
+                    .chain(mean_columns(layout, a))
+                    .map(|column| ColumnDomain { name: format!("{}.{}", ancestor.name, column.name), ..column }),
+            );
         }
         if table.order_by.is_some() {
             columns.extend((0..table.values()).map(|c| {
@@ -362,7 +416,27 @@ impl View {
             let child = &layout.tables[c];
             columns.push(count_column(&format!("__n.{}", child.name), child.max_per_parent));
         }
+        columns.extend(mean_columns(layout, self.table));
         Domain { columns }
+    }
+
+    /// The view's columns of its children's means ([`Layout::summarised`]), its last.
+    pub fn mean_columns(&self, layout: &Layout) -> std::ops::Range<usize> {
+        let start = self.previous_columns(layout).end + layout.children(self.table).count();
+        start..start + layout.summarised(self.table).len()
+    }
+
+    /// Each own value column of the view's table whose mean over its parent's rows the
+    /// parent holds, with the view's column of that mean (among its parent's, the nearest
+    /// ancestor's): a child's values are drawn given their mean.
+    pub fn parent_means(&self, layout: &Layout) -> Vec<(usize, usize)> {
+        let Some(p) = layout.tables[self.table].parent else { return Vec::new() };
+        let start = self.ancestor_columns(layout).start + layout.tables[p].values();
+        let summarised = layout.summarised(p);
+        (summarised.iter().enumerate())
+            .filter(|(_, at)| at.table == self.table)
+            .map(|(s, at)| (at.column, start + s))
+            .collect()
     }
 
     /// The view's columns of the previous sibling's own values (an ordered table's), in
@@ -379,7 +453,7 @@ impl View {
     pub fn ancestor_columns(&self, layout: &Layout) -> std::ops::Range<usize> {
         let table = &layout.tables[self.table];
         let start = table.values() + usize::from(table.parent.is_some()) + usize::from(table.order_by.is_some());
-        start..start + layout.ancestors(self.table).map(|a| layout.tables[a].values()).sum::<usize>()
+        start..start + layout.ancestors(self.table).map(|a| layout.described(a)).sum::<usize>()
     }
 
     /// The view's column holding own value column `at.column` of ancestor table
@@ -390,7 +464,7 @@ impl View {
             if a == at.table {
                 return (at.column < layout.tables[a].values()).then_some(start + at.column);
             }
-            start += layout.tables[a].values();
+            start += layout.described(a);
         }
         None
     }
@@ -415,6 +489,9 @@ impl View {
                 counts
             })
             .collect();
+        // The children's means of each row of this table and of its ancestors' tables.
+        let tables = std::iter::once(self.table).chain(layout.ancestors(self.table));
+        let mut means: BTreeMap<usize, Vec<Vec<Option<f64>>>> = tables.map(|t| (t, layout.means(unit, t))).collect();
         // The last row seen under each parent row: the next one's previous sibling (rows come
         // in place order: by parent, then in their order under it).
         let mut previous: BTreeMap<u32, Vec<Option<f64>>> = BTreeMap::new();
@@ -440,6 +517,12 @@ impl View {
             }
             for a in layout.ancestors(self.table) {
                 values.extend(viewed(a));
+                // The ancestor's row by its place (the root's one row is the first).
+                let index = match layout.tables[a].parent {
+                    None => 0,
+                    Some(_) => chain[a].map_or(0, |row| place(row, layout.tables[a].values()) as usize),
+                };
+                values.extend(means[&a].get(index).cloned().unwrap_or_else(|| vec![None; layout.summarised(a).len()]));
             }
             if table.order_by.is_some() {
                 let mine: Vec<Option<f64>> = values[..table.values()].to_vec();
@@ -447,10 +530,21 @@ impl View {
                 values.extend(before.unwrap_or_else(|| vec![None; table.values()]));
             }
             values.extend(under.iter().map(|counts| Some(f64::from(counts[own]))));
+            values.append(&mut means.get_mut(&self.table).expect("its own means")[own]);
             out.push(values);
         }
         Ok(out)
     }
+}
+
+/// The columns of table `t`'s children's means ([`Layout::summarised`]), each binned as
+/// its child's column, missing where a row has no child with a value.
+fn mean_columns(layout: &Layout, t: usize) -> impl Iterator<Item = ColumnDomain> + '_ {
+    layout.summarised(t).into_iter().map(move |at| {
+        let child = &layout.tables[at.table];
+        let column = layout.view_column(at.table, at.column);
+        ColumnDomain { name: format!("{MEAN_PREFIX}{}.{}", child.name, column.name), missing: true, ..column }
+    })
 }
 
 /// A place column: ordinals below `reach`, one bin (a place is never a modelled value).

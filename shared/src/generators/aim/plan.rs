@@ -56,6 +56,12 @@ pub struct AimPlan {
     /// columns follow them.
     #[serde(default)]
     pub conditioned: Vec<usize>,
+    /// Pairs of columns no measured table holds together: in a database view, a value
+    /// drawn given its mean over its parent's rows and every other column of its
+    /// ancestors. The mean carries what those say of the value, measured in the parent's
+    /// view; measured here too, the sampler would count it twice.
+    #[serde(default)]
+    pub kept_apart: Vec<[usize; 2]>,
     /// The workload and its candidate tables' cells, in words (the log and the manifest:
     /// from the declared domain alone).
     pub workload: String,
@@ -119,11 +125,19 @@ impl AimPlan {
         let mut conditioned: Vec<usize> = view.ancestor_columns(layout).collect();
         let previous = view.previous_columns(layout);
         let mut pairs: Vec<[usize; 2]> = previous.clone().enumerate().map(|(c, before)| [c, before]).collect();
-        if !pairs.is_empty() {
+        if !previous.is_empty() {
             conditioned.extend(previous.clone());
             conditioned.extend(domain.index_of(POSITION_COLUMN));
             conditioned.extend(domain.index_of(AFTER_COLUMN));
         }
+        // And each value's pair with its mean over the parent's rows, which the parent's
+        // view ties to the parent's other columns at the parent's sensitivity.
+        let parent_means = view.parent_means(layout);
+        pairs.extend(parent_means.iter().map(|&(c, mean)| [c, mean]));
+        let ancestors = view.ancestor_columns(layout);
+        let kept_apart: Vec<[usize; 2]> = (parent_means.iter())
+            .flat_map(|&(c, mean)| ancestors.clone().filter(move |&a| a != mean).map(move |a| [c, a]))
+            .collect();
         if let Some(target) = target {
             let own = layout.tables[view.table].values();
             if target.table == view.table {
@@ -134,14 +148,20 @@ impl AimPlan {
                 let others = (0..domain.columns.len()).filter(|&c| c != target.column && !structural(c));
                 pairs.extend(others.map(|c| [target.column.min(c), target.column.max(c)]));
             } else if let Some(at) = view.ancestor_column(layout, target) {
-                pairs.extend((0..own).map(|c| [c, at]));
+                // A value whose mean its parent holds is tied to the target through it (the
+                // parent's view measures that, at a smaller sensitivity than this one): the
+                // others, and this view's own means, with the target directly.
+                let through_mean = |c: &usize| parent_means.iter().any(|(own, _)| own == c);
+                let direct = (0..own).filter(|c| !through_mean(c)).chain(view.mean_columns(layout));
+                pairs.extend(direct.map(|c| [c.min(at), c.max(at)]));
             }
             pairs.sort_unstable();
             pairs.dedup();
         }
+        pairs.retain(|pair| !kept_apart.contains(pair));
         let task = |candidates| MarginalsTask::over_view(database, candidates);
         let plan = Self::planned(params, &domain, pairs, (rho, None), task)?;
-        Ok(Self { conditioned, ..plan })
+        Ok(Self { conditioned, kept_apart, ..plan })
     }
 
     /// The candidates, their weights and the rounds of `params` over `domain`, spending
@@ -220,6 +240,7 @@ impl AimPlan {
             target_share,
             calibration,
             conditioned: Vec::new(),
+            kept_apart: Vec::new(),
             workload: format!("{described}; {} candidate tables of {total:.0} cells", task_tables),
         })
     }
@@ -231,9 +252,11 @@ impl AimPlan {
     }
 
     /// Whether the plan measures or selects candidate table `r`: not one of columns the
-    /// sampler conditions on alone.
+    /// sampler conditions on alone, nor one holding two columns kept apart.
     pub fn measures(&self, r: usize) -> bool {
-        !self.task.tables[r].iter().all(|c| self.conditioned.contains(c))
+        let set = &self.task.tables[r];
+        !set.iter().all(|c| self.conditioned.contains(c))
+            && !self.kept_apart.iter().any(|pair| pair.iter().all(|c| set.contains(c)))
     }
 
     /// L2 (and L1) sensitivity of one table: a unit moves at most m rows.

@@ -115,11 +115,14 @@ pub struct SyntheticRow {
     pub values: Vec<SyntheticValue>,
 }
 
-/// What each table's rows hold while the tree is drawn: their own bins.
+/// What each table's rows hold while the tree is drawn: their bins as their descendants'
+/// views hold them (own values, then their children's means).
 #[derive(Default)]
 struct Drawn {
     rows: Vec<SyntheticRow>,
     bins: Vec<Vec<usize>>,
+    /// The view's columns of the children's means.
+    means: std::ops::Range<usize>,
     /// Per child table, how many rows each row has under it.
     counts: HashMap<usize, Vec<usize>>,
 }
@@ -142,7 +145,7 @@ pub fn sample_database(
     for (t, table) in layout.tables.iter().enumerate() {
         let fitted = &views[t];
         let children: Vec<(usize, usize)> = child_columns(layout, t, &fitted.domain);
-        let mut out = Drawn::default();
+        let mut out = Drawn { means: View { table: t }.mean_columns(layout), ..Drawn::default() };
         match table.parent {
             None => {
                 for (unit, row) in fitted.model.sample(units, rng).into_iter().enumerate() {
@@ -293,7 +296,8 @@ impl<'a> Siblings<'a> {
 }
 
 impl Drawn {
-    /// A drawn row: its bins, its own values (drawn inside them) and its children's counts.
+    /// A drawn row: its bins, its own values (drawn inside them) and its children's counts
+    /// (their values are drawn given their means' bins).
     fn keep<R: Rng>(
         &mut self,
         domain: &Domain,
@@ -302,7 +306,7 @@ impl Drawn {
         (row, values): (&[usize], Vec<SyntheticValue>),
         rng: &mut R,
     ) {
-        self.bins.push(row[..values.len()].to_vec());
+        self.bins.push(row[..values.len()].iter().chain(&row[self.means.clone()]).copied().collect());
         self.rows.push(SyntheticRow { unit, parent, values });
         for &(child, column) in children {
             let count = match domain.columns[column].draw(row[column], rng) {
@@ -360,7 +364,8 @@ fn child_columns(layout: &Layout, t: usize, domain: &Domain) -> Vec<(usize, usiz
     layout.children(t).map(|c| (c, column(c))).collect()
 }
 
-/// The own bins of row `row` of table `p` and of its ancestors' rows, nearest first.
+/// The bins of row `row` of table `p` and of its ancestors' rows as a view holds them
+/// (own values, children's means), nearest first.
 fn ancestor_bins(drawn: &[Drawn], layout: &Layout, mut p: usize, mut row: usize) -> Vec<usize> {
     let mut bins = Vec::new();
     loop {
