@@ -1116,6 +1116,26 @@ fn the_example_database_job_plans() {
         let error = DatabasePlan::new(&spec, &AccountingOptions::default()).unwrap_err().to_string();
         assert!(error.contains(refused), "{error}");
     }
+    // With `means = false` no view holds a mean, and a chart value goes with the target
+    // directly.
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("target = \"admissions.outcome\"", "target = \"admissions.outcome\"\nmeans = false");
+    let plain = DatabasePlan::new(&JobSpec::parse(&text, "db").unwrap(), &AccountingOptions::default()).unwrap();
+    for table in 0..3 {
+        let domain = View { table }.domain(&plain.layout);
+        assert!(domain.columns.iter().all(|c| !c.name.contains("__mean.")), "{:?}", domain.columns);
+    }
+    assert!(plain.views[2].kept_apart.is_empty());
+    let domain = View { table: 2 }.domain(&plain.layout);
+    let outcome = domain.index_of("admissions.outcome").unwrap();
+    let paired = |c: &str| {
+        plain.views[2]
+            .target_pairs
+            .iter()
+            .any(|&r| plain.views[2].task.tables[r] == [domain.index_of(c).unwrap(), outcome])
+    };
+    assert!(["charttime", "heart_rate", "resp_rate", "spo2"].iter().all(|c| paired(c)));
     let text = std::fs::read_to_string(&path)
         .unwrap()
         .replace("target = \"admissions.outcome\"", "[generator.database.aim]\ntarget_share = 0.3");

@@ -8,6 +8,7 @@ pub mod partition;
 pub mod view;
 
 use crate::data::source::Source;
+use crate::generators::GeneratorSpec;
 use crate::spec::{JobSpec, SchemaSpec, TableSpec};
 
 pub use partition::{DroppedRows, PartitionedTable, partition_database};
@@ -28,6 +29,8 @@ pub struct Database<'a> {
     pub tables: &'a [TableSpec],
     /// Bins of a numeric column that declares none (the generator's).
     pub default_bins: u32,
+    /// Whether views hold their children's means (`DatabaseParams::means`).
+    pub means: bool,
 }
 
 impl<'a> Database<'a> {
@@ -37,6 +40,10 @@ impl<'a> Database<'a> {
             root_schema: &spec.schema,
             tables: &spec.tables,
             default_bins: spec.generator.default_bins(),
+            means: match &spec.generator {
+                GeneratorSpec::Database(params) => params.means,
+                _ => true,
+            },
         }
     }
 

@@ -41,6 +41,9 @@ pub const MEAN_PREFIX: &str = "__mean.";
 pub struct Layout {
     /// The root first, then parents before their children.
     pub tables: Vec<TableLayout>,
+    /// Whether views hold their children's means ([`Layout::summarised`]).
+    #[serde(default)]
+    pub means: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -95,7 +98,7 @@ impl Layout {
             within: Vec::new(),
             order_by: None,
         };
-        let mut layout = Self { tables: vec![root] };
+        let mut layout = Self { tables: vec![root], means: db.means };
         for table in db.tables {
             let parent = layout.tables.iter().position(|t| t.name == table.parent.table);
             let parent = parent.expect("a validated parent, declared first");
@@ -158,6 +161,9 @@ impl Layout {
     /// not in an interval, not the table's order). What ties a row to its children at the
     /// row's sensitivity: their values are then drawn given it.
     pub fn summarised(&self, t: usize) -> Vec<ColumnAt> {
+        if !self.means {
+            return Vec::new();
+        }
         let plain = |child: &TableLayout, c: usize| {
             let numeric = matches!(
                 child.domain.columns[c].encoding,

@@ -9,7 +9,7 @@ use crate::generators::params::{GeneratorParams, PublicInputs};
 
 /// Parameters of the database generator: AIM over each table's view, with its share of
 /// the job's ρ.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseParams {
     /// Each view's AIM run (`[generator.database.aim]`). A view's bound on a unit's rows
@@ -27,6 +27,19 @@ pub struct DatabaseParams {
     /// Each table's weight in the split of ρ among the views, by table name; a table not
     /// named weighs 1.
     pub weights: BTreeMap<String, f64>,
+    /// Each view holds the mean of its children's plain numeric values over a row's
+    /// children, and a child value is drawn given its parent's mean of it: its links to
+    /// its ancestors are then measured at the parent's bound, not its own larger one
+    /// (docs/database.md, "Children's means"). Each mean is one more column of the
+    /// parent's view, whose one-way table takes its share of the view's ρ: for cohorts
+    /// of thousands of units. On by default.
+    pub means: bool,
+}
+
+impl Default for DatabaseParams {
+    fn default() -> Self {
+        Self { aim: AimParams::default(), target: None, weights: BTreeMap::new(), means: true }
+    }
 }
 
 impl GeneratorParams for DatabaseParams {
