@@ -276,7 +276,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let spec = rhosynth_shared::testing::database_spec(dir.path(), (3, 10), "");
         let layout = Layout::of(&Database::of_spec(&spec));
-        let params = AimParams { rounds: Some(30), ..AimParams::default() };
+        // Enough rounds for the admissions' view's 17 one-way tables (its vitals' means
+        // among its columns).
+        let params = AimParams { rounds: Some(40), ..AimParams::default() };
         let shares = [0.3, 0.7];
         let rho = 0.5;
         let plans: Vec<AimPlan> = (0..2)
