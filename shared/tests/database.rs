@@ -440,6 +440,19 @@ async fn views_join_each_row_to_its_ancestors_and_count_its_children() {
     assert_eq!(seen, 200, "every patient in one partition");
 }
 
+/// The views of a simulated database of `patients` (seed `seed`; caps 3 admissions a
+/// patient, 8 charts an admission, charts in time order), every row of each.
+async fn simulated_views(patients: usize, seed: u64) -> (Layout, Vec<Vec<Vec<Option<f64>>>>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_database(dir.path(), &database_csv(patients, seed));
+    let spec = rhosynth_shared::testing::database_spec(dir.path(), (3, 8), "order_by = \"charttime\"");
+    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
+    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
+        .await
+        .unwrap();
+    view_rows(&spec, &tables).await
+}
+
 /// Every row of each table's view, over all partitions.
 async fn view_rows(spec: &JobSpec, tables: &[PartitionedTable]) -> (Layout, Vec<Vec<Vec<Option<f64>>>>) {
     let layout = Layout::of(&Database::of_spec(spec));
@@ -499,15 +512,7 @@ fn fit_exactly(
 async fn a_database_drawn_down_the_tree_keeps_its_cross_table_structure() {
     use rand::SeedableRng;
 
-    let dir = tempfile::tempdir().unwrap();
-    let db = database_csv(1500, 31);
-    write_database(dir.path(), &db);
-    let spec = rhosynth_shared::testing::database_spec(dir.path(), (3, 8), "order_by = \"charttime\"");
-    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
-    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
-        .await
-        .unwrap();
-    let (layout, values) = view_rows(&spec, &tables).await;
+    let (layout, values) = simulated_views(1500, 31).await;
     // Pairs by name: (root) age, comorbidity × admissions; (admissions) type × comorbidity,
     // outcome, charts; (vitals) heart rate and SpO₂ × type and comorbidity.
     let pairs: [&[(&str, &str)]; 3] = [
@@ -605,15 +610,7 @@ async fn a_database_drawn_down_the_tree_keeps_its_cross_table_structure() {
 async fn a_childs_link_to_its_parent_is_drawn_through_the_parents_mean_of_it() {
     use rand::SeedableRng;
 
-    let dir = tempfile::tempdir().unwrap();
-    let db = database_csv(1500, 31);
-    write_database(dir.path(), &db);
-    let spec = rhosynth_shared::testing::database_spec(dir.path(), (3, 8), "order_by = \"charttime\"");
-    let scratch = storage::open(dir.path().join("scratch").to_str().unwrap()).unwrap();
-    let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 2, PartitionKey::generate().unwrap())
-        .await
-        .unwrap();
-    let (layout, values) = view_rows(&spec, &tables).await;
+    let (layout, values) = simulated_views(1500, 31).await;
     let pairs: [&[(&str, &str)]; 3] = [
         &[("comorbidity", "__n.admissions")],
         &[
