@@ -462,6 +462,17 @@ impl View {
         start..start + layout.ancestors(self.table).map(|a| layout.described(a)).sum::<usize>()
     }
 
+    /// The view's columns of its ancestors' children's means, nearest ancestor first.
+    pub fn ancestor_mean_columns(&self, layout: &Layout) -> Vec<usize> {
+        let mut start = self.ancestor_columns(layout).start;
+        let mut columns = Vec::new();
+        for a in layout.ancestors(self.table) {
+            columns.extend(start + layout.tables[a].values()..start + layout.described(a));
+            start += layout.described(a);
+        }
+        columns
+    }
+
     /// The view's column holding own value column `at.column` of ancestor table
     /// `at.table` (`None`: not an ancestor of the viewed table).
     pub fn ancestor_column(&self, layout: &Layout, at: ColumnAt) -> Option<usize> {

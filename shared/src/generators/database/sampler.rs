@@ -208,9 +208,11 @@ struct Siblings<'a> {
     previous: std::ops::Range<usize>,
     position: usize,
     after: Option<usize>,
+    /// The view's columns of the ancestors' children's means.
+    means: Vec<usize>,
     /// Parents alike share their children's model (a sequence's rows are each drawn given
     /// their own previous row: `GraphicalModel::draw_given`, no model kept).
-    by_ancestors: HashMap<Vec<usize>, GraphicalModel>,
+    by_ancestors: HashMap<Vec<(usize, usize)>, GraphicalModel>,
 }
 
 impl<'a> Siblings<'a> {
@@ -225,6 +227,7 @@ impl<'a> Siblings<'a> {
             previous: view.previous_columns(layout),
             position,
             after: fitted.domain.index_of(AFTER_COLUMN),
+            means: view.ancestor_mean_columns(layout),
             by_ancestors: HashMap::new(),
         }
     }
@@ -239,6 +242,12 @@ impl<'a> Siblings<'a> {
         rng: &mut impl Rng,
     ) -> Vec<(Vec<usize>, Vec<SyntheticValue>)> {
         let (layout, t, columns) = (self.layout, self.t, &self.fitted.domain.columns);
+        // A mean drawn missing (no child with a value) over a row drawn with children says
+        // nothing of them, and no real row holds that pair: they are drawn without it.
+        let given: Vec<(usize, usize)> = given
+            .into_iter()
+            .filter(|&(v, bin)| !(self.means.contains(&v) && bin == columns[v].value_bins()))
+            .collect();
         let order = layout.tables[t].order_by;
         let bins: Vec<Vec<usize>> = match order {
             Some(_) => {
@@ -258,8 +267,8 @@ impl<'a> Siblings<'a> {
                 rows
             }
             None => {
-                let (key, fitted) = (given.iter().map(|&(_, bin)| bin).collect(), self.fitted);
-                self.by_ancestors.entry(key).or_insert_with(|| conditioned_on(fitted, &given)).sample(n, rng)
+                let fitted = self.fitted;
+                self.by_ancestors.entry(given.clone()).or_insert_with(|| conditioned_on(fitted, &given)).sample(n, rng)
             }
         };
         let own = layout.tables[t].values();
