@@ -1168,6 +1168,10 @@ fn the_example_database_job_plans() {
         assert!(domain.columns.iter().all(|c| !c.name.contains("__mean.")), "{:?}", domain.columns);
     }
     assert!(plain.views[2].kept_apart.is_empty());
+    // A layout written without the switch holds the means, as a spec without it does.
+    let mut written = serde_json::to_value(&plan.layout).unwrap();
+    written.as_object_mut().unwrap().remove("means");
+    assert!(serde_json::from_value::<Layout>(written).unwrap().means);
     let domain = View { table: 2 }.domain(&plain.layout);
     let outcome = domain.index_of("admissions.outcome").unwrap();
     let paired = |c: &str| {

@@ -42,8 +42,13 @@ pub struct Layout {
     /// The root first, then parents before their children.
     pub tables: Vec<TableLayout>,
     /// Whether views hold their children's means ([`Layout::summarised`]).
-    #[serde(default)]
+    #[serde(default = "means_by_default")]
     pub means: bool,
+}
+
+/// A layout written without `means` holds them, as a spec without it does.
+fn means_by_default() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -460,17 +465,6 @@ impl View {
         let table = &layout.tables[self.table];
         let start = table.values() + usize::from(table.parent.is_some()) + usize::from(table.order_by.is_some());
         start..start + layout.ancestors(self.table).map(|a| layout.described(a)).sum::<usize>()
-    }
-
-    /// The view's columns of its ancestors' children's means, nearest ancestor first.
-    pub fn ancestor_mean_columns(&self, layout: &Layout) -> Vec<usize> {
-        let mut start = self.ancestor_columns(layout).start;
-        let mut columns = Vec::new();
-        for a in layout.ancestors(self.table) {
-            columns.extend(start + layout.tables[a].values()..start + layout.described(a));
-            start += layout.described(a);
-        }
-        columns
     }
 
     /// The view's column holding own value column `at.column` of ancestor table

@@ -208,7 +208,7 @@ struct Siblings<'a> {
     previous: std::ops::Range<usize>,
     position: usize,
     after: Option<usize>,
-    /// The view's columns of the ancestors' children's means.
+    /// The view's columns of its parent's means of its own values.
     means: Vec<usize>,
     /// Parents alike share their children's model (a sequence's rows are each drawn given
     /// their own previous row: `GraphicalModel::draw_given`, no model kept).
@@ -227,7 +227,7 @@ impl<'a> Siblings<'a> {
             previous: view.previous_columns(layout),
             position,
             after: fitted.domain.index_of(AFTER_COLUMN),
-            means: view.ancestor_mean_columns(layout),
+            means: view.parent_means(layout).into_iter().map(|(_, mean)| mean).collect(),
             by_ancestors: HashMap::new(),
         }
     }
@@ -242,8 +242,10 @@ impl<'a> Siblings<'a> {
         rng: &mut impl Rng,
     ) -> Vec<(Vec<usize>, Vec<SyntheticValue>)> {
         let (layout, t, columns) = (self.layout, self.t, &self.fitted.domain.columns);
-        // A mean drawn missing (no child with a value) over a row drawn with children says
-        // nothing of them, and no real row holds that pair: they are drawn without it.
+        // The parent's mean of a value drawn missing (no child has one) over a row drawn with
+        // children says nothing of them, and no real row holds it with a child's value:
+        // they are drawn without it (a value that may be missing is then drawn as its
+        // column's, missing or not).
         let given: Vec<(usize, usize)> = given
             .into_iter()
             .filter(|&(v, bin)| !(self.means.contains(&v) && bin == columns[v].value_bins()))
