@@ -4,6 +4,8 @@
 
 use rhosynth_privacy::ledger::Ledger;
 use rhosynth_privacy::release::Releases;
+use rhosynth_shared::entropy::os_rng;
+use rhosynth_shared::generators::database::rake::{RAKING_ROUNDS, RAKING_ROWS};
 use rhosynth_shared::generators::database::{DatabasePlan, DatabaseSampler};
 
 use super::aim::run_rounds;
@@ -55,7 +57,23 @@ impl Generator for Database {
         .await??;
         // The size: the root view's model total, pooled from its released measurements.
         let released_units = Some(models[0].total.round().max(1.0) as u64);
-        let sampler = DatabaseSampler::new(ctx.spec(), plan.layout, models);
+        let mut sampler = DatabaseSampler::new(ctx.spec(), plan.layout, models);
+        if let Some(target) = plan.rake {
+            set_stage(ctx.progress, "raking the target's table's model to rows drawn under synthetic parents");
+            // Post-processing of the fitted models: its randomness is not private.
+            let mut rng = os_rng()?;
+            sampler = blocking(move || {
+                if let Some((before, after)) = sampler.rake(target, RAKING_ROWS, RAKING_ROUNDS, &mut rng) {
+                    tracing::info!(
+                        before,
+                        after,
+                        "raked: the target's drawn conditionals' gap from the model's, per row"
+                    );
+                }
+                sampler
+            })
+            .await?;
+        }
         let cost = receipt.admission.cost.clone();
         let charged = Charged { receipt, cost, mechanisms, public_inputs };
         Ok(Fitted { sampler: Draws::Database(sampler), released_count: released_units, charged })

@@ -31,6 +31,8 @@ pub struct GraphicalModel {
     pub total: f64,
     /// The last accepted step size (where a refit's search starts).
     step: f64,
+    /// The sets of the measurements it was fitted to (ascending, each once).
+    measured: Vec<Vec<usize>>,
 }
 
 /// A measurement, the clique that holds its set, and the cell of the measurement each of
@@ -140,7 +142,10 @@ impl GraphicalModel {
                 break;
             }
         }
-        Self { domain: domain.to_vec(), tree, potentials: theta, marginals, total, step }
+        let mut measured: Vec<Vec<usize>> = measurements.iter().map(|m| m.vars.clone()).collect();
+        measured.sort_unstable();
+        measured.dedup();
+        Self { domain: domain.to_vec(), tree, potentials: theta, marginals, total, step, measured }
     }
 
     /// Cells of the model's cliques together.
@@ -276,8 +281,30 @@ impl GraphicalModel {
                 }
             }
         }
+        self.with_potentials(potentials)
+    }
+
+    /// The model with each of `tilts` (log weights over a set inside one of its cliques)
+    /// added to its clique's log potential: its distribution reweighted by their product.
+    pub fn tilted(&self, tilts: &[Factor]) -> Self {
+        let mut potentials = self.potentials.clone();
+        for tilt in tilts {
+            let c = self.tree.clique_of(&tilt.vars).expect("a tilt inside a clique");
+            potentials[c].add_broadcast(tilt, 1.0);
+        }
+        self.with_potentials(potentials)
+    }
+
+    /// This model's tree and total with other log potentials.
+    fn with_potentials(&self, potentials: Vec<Factor>) -> Self {
         let marginals = self.tree.marginals(&potentials, self.total);
-        Self { domain: self.domain.clone(), tree: self.tree.clone(), potentials, marginals, ..*self }
+        let (domain, tree, measured) = (self.domain.clone(), self.tree.clone(), self.measured.clone());
+        Self { domain, tree, potentials, marginals, measured, ..*self }
+    }
+
+    /// The sets of the measurements it was fitted to.
+    pub fn measured(&self) -> &[Vec<usize>] {
+        &self.measured
     }
 
     /// One row drawn from the model given a value of each variable of `given` (variable,

@@ -458,6 +458,19 @@ impl View {
         start..start + if table.order_by.is_some() { table.values() } else { 0 }
     }
 
+    /// The columns a sampler draws a row given: its ancestors' values and, in a sequence,
+    /// its place, its rows after and its previous sibling's values.
+    pub fn given_columns(&self, layout: &Layout) -> Vec<usize> {
+        let mut given: Vec<usize> = self.ancestor_columns(layout).collect();
+        if layout.tables[self.table].order_by.is_some() {
+            let table = &layout.tables[self.table];
+            given.extend([table.values(), table.values() + 1]);
+            given.extend(self.previous_columns(layout));
+        }
+        given.sort_unstable();
+        given
+    }
+
     /// The view's columns of its table's ancestors, nearest first (after its own, its
     /// position and a sequence's rows after, as [`Self::domain`] lays them out): what a
     /// sampler conditions on.

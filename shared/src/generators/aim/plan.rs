@@ -6,7 +6,7 @@ use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
 use crate::calibration::{CalibrationPlan, with_calibration};
 use crate::data::database::DatabaseView;
-use crate::data::database::view::{AFTER_COLUMN, ColumnAt, POSITION_COLUMN};
+use crate::data::database::view::{ColumnAt, POSITION_COLUMN};
 use crate::data::domain::Domain;
 use crate::generators::aim::{AimParams, WorkloadRule, params};
 use crate::generators::marginals::MarginalsTask;
@@ -122,14 +122,9 @@ impl AimPlan {
         // place and its previous sibling's values. A sequence's dynamics come first: each
         // value's pair with the one before it.
         let (layout, view) = (&database.layout, database.view);
-        let mut conditioned: Vec<usize> = view.ancestor_columns(layout).collect();
+        let conditioned = view.given_columns(layout);
         let previous = view.previous_columns(layout);
         let mut pairs: Vec<[usize; 2]> = previous.clone().enumerate().map(|(c, before)| [c, before]).collect();
-        if !previous.is_empty() {
-            conditioned.extend(previous.clone());
-            conditioned.extend(domain.index_of(POSITION_COLUMN));
-            conditioned.extend(domain.index_of(AFTER_COLUMN));
-        }
         // And each value's pair with its mean over the parent's rows, which the parent's
         // view ties to the parent's other columns at the parent's sensitivity.
         let parent_means = view.parent_means(layout);

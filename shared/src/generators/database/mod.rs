@@ -4,6 +4,7 @@
 
 pub mod params;
 pub mod plan;
+pub mod rake;
 pub mod sampler;
 
 pub use params::DatabaseParams;

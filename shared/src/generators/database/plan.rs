@@ -33,6 +33,10 @@ pub struct DatabasePlan {
     pub views: Vec<AimPlan>,
     /// The job's zCDP budget: the views' shares together.
     pub rho: f64,
+    /// The target whose table's model is raked before drawing (`DatabaseParams::rake`):
+    /// a target below the root, with `rake` on.
+    #[serde(default)]
+    pub rake: Option<ColumnAt>,
 }
 
 /// Plans from the spec alone, as a job is submitted.
@@ -76,7 +80,8 @@ impl DatabasePlan {
                     .map_err(|e| invalid(format!("the view of table '{name}': {e}")))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { layout, views, rho })
+        let rake = target.filter(|t| params.rake && layout.tables[t.table].parent.is_some());
+        Ok(Self { layout, views, rho, rake })
     }
 
     /// The one charge: the job's zCDP budget.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use arrow_array::RecordBatch;
 use rand::Rng;
 
-use crate::data::database::view::{AFTER_COLUMN, POSITION_COLUMN};
+use crate::data::database::view::{AFTER_COLUMN, ColumnAt, POSITION_COLUMN};
 use crate::data::database::{Layout, View};
 use crate::data::domain::{Domain, Encoding};
 use crate::output::{SyntheticValue, columns_to_batch};
@@ -54,6 +54,12 @@ impl DatabaseSampler {
             .collect();
         let drawn = vec![0; tables.len()];
         Self { layout, views, tables, unit_key, drawn }
+    }
+
+    /// The target's table's model tilted to the target's conditionals as it is drawn
+    /// (`rake`), drawing at most `rows` of its rows `rounds` times; the gap before and after.
+    pub fn rake(&mut self, target: ColumnAt, rows: u64, rounds: usize, rng: &mut impl Rng) -> Option<(f64, f64)> {
+        super::rake::rake(&self.layout, &mut self.views, target, rows, rounds, rng)
     }
 
     /// The tables' names, root first: the batches of [`Self::sample`] in this order.
@@ -118,7 +124,7 @@ pub struct SyntheticRow {
 /// What each table's rows hold while the tree is drawn: their bins as their descendants'
 /// views hold them (own values, then their children's means).
 #[derive(Default)]
-struct Drawn {
+pub(super) struct Drawn {
     rows: Vec<SyntheticRow>,
     bins: Vec<Vec<usize>>,
     /// The view's columns of the children's means.
@@ -136,13 +142,27 @@ pub fn sample_database(
     units: usize,
     rng: &mut impl Rng,
 ) -> Vec<Vec<SyntheticRow>> {
+    let drawn = draw_tables(layout, views, units, layout.tables.len() - 1, None, rng);
+    drawn.into_iter().map(|d| d.rows).collect()
+}
+
+/// [`sample_database`]'s tables up to table `last`; `view_rows`, if given, collects
+/// table `last`'s rows as its view holds them (a bin of every view column).
+pub(super) fn draw_tables(
+    layout: &Layout,
+    views: &[FittedView],
+    units: usize,
+    last: usize,
+    mut view_rows: Option<&mut Vec<Vec<usize>>>,
+    rng: &mut impl Rng,
+) -> Vec<Drawn> {
     assert!(
         views.len() == layout.tables.len()
             && views.iter().enumerate().all(|(t, v)| v.domain == View { table: t }.domain(layout)),
         "one fitted view per table, over its view's domain"
     );
-    let mut drawn: Vec<Drawn> = Vec::with_capacity(layout.tables.len());
-    for (t, table) in layout.tables.iter().enumerate() {
+    let mut drawn: Vec<Drawn> = Vec::with_capacity(last + 1);
+    for (t, table) in layout.tables.iter().enumerate().take(last + 1) {
         let fitted = &views[t];
         let children: Vec<(usize, usize)> = child_columns(layout, t, &fitted.domain);
         let mut out = Drawn { means: View { table: t }.mean_columns(layout), ..Drawn::default() };
@@ -166,7 +186,8 @@ pub fn sample_database(
                     };
                     let given = siblings.ancestors.clone().zip(ancestor_bins(&drawn, layout, p, parent)).collect();
                     let unit = drawn[p].rows[parent].unit;
-                    for (row, values) in siblings.draw(given, n, ancestor, rng) {
+                    let drawn_rows = view_rows.as_deref_mut().filter(|_| t == last);
+                    for (row, values) in siblings.draw(given, n, ancestor, drawn_rows, rng) {
                         out.keep(&fitted.domain, &children, (unit, Some(parent)), (&row, values), &mut *rng);
                     }
                 }
@@ -174,7 +195,7 @@ pub fn sample_database(
         }
         drawn.push(out);
     }
-    drawn.into_iter().map(|d| d.rows).collect()
+    drawn
 }
 
 /// A view's model given each listed column's bin.
@@ -233,12 +254,15 @@ impl<'a> Siblings<'a> {
     }
 
     /// `n` rows under one parent row whose ancestors' bins are `given`, each with its bins
-    /// and its values (placed in their intervals from `ancestor(table, column)`), in order.
+    /// and its values (placed in their intervals from `ancestor(table, column)`), in order;
+    /// `drawn`, if given, collects their bins as the model drew them (a sequence's order
+    /// values before they are sorted).
     fn draw(
         &mut self,
         given: Vec<(usize, usize)>,
         n: usize,
         ancestor: impl Fn(usize, usize) -> Option<f64>,
+        drawn: Option<&mut Vec<Vec<usize>>>,
         rng: &mut impl Rng,
     ) -> Vec<(Vec<usize>, Vec<SyntheticValue>)> {
         let (layout, t, columns) = (self.layout, self.t, &self.fitted.domain.columns);
@@ -273,6 +297,9 @@ impl<'a> Siblings<'a> {
                 self.by_ancestors.entry(given.clone()).or_insert_with(|| conditioned_on(fitted, &given)).sample(n, rng)
             }
         };
+        if let Some(drawn) = drawn {
+            drawn.extend(bins.iter().cloned());
+        }
         let own = layout.tables[t].values();
         let mut rows: Vec<(Vec<usize>, Vec<SyntheticValue>)> = bins
             .into_iter()
