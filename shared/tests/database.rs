@@ -1281,6 +1281,18 @@ fn the_example_database_job_plans() {
         .unwrap()
         .replace("target = \"admissions.outcome\"", "[generator.database.aim]\ntarget_share = 0.3");
     assert!(JobSpec::parse(&text, "db").unwrap_err().to_string().contains("declare the target"));
+    // The target's table is raked by default (its column among the admissions' own), not
+    // with `rake = false`, and never a target of the root (drawn given nothing).
+    assert_eq!(
+        plan.rake.map(|t| (t.table, plan.layout.tables[1].domain.columns[t.column].name.as_str())),
+        Some((1, "outcome"))
+    );
+    let plan_of = |replace: &str| {
+        let text = std::fs::read_to_string(&path).unwrap().replace("target = \"admissions.outcome\"", replace);
+        DatabasePlan::new(&JobSpec::parse(&text, "db").unwrap(), &AccountingOptions::default()).unwrap()
+    };
+    assert_eq!(plan_of("target = \"admissions.outcome\"\nrake = false").rake, None);
+    assert_eq!(plan_of("target = \"patients.comorbidity\"").rake, None);
 }
 
 /// `rhosynth validate` of a database job reads every table against its own columns and
