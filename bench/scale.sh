@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Cluster scale (issue #42): a wide table of ROWS rows × 10 columns, written as a stream
+# (never held in memory), read by a cluster of 1, 2 and 4 worker processes — `rhosynth
+# serve --dev` and `rhosynth-worker`s over real sockets — through one marginals job that
+# partitions it, measures its pairs and samples 10^6 synthetic rows. Prints per cluster:
+# partitioning rows/s (the coordinator's "partitioning" stage, from its log), the job's
+# wall time, the peak RSS (VmHWM) of the coordinator and of each worker, and the most
+# bytes the scratch store held.
+#   cargo build --release --bins && bench/scale.sh [ROWS] [WORKERS ...]
+# RHOSYNTH_BIN names another folder of binaries (e.g. target/debug for a test-profile
+# build).
+set -euo pipefail
+rows=${1:-1000000}
+shift || true
+[ $# -gt 0 ] && clusters=("$@") || clusters=(1 2 4)
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$(cd "${RHOSYNTH_BIN:-$here/../target/release}" && pwd)
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+
+# Ten columns: six categorical (2 to 12 categories) and four integers on 16 bins, each
+# row drawn from a latent class and a chain between neighbours. Benchmark data, not
+# private: a fixed seed.
+python3 - "$rows" "$work" <<'EOF'
+import random, sys
+rows, work = int(sys.argv[1]), sys.argv[2]
+rng = random.Random(42)
+sizes = [2, 12, 16, 5, 16, 8, 3, 16, 7, 16]
+kinds = ["integer" if n == 16 else "categorical" for n in sizes]
+spec = ["[job]", 'dataset_id = "scale"', "partitions = 8", "", "[input]",
+        f'urls = ["{work}/wide.csv"]', 'format = "csv"', "", "[schema]"]
+for c, (k, n) in enumerate(zip(kinds, sizes)):
+    spec += ["", "[[schema.columns]]", f'name = "c{c}"', f'kind = "{k}"']
+    spec += ["min = 0", f"max = {10 * n - 1}", f"bins = {n}"] if k == "integer" else \
+            ["categories = [" + ", ".join(f'"v{v}"' for v in range(n)) + "]"]
+pairs = ", ".join(f'["c{c}", "c{c + 1}"]' for c in range(9))
+spec += ["", "[privacy]", "epsilon = 1.0", "delta = 1e-6", "dataset_budget = { epsilon = 100.0, delta = 1e-5 }",
+         "", "[generator]", 'name = "marginals"', "", "[generator.marginals]", f"pairs = [{pairs}]",
+         "", "[output]", f'url = "{work}/out/{{job_id}}"', "rows = 1000000"]
+open(f"{work}/job.toml", "w").write("\n".join(spec) + "\n")
+with open(f"{work}/wide.csv", "w", buffering=1 << 20) as f:
+    f.write(",".join(f"c{c}" for c in range(10)) + "\n")
+    for _ in range(rows):
+        z, prev, row = rng.randrange(4), 0, []
+        for c, (k, n) in enumerate(zip(kinds, sizes)):
+            r = rng.random()
+            v = (z + c) % n if r < 0.35 else (prev + 1) % n if r < 0.6 else rng.randrange(n)
+            prev = v
+            row.append(str(10 * v + rng.randrange(10)) if k == "integer" else f"v{v}")
+        f.write(",".join(row) + "\n")
+EOF
+echo "rows: $rows, input: $(du -h "$work/wide.csv" | cut -f1)"
+
+hwm() { awk '/VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$1/status"; }
+for workers in "${clusters[@]}"; do
+  port=$((20000 + RANDOM % 20000))
+  scratch="$work/scratch-$workers"
+  "$bin/rhosynth" serve --dev --listen "127.0.0.1:$port" --scratch "$scratch" \
+    --ledger "$work/ledger-$workers" 2> "$work/coordinator-$workers.log" &
+  coordinator=$!
+  sleep 2
+  pids=()
+  for w in $(seq "$workers"); do
+    "$bin/rhosynth-worker" --coordinator "http://127.0.0.1:$port" --name "w$w" 2> "$work/worker-$workers-$w.log" &
+    pids+=($!)
+  done
+  sleep 2
+  # The most the scratch store held, sampled every second while the job runs.
+  (most=0; while sleep 1; do b=$(du -sb "$scratch" 2>/dev/null | cut -f1); [ "${b:-0}" -gt "$most" ] && most=$b \
+    && echo "$most" > "$work/scratch-most-$workers"; done) &
+  sampler=$!
+  start=$(date +%s.%N)
+  "$bin/rhosynth" submit "$work/job.toml" --coordinator "http://127.0.0.1:$port" > /dev/null \
+    2> "$work/submit-$workers.log" || { tail -5 "$work/submit-$workers.log"; exit 1; }
+  end=$(date +%s.%N)
+  kill "$sampler"
+  # The partitioning stage: from its start to the next stage's.
+  rate=$(grep -o '^[0-9T:.-]*Z .*job progress stage="[^"]*"' "$work/coordinator-$workers.log" | python3 -c '
+import sys, datetime
+t = lambda s: datetime.datetime.fromisoformat(s.rstrip("Z")[:26])
+lines = [(t(l.split()[0]), l.rsplit("stage=", 1)[1]) for l in sys.stdin]
+i = next(i for i, (_, s) in enumerate(lines) if s.startswith("\"partitioning"))
+print(f"{'"$rows"' / (lines[i + 1][0] - lines[i][0]).total_seconds():.0f}")')
+  echo "workers=$workers partitioning=${rate} rows/s job=$(python3 -c "print(round($end - $start))")s" \
+    "coordinator=$(hwm $coordinator) workers=[$(for p in "${pids[@]}"; do printf '%s ' "$(hwm "$p")"; done)]" \
+    "scratch=$(python3 -c "print(f'{$(cat "$work/scratch-most-$workers" 2>/dev/null || echo 0) / 2**20:.0f} MiB')")"
+  kill "${pids[@]}" "$coordinator"
+  wait "${pids[@]}" "$coordinator" 2>/dev/null || true
+done
