@@ -51,20 +51,10 @@ with open(f"{work}/wide.csv", "w", buffering=1 << 20) as f:
 EOF
 echo "rows: $rows, input: $(du -h "$work/wide.csv" | cut -f1)"
 
-hwm() { awk '/VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$1/status"; }
+source "$here/cluster.sh"
 for workers in "${clusters[@]}"; do
-  port=$((20000 + RANDOM % 20000))
+  start_cluster "$workers"
   scratch="$work/scratch-$workers"
-  "$bin/rhosynth" serve --dev --listen "127.0.0.1:$port" --scratch "$scratch" \
-    --ledger "$work/ledger-$workers" 2> "$work/coordinator-$workers.log" &
-  coordinator=$!
-  sleep 2
-  pids=()
-  for w in $(seq "$workers"); do
-    "$bin/rhosynth-worker" --coordinator "http://127.0.0.1:$port" --name "w$w" 2> "$work/worker-$workers-$w.log" &
-    pids+=($!)
-  done
-  sleep 2
   # The most the scratch store held, sampled every second while the job runs.
   (most=0; while sleep 1; do b=$(du -sb "$scratch" 2>/dev/null | cut -f1); [ "${b:-0}" -gt "$most" ] && most=$b \
     && echo "$most" > "$work/scratch-most-$workers"; done) &
@@ -84,6 +74,5 @@ print(f"{'"$rows"' / (lines[i + 1][0] - lines[i][0]).total_seconds():.0f}")')
   echo "workers=$workers partitioning=${rate} rows/s job=$(python3 -c "print(round($end - $start))")s" \
     "coordinator=$(hwm $coordinator) workers=[$(for p in "${pids[@]}"; do printf '%s ' "$(hwm "$p")"; done)]" \
     "scratch=$(python3 -c "print(f'{$(cat "$work/scratch-most-$workers" 2>/dev/null || echo 0) / 2**20:.0f} MiB')")"
-  kill "${pids[@]}" "$coordinator"
-  wait "${pids[@]}" "$coordinator" 2>/dev/null || true
+  stop_cluster
 done

@@ -19,23 +19,14 @@ epochs=$(python3 -c "print($rounds * 256 / $patients)")
 sed -e "s|./rhosynth-out/demo/input/icu_vitals.csv|$work/cohort.csv|" \
     -e "s|^partitions = 4|partitions = $partitions|" \
     -e "s|^epochs = 12|epochs = $epochs|" \
+    -e "s|^ledger = \"./rhosynth-out/ledger\"|ledger = \"$work/ledger\"|" \
     -e "s|^url = \"./rhosynth-out/icu-sequence\"|url = \"$work/out/{job_id}\"\nunits = 100|" \
     -e '/^\[evaluation\]/,$d' -e '/^reference = /d' -e '/^pretrain_steps = /d' \
     "$(dirname "$0")/../examples/icu-sequence.toml" > "$work/job.toml"
 
-hwm() { awk '/VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$1/status"; }
+source "$(dirname "$0")/cluster.sh"
 for workers in 1 2 4; do
-  port=$((20000 + RANDOM % 20000))
-  "$bin/rhosynth" serve --dev --listen "127.0.0.1:$port" --scratch "$work/scratch-$workers" \
-    --ledger "$work/ledger-$workers" 2> "$work/coordinator-$workers.log" &
-  coordinator=$!
-  sleep 2
-  pids=()
-  for w in $(seq "$workers"); do
-    "$bin/rhosynth-worker" --coordinator "http://127.0.0.1:$port" --name "w$w" 2> "$work/worker-$workers-$w.log" &
-    pids+=($!)
-  done
-  sleep 2
+  start_cluster "$workers"
   start=$(date +%s.%N)
   "$bin/rhosynth" submit "$work/job.toml" --coordinator "http://127.0.0.1:$port" > /dev/null 2> "$work/submit-$workers.log"
   end=$(date +%s.%N)
@@ -49,6 +40,5 @@ r = lambda l: int(l[-1].split("=")[1])
 print(f"{(r(b) - r(a)) / (t(b[0]) - t(a[0])).total_seconds():.2f}")')
   echo "workers=$workers job=$(python3 -c "print(round($end - $start))")s rounds/s=$rate coordinator=$(hwm $coordinator)" \
     "workers=[$(for p in "${pids[@]}"; do printf '%s ' "$(hwm "$p")"; done)]"
-  kill "${pids[@]}" "$coordinator"
-  wait 2>/dev/null || true
+  stop_cluster
 done
