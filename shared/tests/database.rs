@@ -484,6 +484,22 @@ fn fit_exactly(
     values: &[Vec<Vec<Option<f64>>>],
     pairs: &[&[(&str, &str)]],
 ) -> (Vec<Vec<Vec<usize>>>, Vec<FittedView>) {
+    let sets: Vec<Vec<Vec<&str>>> = pairs.iter().map(|p| p.iter().map(|&(a, b)| vec![a, b]).collect()).collect();
+    fit_views(layout, values, &sets, None, 2000)
+}
+
+/// Each view's rows as bins, and a model per view fitted with `iterations` steps to the
+/// tables of every column and of `sets[t]` (by name) in view `t`: exact, or with Gaussian
+/// noise of `noise`'s σ drawn from its generator.
+fn fit_views(
+    layout: &Layout,
+    values: &[Vec<Vec<Option<f64>>>],
+    sets: &[Vec<Vec<&str>>],
+    mut noise: Option<(f64, &mut rand::rngs::ChaCha8Rng)>,
+    iterations: usize,
+) -> (Vec<Vec<Vec<usize>>>, Vec<FittedView>) {
+    use rand_distr::{Distribution, Normal};
+
     let mut bins = Vec::new();
     let mut fitted = Vec::new();
     for (t, rows) in values.iter().enumerate() {
@@ -492,11 +508,18 @@ fn fit_exactly(
         let view: Vec<Vec<usize>> =
             rows.iter().map(|row| row.iter().zip(&domain.columns).map(|(v, c)| c.bin(*v)).collect()).collect();
         let mut measured: Vec<_> = (0..sizes.len()).map(|v| exact(&view, &sizes, &[v])).collect();
-        for (a, b) in pairs[t] {
-            let (a, b) = (domain.index_of(a).unwrap(), domain.index_of(b).unwrap());
-            measured.push(exact(&view, &sizes, &[a.min(b), a.max(b)]));
+        for set in &sets[t] {
+            let mut vars: Vec<usize> = set.iter().map(|c| domain.index_of(c).unwrap()).collect();
+            vars.sort_unstable();
+            measured.push(exact(&view, &sizes, &vars));
         }
-        fitted.push(FittedView { model: GraphicalModel::fit(&sizes, &measured, 2000), domain });
+        if let Some((sigma, rng)) = noise.as_mut() {
+            for m in &mut measured {
+                m.counts.iter_mut().for_each(|c| *c += Normal::new(0.0, *sigma).unwrap().sample(&mut **rng));
+                m.sigma = *sigma;
+            }
+        }
+        fitted.push(FittedView { model: GraphicalModel::fit(&sizes, &measured, iterations), domain });
         bins.push(view);
     }
     (bins, fitted)
@@ -1066,43 +1089,25 @@ async fn a_sequence_keeps_its_lag_one_dependence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raking_brings_the_targets_drawn_rate_to_the_models_own() {
     use rand::SeedableRng;
-    use rand_distr::{Distribution, Normal};
     use rhosynth_shared::data::database::view::ColumnAt;
     use rhosynth_shared::generators::database::rake::{RAKING_ROUNDS, RAKING_ROWS, rake};
 
     let (layout, values) = timed_views(47).await;
-    let sets: [&[&[&str]]; 3] = [
-        &[&["comorbidity", "__n.admissions"], &["age", "comorbidity"]],
-        &[
-            &["outcome", "__position", "__after"],
-            &["outcome", "patients.comorbidity"],
-            &["outcome", "patients.age"],
-            &["outcome", "__prev.outcome", "__prev.admittime"],
-            &["admission_type", "patients.comorbidity"],
-            &["outcome", "admission_type"],
-            &["outcome", "__n.vitals"],
+    let sets: Vec<Vec<Vec<&str>>> = vec![
+        vec![vec!["comorbidity", "__n.admissions"], vec!["age", "comorbidity"]],
+        vec![
+            vec!["outcome", "__position", "__after"],
+            vec!["outcome", "patients.comorbidity"],
+            vec!["outcome", "patients.age"],
+            vec!["outcome", "__prev.outcome", "__prev.admittime"],
+            vec!["admission_type", "patients.comorbidity"],
+            vec!["outcome", "admission_type"],
+            vec!["outcome", "__n.vitals"],
         ],
-        &[&["heart_rate", "__prev.heart_rate"], &["heart_rate", "admissions.outcome"]],
+        vec![vec!["heart_rate", "__prev.heart_rate"], vec!["heart_rate", "admissions.outcome"]],
     ];
-    let (sigma, mut noise) = (8.0, rand::rngs::ChaCha8Rng::seed_from_u64(1));
-    let mut fitted = Vec::new();
-    for (t, rows) in values.iter().enumerate() {
-        let domain = View { table: t }.domain(&layout);
-        let sizes: Vec<usize> = domain.columns.iter().map(|c| c.bins()).collect();
-        let view: Vec<Vec<usize>> =
-            rows.iter().map(|row| row.iter().zip(&domain.columns).map(|(v, c)| c.bin(*v)).collect()).collect();
-        let mut measured: Vec<_> = (0..sizes.len()).map(|v| exact(&view, &sizes, &[v])).collect();
-        for set in sets[t] {
-            let mut vars: Vec<usize> = set.iter().map(|c| domain.index_of(c).unwrap()).collect();
-            vars.sort_unstable();
-            measured.push(exact(&view, &sizes, &vars));
-        }
-        for m in &mut measured {
-            m.counts.iter_mut().for_each(|c| *c += Normal::new(0.0, sigma).unwrap().sample(&mut noise));
-            m.sigma = sigma;
-        }
-        fitted.push(FittedView { model: GraphicalModel::fit(&sizes, &measured, 1000), domain });
-    }
+    let noise = &mut rand::rngs::ChaCha8Rng::seed_from_u64(1);
+    let (_, mut fitted) = fit_views(&layout, &values, &sets, Some((8.0, noise)), 1000);
     let domain = View { table: 1 }.domain(&layout);
     let (outcome, after) = (domain.index_of("outcome").unwrap(), domain.index_of("__after").unwrap());
     // The model's own death rate (outcome's third category) of last admissions and of all.

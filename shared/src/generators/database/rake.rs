@@ -83,7 +83,7 @@ pub fn rake(
     let most_sharing = |s: &Conditional| s.cells.vars.iter().filter(|c| !given.contains(c)).map(|&c| sharing(c)).max();
     let mut steps: Vec<f64> = sets.iter().map(|s| 1.0 / most_sharing(s).unwrap_or(1) as f64).collect();
     let mut last = vec![f64::INFINITY; sets.len()];
-    let (mut first, mut gap) = (None, 0.0);
+    let (mut first, mut gap) = (0.0, 0.0);
     for round in 0..=rounds {
         let mut drawn_rows = Vec::new();
         draw_tables(layout, views, units, t, Some(&mut drawn_rows), rng);
@@ -100,12 +100,14 @@ pub fn rake(
             tilts.push(set.tilt(&drawn, steps[i]));
         }
         gap = total / sets.len().max(1) as f64 / drawn_rows.len().max(1) as f64;
-        first.get_or_insert(gap);
+        if round == 0 {
+            first = gap;
+        }
         if round < rounds {
             views[t].model = views[t].model.tilted(&tilts);
         }
     }
-    Some((first.unwrap_or(0.0), gap))
+    Some((first, gap))
 }
 
 /// A measured set's conditional of its own columns given its given ones, as the fitted
