@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Cluster scale (issue #42): a wide table of ROWS rows × 10 columns, written as a stream
-# (never held in memory), read by a cluster of 1, 2 and 4 worker processes — `rhosynth
-# serve --dev` and `rhosynth-worker`s over real sockets — through one marginals job that
-# partitions it, measures its pairs and samples 10^6 synthetic rows. Prints per cluster:
-# partitioning rows/s (the coordinator's "partitioning" stage, from its log), the job's
-# wall time, the peak RSS (VmHWM) of the coordinator and of each worker, and the most
-# bytes the scratch store held.
+# Cluster scale (issue #42): a wide table of ROWS rows × 10 columns in FILES CSV files
+# (8 unless set), written as a stream (never held in memory), read by a cluster of 1, 2
+# and 4 worker processes — `rhosynth serve --dev` and `rhosynth-worker`s over real
+# sockets — through one marginals job that partitions it, measures its pairs and samples
+# 10^6 synthetic rows. Prints per cluster: partitioning rows/s (the coordinator's
+# "partitioning" stage, from its log), the job's wall time, the peak RSS (VmHWM) of the
+# coordinator and of each worker, and the most bytes the scratch store held.
 #   cargo build --release --bins && bench/scale.sh [ROWS] [WORKERS ...]
 # RHOSYNTH_BIN names another folder of binaries (e.g. target/debug for a test-profile
-# build).
+# build); PARTITION_BY=coordinator partitions on the coordinator alone (`[job]
+# partition_by`), as before the workers did.
 set -euo pipefail
 rows=${1:-1000000}
 shift || true
@@ -21,14 +22,15 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 # Ten columns: six categorical (2 to 12 categories) and four integers on 16 bins, each
 # row drawn from a latent class and a chain between neighbours. Benchmark data, not
 # private: a fixed seed.
-python3 - "$rows" "$work" <<'EOF'
+python3 - "$rows" "$work" "${FILES:-8}" "${PARTITION_BY:-workers}" <<'EOF'
 import random, sys
-rows, work = int(sys.argv[1]), sys.argv[2]
+rows, work, files, partition_by = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 rng = random.Random(42)
 sizes = [2, 12, 16, 5, 16, 8, 3, 16, 7, 16]
 kinds = ["integer" if n == 16 else "categorical" for n in sizes]
-spec = ["[job]", 'dataset_id = "scale"', "partitions = 8", "", "[input]",
-        f'urls = ["{work}/wide.csv"]', 'format = "csv"', "", "[schema]"]
+urls = ", ".join(f'"{work}/wide-{i}.csv"' for i in range(files))
+spec = ["[job]", 'dataset_id = "scale"', "partitions = 8", f'partition_by = "{partition_by}"', "", "[input]",
+        f"urls = [{urls}]", 'format = "csv"', "", "[schema]"]
 for c, (k, n) in enumerate(zip(kinds, sizes)):
     spec += ["", "[[schema.columns]]", f'name = "c{c}"', f'kind = "{k}"']
     spec += ["min = 0", f"max = {10 * n - 1}", f"bins = {n}"] if k == "integer" else \
@@ -38,18 +40,20 @@ spec += ["", "[privacy]", "epsilon = 1.0", "delta = 1e-6", "dataset_budget = { e
          "", "[generator]", 'name = "marginals"', "", "[generator.marginals]", f"pairs = [{pairs}]",
          "", "[output]", f'url = "{work}/out/{{job_id}}"', "rows = 1000000"]
 open(f"{work}/job.toml", "w").write("\n".join(spec) + "\n")
-with open(f"{work}/wide.csv", "w", buffering=1 << 20) as f:
-    f.write(",".join(f"c{c}" for c in range(10)) + "\n")
-    for _ in range(rows):
-        z, prev, row = rng.randrange(4), 0, []
-        for c, (k, n) in enumerate(zip(kinds, sizes)):
-            r = rng.random()
-            v = (z + c) % n if r < 0.35 else (prev + 1) % n if r < 0.6 else rng.randrange(n)
-            prev = v
-            row.append(str(10 * v + rng.randrange(10)) if k == "integer" else f"v{v}")
-        f.write(",".join(row) + "\n")
+for i in range(files):
+    with open(f"{work}/wide-{i}.csv", "w", buffering=1 << 20) as f:
+        f.write(",".join(f"c{c}" for c in range(10)) + "\n")
+        for _ in range(rows // files + (i < rows % files)):
+            z, prev, row = rng.randrange(4), 0, []
+            for c, (k, n) in enumerate(zip(kinds, sizes)):
+                r = rng.random()
+                v = (z + c) % n if r < 0.35 else (prev + 1) % n if r < 0.6 else rng.randrange(n)
+                prev = v
+                row.append(str(10 * v + rng.randrange(10)) if k == "integer" else f"v{v}")
+            f.write(",".join(row) + "\n")
 EOF
-echo "rows: $rows, input: $(du -h "$work/wide.csv" | cut -f1)"
+echo "rows: $rows in ${FILES:-8} files, input: $(du -ch "$work"/wide-*.csv | tail -1 | cut -f1)," \
+  "partitioned by the ${PARTITION_BY:-workers}"
 
 source "$here/cluster.sh"
 for workers in "${clusters[@]}"; do

@@ -234,6 +234,96 @@ fn killing_a_worker_mid_job_still_completes_with_the_same_charge() {
     assert_eq!(calm.1, stormy.1, "same ledger total as the undisturbed run");
 }
 
+/// Partitioning by the workers: a shard's reader SIGKILLed mid-shard is redone by another
+/// worker, and the partitions hold each input row once (an owner's count of a bucket that
+/// is not its reader's fails the job): the job completes, charged once, and the
+/// coordinator's operator log counts exactly the input's rows.
+#[test]
+fn a_shard_reader_killed_mid_shard_is_redone_without_double_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (coordinator, url) = coordinator(dir.path());
+    let spec = write_spec(dir.path(), 20_000, "shards", 4);
+    let csv = std::fs::read_to_string(dir.path().join("icu_vitals.csv")).unwrap();
+    let rows = csv.lines().count() - 1;
+    drop(csv);
+    let mut doomed = worker(&url, "doomed");
+    let submitter = std::thread::spawn({
+        let url = url.clone();
+        move || submit(&spec, &url)
+    });
+    assert!(doomed.wait_for("work=\"read shard\"", Duration::from_secs(60)), "the doomed worker read no shard");
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    let after: Vec<String> = doomed.lines.try_iter().collect();
+    assert!(!after.iter().any(|line| line.contains("task started")), "killed after its shard: {after:?}");
+    let _survivor = worker(&url, "survivor");
+    let out = submitter.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(coordinator.wait_for("its partitions are redone", Duration::from_secs(10)), "no task was requeued");
+    let line = coordinator.line_with("partitioned by the workers", Duration::from_secs(10)).expect("partitioned");
+    let counted = line.split_whitespace().find_map(|field| field.strip_prefix("rows=")).expect("rows counted");
+    assert_eq!(counted, rows.to_string(), "each input row once: {line}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert_eq!(rt.block_on(ledger_state(&dir.path().join("ledger"), "shards")).0, 1, "charged once");
+}
+
+/// A shard's reader whose counts are not what it wrote (a bucket's rows, plus one) fails
+/// the job before anything is charged or released: the owner's count of that bucket
+/// disagrees. The operator's log says which counts disagree; the submitter only that the
+/// job failed. The lying worker speaks the real protocol over a real socket and does the
+/// real work.
+#[test]
+fn a_lying_shard_reader_fails_the_job_before_any_release() {
+    use rhosynth_proto::coordinator_client::CoordinatorClient;
+    use rhosynth_proto::task::Work;
+    use rhosynth_proto::{PROTOCOL_VERSION, PollTaskRequest, RegisterWorkerRequest};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (coordinator, url) = coordinator(dir.path());
+    let spec = write_spec(dir.path(), 300, "lied-to", 4);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let liar_url = url.clone();
+    let liar = rt.spawn(async move {
+        let channel = tonic::transport::Endpoint::from_shared(liar_url).unwrap().connect().await.unwrap();
+        let mut client = CoordinatorClient::new(channel);
+        let registered = client
+            .register_worker(RegisterWorkerRequest {
+                protocol_version: PROTOCOL_VERSION,
+                worker_name: "liar".into(),
+                capabilities: None,
+                rhosynth_version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .await
+            .unwrap();
+        let worker_id = registered.into_inner().worker_id;
+        let mut executor = rhosynth_worker::execute::Executor::default();
+        let mut lied = false;
+        loop {
+            let poll = PollTaskRequest { worker_id: worker_id.clone(), wait_ms: 300 };
+            let Some(task) = client.poll_task(poll).await.unwrap().into_inner().task else { continue };
+            let mut aggregate = executor.execute(&task).await.unwrap();
+            if matches!(task.work, Some(Work::ReadShard(_))) {
+                aggregate.tensors[0].1[0] += 1.0;
+                lied = true;
+            }
+            assert!(lied, "a shard is read before anything else");
+            rhosynth_worker::submit(&mut client, &worker_id, &task, aggregate).await.unwrap();
+        }
+    });
+    let out = submit(&spec, &url);
+    liar.abort();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        last_json(&out.stdout)["error"].as_str().unwrap().contains("failed while processing private data"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("rows") && !stdout.contains("shard"), "{stdout}");
+    assert!(coordinator.wait_for("whose reader", Duration::from_secs(10)), "the operator log names the disagreement");
+    assert_eq!(rt.block_on(ledger_state(&dir.path().join("ledger"), "lied-to")), (0, 0.0), "nothing charged");
+    assert!(manifest(&dir.path().join("out-lied-to")).is_none(), "nothing released");
+}
+
 #[test]
 fn a_worker_of_another_protocol_version_is_refused() {
     use rhosynth_proto::coordinator_client::CoordinatorClient;

@@ -1197,7 +1197,9 @@ async fn an_oversized_gradient_sum_fails_the_job_and_releases_nothing() {
     };
 
     let dir = tempfile::tempdir().unwrap();
-    let spec = JobSpec::parse(&findiff_spec(dir.path(), 40, 1.0), "hostile").unwrap();
+    let mut spec = JobSpec::parse(&findiff_spec(dir.path(), 40, 1.0), "hostile").unwrap();
+    // Partitioned by the coordinator: the hostile worker's first task is a round.
+    spec.job.partition_by = rhosynth_shared::spec::PartitionBy::Coordinator;
     let mut config = CoordinatorConfig::default();
     config.env.scratch_url = dir.path().join("scratch").to_str().unwrap().to_string();
     let cluster = Standalone::start(config, 0).await.unwrap();

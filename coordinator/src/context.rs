@@ -13,13 +13,15 @@ use rhosynth_shared::data::database::{Database, DroppedRows, partition_database}
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::data::input::InputReader;
 use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
-use rhosynth_shared::spec::JobSpec;
-use rhosynth_shared::storage::StoreLocation;
+use rhosynth_shared::data::source::Source;
+use rhosynth_shared::spec::{JobSpec, PartitionBy};
+use rhosynth_shared::storage::{self, StoreLocation};
 
 use crate::gather::Gather;
 use crate::schedule::Schedule;
 use crate::scheduler::Scheduler;
 use crate::scratch;
+use crate::shuffle;
 use crate::telemetry::Telemetry;
 
 /// Why a job did not complete.
@@ -326,7 +328,8 @@ impl<'a> JobContext<'a> {
         Ok(receipt)
     }
 
-    /// Splits the private input by privacy unit into the scratch store.
+    /// Splits the private input by privacy unit into the scratch store: on the workers, or
+    /// here ([`PartitionBy`]).
     pub async fn partition(&self) -> Result<Partitions, JobError> {
         set_stage(self.progress, "partitioning");
         let spec = self.spec();
@@ -334,21 +337,27 @@ impl<'a> JobContext<'a> {
         // Under this process's prefix: a resumed job (a new process) never reuses a URL
         // whose contents a worker may still hold from before.
         let prefix = scratch::partition_prefix(&self.request.job_id);
-        let mut writer = PartitionWriter::new(self.scratch, &prefix, self.domain, spec.job.partitions, key)?;
-        let mut input = InputReader::new(&spec.input, &spec.schema, self.domain);
+        // Each file by its absolute name: the one the ledger was bound to, whatever a
+        // worker's working directory (a row-level unit is named by it, on either path).
+        let files = Source {
+            urls: spec.input.urls.iter().map(|url| storage::absolute_url(url)).collect(),
+            ..spec.input.clone()
+        };
+        let mut input = InputReader::new(&files, &spec.schema, self.domain);
         // Every file fits the schema before any row is read (a later file's wrong header
         // would otherwise fail the job after the earlier files' rows, timed by their size).
         input.check_headers().await?;
-        while let Some(batch) = input.next_batch().await? {
-            writer.write(batch).await?;
-        }
-        if let Some(skipped) = input.skipped().filter(|s| !s.by_column.is_empty()) {
-            // Row-level and private: the operator's log only.
-            let by_column: Vec<String> =
-                skipped.by_column.iter().map(|((column, reason), n)| format!("{column}: {reason} ×{n}")).collect();
-            tracing::warn!(rows_left_out = skipped.rows, ?by_column, "values that break the job's schema");
-        }
-        let partitioned = writer.finish().await?;
+        let partitioned = match spec.job.partition_by {
+            PartitionBy::Workers => shuffle::partition_by_workers(self, &files, &key, &prefix).await?,
+            PartitionBy::Coordinator => {
+                let mut writer = PartitionWriter::new(self.scratch, &prefix, self.domain, spec.job.partitions, key)?;
+                while let Some(batch) = input.next_batch().await? {
+                    writer.write(batch).await?;
+                }
+                shuffle::log_skipped(input.skipped());
+                writer.finish().await?
+            }
+        };
         let groups = partitioned.urls.iter().map(|url| vec![url.clone()]).collect();
         Ok(Partitions::of(groups, partitioned))
     }

@@ -55,7 +55,7 @@ use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::accounting::mechanism::Adjacency;
 use rhosynth_shared::data::source::{BadRows, CsvOptions, Format, Source};
 use rhosynth_shared::spec::tables::{check_name, keys_read_alike};
-use rhosynth_shared::spec::{ColumnKind, ColumnSpec, MissingPolicy, UnknownPolicy, validate_id};
+use rhosynth_shared::spec::{ColumnKind, ColumnSpec, MissingPolicy, PartitionBy, UnknownPolicy, validate_id};
 use rhosynth_shared::storage;
 use serde::Deserialize;
 
@@ -109,6 +109,11 @@ pub struct DeclaredDataset {
     /// A database's tables below the root (`input`), each read by the unit column.
     #[serde(default)]
     pub tables: Vec<DeclaredTable>,
+    /// Who reads the input into a job's partitions: the operator's choice, whatever a
+    /// submitter's spec says (`"coordinator"` keeps the input and the partition key off
+    /// the workers).
+    #[serde(default)]
+    pub partition_by: PartitionBy,
 }
 
 /// A table of a declared database: the name a job's `[[tables]]` gives it, and its file.
@@ -428,6 +433,7 @@ impl Datasets {
             read_every_row(&mut table.input, &mut table.columns, &declared.input);
         }
         spec.schema.unit_column = dataset.unit_column.clone();
+        spec.job.partition_by = dataset.partition_by;
         if let Some(evaluation) = &mut spec.evaluation {
             evaluation.test_urls = dataset.holdout_urls.clone();
         }
@@ -536,6 +542,14 @@ url = "/srv/out"
         // Nor left out: a value the schema does not fit is read as missing or `__other__`.
         let pain = job.spec.schema.columns.iter().find(|c| c.name == "pain").unwrap();
         assert_eq!(pain.missing, MissingPolicy::Keep);
+        assert_eq!(job.spec.job.partition_by, PartitionBy::Workers);
+        // Who partitions is the operator's choice: a job's own `[job] partition_by` is not.
+        let confined = DATASETS.replace("[dataset.input]\n", "partition_by = \"coordinator\"\n[dataset.input]\n");
+        let confined = Datasets::parse(&confined, "datasets.toml", "/default").unwrap();
+        let mut job = request("");
+        job.spec.job.partition_by = PartitionBy::Workers;
+        confined.bind(&mut job).unwrap();
+        assert_eq!(job.spec.job.partition_by, PartitionBy::Coordinator);
         let failing = DATASETS.replace("[dataset.input]\n", "[dataset.input]\nbad_rows = \"fail\"\n");
         let err = Datasets::parse(&failing, "datasets.toml", "/default").unwrap_err();
         assert!(err.to_string().contains("bad_rows = \"fail\""), "{err}");

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use rhosynth_privacy::release::Private;
 use rhosynth_proto::task::Work;
+use rhosynth_shared::data::DataError;
 use tokio::sync::mpsc;
 
 use crate::context::JobError;
@@ -41,13 +42,11 @@ pub struct Gather<'a> {
     telemetry: &'a Telemetry,
     job_id: String,
     events: Option<mpsc::UnboundedReceiver<TaskEvent>>,
-    /// Task ids grow across rounds: one from an earlier round is never this round's.
-    next_task: u64,
 }
 
 impl<'a> Gather<'a> {
     pub fn new(scheduler: &'a Scheduler, telemetry: &'a Telemetry, job_id: &str) -> Self {
-        Self { scheduler, telemetry, job_id: job_id.to_string(), events: None, next_task: 0 }
+        Self { scheduler, telemetry, job_id: job_id.to_string(), events: None }
     }
 
     /// Runs one round; `check` decides whether each answer may count (its reason goes to
@@ -57,26 +56,67 @@ impl<'a> Gather<'a> {
         &mut self,
         round: Round<'_>,
         check: impl Fn(Answer<'_>) -> Result<(), String>,
-        mut on_result: impl FnMut(usize, usize),
+        on_result: impl FnMut(usize, usize),
     ) -> Result<Private<Vec<f64>>, JobError> {
-        let first = self.next_task;
-        let total = round.groups.len();
-        self.next_task += total as u64;
         let work = Arc::new(round.work);
-        let tasks = round
-            .groups
-            .iter()
+        let tasks = round.groups.iter().map(|urls| (work.clone(), urls.clone())).collect();
+        let mut answers: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+        let take = |group: usize, worker: &str, claimed_units: u64, values: Vec<f64>| {
+            if values.len() != round.len {
+                return Err(format!("expected {} values, got {}", round.len, values.len()));
+            }
+            check(Answer { group, values: &values, claimed_units, worker })?;
+            answers.insert(group, values);
+            Ok(())
+        };
+        self.run(tasks, round.tensor, take, on_result).await?;
+        let mut sum = vec![0.0; round.len];
+        for values in answers.values() {
+            sum.iter_mut().zip(values).for_each(|(s, v)| *s += v);
+        }
+        Ok(Private::new(sum))
+    }
+
+    /// Tasks each with its own work and partitions (a shard's reading, a partition's
+    /// merge), each answering with the tensor `tensor`: `take(task, worker, values)` takes
+    /// each answer as it comes, in any order, or refuses it (the job fails).
+    pub async fn each(
+        &mut self,
+        tasks: Vec<(Work, Vec<String>)>,
+        tensor: &'static str,
+        mut take: impl FnMut(usize, &str, Vec<f64>) -> Result<(), String>,
+        on_result: impl FnMut(usize, usize),
+    ) -> Result<(), JobError> {
+        let tasks = tasks.into_iter().map(|(work, urls)| (Arc::new(work), urls)).collect();
+        self.run(tasks, tensor, |task, worker, _, values| take(task, worker, values), on_result).await
+    }
+
+    async fn run(
+        &mut self,
+        tasks: Vec<(Arc<Work>, Vec<String>)>,
+        tensor: &'static str,
+        mut take: impl FnMut(usize, &str, u64, Vec<f64>) -> Result<(), String>,
+        mut on_result: impl FnMut(usize, usize),
+    ) -> Result<(), JobError> {
+        let total = tasks.len();
+        // Never an id an earlier round (of any of the job's gathers) had.
+        let first = self.scheduler.task_ids(total);
+        // Only a shard's reader reads the input: another task's failure is never the input's.
+        let reads_input: Vec<bool> = tasks.iter().map(|(work, _)| matches!(**work, Work::ReadShard(_))).collect();
+        let tasks = tasks
+            .into_iter()
             .enumerate()
-            .map(|(i, urls)| TaskDef {
+            .map(|(i, (work, urls))| TaskDef {
                 job_id: self.job_id.clone(),
                 task_id: first + i as u64,
-                work: work.clone(),
-                partition_urls: urls.clone(),
+                work,
+                partition_urls: urls,
             })
             .collect();
         let events = self.scheduler.submit_round(&self.job_id, tasks, &mut self.events);
-        let mut answers: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
-        while answers.len() < total {
+        let mut answered = vec![false; total];
+        let mut done = 0;
+        while done < total {
             match events.recv().await {
                 Some(TaskEvent::Done(mut result)) => {
                     let bad = |reason: String| JobError::BadResult {
@@ -84,45 +124,62 @@ impl<'a> Gather<'a> {
                         task_id: result.task_id,
                         reason,
                     };
-                    let group = result
+                    let task = result
                         .task_id
                         .checked_sub(first)
                         .map(|g| g as usize)
                         .filter(|g| *g < total)
                         .ok_or_else(|| bad("a result for a task of another round".into()))?;
                     // A task answers once (the scheduler refuses a second answer too).
-                    if answers.contains_key(&group) {
+                    if answered[task] {
                         continue;
                     }
                     let index = result
                         .tensors
                         .iter()
-                        .position(|(name, _)| name == round.tensor)
-                        .ok_or_else(|| bad(format!("no '{}' tensor", round.tensor)))?;
+                        .position(|(name, _)| name == tensor)
+                        .ok_or_else(|| bad(format!("no '{tensor}' tensor")))?;
                     let values = result.tensors.swap_remove(index).1;
-                    if values.len() != round.len {
-                        return Err(bad(format!("expected {} values, got {}", round.len, values.len())));
-                    }
-                    let answer = Answer { group, values: &values, claimed_units: result.units, worker: &result.worker };
-                    check(answer).map_err(bad)?;
+                    take(task, &result.worker, result.units, values).map_err(bad)?;
                     self.telemetry.task_done(result.seconds);
-                    answers.insert(group, values);
-                    on_result(answers.len(), total);
+                    answered[task] = true;
+                    done += 1;
+                    on_result(done, total);
                 }
                 Some(TaskEvent::Requeued { task_id, worker }) => {
                     tracing::warn!(task = task_id, worker, "worker lost mid-round; its partitions are redone");
                 }
-                Some(TaskEvent::Failed { task_id, worker, error }) => {
+                Some(TaskEvent::Failed { task_id, worker, error, input_mismatch: true })
+                    if task_id.checked_sub(first).is_some_and(|t| reads_input.get(t as usize) == Some(&true)) =>
+                {
+                    // What the coordinator's own reading would have failed on: the
+                    // submitter is told the input does not match, the operator where.
+                    let file = format!("worker {worker}, task {task_id}");
+                    return Err(JobError::Data(DataError::Read { file, message: error }));
+                }
+                Some(TaskEvent::Failed { task_id, worker, error, .. }) => {
                     return Err(JobError::Task { worker, task_id, error });
                 }
                 None => return Err(JobError::SchedulerStopped),
             }
         }
-        let mut sum = vec![0.0; round.len];
-        for values in answers.values() {
-            sum.iter_mut().zip(values).for_each(|(s, v)| *s += v);
+        Ok(())
+    }
+}
+
+impl Gather<'_> {
+    /// After a failed round whose tasks write to the scratch store (a shard's buckets, a
+    /// merged partition): forgets its queued tasks and waits, up to `limit`, for those
+    /// still running to end, so that the job's cleanup, after this, deletes what they wrote.
+    pub async fn settle(&self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            self.scheduler.cancel_queued(&self.job_id);
+            if !self.scheduler.runs(&self.job_id) || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        Ok(Private::new(sum))
     }
 }
 

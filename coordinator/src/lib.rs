@@ -1,5 +1,5 @@
-//! The rhosynth coordinator: owns jobs, splits private data into partitions by privacy
-//! unit, hands tasks to workers, adds all noise, writes the privacy ledger and the output.
+//! The rhosynth coordinator: owns jobs, has private data split into partitions by privacy
+//! unit (by its workers, or itself), hands tasks to workers, adds all noise, writes the privacy ledger and the output.
 
 pub mod audit;
 pub mod auth;
@@ -16,6 +16,7 @@ pub mod schema_draft;
 pub mod scratch;
 pub mod server;
 pub mod service;
+pub(crate) mod shuffle;
 pub mod standalone;
 pub mod telemetry;
 pub(crate) mod training;

@@ -41,8 +41,17 @@ pub struct TaskResult {
 #[derive(Debug)]
 pub enum TaskEvent {
     Done(TaskResult),
-    Failed { task_id: u64, worker: String, error: String },
-    Requeued { task_id: u64, worker: String },
+    /// `input_mismatch`: the task's private input broke the job's schema.
+    Failed {
+        task_id: u64,
+        worker: String,
+        error: String,
+        input_mismatch: bool,
+    },
+    Requeued {
+        task_id: u64,
+        worker: String,
+    },
 }
 
 struct Worker {
@@ -74,12 +83,16 @@ impl Inner {
         self.owners.values().filter(|w| *w == worker).count()
     }
 
-    /// Whether `worker` may take `task`: it owns all its partitions, or they are unowned
-    /// and no live worker owns fewer partitions than it does. A task whose partitions
+    /// Whether `worker` may take `task`: it reads no partition (a shard of the input), it
+    /// owns all its partitions, or they are unowned and no live worker owns fewer
+    /// partitions than it does. A task whose partitions
     /// different workers hold (a round grouping them otherwise than an earlier one) goes to
     /// the one holding most of them (the first by id on a tie), which then holds them all:
     /// otherwise no worker could ever take it.
     fn may_take(&self, worker: &str, task: &TaskDef) -> bool {
+        if task.partition_urls.is_empty() {
+            return true;
+        }
         let mut held: HashMap<&str, usize> = HashMap::new();
         let mut unowned = false;
         for url in &task.partition_urls {
@@ -105,11 +118,23 @@ pub struct Scheduler {
     worker_timeout: Duration,
     /// Wakes long polls when tasks are queued.
     queued: Notify,
+    /// The next task id: ids are never reused, so a late answer is never another task's.
+    next_task: std::sync::atomic::AtomicU64,
 }
 
 impl Scheduler {
     pub fn new(worker_timeout: Duration) -> Self {
-        Self { inner: Mutex::new(Inner::default()), worker_timeout, queued: Notify::new() }
+        Self {
+            inner: Mutex::new(Inner::default()),
+            worker_timeout,
+            queued: Notify::new(),
+            next_task: Default::default(),
+        }
+    }
+
+    /// `count` fresh task ids, consecutive; returns the first.
+    pub fn task_ids(&self, count: usize) -> u64 {
+        self.next_task.fetch_add(count as u64, std::sync::atomic::Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -183,6 +208,17 @@ impl Scheduler {
         inner.owners.retain(|(job, _), _| job != job_id);
     }
 
+    /// Forgets a job's queued tasks (a lost worker's task requeued later is forgotten on
+    /// the next call), leaving those running to end.
+    pub fn cancel_queued(&self, job_id: &str) {
+        self.lock().pending.retain(|(t, _)| t.job_id != job_id);
+    }
+
+    /// Whether a task of the job is running on a worker.
+    pub fn runs(&self, job_id: &str) -> bool {
+        self.lock().running.keys().any(|(job, _)| job == job_id)
+    }
+
     /// The next task for a known worker, waiting up to `wait` for one to be queued.
     pub async fn poll_wait(&self, worker: &str, wait: Duration) -> Option<(TaskDef, u32)> {
         let deadline = tokio::time::Instant::now() + wait;
@@ -248,9 +284,14 @@ impl Scheduler {
         Ok(())
     }
 
-    pub fn fail(&self, worker: &str, job_id: &str, task_id: u64, attempt: u32, error: String) -> Result<(), String> {
+    pub fn fail(
+        &self,
+        (worker, job_id, task_id, attempt): (&str, &str, u64, u32),
+        error: String,
+        input_mismatch: bool,
+    ) -> Result<(), String> {
         self.take_running(worker, job_id, task_id, attempt)?;
-        self.notify(job_id, TaskEvent::Failed { task_id, worker: worker.to_string(), error });
+        self.notify(job_id, TaskEvent::Failed { task_id, worker: worker.to_string(), error, input_mismatch });
         Ok(())
     }
 
@@ -297,6 +338,20 @@ mod tests {
             work: Arc::new(Work::CountTables(Default::default())),
             partition_urls: partitions.iter().map(|p| p.to_string()).collect(),
         }
+    }
+
+    /// A task that reads no partition (a shard of the input) goes to any free worker, even
+    /// one holding more partitions than another: balancing partitions is no reason to
+    /// leave it waiting.
+    #[test]
+    fn a_shard_goes_to_any_free_worker() {
+        let scheduler = Scheduler::new(Duration::from_secs(60));
+        let a = scheduler.register("a", Capabilities::default());
+        let _b = scheduler.register("b", Capabilities::default());
+        scheduler.enqueue(vec![task(0, &["p0"])]);
+        scheduler.poll(&a).expect("a takes p0");
+        scheduler.enqueue(vec![task(1, &[])]);
+        assert_eq!(scheduler.poll(&a).expect("a takes the shard").0.task_id, 1);
     }
 
     /// One-partition tasks place p0 and p1 on different workers; a later task over both

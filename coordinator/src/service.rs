@@ -408,7 +408,7 @@ impl Coordinator for CoordinatorService {
         self.config.access.worker(&request)?;
         let r = request.into_inner();
         self.scheduler
-            .fail(&r.worker_id, &r.job_id, r.task_id, r.attempt, r.error)
+            .fail((&r.worker_id, &r.job_id, r.task_id, r.attempt), r.error, r.input_mismatch)
             .map_err(Status::failed_precondition)?;
         Ok(Response::new(ReportFailureResponse {}))
     }

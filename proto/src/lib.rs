@@ -16,7 +16,9 @@ pub mod tls;
 ///    the partitions as one table's).
 /// 9: a database view holds its children's means (`__mean.<child>.<column>`), and each
 ///    descendant's view its ancestors' (a worker of 8 would count other columns).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// 10: partitioning by the workers (`ReadShard`, `MergePartition`) and
+///     `ReportFailureRequest.input_mismatch`.
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

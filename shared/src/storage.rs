@@ -71,6 +71,17 @@ pub fn canonical_url(url: &str) -> (String, String) {
     (scheme.into(), normal.to_string_lossy().into_owned())
 }
 
+/// `url` as any process on the machine (or any machine, for S3) names it: a local path made
+/// absolute (`canonical_url`), an `s3://` URL normalised. What a coordinator sends its
+/// workers, whose working directories may differ from its own.
+pub fn absolute_url(url: &str) -> String {
+    match canonical_url(url) {
+        (scheme, path) if scheme == "file" => path,
+        (scheme, path) if scheme == "s3" => format!("s3://{path}"),
+        _ => url.to_string(),
+    }
+}
+
 /// Whether one location is the other or lies under it (after [`canonical_url`]).
 pub fn nested(a: &str, b: &str) -> bool {
     let ((sa, pa), (sb, pb)) = (canonical_url(a), canonical_url(b));

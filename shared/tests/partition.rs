@@ -91,3 +91,154 @@ fn the_partition_key_is_secret_and_per_job() {
     assert_ne!(pa, pb, "two jobs' keys assign units differently");
     assert_eq!(pa, units.iter().map(|u| a.partition_of(u, 1000)).collect::<Vec<_>>(), "deterministic per key");
 }
+
+/// The input of [`workers_partition_as_the_coordinator_does`]: units whose rows are spread
+/// over a CSV file, a gzipped CSV file with a byte-order mark, and a Parquet file of
+/// 60-row row groups; every 97th row has a value that breaks the schema.
+fn shuffled_input(dir: &std::path::Path, unit_column: bool) -> JobSpec {
+    use std::io::Write;
+    let line = |r: usize| {
+        let unit = format!("u{}", (r * 7919) % 173);
+        let x = if r.is_multiple_of(97) { "n/a".to_string() } else { (r % 1000).to_string() };
+        (unit, x)
+    };
+    let mut csv = String::from("id,x\n");
+    (0..400).map(line).for_each(|(u, x)| csv.push_str(&format!("{u},{x}\n")));
+    std::fs::write(dir.join("a.csv"), csv).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(b"\xef\xbb\xbfid,x\n").unwrap();
+    (400..700).map(line).for_each(|(u, x)| gz.write_all(format!("{u},{x}\n").as_bytes()).unwrap());
+    std::fs::write(dir.join("b.csv.gz"), gz.finish().unwrap()).unwrap();
+    let (units, xs): (Vec<String>, Vec<String>) = (700..1330).map(line).unzip();
+    let batch = arrow_array::RecordBatch::try_from_iter([
+        ("id", std::sync::Arc::new(arrow_array::StringArray::from(units)) as arrow_array::ArrayRef),
+        ("x", std::sync::Arc::new(arrow_array::StringArray::from(xs)) as arrow_array::ArrayRef),
+    ])
+    .unwrap();
+    let properties =
+        parquet::file::properties::WriterProperties::builder().set_max_row_group_row_count(Some(60)).build();
+    let file = std::fs::File::create(dir.join("c.parquet")).unwrap();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let urls: Vec<String> =
+        ["a.csv", "b.csv.gz", "c.parquet"].iter().map(|f| format!("\"{}\"", dir.join(f).display())).collect();
+    let text = SPEC.replace("urls = [\"unused.csv\"]", &format!("urls = [{}]\nbad_rows = \"skip\"", urls.join(", ")));
+    let text = if unit_column { text } else { text.replace("unit_column = \"id\"\n", "") };
+    JobSpec::parse(&text, "inline").unwrap()
+}
+
+/// A partition's rows as read back, in order.
+async fn partition_rows(url: &str, domain: &Domain) -> Vec<(String, Vec<Option<f64>>)> {
+    let mut rows = Vec::new();
+    read_partition(url, domain, |batch| {
+        for (r, unit) in batch.units.into_iter().enumerate() {
+            rows.push((unit, batch.values.iter().map(|column| column[r]).collect()));
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    rows
+}
+
+/// Partitioning by the workers (shards, their buckets, each partition merged) writes the
+/// partitions the coordinator's own reading writes for the same key: the same rows in
+/// the same partitions, in the same order, counted alike, with the same bad rows left out.
+/// Parquet shards of two row groups number their rows from the file's (a row-level unit
+/// is named by it), and units straddle shards and files. The readers' sketches of each
+/// partition's units accept the owner's count, and not twice it.
+#[tokio::test]
+async fn workers_partition_as_the_coordinator_does() {
+    use rhosynth_shared::data::input::InputReader;
+    use rhosynth_shared::data::shard::{ShardCounts, ShardJob, merge_partition, plan_shards, read_shard};
+
+    for unit_column in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = shuffled_input(dir.path(), unit_column);
+        let domain = Domain::from_spec(&spec);
+        let key = PartitionKey::generate().unwrap();
+
+        let here = storage::open(dir.path().join("here").to_str().unwrap()).unwrap();
+        let mut writer = PartitionWriter::new(&here, "job", &domain, 7, key.clone()).unwrap();
+        let mut input = InputReader::new(&spec.input, &spec.schema, &domain);
+        while let Some(batch) = input.next_batch().await.unwrap() {
+            writer.write(batch).await.unwrap();
+        }
+        let skipped_here = input.skipped().unwrap().clone();
+        let by_coordinator = writer.finish().await.unwrap();
+
+        let shards = plan_shards(&spec.input, 120).await.unwrap();
+        // One shard per CSV file, and the Parquet file's 11 row groups two by two.
+        assert_eq!(shards.len(), 2 + 6);
+        assert_eq!(shards[2..].iter().map(|s| s.first_row).collect::<Vec<_>>(), [0, 120, 240, 360, 480, 600]);
+        let partitions_url = dir.path().join("workers/job").display().to_string();
+        let job = ShardJob {
+            input: spec.input.clone(),
+            schema: spec.schema.clone(),
+            domain: domain.clone(),
+            partitions_url,
+            partitions: 7,
+        };
+        let mut read: Vec<ShardCounts> = Vec::new();
+        for (s, shard) in shards.iter().enumerate() {
+            read.push(read_shard(&job, shard, s as u32, key.clone()).await.unwrap());
+        }
+        let skipped: u64 = read.iter().map(|r| r.skipped.rows).sum();
+        assert_eq!((skipped, skipped_here.rows), (14, 14), "every 97th row of 1330 is left out");
+        for (column_reason, n) in &skipped_here.by_column {
+            assert_eq!(read.iter().filter_map(|r| r.skipped.by_column.get(column_reason)).sum::<u64>(), *n);
+        }
+
+        let mut units = 0;
+        for (k, url) in by_coordinator.urls.iter().enumerate() {
+            let merged_url = url.replace("/here/", "/workers/");
+            let census = merge_partition(&job, &merged_url, shards.len() as u32).await.unwrap();
+            let ours = partition_rows(&merged_url, &domain).await;
+            assert_eq!(ours, partition_rows(url, &domain).await, "partition {k}");
+            assert_eq!(census.units, by_coordinator.units_per_partition[k], "partition {k}'s units");
+            let written: Vec<u64> = read.iter().map(|r| r.rows[k]).collect();
+            assert_eq!(census.rows_per_shard, written, "partition {k}: what was merged is what was written");
+            if unit_column {
+                let mut sketch = rhosynth_shared::data::sketch::UnitSketch::default();
+                read.iter().for_each(|r| sketch.merge(&r.sketches[k]));
+                assert!(sketch.accepts(census.units), "partition {k}: the readers' sketch and the owner agree");
+                assert!(!sketch.accepts(census.units * 2), "partition {k}: twice the units is refused");
+            } else {
+                assert!(read.iter().all(|r| r.sketches.is_empty()), "a row-level job's units are its rows");
+            }
+            for (rows, n) in census.rows_per_unit {
+                units += n;
+                assert!(by_coordinator.rows_per_unit.get(&rows).is_some_and(|&all| all >= n));
+            }
+        }
+        assert_eq!(units, by_coordinator.units);
+        assert_eq!(by_coordinator.units, if unit_column { 173 } else { 1330 - 14 });
+    }
+}
+
+/// An input with no rows at all (a Parquet file of no row group) has no shard, and each
+/// partition is merged from none: an empty file, no unit.
+#[tokio::test]
+async fn an_input_without_rows_partitions_into_empty_partitions() {
+    use rhosynth_shared::data::shard::{ShardJob, merge_partition, plan_shards};
+
+    let dir = tempfile::tempdir().unwrap();
+    let schema = std::sync::Arc::new(arrow_schema::Schema::new(vec![
+        arrow_schema::Field::new("id", arrow_schema::DataType::Utf8, true),
+        arrow_schema::Field::new("x", arrow_schema::DataType::Utf8, true),
+    ]));
+    let file = std::fs::File::create(dir.path().join("empty.parquet")).unwrap();
+    parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap().close().unwrap();
+    let url = dir.path().join("empty.parquet").display().to_string();
+    let spec = JobSpec::parse(&SPEC.replace("unused.csv", &url), "inline").unwrap();
+    let domain = Domain::from_spec(&spec);
+    assert!(plan_shards(&spec.input, 120).await.unwrap().is_empty());
+    let partitions_url = dir.path().join("workers/job").display().to_string();
+    let job =
+        ShardJob { input: spec.input, schema: spec.schema, domain: domain.clone(), partitions_url, partitions: 7 };
+    let url = rhosynth_shared::data::partition::partition_file(&job.partitions_url, 3);
+    let census = merge_partition(&job, &url, 0).await.unwrap();
+    assert_eq!((census.units, census.rows_per_shard.len(), census.rows_per_unit.len()), (0, 0, 0));
+    assert!(partition_rows(&url, &domain).await.is_empty());
+}

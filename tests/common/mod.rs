@@ -71,15 +71,20 @@ impl Proc {
 
     /// Waits for a stderr line containing `needle`.
     pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
+        self.line_with(needle, timeout).is_some()
+    }
+
+    /// The next stderr line containing `needle`, waiting up to `timeout` for it.
+    pub fn line_with(&self, needle: &str, timeout: Duration) -> Option<String> {
         let deadline = Instant::now() + timeout;
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return true,
+                Ok(line) if line.contains(needle) => return Some(line),
                 Ok(_) => {}
-                Err(_) => return false,
+                Err(_) => return None,
             }
         }
-        false
+        None
     }
 }
 

@@ -11,10 +11,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use rhosynth_proto::task::Work;
-use rhosynth_proto::{CountTables, GradientSum, HistoryStatistics, SelectionVotes, Task, TeacherVotes};
+use rhosynth_proto::{
+    CountTables, GradientSum, HistoryStatistics, MergePartition, ReadShard, SelectionVotes, Task, TeacherVotes,
+};
 use rhosynth_shared::data::DataError;
 use rhosynth_shared::data::EncodedBatch;
-use rhosynth_shared::data::partition::read_partition;
+use rhosynth_shared::data::partition::{PartitionKey, PartitionReader};
+use rhosynth_shared::data::shard::{self, Shard, ShardError, ShardJob};
 use rhosynth_shared::dpsgd::trainable::{Trainable, WithTrainable};
 use rhosynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
 use rhosynth_shared::entropy::os_rng;
@@ -52,6 +55,8 @@ impl Executor {
             Some(Work::TeacherVotes(work)) => self.teacher_votes(task, work).await,
             Some(Work::SelectionVotes(work)) => self.selection_votes(task, work).await,
             Some(Work::HistoryStatistics(work)) => self.history_statistics(task, work).await,
+            Some(Work::ReadShard(work)) => read_shard(work).await,
+            Some(Work::MergePartition(work)) => merge_partition(task, work).await,
             None => anyhow::bail!("a task with no work this worker knows: the worker is older than its coordinator"),
         }
     }
@@ -255,17 +260,18 @@ where
 
 /// Contingency tables of bounded per-unit contributions over the task's partitions.
 /// Counting is CPU work (every row into every table): it runs on a blocking thread, fed a
-/// partition at a time, so the runtime keeps heartbeating (a standalone run shares it
-/// with the coordinator) however long the count takes.
+/// batch at a time (a database view's rows at once), so the runtime keeps heartbeating (a
+/// standalone run shares it with the coordinator) however long the count takes, and a
+/// table's partition is never held whole.
 async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggregate> {
     let spec = Arc::new(MarginalsTask::try_from(work)?);
-    let (partitions, mut incoming) = tokio::sync::mpsc::channel::<Vec<EncodedBatch>>(1);
+    let (batches, mut incoming) = tokio::sync::mpsc::channel::<Vec<EncodedBatch>>(1);
     let counting = {
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<Aggregate> {
             let mut counter = spec.counter()?;
-            while let Some(batches) = incoming.blocking_recv() {
-                batches.iter().for_each(|batch| counter.add(batch));
+            while let Some(rows) = incoming.blocking_recv() {
+                rows.iter().for_each(|batch| counter.add(batch));
             }
             let (counts, units) = counter.finish();
             Ok(Aggregate { units, tensors: vec![("counts".to_string(), counts)] })
@@ -276,26 +282,52 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
     if !task.partition_urls.len().is_multiple_of(group) {
         anyhow::bail!("{} partition files for a view of {group} tables", task.partition_urls.len());
     }
-    for urls in task.partition_urls.chunks(group) {
-        let batches = match &spec.database {
-            Some(view) => vec![view.read(urls).await?],
-            None => {
-                let mut batches = Vec::new();
-                read_partition(&urls[0], &spec.domain, |batch| {
-                    batches.push(batch);
-                    Ok(())
-                })
-                .await?;
-                batches
+    // A send fails only when the counter stopped: its error is the task's.
+    'partitions: for urls in task.partition_urls.chunks(group) {
+        match &spec.database {
+            Some(view) => {
+                if batches.send(vec![view.read(urls).await?]).await.is_err() {
+                    break;
+                }
             }
-        };
-        if partitions.send(batches).await.is_err() {
-            // The counter stopped: its error is the task's.
-            break;
+            None => {
+                let mut reader = PartitionReader::open(&urls[0], &spec.domain).await?;
+                while let Some(batch) = reader.next_batch().await? {
+                    if batches.send(vec![batch]).await.is_err() {
+                        break 'partitions;
+                    }
+                }
+            }
         }
     }
-    drop(partitions);
+    drop(batches);
     counting.await?
+}
+
+/// One shard of the private input into its buckets (`data::shard`). An input that breaks
+/// the schema fails the task as a [`ShardError::Input`], which the worker reports as such.
+async fn read_shard(work: &ReadShard) -> anyhow::Result<Aggregate> {
+    let job: ShardJob = from_json("the shard job", &work.job_json)?;
+    let row_groups = work.row_groups.iter().map(|&g| g as usize).collect();
+    let shard = Shard { url: work.url.clone(), row_groups, first_row: work.first_row };
+    let key = PartitionKey::from_bytes(&work.key)?;
+    let counts = shard::read_shard(&job, &shard, work.shard, key).await?;
+    Ok(Aggregate { units: 0, tensors: vec![("shard".to_string(), counts.to_tensor(&job))] })
+}
+
+/// Whether a task failed on its private input breaking the job's schema.
+pub fn is_input_mismatch(error: &anyhow::Error) -> bool {
+    matches!(error.downcast_ref::<ShardError>(), Some(ShardError::Input(_)))
+}
+
+/// The task's partition merged from its buckets, and its census (`data::shard`).
+async fn merge_partition(task: &Task, work: &MergePartition) -> anyhow::Result<Aggregate> {
+    let job: ShardJob = from_json("the shard job", &work.job_json)?;
+    let [url] = task.partition_urls.as_slice() else {
+        anyhow::bail!("a merge of {} partitions: one at a time", task.partition_urls.len());
+    };
+    let census = shard::merge_partition(&job, url, work.shards).await?;
+    Ok(Aggregate { units: census.units, tensors: vec![("census".to_string(), census.to_tensor())] })
 }
 
 #[cfg(test)]

@@ -197,6 +197,8 @@ async fn serve_tasks(
                     Some(Work::TeacherVotes(_)) => "teacher votes",
                     Some(Work::SelectionVotes(_)) => "selection votes",
                     Some(Work::HistoryStatistics(_)) => "history statistics",
+                    Some(Work::ReadShard(_)) => "read shard",
+                    Some(Work::MergePartition(_)) => "merge partition",
                     _ => "unknown",
                 };
                 tracing::info!(job = task.job_id, task = task.task_id, attempt = task.attempt, work, "task started")
@@ -220,6 +222,7 @@ async fn serve_tasks(
                         task_id: task.task_id,
                         attempt: task.attempt,
                         error: e.to_string(),
+                        input_mismatch: execute::is_input_mismatch(&e),
                     })
                     .await?;
             }
@@ -228,7 +231,7 @@ async fn serve_tasks(
 }
 
 /// Streams the aggregate back: a header, then each tensor's bytes in bounded chunks.
-async fn submit(
+pub async fn submit(
     client: &mut CoordinatorClient<Channel>,
     worker_id: &str,
     task: &Task,

@@ -43,6 +43,27 @@ impl Problems {
     }
 }
 
+const MISSING_REJECTED: &str = "missing value, and the spec sets missing = \"reject\"";
+const UNIT_MISSING: &str = "the privacy-unit id is missing";
+const UNDECLARED_CATEGORY: &str = "a category that the spec does not declare (declare it, or set unknown = \"other\")";
+const NOT_AN_INTEGER: &str = "not an integer";
+const NOT_A_NUMBER: &str = "not a finite number";
+const NOT_THE_DATETIME_FORMAT: &str = "not a date/time in the column's declared `format`";
+const NOT_A_COMMON_DATETIME: &str = "not a date/time in a common ISO 8601 form (YYYY-MM-DD, with a time \
+     HH:MM[:SS[.fff]] after `T` or a space, optionally `Z` or ±HH:MM); declare the column's `format` for another";
+
+/// Every reason a value breaks the schema ([`DataError::Value`]): what a shard's reader
+/// counts values by, by index (`data::shard`).
+pub const BAD_VALUE_REASONS: [&str; 7] = [
+    MISSING_REJECTED,
+    UNIT_MISSING,
+    UNDECLARED_CATEGORY,
+    NOT_AN_INTEGER,
+    NOT_A_NUMBER,
+    NOT_THE_DATETIME_FORMAT,
+    NOT_A_COMMON_DATETIME,
+];
+
 /// Values that break the schema, by column and reason, and the rows left out for them
 /// ([`BadRows::Skip`]; under [`BadRows::AsMissing`] only rows without their unit).
 /// Row-level and private: for the operator's log only.
@@ -226,7 +247,7 @@ impl<'a> Encoder<'a> {
                 };
                 let value = match cell {
                     None if plan.missing == MissingPolicy::Reject => {
-                        let e = self.error(&plan.name, row, "missing value, and the spec sets missing = \"reject\"");
+                        let e = self.error(&plan.name, row, MISSING_REJECTED);
                         *left_out |= on_bad.handle(e)?;
                         None
                     }
@@ -248,11 +269,7 @@ impl<'a> Encoder<'a> {
                 Some(u) => match self.cell(columns[u].as_string::<i32>(), i) {
                     Some(id) => id.to_string(),
                     None => {
-                        *left_out |= on_bad.handle_unitless(self.error(
-                            &self.plans[u].name,
-                            row,
-                            "the privacy-unit id is missing",
-                        ))?;
+                        *left_out |= on_bad.handle_unitless(self.error(&self.plans[u].name, row, UNIT_MISSING))?;
                         String::new()
                     }
                 },
@@ -289,32 +306,23 @@ impl<'a> Encoder<'a> {
             ColumnKind::Categorical => match plan.categories.get(text) {
                 Some(code) => Ok(f64::from(*code)),
                 None if plan.unknown == UnknownPolicy::Other => Ok(plan.categories.len() as f64),
-                None => Err(self.error(
-                    &plan.name,
-                    row,
-                    "a category that the spec does not declare (declare it, or set unknown = \"other\")",
-                )),
+                None => Err(self.error(&plan.name, row, UNDECLARED_CATEGORY)),
             },
             ColumnKind::Integer => match text.parse::<f64>() {
                 Ok(v) if v.is_finite() && v.fract() == 0.0 => Ok(clamp(v)),
-                _ => Err(self.error(&plan.name, row, "not an integer")),
+                _ => Err(self.error(&plan.name, row, NOT_AN_INTEGER)),
             },
             ColumnKind::Continuous => match text.parse::<f64>() {
                 Ok(v) if v.is_finite() => Ok(clamp(v)),
-                _ => Err(self.error(&plan.name, row, "not a finite number")),
+                _ => Err(self.error(&plan.name, row, NOT_A_NUMBER)),
             },
             ColumnKind::Datetime => match &plan.format {
                 Some(format) => parse_datetime_as(text, format)
                     .map(clamp)
-                    .ok_or_else(|| self.error(&plan.name, row, "not a date/time in the column's declared `format`")),
-                None => parse_datetime(text).map(clamp).ok_or_else(|| {
-                    self.error(
-                        &plan.name,
-                        row,
-                        "not a date/time in a common ISO 8601 form (YYYY-MM-DD, with a time HH:MM[:SS[.fff]] \
-                         after `T` or a space, optionally `Z` or ±HH:MM); declare the column's `format` for another",
-                    )
-                }),
+                    .ok_or_else(|| self.error(&plan.name, row, NOT_THE_DATETIME_FORMAT)),
+                None => {
+                    parse_datetime(text).map(clamp).ok_or_else(|| self.error(&plan.name, row, NOT_A_COMMON_DATETIME))
+                }
             },
             ColumnKind::Identifier => unreachable!("identifiers are not encoded"),
         }
@@ -351,6 +359,16 @@ pub struct InputReader<'a> {
     next_file: usize,
     current: Option<(Encoder<'a>, OpenFile)>,
     on_bad: OnBadValue,
+    /// One shard's part of its file ([`Self::with_part`]).
+    part: Option<FilePart>,
+}
+
+/// Part of a file: some of a Parquet file's row groups, its rows numbered from the first
+/// one's (a shard, `data::shard`).
+#[derive(Clone, Debug)]
+struct FilePart {
+    row_groups: Vec<usize>,
+    first_row: u64,
 }
 
 impl<'a> InputReader<'a> {
@@ -362,7 +380,14 @@ impl<'a> InputReader<'a> {
             BadRows::Skip => OnBadValue::Skip(SkippedRows::default()),
             BadRows::AsMissing => OnBadValue::AsMissing(SkippedRows::default()),
         };
-        Self { input, schema, domain, keys: Vec::new(), next_file: 0, current: None, on_bad }
+        Self { input, schema, domain, keys: Vec::new(), next_file: 0, current: None, on_bad, part: None }
+    }
+
+    /// Reads only `row_groups` of each (Parquet) file, numbering rows from `first_row`, the
+    /// first of them in the file: one shard of the input (`data::shard`).
+    pub fn with_part(mut self, row_groups: Vec<usize>, first_row: u64) -> Self {
+        self.part = Some(FilePart { row_groups, first_row });
+        self
     }
 
     /// Also reads `columns` (identifiers of the schema) as each row's keys:
@@ -389,10 +414,12 @@ impl<'a> InputReader<'a> {
         domain: &'a Domain,
         keys: &[&str],
         url: &str,
+        part: Option<FilePart>,
     ) -> Result<(Encoder<'a>, OpenFile), DataError> {
         let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
         let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
         match input.format.unwrap_or_else(|| Format::detect(url)) {
+            Format::Csv if part.is_some() => Err(DataError::Internal(format!("{url}: a CSV file is read whole"))),
             Format::Csv => {
                 let get = location.store.get(&path).await.map_err(|e| read_err(&e))?;
                 let mut stream = decoded(get.into_stream()).await.map_err(|e| read_err(&e))?;
@@ -419,11 +446,15 @@ impl<'a> InputReader<'a> {
                 Ok((encoder, source))
             }
             Format::Parquet => {
-                let (schema, stream) = parquet_io::open_stream(location.store.clone(), path, BATCH_ROWS)
-                    .await
-                    .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
+                let row_groups = part.as_ref().map(|p| p.row_groups.clone());
+                let (schema, stream) =
+                    parquet_io::open_row_groups(location.store.clone(), path, BATCH_ROWS, row_groups)
+                        .await
+                        .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
                 let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-                Ok((Encoder::new(input, declared, domain, url, Some(&names), keys)?, OpenFile::Parquet { stream }))
+                let mut encoder = Encoder::new(input, declared, domain, url, Some(&names), keys)?;
+                encoder.rows_seen = part.map_or(0, |p| p.first_row);
+                Ok((encoder, OpenFile::Parquet { stream }))
             }
         }
     }
@@ -433,7 +464,7 @@ impl<'a> InputReader<'a> {
     /// inputs read after it, is read (the failure's time then says nothing of their size).
     pub async fn check_headers(&mut self) -> Result<(), DataError> {
         for url in &self.input.urls {
-            Self::open(self.input, self.schema, self.domain, &self.keys, url).await?;
+            Self::open(self.input, self.schema, self.domain, &self.keys, url, None).await?;
         }
         Ok(())
     }
@@ -453,7 +484,8 @@ impl<'a> InputReader<'a> {
                 };
                 // Counted before opening: validation goes on with the next file.
                 self.next_file += 1;
-                self.current = Some(Self::open(self.input, self.schema, self.domain, &self.keys, url).await?);
+                let part = self.part.clone();
+                self.current = Some(Self::open(self.input, self.schema, self.domain, &self.keys, url, part).await?);
             }
             let (encoder, source) = self.current.as_mut().expect("opened above");
             let file = encoder.file.clone();

@@ -1,5 +1,6 @@
 //! The data plane: the public domain of each column, streaming and encoding the private
-//! input, and splitting it into disjoint partitions by privacy unit.
+//! input, and splitting it into disjoint partitions by privacy unit (on the coordinator, or
+//! by the workers in shards).
 
 pub mod database;
 pub mod domain;
@@ -7,6 +8,8 @@ pub mod examples;
 pub mod input;
 pub mod parquet_io;
 pub mod partition;
+pub mod shard;
+pub mod sketch;
 pub mod source;
 pub mod table;
 

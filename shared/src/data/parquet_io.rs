@@ -58,10 +58,35 @@ pub async fn open_stream(
     path: Path,
     batch_rows: usize,
 ) -> Result<(SchemaRef, ParquetRecordBatchStream<ObjectReader>)> {
+    open_row_groups(store, path, batch_rows, None).await
+}
+
+/// [`open_stream`] of only `row_groups` (all of them when `None`).
+pub async fn open_row_groups(
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    batch_rows: usize,
+    row_groups: Option<Vec<usize>>,
+) -> Result<(SchemaRef, ParquetRecordBatchStream<ObjectReader>)> {
     let size = store.head(&path).await.map_err(external)?.size;
-    let builder = ParquetRecordBatchStreamBuilder::new(ObjectReader { store, path, size }).await?;
+    let mut builder = ParquetRecordBatchStreamBuilder::new(ObjectReader { store, path, size }).await?;
+    if let Some(row_groups) = row_groups {
+        let present = builder.metadata().num_row_groups();
+        if let Some(missing) = row_groups.iter().find(|&&g| g >= present) {
+            return Err(ParquetError::General(format!("no row group {missing}: the file has {present}")));
+        }
+        builder = builder.with_row_groups(row_groups);
+    }
     let schema = builder.schema().clone();
     Ok((schema, builder.with_batch_size(batch_rows).build()?))
+}
+
+/// The rows of each row group of a Parquet object, from its footer alone.
+pub async fn row_group_rows(store: Arc<dyn ObjectStore>, path: Path) -> Result<Vec<u64>> {
+    let size = store.head(&path).await.map_err(external)?.size;
+    let mut reader = ObjectReader { store, path, size };
+    let metadata = reader.get_metadata(None).await?;
+    Ok(metadata.row_groups().iter().map(|g| g.num_rows().max(0) as u64).collect())
 }
 
 /// Rows per row group of what rhosynth writes: a writer buffers one row group, so this

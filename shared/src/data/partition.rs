@@ -2,8 +2,8 @@
 //! key from the OS CSPRNG) of the unit id picks the partition, so every row of a unit
 //! lands in the same partition, no unit is split, and the assignment reveals nothing to
 //! anyone without the key. Partitions are encoded Parquet files, one prefix per partition
-//! under the job's scratch prefix, so a deployment can grant each worker access to its own
-//! prefixes only.
+//! under the job's scratch prefix, so a deployment that partitions on the coordinator can
+//! grant each worker access to its own prefixes only (shard readers write to every one).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use sha2::Sha256;
 use super::domain::{Domain, Encoding};
 use super::input::BATCH_ROWS;
 use super::parquet_io;
+use super::sketch::UnitSketch;
 use super::{DataError, EncodedBatch};
 use crate::entropy::os_seed;
 use crate::storage::{self, StoreLocation};
@@ -36,6 +37,19 @@ impl PartitionKey {
     /// A fresh key from the OS entropy source.
     pub fn generate() -> Result<Self, DataError> {
         let key = os_seed().map_err(|e| DataError::Internal(e.to_string()))?;
+        Ok(Self(key))
+    }
+
+    /// The key as a shard task carries it to its worker (over the authenticated channel,
+    /// for that job only).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.0.to_vec()
+    }
+
+    /// A key as a task carried it: exactly 32 bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, DataError> {
+        let key =
+            bytes.try_into().map_err(|_| DataError::Internal(format!("a partition key of {} bytes", bytes.len())))?;
         Ok(Self(key))
     }
 
@@ -86,7 +100,24 @@ fn to_record_batch(schema: &SchemaRef, domain: &Domain, rows: &EncodedBatch) -> 
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| DataError::Internal(e.to_string()))
 }
 
-/// Writes the encoded rows into `count` partition files under `scratch/<job_id>/`.
+/// The file of partition `k` under `prefix` (a partition's own prefix, so object-store
+/// policies can grant each worker its own).
+pub fn partition_file(prefix: &str, k: u32) -> String {
+    format!("{prefix}/partition-{k:05}/{PARTITION_FILE}")
+}
+
+const PARTITION_FILE: &str = "part-00000.parquet";
+
+/// The bucket that the reader of `shard` writes beside the partition file at
+/// `partition_url` (partitioning by the workers, `data::shard`): that shard's rows of the
+/// partition.
+pub fn bucket_file(partition_url: &str, shard: u32) -> String {
+    let dir = partition_url.strip_suffix(PARTITION_FILE).unwrap_or(partition_url).trim_end_matches('/');
+    format!("{dir}/shard-{shard:05}.parquet")
+}
+
+/// Writes the encoded rows into `count` partition files under `scratch/<job_id>/`, or one
+/// shard's buckets beside them.
 pub struct PartitionWriter {
     key: PartitionKey,
     schema: SchemaRef,
@@ -94,10 +125,14 @@ pub struct PartitionWriter {
     writers: Vec<AsyncArrowWriter<BufWriter>>,
     urls: Vec<String>,
     /// The units seen so far, by keyed digest (as bytes: 20 bytes an entry, where a `u128`
-    /// key would align it to 32), with their rows: the coordinator's only state that grows
-    /// with the data (none per row), needed to count units and their rows exactly.
-    units: HashMap<[u8; 16], u32>,
+    /// key would align it to 32), with their rows: what grows with the data (none per
+    /// row), to count units and their rows exactly. A shard's buckets count none: their
+    /// partition's owner counts them (`data::shard`).
+    units: Option<HashMap<[u8; 16], u32>>,
     units_per_partition: Vec<u64>,
+    rows_per_partition: Vec<u64>,
+    /// A shard's sketch of each bucket's units (empty when not asked for).
+    sketches: Vec<UnitSketch>,
 }
 
 /// What partitioning produced. The unit counts are private: they may leave the
@@ -112,6 +147,7 @@ pub struct Partitioned {
 }
 
 impl PartitionWriter {
+    /// The partitions of `count` under `scratch/<job_id>/`, counting their units.
     pub fn new(
         scratch: &StoreLocation,
         job_id: &str,
@@ -119,20 +155,57 @@ impl PartitionWriter {
         count: u32,
         key: PartitionKey,
     ) -> Result<Self, DataError> {
+        let files = (0..count).map(|k| partition_file(job_id, k)).collect();
+        Self::writing(scratch, files, domain, key, Some(HashMap::new()))
+    }
+
+    /// The buckets of `shard` beside the `count` partitions under `scratch` (the job's
+    /// partition prefix), counting rows, and sketching each bucket's units when
+    /// `sketch_units`.
+    pub fn buckets(
+        scratch: &StoreLocation,
+        domain: &Domain,
+        (count, key): (u32, PartitionKey),
+        shard: u32,
+        sketch_units: bool,
+    ) -> Result<Self, DataError> {
+        let files = (0..count).map(|k| bucket_file(&partition_file("", k), shard)).collect();
+        let mut writer = Self::writing(scratch, files, domain, key, None)?;
+        if sketch_units {
+            writer.sketches = vec![UnitSketch::default(); count as usize];
+        }
+        Ok(writer)
+    }
+
+    fn writing(
+        scratch: &StoreLocation,
+        files: Vec<String>,
+        domain: &Domain,
+        key: PartitionKey,
+        units: Option<HashMap<[u8; 16], u32>>,
+    ) -> Result<Self, DataError> {
         let schema = partition_schema(domain);
         let mut writers = Vec::new();
         let mut urls = Vec::new();
-        for k in 0..count {
-            // One prefix per partition: object-store policies can grant each worker its own.
-            let relative = format!("{job_id}/partition-{k:05}/part-00000.parquet");
-            let path = scratch.child(&relative);
+        for relative in &files {
+            let path = scratch.child(relative);
             let writer = parquet_io::create_writer(scratch.store.clone(), path, schema.clone())
                 .map_err(|e| DataError::Internal(e.to_string()))?;
             writers.push(writer);
-            urls.push(format!("{}/{relative}", scratch.url.trim_end_matches('/')));
+            urls.push(format!("{}/{}", scratch.url.trim_end_matches('/'), relative.trim_start_matches('/')));
         }
-        let units_per_partition = vec![0; count as usize];
-        Ok(Self { key, schema, domain: domain.clone(), writers, urls, units: HashMap::new(), units_per_partition })
+        let count = files.len();
+        Ok(Self {
+            key,
+            schema,
+            domain: domain.clone(),
+            writers,
+            urls,
+            units,
+            units_per_partition: vec![0; count],
+            rows_per_partition: vec![0; count],
+            sketches: Vec::new(),
+        })
     }
 
     /// Routes each row to its unit's partition.
@@ -143,11 +216,17 @@ impl PartitionWriter {
             let digest = self.key.digest(&unit);
             let partition = PartitionKey::partition_of_digest(digest, count) as usize;
             let target = &mut split[partition];
-            let rows = self.units.entry(digest.to_le_bytes()).or_insert(0);
-            if *rows == 0 {
-                self.units_per_partition[partition] += 1;
+            if let Some(units) = &mut self.units {
+                let rows = units.entry(digest.to_le_bytes()).or_insert(0);
+                if *rows == 0 {
+                    self.units_per_partition[partition] += 1;
+                }
+                *rows = rows.saturating_add(1);
             }
-            *rows = rows.saturating_add(1);
+            self.rows_per_partition[partition] += 1;
+            if let Some(sketch) = self.sketches.get_mut(partition) {
+                sketch.insert(digest);
+            }
             for (d, values) in batch.values.iter().enumerate() {
                 target.values[d].push(values[i]);
             }
@@ -163,38 +242,62 @@ impl PartitionWriter {
     }
 
     /// Finishes every file; returns their URLs in partition order and the unit count.
-    pub async fn finish(self) -> Result<Partitioned, DataError> {
-        for writer in self.writers {
-            writer.close().await.map_err(|e| DataError::Internal(format!("closing a partition: {e}")))?;
-        }
+    pub async fn finish(mut self) -> Result<Partitioned, DataError> {
+        self.close().await?;
+        let units = self.units.unwrap_or_default();
         let mut rows_per_unit = BTreeMap::new();
-        self.units.values().for_each(|&rows| *rows_per_unit.entry(rows).or_insert(0) += 1);
+        units.values().for_each(|&rows| *rows_per_unit.entry(rows).or_insert(0) += 1);
         Ok(Partitioned {
             urls: self.urls,
-            units: self.units.len() as u64,
+            units: units.len() as u64,
             units_per_partition: self.units_per_partition,
             rows_per_unit,
         })
     }
+
+    /// Finishes a shard's buckets; returns the rows written to each partition's, and the
+    /// sketches of their units.
+    pub async fn finish_buckets(mut self) -> Result<(Vec<u64>, Vec<UnitSketch>), DataError> {
+        self.close().await?;
+        Ok((self.rows_per_partition, self.sketches))
+    }
+
+    async fn close(&mut self) -> Result<(), DataError> {
+        for writer in std::mem::take(&mut self.writers) {
+            writer.close().await.map_err(|e| DataError::Internal(format!("closing a partition: {e}")))?;
+        }
+        Ok(())
+    }
 }
 
-/// Streams the encoded rows of one partition file.
-pub async fn read_partition(
-    url: &str,
-    domain: &Domain,
-    mut sink: impl FnMut(EncodedBatch) -> Result<(), DataError>,
-) -> Result<(), DataError> {
-    let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
-    let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
-    let (schema, mut stream) =
-        parquet_io::open_stream(location.store, path, BATCH_ROWS).await.map_err(|e| read_err(&e))?;
-    if schema.as_ref() != partition_schema(domain).as_ref() {
-        return Err(read_err(&"partition file does not match the job's domain"));
+/// A partition file's encoded rows, a batch at a time.
+pub struct PartitionReader<'a> {
+    url: &'a str,
+    domain: &'a Domain,
+    stream: parquet::arrow::async_reader::ParquetRecordBatchStream<parquet_io::ObjectReader>,
+}
+
+impl<'a> PartitionReader<'a> {
+    pub async fn open(url: &'a str, domain: &'a Domain) -> Result<Self, DataError> {
+        let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
+        let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
+        let (schema, stream) =
+            parquet_io::open_stream(location.store, path, BATCH_ROWS).await.map_err(|e| read_err(&e))?;
+        if schema.as_ref() != partition_schema(domain).as_ref() {
+            return Err(read_err(&"partition file does not match the job's domain"));
+        }
+        Ok(Self { url, domain, stream })
     }
-    while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(|e| read_err(&e))?;
+
+    /// The next batch, or `None` after the last.
+    pub async fn next_batch(&mut self) -> Result<Option<EncodedBatch>, DataError> {
+        let Some(batch) = self.stream.next().await else {
+            return Ok(None);
+        };
+        let batch = batch.map_err(|e| DataError::Read { file: self.url.to_string(), message: e.to_string() })?;
         let units = batch.column(0).as_string::<i32>().iter().map(|u| u.unwrap_or_default().to_string()).collect();
-        let values = domain
+        let values = self
+            .domain
             .columns
             .iter()
             .enumerate()
@@ -208,7 +311,19 @@ pub async fn read_partition(
                 }
             })
             .collect();
-        sink(EncodedBatch { units, values })?;
+        Ok(Some(EncodedBatch { units, values }))
+    }
+}
+
+/// Streams the encoded rows of one partition file.
+pub async fn read_partition(
+    url: &str,
+    domain: &Domain,
+    mut sink: impl FnMut(EncodedBatch) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    let mut reader = PartitionReader::open(url, domain).await?;
+    while let Some(batch) = reader.next_batch().await? {
+        sink(batch)?;
     }
     Ok(())
 }

@@ -48,6 +48,12 @@ impl Source {
         }
         input
     }
+
+    /// This section reading one of its own files: a shard's (`data::shard`), in the same
+    /// format and dialect.
+    pub fn of_shard(&self, url: &str) -> Source {
+        Source { urls: vec![url.to_string()], ..self.clone() }
+    }
 }
 
 /// What reading does with a row whose values break the schema (an undeclared category

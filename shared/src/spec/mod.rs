@@ -111,7 +111,28 @@ pub struct JobSection {
     /// Disjoint partitions of the private data (by privacy unit).
     #[serde(default = "default_partitions")]
     pub partitions: u32,
+    /// Who reads the input into the partitions: the workers, a shard each (they need read
+    /// access to the input), or the coordinator alone. A database's tables are partitioned
+    /// by the coordinator.
+    #[serde(default)]
+    pub partition_by: PartitionBy,
 }
+
+/// Who reads a job's input into its partitions (`[job] partition_by`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionBy {
+    /// The workers, each a shard of the input (`data::shard`): the coordinator holds no
+    /// row and no unit, and reading scales with the workers.
+    #[default]
+    Workers,
+    /// The coordinator alone, for a cluster whose workers may not read the input.
+    Coordinator,
+}
+
+/// The most partitions a job may have: each shard's reader sketches each partition's units
+/// in 4 KiB (`data::sketch`), and a worker writes a bucket to each.
+pub const MAX_PARTITIONS: u32 = 16_384;
 
 fn default_partitions() -> u32 {
     4
@@ -209,8 +230,8 @@ impl JobSpec {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if self.job.partitions == 0 {
-            return Err("[job] partitions must be at least 1".into());
+        if !(1..=MAX_PARTITIONS).contains(&self.job.partitions) {
+            return Err(format!("[job] partitions must be 1 to {MAX_PARTITIONS}"));
         }
         let p = &self.privacy;
         if !(p.epsilon > 0.0 && p.epsilon.is_finite() && (0.0..1.0).contains(&p.delta)) {
