@@ -68,14 +68,19 @@ for workers in "${clusters[@]}"; do
     2> "$work/submit-$workers.log" || { tail -5 "$work/submit-$workers.log"; exit 1; }
   end=$(date +%s.%N)
   kill "$sampler"
-  # The partitioning stage: from its start to the next stage's.
-  rate=$(grep -o '^[0-9T:.-]*Z .*job progress stage="[^"]*"' "$work/coordinator-$workers.log" | python3 -c '
+  # The partitioning stage: from its start to the next stage's; by the workers, its shards
+  # read until the last "shard read", then the partitions merged.
+  rate=$(grep -E 'job progress stage=|shard read' "$work/coordinator-$workers.log" | python3 -c '
 import sys, datetime
-t = lambda s: datetime.datetime.fromisoformat(s.rstrip("Z")[:26])
-lines = [(t(l.split()[0]), l.rsplit("stage=", 1)[1]) for l in sys.stdin]
-i = next(i for i, (_, s) in enumerate(lines) if s.startswith("\"partitioning"))
-print(f"{'"$rows"' / (lines[i + 1][0] - lines[i][0]).total_seconds():.0f}")')
-  echo "workers=$workers partitioning=${rate} rows/s job=$(python3 -c "print(round($end - $start))")s" \
+t = lambda s: datetime.datetime.fromisoformat(s.split()[0].rstrip("Z")[:26])
+lines = [(t(l), l) for l in sys.stdin]
+i = next(i for i, (_, l) in enumerate(lines) if "stage=\"partitioning" in l)
+j = next(j for j in range(i + 1, len(lines)) if "stage=" in lines[j][1])
+whole = (lines[j][0] - lines[i][0]).total_seconds()
+read = [when for when, l in lines[i:j] if "shard read" in l]
+phases = f" (shards {(read[-1] - lines[i][0]).total_seconds():.1f} s, merges {(lines[j][0] - read[-1]).total_seconds():.1f} s)" if read else ""
+print(f"{'"$rows"' / whole:.0f} rows/s{phases}")')
+  echo "workers=$workers partitioning=${rate} job=$(python3 -c "print(round($end - $start))")s" \
     "coordinator=$(hwm $coordinator) workers=[$(for p in "${pids[@]}"; do printf '%s ' "$(hwm "$p")"; done)]" \
     "scratch=$(python3 -c "print(f'{$(cat "$work/scratch-most-$workers" 2>/dev/null || echo 0) / 2**20:.0f} MiB')")"
   stop_cluster
