@@ -175,7 +175,14 @@ impl Gather<'_> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             self.scheduler.cancel_queued(&self.job_id);
-            if !self.scheduler.runs(&self.job_id) || tokio::time::Instant::now() >= deadline {
+            if !self.scheduler.runs(&self.job_id) {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    job = self.job_id,
+                    "tasks still running after the wait: what they write may outlive the job"
+                );
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -134,8 +134,9 @@ pub async fn delete_prefix(scratch: &StoreLocation, prefix: &str) {
     // completed (`<object>#<n>`): they hold private rows too. (On S3 such an upload is
     // never listed either: a lifecycle rule aborts it, docs/running.md.)
     let (scheme, root) = storage::canonical_url(&scratch.url);
-    if scheme == "file" && !prefix.trim_matches('/').is_empty() {
-        let dir = std::path::Path::new(&root).join(prefix);
+    let inside = prefix.trim_matches('/');
+    if scheme == "file" && !inside.is_empty() && inside.split('/').all(|part| !matches!(part, "" | "." | "..")) {
+        let dir = std::path::Path::new(&root).join(inside);
         if let Err(e) = tokio::fs::remove_dir_all(&dir).await
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -192,5 +193,26 @@ mod tests {
         assert!(!alive(&scratch, instance()).await.unwrap());
         Heartbeat::default().ensure(&scratch).await.unwrap();
         assert!(alive(&scratch, instance()).await.unwrap());
+    }
+
+    /// A job's folder goes whole on a local store, with the staged file of an upload a
+    /// killed worker never completed (object_store lists no such file); a prefix that
+    /// climbs out of the store deletes no folder.
+    #[tokio::test]
+    async fn a_jobs_folder_goes_with_its_unfinished_uploads() {
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = storage::open(dir.path().to_str().unwrap()).unwrap();
+        put(&scratch, "partitions/i/j/partition-00000/shard-00000.parquet", "rows").await;
+        let staged = dir.path().join("partitions/i/j/partition-00001/shard-00000.parquet#1");
+        std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
+        std::fs::write(&staged, "half the rows").unwrap();
+        put(&scratch, "partitions/i/other/kept.parquet", "rows").await;
+        for outside in ["partitions/i/j/..", "./partitions", "partitions/../partitions/i/j"] {
+            delete_prefix(&scratch, outside).await;
+            assert!(staged.exists() && exists(&scratch, "partitions/i/other/kept.parquet").await, "{outside:?}");
+        }
+        delete_prefix(&scratch, "partitions/i/j").await;
+        assert!(!dir.path().join("partitions/i/j").exists());
+        assert!(exists(&scratch, "partitions/i/other/kept.parquet").await);
     }
 }

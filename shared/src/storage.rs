@@ -72,13 +72,17 @@ pub fn canonical_url(url: &str) -> (String, String) {
 }
 
 /// `url` as any process on the machine (or any machine, for S3) names it: a local path made
-/// absolute (`canonical_url`), an `s3://` URL normalised. What a coordinator sends its
-/// workers, whose working directories may differ from its own.
+/// absolute (symbolic links kept, so a worker that mounts the same path reads it), an
+/// `s3://` URL normalised. What a coordinator sends its workers, whose working directories
+/// may differ from its own.
 pub fn absolute_url(url: &str) -> String {
-    match canonical_url(url) {
-        (scheme, path) if scheme == "file" => path,
-        (scheme, path) if scheme == "s3" => format!("s3://{path}"),
-        _ => url.to_string(),
+    let absolute =
+        |path: &str| std::path::absolute(path).map_or_else(|_| path.to_string(), |p| p.display().to_string());
+    match url.split_once("://") {
+        Some(("s3" | "s3a", _)) => format!("s3://{}", canonical_url(url).1),
+        Some(("file", rest)) => absolute(rest),
+        Some(_) => url.to_string(),
+        None => absolute(url),
     }
 }
 

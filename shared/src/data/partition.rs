@@ -187,12 +187,14 @@ impl PartitionWriter {
         let schema = partition_schema(domain);
         let mut writers = Vec::new();
         let mut urls = Vec::new();
+        // Named absolutely: the workers that read them may run elsewhere on the machine.
+        let base = storage::absolute_url(&scratch.url);
         for relative in &files {
             let path = scratch.child(relative);
             let writer = parquet_io::create_writer(scratch.store.clone(), path, schema.clone())
                 .map_err(|e| DataError::Internal(e.to_string()))?;
             writers.push(writer);
-            urls.push(format!("{}/{}", scratch.url.trim_end_matches('/'), relative.trim_start_matches('/')));
+            urls.push(format!("{}/{}", base.trim_end_matches('/'), relative.trim_start_matches('/')));
         }
         let count = files.len();
         Ok(Self {
