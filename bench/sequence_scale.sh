@@ -5,11 +5,13 @@
 # sockets, the Kubernetes shape on one machine. Prints rounds/s and the peak RSS (VmHWM)
 # of the coordinator and of each worker.
 #   cargo build --release --bins && bench/sequence_scale.sh [PATIENTS] [ROUNDS] [PARTITIONS]
+# RHOSYNTH_BIN names another folder of binaries (e.g. target/debug for a test-profile
+# build).
 set -euo pipefail
 patients=${1:-100000}
 rounds=${2:-20}
 partitions=${3:-8}
-bin=$(cd "$(dirname "$0")/.." && pwd)/target/release
+bin=$(cd "${RHOSYNTH_BIN:-$(dirname "$0")/../target/release}" && pwd)
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 "$bin/rhosynth" simulate --patients "$patients" "$work/cohort.csv"

@@ -4,6 +4,32 @@ tonic::include_proto!("rhosynth.v1");
 
 pub mod tls;
 
+/// Version of the protocol in `rhosynth.proto`; peers of another version are refused.
+/// 2: DP-SGD round tasks (`dpsgd`) and long polling.
+/// 3: typed tasks (`Task.work`, one message per kind) instead of a kind and opaque bytes.
+/// 4: DP-SGD rounds of the sequence generator (`SequenceModel`) and its selection votes.
+/// 5: DP-SGD rounds of DP-2Stage (`Dp2StageModel`).
+/// 6: HARMONIC's prompts in `Dp2StageModel` (a worker of 5 would train without them).
+/// 7: one model form in `GradientSum` (the generator's name and its model as JSON) for
+///    every DP-SGD generator; `SelectionVotes` carries its model as JSON.
+/// 8: `CountTables.database_json`, counts over a database view (a worker of 7 would count
+///    the partitions as one table's).
+/// 9: a database view holds its children's means (`__mean.<child>.<column>`), and each
+///    descendant's view its ancestors' (a worker of 8 would count other columns).
+/// 10: partitioning by the workers (`ReadShard`, `MergePartition`) and
+///     `ReportFailureRequest.input_mismatch`.
+pub const PROTOCOL_VERSION: u32 = 10;
+
+/// Most f64 values one result may declare (2 GiB): above any model's parameter count or
+/// any task's table cells.
+pub const MAX_RESULT_VALUES: u64 = 1 << 28;
+
+/// Largest chunk of tensor bytes sent in one message.
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// Largest gRPC message either side accepts: a round task carries a model's weights.
+pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
+
 /// Everything but the partition key, which no log may hold.
 impl std::fmt::Debug for ReadShard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -31,29 +57,3 @@ mod tests {
         assert!(!shown.contains("171") && !shown.to_lowercase().contains("ab, ab"), "{shown}");
     }
 }
-
-/// Version of the protocol in `rhosynth.proto`; peers of another version are refused.
-/// 2: DP-SGD round tasks (`dpsgd`) and long polling.
-/// 3: typed tasks (`Task.work`, one message per kind) instead of a kind and opaque bytes.
-/// 4: DP-SGD rounds of the sequence generator (`SequenceModel`) and its selection votes.
-/// 5: DP-SGD rounds of DP-2Stage (`Dp2StageModel`).
-/// 6: HARMONIC's prompts in `Dp2StageModel` (a worker of 5 would train without them).
-/// 7: one model form in `GradientSum` (the generator's name and its model as JSON) for
-///    every DP-SGD generator; `SelectionVotes` carries its model as JSON.
-/// 8: `CountTables.database_json`, counts over a database view (a worker of 7 would count
-///    the partitions as one table's).
-/// 9: a database view holds its children's means (`__mean.<child>.<column>`), and each
-///    descendant's view its ancestors' (a worker of 8 would count other columns).
-/// 10: partitioning by the workers (`ReadShard`, `MergePartition`) and
-///     `ReportFailureRequest.input_mismatch`.
-pub const PROTOCOL_VERSION: u32 = 10;
-
-/// Most f64 values one result may declare (2 GiB): above any model's parameter count or
-/// any task's table cells.
-pub const MAX_RESULT_VALUES: u64 = 1 << 28;
-
-/// Largest chunk of tensor bytes sent in one message.
-pub const CHUNK_BYTES: usize = 1 << 20;
-
-/// Largest gRPC message either side accepts: a round task carries a model's weights.
-pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
