@@ -1,8 +1,8 @@
 //! Partitioning by the workers, the coordinator's side (`data::shard` is the workers'):
 //! shards planned from public metadata, a task per shard writing its buckets and sketching
 //! their units, a task per partition merging them and counting its units, and the two
-//! sides' counts checked against each other before any partition is used. The coordinator holds no row and no unit: its memory does not grow
-//! with the input.
+//! sides' counts checked against each other before any partition is used. The coordinator
+//! holds no row and no unit: its memory does not grow with the input.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,6 +41,7 @@ pub(crate) async fn partition_by_workers(
     partitioned
 }
 
+/// The shard round, then the merge round, each answer checked as it comes.
 async fn shuffle(
     ctx: &JobContext<'_>,
     gather: &mut Gather<'_>,
