@@ -116,6 +116,32 @@ pub fn bucket_file(partition_url: &str, shard: u32) -> String {
     format!("{dir}/shard-{shard:05}.parquet")
 }
 
+/// Units by a 16-byte digest of their id, with their rows: what counting units exactly
+/// holds (20 bytes a unit, where a `u128` key would align it to 32; none per row). The
+/// coordinator's reading counts by the keyed digest, a partition's owner by its own.
+#[derive(Default)]
+pub struct UnitRows(HashMap<[u8; 16], u32>);
+
+impl UnitRows {
+    /// Counts a row of the unit `id`; `true` when it is the unit's first.
+    pub fn add(&mut self, id: [u8; 16]) -> bool {
+        let rows = self.0.entry(id).or_insert(0);
+        *rows = rows.saturating_add(1);
+        *rows == 1
+    }
+
+    pub fn units(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    /// Units by their number of rows (sparse: its size never follows a unit's row count).
+    pub fn by_rows(&self) -> BTreeMap<u32, u64> {
+        let mut histogram = BTreeMap::new();
+        self.0.values().for_each(|&rows| *histogram.entry(rows).or_insert(0) += 1);
+        histogram
+    }
+}
+
 /// Writes the encoded rows into `count` partition files under `scratch/<job_id>/`, or one
 /// shard's buckets beside them.
 pub struct PartitionWriter {
@@ -124,11 +150,9 @@ pub struct PartitionWriter {
     domain: Domain,
     writers: Vec<AsyncArrowWriter<BufWriter>>,
     urls: Vec<String>,
-    /// The units seen so far, by keyed digest (as bytes: 20 bytes an entry, where a `u128`
-    /// key would align it to 32), with their rows: what grows with the data (none per
-    /// row), to count units and their rows exactly. A shard's buckets count none: their
-    /// partition's owner counts them (`data::shard`).
-    units: Option<HashMap<[u8; 16], u32>>,
+    /// The units seen so far, by keyed digest: what grows with the data. A shard's buckets
+    /// count none: their partition's owner counts them (`data::shard`).
+    units: Option<UnitRows>,
     units_per_partition: Vec<u64>,
     rows_per_partition: Vec<u64>,
     /// A shard's sketch of each bucket's units (empty when not asked for).
@@ -156,7 +180,7 @@ impl PartitionWriter {
         key: PartitionKey,
     ) -> Result<Self, DataError> {
         let files = (0..count).map(|k| partition_file(job_id, k)).collect();
-        Self::writing(scratch, files, domain, key, Some(HashMap::new()))
+        Self::writing(scratch, files, domain, key, Some(UnitRows::default()))
     }
 
     /// The buckets of `shard` beside the `count` partitions under `scratch` (the job's
@@ -182,7 +206,7 @@ impl PartitionWriter {
         files: Vec<String>,
         domain: &Domain,
         key: PartitionKey,
-        units: Option<HashMap<[u8; 16], u32>>,
+        units: Option<UnitRows>,
     ) -> Result<Self, DataError> {
         let schema = partition_schema(domain);
         let mut writers = Vec::new();
@@ -218,12 +242,10 @@ impl PartitionWriter {
             let digest = self.key.digest(&unit);
             let partition = PartitionKey::partition_of_digest(digest, count) as usize;
             let target = &mut split[partition];
-            if let Some(units) = &mut self.units {
-                let rows = units.entry(digest.to_le_bytes()).or_insert(0);
-                if *rows == 0 {
-                    self.units_per_partition[partition] += 1;
-                }
-                *rows = rows.saturating_add(1);
+            if let Some(units) = &mut self.units
+                && units.add(digest.to_le_bytes())
+            {
+                self.units_per_partition[partition] += 1;
             }
             self.rows_per_partition[partition] += 1;
             if let Some(sketch) = self.sketches.get_mut(partition) {
@@ -247,13 +269,11 @@ impl PartitionWriter {
     pub async fn finish(mut self) -> Result<Partitioned, DataError> {
         self.close().await?;
         let units = self.units.unwrap_or_default();
-        let mut rows_per_unit = BTreeMap::new();
-        units.values().for_each(|&rows| *rows_per_unit.entry(rows).or_insert(0) += 1);
         Ok(Partitioned {
             urls: self.urls,
-            units: units.len() as u64,
+            units: units.units(),
             units_per_partition: self.units_per_partition,
-            rows_per_unit,
+            rows_per_unit: units.by_rows(),
         })
     }
 

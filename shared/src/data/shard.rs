@@ -13,7 +13,7 @@
 //! (`partition::PartitionWriter::new`): the same units in the same partitions for a key,
 //! their rows in the input's order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::domain::Domain;
 use super::input::{BAD_VALUE_REASONS, BATCH_ROWS, InputReader, SkippedRows};
-use super::partition::{PartitionKey, PartitionWriter, bucket_file, partition_schema};
+use super::partition::{PartitionKey, PartitionWriter, UnitRows, bucket_file, partition_schema};
 use super::sketch::{REGISTERS, UnitSketch};
 use super::source::{Format, Source};
 use super::{DataError, parquet_io};
@@ -253,7 +253,7 @@ pub async fn merge_partition(job: &ShardJob, partition_url: &str, shards: u32) -
     let row_level = job.row_level();
     // By the SHA-256 of its id (16 bytes whatever the id's length): the owner's memory
     // grows with its partition's units, never its rows.
-    let mut units: HashMap<[u8; 16], u32> = HashMap::new();
+    let mut units = UnitRows::default();
     let mut rows_per_shard = Vec::with_capacity(shards as usize);
     for shard in 0..shards {
         let url = bucket_file(partition_url, shard);
@@ -272,9 +272,7 @@ pub async fn merge_partition(job: &ShardJob, partition_url: &str, shards: u32) -
                 use arrow_array::cast::AsArray;
                 for unit in batch.column(0).as_string::<i32>().iter() {
                     let digest = Sha256::digest(unit.unwrap_or_default().as_bytes());
-                    let id: [u8; 16] = digest[..16].try_into().expect("16 bytes");
-                    let held = units.entry(id).or_insert(0);
-                    *held = held.saturating_add(1);
+                    units.add(digest[..16].try_into().expect("16 bytes"));
                 }
             }
             writer.write(&batch).await.map_err(|e| write_err(&e))?;
@@ -286,9 +284,7 @@ pub async fn merge_partition(job: &ShardJob, partition_url: &str, shards: u32) -
     let (units, rows_per_unit) = if row_level {
         (rows, if rows > 0 { BTreeMap::from([(1, rows)]) } else { BTreeMap::new() })
     } else {
-        let mut histogram = BTreeMap::new();
-        units.values().for_each(|&r| *histogram.entry(r).or_insert(0) += 1);
-        (units.len() as u64, histogram)
+        (units.units(), units.by_rows())
     };
     Ok(Census { rows_per_shard, units, rows_per_unit })
 }
