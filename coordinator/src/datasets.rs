@@ -458,6 +458,7 @@ fn check_input(input: &Source) -> Result<(), String> {
     if input.urls.is_empty() {
         return Err("no input urls".into());
     }
+    input.csv.check()?;
     let csv = input.urls.iter().any(|u| input.format.unwrap_or_else(|| Format::detect(u)) == Format::Csv);
     if csv && !input.csv.has_header {
         // Else a submitter's column count would set how many fields a row must have,

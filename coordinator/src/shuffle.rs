@@ -4,14 +4,16 @@
 //! sides' counts checked against each other before any partition is used. The coordinator
 //! holds no row and no unit: its memory does not grow with the input.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rhosynth_proto::task::Work;
-use rhosynth_proto::{MergePartition, ReadShard};
+use rhosynth_proto::{ByteRange, MergePartition, ReadShard};
 use rhosynth_shared::data::input::SkippedRows;
 use rhosynth_shared::data::partition::{PartitionKey, Partitioned, bucket_file, partition_file};
-use rhosynth_shared::data::shard::{Census, SHARD_ROWS, ShardCounts, ShardJob, plan_shards};
+use rhosynth_shared::data::shard::{
+    Census, RecordSpan, Shard, ShardCounts, ShardJob, ShardPart, ShardSize, plan_shards,
+};
 use rhosynth_shared::data::sketch::UnitSketch;
 use rhosynth_shared::data::source::Source;
 use rhosynth_shared::storage;
@@ -58,50 +60,80 @@ async fn shuffle(
         partitions_url: format!("{scratch_url}/{prefix}"),
         partitions: spec.job.partitions,
     };
-    let shards = plan_shards(input, SHARD_ROWS).await?;
+    let mut shards = plan_shards(input, ShardSize::default()).await?;
     let job_json = to_json(&job);
+    let read_task = |(s, shard): (usize, &Shard)| {
+        let (row_groups, first_row, bytes) = match &shard.part {
+            ShardPart::Whole => (Vec::new(), 0, None),
+            ShardPart::RowGroups { groups, first_row } => {
+                (groups.iter().map(|&g| g as u32).collect(), *first_row, None)
+            }
+            &ShardPart::Bytes { start, end } => (Vec::new(), 0, Some(ByteRange { start, end })),
+        };
+        let read = ReadShard {
+            job_json: job_json.clone(),
+            url: shard.url.clone(),
+            row_groups,
+            first_row,
+            bytes,
+            shard: s as u32,
+            key: key.to_bytes(),
+        };
+        (Work::ReadShard(read), Vec::new())
+    };
     // The shards' number follows the input's size: the operator's log only, never the
     // job's progress.
     let logged = |done: usize, total: usize| tracing::info!(done, total, "shard read");
 
-    let reads = shards
-        .iter()
-        .enumerate()
-        .map(|(s, shard)| {
-            let read = ReadShard {
-                job_json: job_json.clone(),
-                url: shard.url.clone(),
-                row_groups: shard.row_groups.iter().map(|&g| g as u32).collect(),
-                first_row: shard.first_row,
-                shard: s as u32,
-                key: key.to_bytes(),
-            };
-            (Work::ReadShard(read), Vec::new())
-        })
-        .collect();
     let mut read: Vec<Option<(ShardCounts, String)>> = vec![None; shards.len()];
     // Each partition's units as the readers sketched them, merged as they answer.
     let mut sketches = vec![UnitSketch::default(); spec.job.partitions as usize];
+    let mut split = SplitFiles::of(&shards);
     let take_read = |s: usize, worker: &str, values: Vec<f64>| {
         let mut counts = ShardCounts::from_tensor(&job, &values)?;
-        std::mem::take(&mut counts.sketches).iter().zip(&mut sketches).for_each(|(shard, all)| all.merge(shard));
+        let answer = std::mem::take(&mut counts.sketches);
         read[s] = Some((counts, worker.to_string()));
+        split.take(s, answer, (&shards, &read), &mut sketches);
         Ok(())
     };
-    gather.each(reads, "shard", take_read, logged).await?;
+    gather.each(shards.iter().enumerate().map(read_task).collect(), "shard", take_read, logged).await?;
+
+    // A file whose ranges do not join is read again whole, after the other shards.
+    let unjoined = split.unjoined;
+    if !unjoined.is_empty() {
+        // The operator's log: a quoted field that spans lines across a boundary (the same
+        // for every job on the file), a line longer than a range, a worker or store error.
+        tracing::warn!(files = ?unjoined, "a CSV file's ranges do not join: it is read whole");
+        let first = shards.len();
+        let whole: Vec<Shard> = unjoined.iter().map(|url| Shard::whole(url)).collect();
+        let mut read_whole = vec![None; whole.len()];
+        let take_whole = |s: usize, worker: &str, values: Vec<f64>| {
+            let counts = ShardCounts::from_tensor(&job, &values)?;
+            merge_sketches(&mut sketches, &counts.sketches);
+            read_whole[s] = Some((counts, worker.to_string()));
+            Ok(())
+        };
+        let reads = whole.iter().enumerate().map(|(s, shard)| read_task((first + s, shard))).collect();
+        gather.each(reads, "shard", take_whole, logged).await?;
+        shards.extend(whole);
+        read.extend(read_whole);
+    }
     let read: Vec<(ShardCounts, String)> = read.into_iter().map(|r| r.expect("every shard answered")).collect();
-    log_skipped(read.iter().map(|(counts, _)| &counts.skipped));
+    // The shards merged, in the input's order: a file read again whole in place of its ranges.
+    let merged: Vec<u32> = merge_order(&shards, &unjoined);
+    log_skipped(merged.iter().map(|&s| &read[s as usize].0.skipped));
 
     let urls: Vec<String> =
         (0..spec.job.partitions).map(|k| format!("{scratch_url}/{}", partition_file(prefix, k))).collect();
-    let merge = Work::MergePartition(MergePartition { job_json, shards: shards.len() as u32 });
+    let merge = Work::MergePartition(MergePartition { job_json, shards: merged.clone() });
     let merges = urls.iter().map(|url| (merge.clone(), vec![url.clone()])).collect();
     let mut censuses: Vec<Option<Census>> = vec![None; urls.len()];
     let take_census = |k: usize, worker: &str, values: Vec<f64>| {
-        let census = Census::from_tensor(&values, shards.len())?;
+        let census = Census::from_tensor(&values, merged.len())?;
         // Each bucket holds what its reader wrote: a reader or an owner whose count is false
         // fails the job here, before any round.
-        for (s, ((counts, reader), &merged)) in read.iter().zip(&census.rows_per_shard).enumerate() {
+        for (&s, &merged) in merged.iter().zip(&census.rows_per_shard) {
+            let (counts, reader) = &read[s as usize];
             if counts.rows[k] != merged {
                 return Err(format!(
                     "partition {k}: {worker} merged {merged} rows from shard {s}, whose reader ({reader}) wrote {}",
@@ -148,8 +180,103 @@ async fn shuffle(
         }
     }
     // Counts of the input: the operator's log only.
-    tracing::info!(shards = shards.len(), rows, units = partitioned.units, "partitioned by the workers");
+    tracing::info!(shards = merged.len(), rows, units = partitioned.units, "partitioned by the workers");
     Ok(partitioned)
+}
+
+fn merge_sketches(into: &mut [UnitSketch], from: &[UnitSketch]) {
+    from.iter().zip(into).for_each(|(from, into)| into.merge(from));
+}
+
+/// A shard reader's answer as it comes.
+type Answers = [Option<(ShardCounts, String)>];
+
+/// The files read in byte ranges, as their readers answer: a file's sketches are held
+/// apart until all its ranges have answered, then merged where the ranges join, or dropped
+/// and the file marked to be read whole. The coordinator holds the sketches of the files
+/// being read, not of every file.
+struct SplitFiles {
+    /// Per file read in ranges: its shards, the ranges answered, their sketches merged.
+    files: BTreeMap<String, (std::ops::Range<usize>, usize, Vec<UnitSketch>)>,
+    /// The files whose ranges do not join.
+    unjoined: BTreeSet<String>,
+}
+
+impl SplitFiles {
+    /// The files of `shards` read in ranges (a file's shards are consecutive).
+    fn of(shards: &[Shard]) -> Self {
+        let mut files: BTreeMap<String, (std::ops::Range<usize>, usize, Vec<UnitSketch>)> = BTreeMap::new();
+        for (s, shard) in shards.iter().enumerate() {
+            if matches!(shard.part, ShardPart::Bytes { .. }) {
+                files.entry(shard.url.clone()).or_insert((s..s, 0, Vec::new())).0.end = s + 1;
+            }
+        }
+        Self { files, unjoined: BTreeSet::new() }
+    }
+
+    /// Shard `s` answered (`answers[s]`, its sketches apart): its sketches go into
+    /// `sketches`, or into its file's until the file's ranges have all answered.
+    fn take(
+        &mut self,
+        s: usize,
+        answer: Vec<UnitSketch>,
+        (shards, answers): (&[Shard], &Answers),
+        sketches: &mut [UnitSketch],
+    ) {
+        let url = &shards[s].url;
+        let Some((ranges, answered, held)) = self.files.get_mut(url) else {
+            return merge_sketches(sketches, &answer);
+        };
+        held.resize(answer.len(), UnitSketch::default());
+        merge_sketches(held, &answer);
+        *answered += 1;
+        if *answered < ranges.len() {
+            return;
+        }
+        let (ranges, _, held) = self.files.remove(url).expect("found above");
+        if ranges_join(&shards[ranges.clone()], &answers[ranges]) {
+            merge_sketches(sketches, &held);
+        } else {
+            self.unjoined.insert(url.clone());
+        }
+    }
+}
+
+/// Whether a file's ranges join: each read, starting where the one before it ended (in
+/// the range, past the header), and ending past its range's end; the last at the file's.
+/// What honest readers of a file without a quoted field across a boundary report.
+fn ranges_join(ranges: &[Shard], answers: &Answers) -> bool {
+    let mut previous = None;
+    for (shard, answer) in ranges.iter().zip(answers) {
+        let (ShardPart::Bytes { start, end }, Some((counts, _))) = (&shard.part, answer) else {
+            return false;
+        };
+        let RecordSpan::Bytes { first, end: last } = counts.span else {
+            return false;
+        };
+        if previous.is_some_and(|previous| previous != first) || first < *start || last < *end || first > last {
+            return false;
+        }
+        previous = Some(last);
+    }
+    matches!(ranges.last(), Some(Shard { part: ShardPart::Bytes { end, .. }, .. }) if previous == Some(*end))
+}
+
+/// The shards to merge, in the input's order: each file's own, or, for a file in
+/// `read_whole`, the whole-file shard planned for it after the others.
+fn merge_order(shards: &[Shard], read_whole: &BTreeSet<String>) -> Vec<u32> {
+    let whole = |url: &str| shards.iter().rposition(|s| s.url == url && s.part == ShardPart::Whole);
+    let mut order = Vec::new();
+    for (s, shard) in shards.iter().enumerate() {
+        let replaced = read_whole.contains(&shard.url);
+        match shard.part {
+            // The whole-file reading stands where the file's first range stood.
+            ShardPart::Bytes { start: 0, .. } if replaced => order.push(whole(&shard.url).expect("planned") as u32),
+            _ if replaced => {}
+            _ => order.push(s as u32),
+        }
+    }
+    order
 }
 
 /// The values that broke the schema, summed over the shards: row-level and private, for
@@ -174,9 +301,135 @@ pub(crate) fn log_skipped<'a>(shards: impl IntoIterator<Item = &'a SkippedRows>)
 mod tests {
     use rhosynth_proto::MAX_RESULT_VALUES;
     use rhosynth_shared::data::domain::Domain;
+    use rhosynth_shared::data::input::InputReader;
+    use rhosynth_shared::data::partition::PartitionWriter;
+    use rhosynth_shared::data::shard::{merge_partition, read_shard};
     use rhosynth_shared::spec::{JobSpec, MAX_PARTITIONS};
+    use rhosynth_shared::testing::partition_rows;
 
     use super::*;
+
+    /// Two CSV files cut into ranges of 97 bytes; in one, every 7th row's note is quoted
+    /// and spans two lines. Its ranges that start inside a note do not join, so that file
+    /// is read whole in their place, and the partitions are row for row those of the
+    /// coordinator's own reading; the other file keeps its ranges. Without a unit column,
+    /// the kept ranges name their rows by range: the same rows, each its own unit.
+    #[tokio::test]
+    async fn a_file_whose_ranges_do_not_join_is_read_whole_in_their_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, multiline: bool| {
+            let mut text = String::from("id,note,x\n");
+            for r in 0..300 {
+                let note = match r % 7 {
+                    0 if multiline => format!("\"a \"\"quoted\"\", note\nof two lines {r}\""),
+                    _ => format!("note {r}"),
+                };
+                text.push_str(&format!("u{},{note},{}\n", r % 40, r % 100));
+            }
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let (notes, plain) = (write("notes.csv", true), write("plain.csv", false));
+        for unit_column in [true, false] {
+            let spec = format!(
+                "[job]\ndataset_id = \"d\"\npartitions = 5\n[input]\nurls = [\"{notes}\", \"{plain}\"]\n[schema]\n\
+                 unit_column = \"id\"\n[[schema.columns]]\nname = \"id\"\nkind = \"identifier\"\n[[schema.columns]]\n\
+                 name = \"x\"\nkind = \"integer\"\nmin = 0\nmax = 100\n[privacy]\nepsilon = 1.0\ndelta = 1e-6\n\
+                 [generator]\nname = \"marginals\"\n[output]\nurl = \"o\"\n"
+            );
+            let spec = if unit_column { spec } else { spec.replace("unit_column = \"id\"\n", "") };
+            let spec = JobSpec::parse(&spec, "inline").unwrap();
+            let domain = Domain::from_spec(&spec);
+            let key = PartitionKey::generate().unwrap();
+            let here = storage::open(dir.path().join(format!("here-{unit_column}")).to_str().unwrap()).unwrap();
+            let mut writer = PartitionWriter::new(&here, "job", &domain, 5, key.clone()).unwrap();
+            let mut input = InputReader::new(&spec.input, &spec.schema, &domain);
+            while let Some(batch) = input.next_batch().await.unwrap() {
+                writer.write(batch).await.unwrap();
+            }
+            let by_coordinator = writer.finish().await.unwrap();
+
+            let mut shards = plan_shards(&spec.input, ShardSize { rows: 1 << 20, bytes: 97 }).await.unwrap();
+            let planned = shards.len();
+            assert!(shards.iter().all(|s| matches!(s.part, ShardPart::Bytes { .. })), "{shards:?}");
+            let workers = dir.path().join(format!("workers-{unit_column}/job")).display().to_string();
+            let job = ShardJob {
+                input: spec.input.clone(),
+                schema: spec.schema.clone(),
+                domain: domain.clone(),
+                partitions_url: workers,
+                partitions: 5,
+            };
+            let mut read = Vec::new();
+            let (mut split, mut sketches) = (SplitFiles::of(&shards), vec![UnitSketch::default(); 5]);
+            for (s, shard) in shards.iter().enumerate() {
+                let mut counts = read_shard(&job, shard, s as u32, key.clone()).await.unwrap();
+                let answer = std::mem::take(&mut counts.sketches);
+                read.push(Some((counts, String::new())));
+                split.take(s, answer, (&shards, &read), &mut sketches);
+            }
+            assert!(split.files.is_empty(), "every file's ranges answered");
+            let unjoined = split.unjoined;
+            assert_eq!(unjoined, BTreeSet::from([notes.clone()]));
+            shards.push(Shard::whole(&notes));
+            read.push(Some((
+                read_shard(&job, &shards[planned], planned as u32, key.clone()).await.unwrap(),
+                String::new(),
+            )));
+            let order = merge_order(&shards, &unjoined);
+            let plain_ranges: Vec<u32> = (0..planned as u32).filter(|&s| shards[s as usize].url == plain).collect();
+            assert_eq!(order, [vec![planned as u32], plain_ranges].concat());
+
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for (k, url) in by_coordinator.urls.iter().enumerate() {
+                let merged_url = url.replace(&format!("/here-{unit_column}/"), &format!("/workers-{unit_column}/"));
+                let census = merge_partition(&job, &merged_url, &order).await.unwrap();
+                let (merged, read_here) =
+                    (partition_rows(&merged_url, &domain).await, partition_rows(url, &domain).await);
+                if unit_column {
+                    assert_eq!(census.units, by_coordinator.units_per_partition[k], "partition {k}'s units");
+                    assert_eq!(merged, read_here, "partition {k}");
+                }
+                ours.extend(merged);
+                theirs.extend(read_here);
+            }
+            assert_eq!(ours.len(), 600);
+            let values = |rows: &[(String, Vec<Option<f64>>)]| {
+                let mut values: Vec<String> = rows.iter().map(|(_, v)| format!("{v:?}")).collect();
+                values.sort();
+                values
+            };
+            assert_eq!(values(&ours), values(&theirs));
+            if !unit_column {
+                let units: BTreeSet<&String> = ours.iter().map(|(unit, _)| unit).collect();
+                assert_eq!(units.len(), 600, "each row its own unit");
+            }
+        }
+    }
+
+    /// Spans a reader could report for a file of two ranges, `[0, 100)` and `[100, 150)`:
+    /// only those of honest readers join.
+    #[test]
+    fn only_spans_honest_readers_report_join() {
+        let url = "f.csv";
+        let ranges =
+            [(0, 100), (100, 150)].map(|(start, end)| Shard { url: url.into(), part: ShardPart::Bytes { start, end } });
+        let answer = |span: RecordSpan| {
+            let counts = ShardCounts { rows: vec![0], sketches: Vec::new(), skipped: SkippedRows::default(), span };
+            Some((counts, String::new()))
+        };
+        let bytes = |first, end| RecordSpan::Bytes { first, end };
+        let joins = |spans: [RecordSpan; 2]| ranges_join(&ranges, &spans.map(answer));
+        assert!(joins([bytes(10, 104), bytes(104, 150)]), "after a header, a record across the boundary");
+        assert!(joins([bytes(10, 150), bytes(150, 150)]), "a record to the file's end");
+        assert!(!joins([bytes(10, 104), bytes(102, 150)]), "a guess inside the record before");
+        assert!(!joins([bytes(10, 104), RecordSpan::Lost]));
+        assert!(!joins([bytes(10, 104), bytes(104, 149)]), "not to the file's end");
+        assert!(!joins([bytes(10, 99), bytes(99, 150)]), "ended before its range's end");
+        assert!(!joins([bytes(10, 104), bytes(104, 160)]), "past the file's end");
+        assert!(!joins([RecordSpan::Unsplit, bytes(104, 150)]));
+    }
 
     /// A shard's counts for the most partitions a spec may declare, with a sketch of each
     /// and a thousand columns, fit one result: no job the spec admits fails on them after

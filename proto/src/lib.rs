@@ -18,7 +18,9 @@ pub mod tls;
 ///    descendant's view its ancestors' (a worker of 8 would count other columns).
 /// 10: partitioning by the workers (`ReadShard`, `MergePartition`) and
 ///     `ReportFailureRequest.input_mismatch`.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// 11: a CSV file's byte ranges (`ReadShard.bytes`), a shard's span of records in its
+///     result, and the shards a merge reads named (`MergePartition.shards`).
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.
@@ -37,6 +39,7 @@ impl std::fmt::Debug for ReadShard {
             .field("url", &self.url)
             .field("row_groups", &self.row_groups)
             .field("first_row", &self.first_row)
+            .field("bytes", &self.bytes)
             .field("shard", &self.shard)
             .field("key", &"<redacted>")
             .finish_non_exhaustive()

@@ -164,3 +164,17 @@ pub fn write_database(dir: &std::path::Path, db: &crate::simulate::database::Dat
         std::fs::write(dir.join(name), text).expect("a writable test folder");
     }
 }
+
+/// A partition's rows as read back, in order: each row's unit and its encoded values.
+pub async fn partition_rows(url: &str, domain: &crate::data::domain::Domain) -> Vec<(String, Vec<Option<f64>>)> {
+    let mut rows = Vec::new();
+    crate::data::partition::read_partition(url, domain, |batch| {
+        for (r, unit) in batch.units.into_iter().enumerate() {
+            rows.push((unit, batch.values.iter().map(|column| column[r]).collect()));
+        }
+        Ok(())
+    })
+    .await
+    .expect("a partition written by the test");
+    rows
+}

@@ -8,6 +8,7 @@ use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter, read_partition};
 use rhosynth_shared::spec::JobSpec;
 use rhosynth_shared::storage;
+use rhosynth_shared::testing::partition_rows;
 
 const SPEC: &str = r#"
 [job]
@@ -128,20 +129,6 @@ fn shuffled_input(dir: &std::path::Path, unit_column: bool) -> JobSpec {
     JobSpec::parse(&text, "inline").unwrap()
 }
 
-/// A partition's rows as read back, in order.
-async fn partition_rows(url: &str, domain: &Domain) -> Vec<(String, Vec<Option<f64>>)> {
-    let mut rows = Vec::new();
-    read_partition(url, domain, |batch| {
-        for (r, unit) in batch.units.into_iter().enumerate() {
-            rows.push((unit, batch.values.iter().map(|column| column[r]).collect()));
-        }
-        Ok(())
-    })
-    .await
-    .unwrap();
-    rows
-}
-
 /// Partitioning by the workers (shards, their buckets, each partition merged) writes the
 /// partitions the coordinator's own reading writes for the same key: the same rows in
 /// the same partitions, in the same order, counted alike, with the same bad rows left out.
@@ -151,7 +138,9 @@ async fn partition_rows(url: &str, domain: &Domain) -> Vec<(String, Vec<Option<f
 #[tokio::test]
 async fn workers_partition_as_the_coordinator_does() {
     use rhosynth_shared::data::input::InputReader;
-    use rhosynth_shared::data::shard::{ShardCounts, ShardJob, merge_partition, plan_shards, read_shard};
+    use rhosynth_shared::data::shard::{
+        RecordSpan, ShardCounts, ShardJob, ShardPart, ShardSize, merge_partition, plan_shards, read_shard,
+    };
 
     for unit_column in [true, false] {
         let dir = tempfile::tempdir().unwrap();
@@ -168,10 +157,22 @@ async fn workers_partition_as_the_coordinator_does() {
         let skipped_here = input.skipped().unwrap().clone();
         let by_coordinator = writer.finish().await.unwrap();
 
-        let shards = plan_shards(&spec.input, 120).await.unwrap();
-        // One shard per CSV file, and the Parquet file's 11 row groups two by two.
-        assert_eq!(shards.len(), 2 + 6);
-        assert_eq!(shards[2..].iter().map(|s| s.first_row).collect::<Vec<_>>(), [0, 120, 240, 360, 480, 600]);
+        // A row-level unit of a CSV byte range is named by the range (its row in the file is
+        // not known to its reader): the ranges are compared by units with a unit column.
+        let bytes = if unit_column { 1000 } else { u64::MAX };
+        let shards = plan_shards(&spec.input, ShardSize { rows: 120, bytes }).await.unwrap();
+        // The plain CSV file in ranges of 1,000 bytes, the gzipped one whole, and the
+        // Parquet file's 11 row groups two by two.
+        let ranges = if unit_column { 4 } else { 1 };
+        assert_eq!(shards.len(), ranges + 1 + 6);
+        let first_rows: Vec<u64> = shards[ranges + 1..]
+            .iter()
+            .map(|s| match s.part {
+                ShardPart::RowGroups { first_row, .. } => first_row,
+                _ => panic!("{s:?}"),
+            })
+            .collect();
+        assert_eq!(first_rows, [0, 120, 240, 360, 480, 600]);
         let partitions_url = dir.path().join("workers/job").display().to_string();
         let job = ShardJob {
             input: spec.input.clone(),
@@ -184,6 +185,14 @@ async fn workers_partition_as_the_coordinator_does() {
         for (s, shard) in shards.iter().enumerate() {
             read.push(read_shard(&job, shard, s as u32, key.clone()).await.unwrap());
         }
+        // The ranges join: each starts where the one before it ended.
+        let spans: Vec<RecordSpan> = read[..ranges].iter().map(|r| r.span).collect();
+        for pair in spans.windows(2) {
+            let (RecordSpan::Bytes { end, .. }, RecordSpan::Bytes { first, .. }) = (pair[0], pair[1]) else {
+                panic!("{spans:?}");
+            };
+            assert_eq!(end, first, "{spans:?}");
+        }
         let skipped: u64 = read.iter().map(|r| r.skipped.rows).sum();
         assert_eq!((skipped, skipped_here.rows), (14, 14), "every 97th row of 1330 is left out");
         for (column_reason, n) in &skipped_here.by_column {
@@ -193,7 +202,8 @@ async fn workers_partition_as_the_coordinator_does() {
         let mut units = 0;
         for (k, url) in by_coordinator.urls.iter().enumerate() {
             let merged_url = url.replace("/here/", "/workers/");
-            let census = merge_partition(&job, &merged_url, shards.len() as u32).await.unwrap();
+            let all: Vec<u32> = (0..shards.len() as u32).collect();
+            let census = merge_partition(&job, &merged_url, &all).await.unwrap();
             let ours = partition_rows(&merged_url, &domain).await;
             assert_eq!(ours, partition_rows(url, &domain).await, "partition {k}");
             assert_eq!(census.units, by_coordinator.units_per_partition[k], "partition {k}'s units");
@@ -221,7 +231,7 @@ async fn workers_partition_as_the_coordinator_does() {
 /// partition is merged from none: an empty file, no unit.
 #[tokio::test]
 async fn an_input_without_rows_partitions_into_empty_partitions() {
-    use rhosynth_shared::data::shard::{ShardJob, merge_partition, plan_shards};
+    use rhosynth_shared::data::shard::{ShardJob, ShardSize, merge_partition, plan_shards};
 
     let dir = tempfile::tempdir().unwrap();
     let schema = std::sync::Arc::new(arrow_schema::Schema::new(vec![
@@ -233,12 +243,12 @@ async fn an_input_without_rows_partitions_into_empty_partitions() {
     let url = dir.path().join("empty.parquet").display().to_string();
     let spec = JobSpec::parse(&SPEC.replace("unused.csv", &url), "inline").unwrap();
     let domain = Domain::from_spec(&spec);
-    assert!(plan_shards(&spec.input, 120).await.unwrap().is_empty());
+    assert!(plan_shards(&spec.input, ShardSize { rows: 120, bytes: 1000 }).await.unwrap().is_empty());
     let partitions_url = dir.path().join("workers/job").display().to_string();
     let job =
         ShardJob { input: spec.input, schema: spec.schema, domain: domain.clone(), partitions_url, partitions: 7 };
     let url = rhosynth_shared::data::partition::partition_file(&job.partitions_url, 3);
-    let census = merge_partition(&job, &url, 0).await.unwrap();
+    let census = merge_partition(&job, &url, &[]).await.unwrap();
     assert_eq!((census.units, census.rows_per_shard.len(), census.rows_per_unit.len()), (0, 0, 0));
     assert!(partition_rows(&url, &domain).await.is_empty());
 }

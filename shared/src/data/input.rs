@@ -14,8 +14,10 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use bytes::{Buf, Bytes};
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
+use object_store::{GetOptions, GetRange, ObjectStoreExt};
 
+use super::csv_split::RecordCut;
+use super::shard::ShardPart;
 use super::source::{BadRows, CsvOptions, Format, Source};
 use super::{DataError, EncodedBatch};
 use crate::data::domain::Domain;
@@ -135,7 +137,10 @@ struct ColumnPlan {
 
 /// Encodes raw string batches of one file into [`EncodedBatch`]es.
 struct Encoder<'a> {
+    /// The file as errors name it.
     file: String,
+    /// What a row-level unit's name starts with: the file, and a byte-range shard's start.
+    unit_names: String,
     options: &'a CsvOptions,
     plans: Vec<ColumnPlan>,
     unit: Option<usize>,
@@ -202,6 +207,7 @@ impl<'a> Encoder<'a> {
                 .collect::<Result<_, _>>()?;
         Ok(Self {
             file: file.to_string(),
+            unit_names: file.to_string(),
             options: &input.csv,
             plans,
             unit,
@@ -274,7 +280,7 @@ impl<'a> Encoder<'a> {
                     }
                 },
                 // Each row is its own unit: name it by file and row.
-                None => format!("{}#{row}", self.file),
+                None => format!("{}#{row}", self.unit_names),
             };
             out.units.push(unit);
         }
@@ -336,6 +342,8 @@ enum OpenFile {
         buffered: Bytes,
         decoder: Box<arrow_csv::reader::Decoder>,
         done: bool,
+        /// A byte-range shard's records, cut from what the stream reads.
+        cut: Option<RecordCut>,
     },
     Parquet {
         stream: parquet::arrow::async_reader::ParquetRecordBatchStream<parquet_io::ObjectReader>,
@@ -360,15 +368,9 @@ pub struct InputReader<'a> {
     current: Option<(Encoder<'a>, OpenFile)>,
     on_bad: OnBadValue,
     /// One shard's part of its file ([`Self::with_part`]).
-    part: Option<FilePart>,
-}
-
-/// Part of a file: some of a Parquet file's row groups, its rows numbered from the first
-/// one's (a shard, `data::shard`).
-#[derive(Clone, Debug)]
-struct FilePart {
-    row_groups: Vec<usize>,
-    first_row: u64,
+    part: ShardPart,
+    /// Where a byte-range shard's records lay, once read ([`Self::span`]).
+    span: Option<(u64, u64)>,
 }
 
 impl<'a> InputReader<'a> {
@@ -380,14 +382,20 @@ impl<'a> InputReader<'a> {
             BadRows::Skip => OnBadValue::Skip(SkippedRows::default()),
             BadRows::AsMissing => OnBadValue::AsMissing(SkippedRows::default()),
         };
-        Self { input, schema, domain, keys: Vec::new(), next_file: 0, current: None, on_bad, part: None }
+        let part = ShardPart::Whole;
+        Self { input, schema, domain, keys: Vec::new(), next_file: 0, current: None, on_bad, part, span: None }
     }
 
-    /// Reads only `row_groups` of each (Parquet) file, numbering rows from `first_row`, the
-    /// first of them in the file: one shard of the input (`data::shard`).
-    pub fn with_part(mut self, row_groups: Vec<usize>, first_row: u64) -> Self {
-        self.part = Some(FilePart { row_groups, first_row });
+    /// Reads only `part` of each file: one shard of the input (`data::shard`).
+    pub fn with_part(mut self, part: ShardPart) -> Self {
+        self.part = part;
         self
+    }
+
+    /// The file offsets of a byte-range shard's first record and of the end of its last,
+    /// once its file is read (`data::csv_split`).
+    pub fn span(&self) -> Option<(u64, u64)> {
+        self.span
     }
 
     /// Also reads `columns` (identifiers of the schema) as each row's keys:
@@ -414,13 +422,16 @@ impl<'a> InputReader<'a> {
         domain: &'a Domain,
         keys: &[&str],
         url: &str,
-        part: Option<FilePart>,
+        part: &ShardPart,
     ) -> Result<(Encoder<'a>, OpenFile), DataError> {
         let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.to_string(), message: e.to_string() };
         let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
-        match input.format.unwrap_or_else(|| Format::detect(url)) {
-            Format::Csv if part.is_some() => Err(DataError::Internal(format!("{url}: a CSV file is read whole"))),
-            Format::Csv => {
+        let format = input.format.unwrap_or_else(|| Format::detect(url));
+        match (format, part) {
+            (Format::Csv, ShardPart::RowGroups { .. }) | (Format::Parquet, ShardPart::Bytes { .. }) => {
+                Err(DataError::Internal(format!("{url}: a {format:?} file's shard of {part:?}")))
+            }
+            (Format::Csv, ShardPart::Whole) => {
                 let get = location.store.get(&path).await.map_err(|e| read_err(&e))?;
                 let mut stream = decoded(get.into_stream()).await.map_err(|e| read_err(&e))?;
                 let (names, buffered) = if input.csv.has_header {
@@ -430,30 +441,50 @@ impl<'a> InputReader<'a> {
                     (None, Bytes::new())
                 };
                 let encoder = Encoder::new(input, declared, domain, url, names.as_deref(), keys)?;
-                let fields = names.as_ref().map_or(declared.columns.len(), Vec::len);
-                let schema = Schema::new(
-                    (0..fields).map(|i| Field::new(format!("c{i}"), DataType::Utf8, true)).collect::<Vec<_>>(),
-                );
-                let mut builder = arrow_csv::ReaderBuilder::new(Arc::new(schema))
-                    .with_header(false)
-                    .with_batch_size(BATCH_ROWS)
-                    .with_delimiter(input.csv.delimiter as u8);
-                if let Some(c) = input.csv.comment {
-                    builder = builder.with_comment(c as u8);
-                }
-                let source =
-                    OpenFile::Csv { stream, buffered, decoder: Box::new(builder.build_decoder()), done: false };
-                Ok((encoder, source))
+                Ok((encoder, csv_source(input, declared, names.as_deref(), stream, buffered, None)))
             }
-            Format::Parquet => {
-                let row_groups = part.as_ref().map(|p| p.row_groups.clone());
+            (Format::Csv, &ShardPart::Bytes { start, end }) => {
+                let size = location.store.head(&path).await.map_err(|e| read_err(&e))?.size;
+                // The header (after a byte-order mark), and where the records start.
+                let most = (BYTE_ORDER_MARK.len() + MAX_HEADER_BYTES + 1) as u64;
+                let head = location.store.get_range(&path, 0..size.min(most)).await.map_err(|e| read_err(&e))?;
+                let bom = if head.starts_with(BYTE_ORDER_MARK) { BYTE_ORDER_MARK.len() } else { 0 };
+                let (names, data_start) = if input.csv.has_header {
+                    let line = header_end(&head[bom..]).ok_or_else(|| no_header_line(url))?;
+                    (Some(header_names(&head[bom..bom + line], &input.csv)), (bom + line + 1) as u64)
+                } else {
+                    (None, bom as u64)
+                };
+                let comment = input.csv.comment.map(|c| c as u8);
+                let (cut, read) = RecordCut::new((start, end), data_start, size, input.csv.delimiter as u8, comment);
+                let stream = if read.is_empty() {
+                    futures::stream::empty().boxed()
+                } else {
+                    let range = GetOptions { range: Some(GetRange::Bounded(read.clone())), ..Default::default() };
+                    location.store.get_opts(&path, range).await.map_err(|e| read_err(&e))?.into_stream()
+                };
+                // A guessed first record follows a line feed, fed first: csv_core strips a
+                // byte-order mark from the first record it reads, which then is the file's.
+                let buffered = if start > data_start { Bytes::from_static(b"\n") } else { Bytes::new() };
+                // Errors name the shard (rows are counted from its first); a row-level unit
+                // is named by the shard's start and its row in it.
+                let file = format!("{url} (the shard from byte {start})");
+                let mut encoder = Encoder::new(input, declared, domain, &file, names.as_deref(), keys)?;
+                encoder.unit_names = format!("{url}@{start}");
+                Ok((encoder, csv_source(input, declared, names.as_deref(), stream, buffered, Some(cut))))
+            }
+            (Format::Parquet, part) => {
+                let (row_groups, first_row) = match part {
+                    ShardPart::RowGroups { groups, first_row } => (Some(groups.clone()), *first_row),
+                    _ => (None, 0),
+                };
                 let (schema, stream) =
                     parquet_io::open_row_groups(location.store.clone(), path, BATCH_ROWS, row_groups)
                         .await
                         .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
                 let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
                 let mut encoder = Encoder::new(input, declared, domain, url, Some(&names), keys)?;
-                encoder.rows_seen = part.map_or(0, |p| p.first_row);
+                encoder.rows_seen = first_row;
                 Ok((encoder, OpenFile::Parquet { stream }))
             }
         }
@@ -464,7 +495,7 @@ impl<'a> InputReader<'a> {
     /// inputs read after it, is read (the failure's time then says nothing of their size).
     pub async fn check_headers(&mut self) -> Result<(), DataError> {
         for url in &self.input.urls {
-            Self::open(self.input, self.schema, self.domain, &self.keys, url, None).await?;
+            Self::open(self.input, self.schema, self.domain, &self.keys, url, &ShardPart::Whole).await?;
         }
         Ok(())
     }
@@ -484,18 +515,33 @@ impl<'a> InputReader<'a> {
                 };
                 // Counted before opening: validation goes on with the next file.
                 self.next_file += 1;
-                let part = self.part.clone();
-                self.current = Some(Self::open(self.input, self.schema, self.domain, &self.keys, url, part).await?);
+                self.current =
+                    Some(Self::open(self.input, self.schema, self.domain, &self.keys, url, &self.part).await?);
             }
             let (encoder, source) = self.current.as_mut().expect("opened above");
             let file = encoder.file.clone();
             let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: file.clone(), message: e.to_string() };
             let batch = match source {
-                OpenFile::Csv { stream, buffered, decoder, done } => loop {
+                OpenFile::Csv { stream, buffered, decoder, done, cut } => loop {
                     if buffered.is_empty() && !*done {
                         match stream.next().await {
-                            Some(chunk) => *buffered = chunk.map_err(|e| read_err(&e))?,
-                            None => *done = true,
+                            Some(chunk) => {
+                                let chunk = chunk.map_err(|e| read_err(&e))?;
+                                *buffered = match cut {
+                                    Some(cut) => {
+                                        let records = chunk.slice_ref(cut.take(&chunk));
+                                        *done = cut.is_done();
+                                        records
+                                    }
+                                    None => chunk,
+                                };
+                            }
+                            None => {
+                                if cut.as_ref().is_some_and(|cut| cut.span().is_none()) {
+                                    return Err(read_err(&"the shard's last record runs past what its reader reads"));
+                                }
+                                *done = true
+                            }
                         }
                     }
                     let used = decoder.decode(buffered).map_err(|e| csv_err(&file, &e))?;
@@ -515,7 +561,12 @@ impl<'a> InputReader<'a> {
             };
             match batch {
                 Some(batch) => return encoder.encode(&batch, &mut self.on_bad).map(Some),
-                None => self.current = None,
+                None => {
+                    if let Some((_, OpenFile::Csv { cut: Some(cut), .. })) = &self.current {
+                        self.span = cut.span();
+                    }
+                    self.current = None;
+                }
             }
         }
     }
@@ -575,6 +626,29 @@ pub async fn validate(spec: &JobSpec, domain: &Domain, max_problems: usize) -> V
     Validation { files, rows, problems: problems.found, truncated: problems.truncated }
 }
 
+/// A CSV file's records as they stream in (`buffered` first), decoded against the header's
+/// `names` (else the declared columns, in order).
+fn csv_source(
+    input: &Source,
+    declared: &SchemaSpec,
+    names: Option<&[String]>,
+    stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    buffered: Bytes,
+    cut: Option<RecordCut>,
+) -> OpenFile {
+    let fields = names.map_or(declared.columns.len(), <[String]>::len);
+    let schema =
+        Schema::new((0..fields).map(|i| Field::new(format!("c{i}"), DataType::Utf8, true)).collect::<Vec<_>>());
+    let mut builder = arrow_csv::ReaderBuilder::new(Arc::new(schema))
+        .with_header(false)
+        .with_batch_size(BATCH_ROWS)
+        .with_delimiter(input.csv.delimiter as u8);
+    if let Some(c) = input.csv.comment {
+        builder = builder.with_comment(c as u8);
+    }
+    OpenFile::Csv { stream, buffered, decoder: Box::new(builder.build_decoder()), done: false, cut }
+}
+
 fn csv_err(file: &str, e: &arrow_schema::ArrowError) -> DataError {
     let e = e.to_string();
     let e = e.strip_prefix("Csv error: ").unwrap_or(&e);
@@ -591,11 +665,20 @@ enum Codec {
     Zstd(zstd::stream::write::Decoder<'static, Vec<u8>>),
 }
 
+const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
+const BYTE_ORDER_MARK: &[u8] = b"\xef\xbb\xbf";
+
+/// Whether a file starting with `head` (its first 4 bytes) is compressed ([`Codec`]).
+pub(crate) fn is_compressed(head: &[u8]) -> bool {
+    head.starts_with(GZIP_MAGIC) || head.starts_with(ZSTD_MAGIC)
+}
+
 impl Codec {
     fn detect(head: &[u8]) -> std::io::Result<Option<Self>> {
-        Ok(if head.starts_with(&[0x1f, 0x8b]) {
+        Ok(if head.starts_with(GZIP_MAGIC) {
             Some(Codec::Gzip(Box::new(flate2::write::MultiGzDecoder::new(Vec::new()))))
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        } else if head.starts_with(ZSTD_MAGIC) {
             Some(Codec::Zstd(zstd::stream::write::Decoder::new(Vec::new())?))
         } else {
             None
@@ -692,7 +775,7 @@ pub(crate) async fn decoded(
         }
     }
     let start = Bytes::from(start);
-    let start = if start.starts_with(b"\xef\xbb\xbf") { start.slice(3..) } else { start };
+    let start = if start.starts_with(BYTE_ORDER_MARK) { start.slice(BYTE_ORDER_MARK.len()..) } else { start };
     Ok(futures::stream::once(async move { Ok(start) }).chain(text).boxed())
 }
 
@@ -703,6 +786,23 @@ const PIECE: usize = 8 * 1024;
 /// before it is whole).
 pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
 
+fn no_header_line(file: &str) -> DataError {
+    let message = format!("no header line ends within its first {MAX_HEADER_BYTES} bytes");
+    DataError::Read { file: file.to_string(), message }
+}
+
+/// Where the header line that `head` (the text's first bytes) starts with ends: its line
+/// feed, within the first [`MAX_HEADER_BYTES`] bytes and one.
+fn header_end(head: &[u8]) -> Option<usize> {
+    head.iter().take(MAX_HEADER_BYTES + 1).position(|b| *b == b'\n')
+}
+
+/// The column names a header line (without its `\n`) gives.
+fn header_names(line: &[u8], options: &CsvOptions) -> Vec<String> {
+    let line = String::from_utf8_lossy(line);
+    line.trim_end_matches('\r').split(options.delimiter).map(|n| n.trim().trim_matches('"').to_string()).collect()
+}
+
 /// Reads up to the end of the header line (at most [`MAX_HEADER_BYTES`]); returns the
 /// column names and the bytes after it.
 async fn read_header(
@@ -712,14 +812,11 @@ async fn read_header(
 ) -> Result<(Vec<String>, Bytes), DataError> {
     let mut head = Vec::new();
     loop {
-        if let Some(end) = head.iter().position(|b| *b == b'\n') {
-            let line = String::from_utf8_lossy(&head[..end]).trim_end_matches('\r').to_string();
-            let names = line.split(options.delimiter).map(|n| n.trim().trim_matches('"').to_string()).collect();
-            return Ok((names, Bytes::copy_from_slice(&head[end + 1..])));
+        if let Some(end) = header_end(&head) {
+            return Ok((header_names(&head[..end], options), Bytes::copy_from_slice(&head[end + 1..])));
         }
         if head.len() > MAX_HEADER_BYTES {
-            let message = format!("no header line ends within its first {MAX_HEADER_BYTES} bytes");
-            return Err(DataError::Read { file: file.to_string(), message });
+            return Err(no_header_line(file));
         }
         match stream.next().await {
             Some(chunk) => head.extend_from_slice(
@@ -830,6 +927,78 @@ url = "/unused"
         }
     }
 
+    /// A file read in byte ranges of every size reads the rows it reads whole, in order,
+    /// wherever the ranges join (each starts where the one before it ended, none lost), and
+    /// they join wherever a range is no shorter than the file's longest line and no quoted
+    /// field spans lines: quotes inside a field, `""`, a delimiter in quotes, CRLF, a comment
+    /// with a CR and a quote, blank lines, a byte-order mark starting a later record, a last
+    /// line without its line feed, and a file without a header. Where a quoted field spans
+    /// lines, some sizes do not join; a file whose lines end in CR alone is read whole.
+    #[tokio::test]
+    async fn a_file_read_in_ranges_that_join_reads_as_it_does_whole() {
+        // Each row's unit and `x`, and the span read.
+        type Read = (Vec<(String, Option<f64>)>, Option<(u64, u64)>);
+        async fn read_part(
+            input: &Source,
+            schema: &SchemaSpec,
+            domain: &Domain,
+            part: ShardPart,
+        ) -> Result<Read, DataError> {
+            let mut reader = InputReader::new(input, schema, domain).with_part(part);
+            let mut rows = Vec::new();
+            while let Some(batch) = reader.next_batch().await? {
+                rows.extend((0..batch.len()).map(|r| (batch.units[r].clone(), batch.values[1][r])));
+            }
+            Ok((rows, reader.span()))
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(std::path::Path::new("unused"), None);
+        spec.input.csv.comment = Some('#');
+        let domain = Domain::from_spec(&spec);
+        let plain = "\u{feff}id,note,t,x\nP1,\"a, \"\"b\"\"\",2185-01-02,1\r\nP2,x\"y,2185-01-03,2\n\n\
+                     # \"odd\r\"\nP1,,2185-01-04,3\n\u{feff}P3,\"\",2185-01-05,4";
+        let multiline = "id,note,t,x\nP1,plain,2185-01-02,1\nP2,\"two\nlines, P9\",2185-01-03,2\nP3,z,2185-01-04,3\n";
+        let headerless = "P1,2185-01-02,1\nP2,2185-01-03,2\n";
+        let cr_only = "P1,2185-01-02,1\rP2,2185-01-03,2\rP3,2185-01-04,3\r";
+        // Name, text, header, rows, whether a quoted field spans lines.
+        let cases = [
+            ("plain.csv", plain, true, 4, false),
+            ("multiline.csv", multiline, true, 3, true),
+            ("headerless.csv", headerless, false, 2, false),
+            ("cr.csv", cr_only, false, 3, false),
+        ];
+        for (name, text, has_header, records, spans_lines) in cases {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let mut input = Source { urls: vec![path.display().to_string()], ..spec.input.clone() };
+            input.csv.has_header = has_header;
+            let (whole, _) = read_part(&input, &spec.schema, &domain, ShardPart::Whole).await.unwrap();
+            assert_eq!(whole.len(), records, "{name}: {whole:?}");
+            let longest = text.split_inclusive('\n').map(str::len).max().unwrap() as u64;
+            let mut unjoined_long = 0;
+            for size in 1..=text.len() as u64 {
+                let (mut rows, mut end, mut joined) = (Vec::new(), None, true);
+                for start in (0..text.len() as u64).step_by(size as usize) {
+                    let part = ShardPart::Bytes { start, end: (start + size).min(text.len() as u64) };
+                    match read_part(&input, &spec.schema, &domain, part).await {
+                        Ok((part_rows, Some((first, last)))) => {
+                            joined &= end.is_none_or(|end| end == first);
+                            end = Some(last);
+                            rows.extend(part_rows);
+                        }
+                        Ok((_, None)) => panic!("{name}: a range read without its span"),
+                        Err(_) => joined = false,
+                    }
+                }
+                if joined {
+                    assert_eq!(rows, whole, "{name}, ranges of {size} bytes");
+                } else if size >= longest {
+                    unjoined_long += 1;
+                }
+            }
+            assert_eq!(unjoined_long > 0, spans_lines, "{name}: {unjoined_long} sizes past its longest line");
+        }
+    }
     /// A header naming a column twice is refused, naming the column.
     #[tokio::test]
     async fn a_header_naming_a_column_twice_is_refused() {

@@ -2,6 +2,7 @@
 //! input, and splitting it into disjoint partitions by privacy unit (on the coordinator, or
 //! by the workers in shards).
 
+pub mod csv_split;
 pub mod database;
 pub mod domain;
 pub mod examples;

@@ -16,11 +16,12 @@
 use std::collections::BTreeMap;
 
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::domain::Domain;
-use super::input::{BAD_VALUE_REASONS, BATCH_ROWS, InputReader, SkippedRows};
+use super::input::{BAD_VALUE_REASONS, BATCH_ROWS, InputReader, SkippedRows, is_compressed};
 use super::partition::{PartitionKey, PartitionWriter, UnitRows, bucket_file, partition_schema};
 use super::sketch::{REGISTERS, UnitSketch};
 use super::source::{Format, Source};
@@ -28,49 +29,86 @@ use super::{DataError, parquet_io};
 use crate::spec::SchemaSpec;
 use crate::storage;
 
-/// Rows a Parquet shard holds at most, in whole row groups (a CSV file is one shard).
-pub const SHARD_ROWS: u64 = 1 << 20;
-
-/// One shard of the input: a CSV file, or consecutive row groups of a Parquet file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Shard {
-    pub url: String,
-    /// A Parquet file's row groups; empty for a CSV file (read whole).
-    pub row_groups: Vec<usize>,
-    /// The file's row number of the shard's first row: rows are numbered in the file, as
-    /// the coordinator's reading numbers them (a row-level unit is named by its row).
-    pub first_row: u64,
+/// How large a shard may be: a run of a Parquet file's row groups holds at most `rows`
+/// rows (a larger row group alone), and a CSV file is cut into ranges of `bytes` bytes (a
+/// compressed one is read whole: a stream cannot be entered in its middle).
+#[derive(Clone, Copy, Debug)]
+pub struct ShardSize {
+    pub rows: u64,
+    pub bytes: u64,
 }
 
-/// The shards of `input`, from public metadata only: one per CSV file, and for a Parquet
-/// file runs of row groups of at most `shard_rows` rows (a larger row group alone).
-pub async fn plan_shards(input: &Source, shard_rows: u64) -> Result<Vec<Shard>, DataError> {
+impl Default for ShardSize {
+    fn default() -> Self {
+        Self { rows: 1 << 20, bytes: 64 << 20 }
+    }
+}
+
+/// One shard of the input: part of one file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shard {
+    pub url: String,
+    pub part: ShardPart,
+}
+
+/// Which part of its file a shard reads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ShardPart {
+    /// The whole file.
+    Whole,
+    /// Consecutive row groups of a Parquet file, and the file's row number of the first
+    /// one's first row: rows are numbered in the file, as the coordinator's reading numbers
+    /// them (a row-level unit is named by its row).
+    RowGroups { groups: Vec<usize>, first_row: u64 },
+    /// The records of a CSV file that start in the bytes `[start, end)` (`csv_split`).
+    Bytes { start: u64, end: u64 },
+}
+
+impl Shard {
+    pub fn whole(url: &str) -> Self {
+        Self { url: url.to_string(), part: ShardPart::Whole }
+    }
+}
+
+/// The shards of `input`, from public metadata only: each file's size and first bytes (is
+/// it compressed), and each Parquet file's row groups from its footer.
+pub async fn plan_shards(input: &Source, size: ShardSize) -> Result<Vec<Shard>, DataError> {
     let mut shards = Vec::new();
     for url in &input.urls {
-        if input.format.unwrap_or_else(|| Format::detect(url)) == Format::Csv {
-            shards.push(Shard { url: url.clone(), row_groups: Vec::new(), first_row: 0 });
-            continue;
-        }
         let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.clone(), message: e.to_string() };
         let (location, path) = storage::open_file(url).map_err(|e| read_err(&e))?;
+        if input.format.unwrap_or_else(|| Format::detect(url)) == Format::Csv {
+            let bytes = location.store.head(&path).await.map_err(|e| read_err(&e))?.size;
+            if bytes <= size.bytes
+                || is_compressed(&location.store.get_range(&path, 0..4).await.map_err(|e| read_err(&e))?)
+            {
+                shards.push(Shard::whole(url));
+                continue;
+            }
+            let starts = (0..bytes).step_by(size.bytes as usize);
+            shards.extend(starts.map(|start| Shard {
+                url: url.clone(),
+                part: ShardPart::Bytes { start, end: (start + size.bytes).min(bytes) },
+            }));
+            continue;
+        }
         let groups = parquet_io::row_group_rows(location.store, path)
             .await
             .map_err(|e| read_err(&format!("not a readable Parquet file: {e}")))?;
-        let mut first_row = 0;
-        let mut current = Shard { url: url.clone(), row_groups: Vec::new(), first_row };
-        let mut held = 0;
+        let (mut first_row, mut held) = (0, 0);
+        let mut current = Vec::new();
         for (g, rows) in groups.into_iter().enumerate() {
-            if !current.row_groups.is_empty() && held + rows > shard_rows {
-                let next = Shard { url: url.clone(), row_groups: Vec::new(), first_row };
-                shards.push(std::mem::replace(&mut current, next));
+            if !current.is_empty() && held + rows > size.rows {
+                let groups = std::mem::take(&mut current);
+                shards.push(Shard { url: url.clone(), part: ShardPart::RowGroups { groups, first_row } });
+                first_row += held;
                 held = 0;
             }
-            current.row_groups.push(g);
+            current.push(g);
             held += rows;
-            first_row += rows;
         }
-        if !current.row_groups.is_empty() {
-            shards.push(current);
+        if !current.is_empty() {
+            shards.push(Shard { url: url.clone(), part: ShardPart::RowGroups { groups: current, first_row } });
         }
     }
     Ok(shards)
@@ -113,25 +151,80 @@ pub enum ShardError {
     Scratch(DataError),
 }
 
+/// Where a byte-range shard's records lay in its file (`csv_split`): what the coordinator
+/// joins a file's ranges by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecordSpan {
+    /// Not a byte range: a whole file, or row groups.
+    #[default]
+    Unsplit,
+    /// The file offsets of its first record and of the end of its last.
+    Bytes { first: u64, end: u64 },
+    /// Its records did not read: from where its reader guessed the first one starts
+    /// (inside a quoted field that spans lines), past what its reader reads, or at all (a
+    /// malformed line, a store error). Nothing of it is kept: the file is read whole.
+    Lost,
+}
+
+impl RecordSpan {
+    fn to_values(self) -> [f64; 3] {
+        match self {
+            RecordSpan::Unsplit => [0.0; 3],
+            RecordSpan::Bytes { first, end } => [1.0, first as f64, end as f64],
+            RecordSpan::Lost => [2.0, 0.0, 0.0],
+        }
+    }
+
+    fn from_counts(counts: &[u64]) -> Result<Self, String> {
+        match *counts {
+            [0, 0, 0] => Ok(RecordSpan::Unsplit),
+            [1, first, end] if first <= end => Ok(RecordSpan::Bytes { first, end }),
+            [2, 0, 0] => Ok(RecordSpan::Lost),
+            _ => Err("a shard's span that is not one".into()),
+        }
+    }
+}
+
 /// What a shard's reader counted: rows written to each partition's bucket, a sketch of
-/// each bucket's units (none when every row is its own unit), and the values that broke
-/// the schema (when the job skips bad rows or reads them as missing).
+/// each bucket's units (none when every row is its own unit), the values that broke the
+/// schema (when the job skips bad rows or reads them as missing), and where a byte-range
+/// shard's records lay.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShardCounts {
     pub rows: Vec<u64>,
     pub sketches: Vec<UnitSketch>,
     pub skipped: SkippedRows,
+    pub span: RecordSpan,
 }
 
+/// Values of a [`RecordSpan`] in a shard's tensor.
+const SPAN_VALUES: usize = 3;
+
 impl ShardCounts {
+    /// A byte-range shard that lost its records: no row, nothing skipped.
+    fn lost(job: &ShardJob) -> Self {
+        let partitions = job.partitions as usize;
+        Self {
+            rows: vec![0; partitions],
+            sketches: vec![UnitSketch::default(); job.sketches() * partitions],
+            skipped: SkippedRows::default(),
+            span: RecordSpan::Lost,
+        }
+    }
+
     /// Values in [`Self::to_tensor`]'s form.
     pub fn tensor_len(job: &ShardJob) -> usize {
         let partitions = job.partitions as usize;
-        partitions + 1 + job.schema.columns.len() * BAD_VALUE_REASONS.len() + job.sketches() * partitions * REGISTERS
+        partitions
+            + 1
+            + job.schema.columns.len() * BAD_VALUE_REASONS.len()
+            + SPAN_VALUES
+            + job.sketches() * partitions * REGISTERS
     }
 
     /// Rows per partition, then rows left out, then values that broke the schema per
-    /// schema column and reason ([`BAD_VALUE_REASONS`]), then each partition's sketch.
+    /// schema column and reason ([`BAD_VALUE_REASONS`]), then the span, then each
+    /// partition's sketch.
     pub fn to_tensor(&self, job: &ShardJob) -> Vec<f64> {
         let mut values: Vec<f64> = self.rows.iter().map(|&r| r as f64).collect();
         values.push(self.skipped.rows as f64);
@@ -141,6 +234,7 @@ impl ShardCounts {
                 values.push(n as f64);
             }
         }
+        values.extend(self.span.to_values());
         self.sketches.iter().for_each(|sketch| values.extend(sketch.values()));
         values
     }
@@ -153,8 +247,9 @@ impl ShardCounts {
         let partitions = job.partitions as usize;
         let sketched = values.len() - job.sketches() * partitions * REGISTERS;
         let counts = counts(&values[..sketched])?;
+        let span = RecordSpan::from_counts(&counts[sketched - SPAN_VALUES..])?;
         let mut skipped = SkippedRows { rows: counts[partitions], by_column: BTreeMap::new() };
-        let per_column = counts[partitions + 1..].chunks(BAD_VALUE_REASONS.len());
+        let per_column = counts[partitions + 1..sketched - SPAN_VALUES].chunks(BAD_VALUE_REASONS.len());
         for (column, reasons) in job.schema.columns.iter().zip(per_column) {
             for (reason, &n) in BAD_VALUE_REASONS.iter().zip(reasons) {
                 if n > 0 {
@@ -163,13 +258,16 @@ impl ShardCounts {
             }
         }
         let sketches = values[sketched..].chunks(REGISTERS).map(UnitSketch::from_values).collect::<Result<_, _>>()?;
-        Ok(Self { rows: counts[..partitions].to_vec(), sketches, skipped })
+        Ok(Self { rows: counts[..partitions].to_vec(), sketches, skipped, span })
     }
 }
 
 /// Reads `shard` (the `index`-th of the job's) and writes its rows into one bucket per
 /// partition beside the partition files, by `key`. Deterministic: a shard read again (its
-/// first reader lost) writes the same buckets, in place of any it left.
+/// first reader lost) writes the same buckets, in place of any it left. A byte range whose
+/// records do not read is [`RecordSpan::Lost`], not an error: its first record may not start
+/// where its reader guessed, or its last may run past what it reads (the file is then read
+/// whole, where a true error fails the job).
 pub async fn read_shard(
     job: &ShardJob,
     shard: &Shard,
@@ -181,16 +279,27 @@ pub async fn read_shard(
     let mut buckets = PartitionWriter::buckets(&scratch, &job.domain, (job.partitions, key), index, !job.row_level())
         .map_err(ShardError::Scratch)?;
     let input = job.input.of_shard(&shard.url);
-    let mut reader = InputReader::new(&input, &job.schema, &job.domain);
-    if input.format.unwrap_or_else(|| Format::detect(&shard.url)) == Format::Parquet {
-        reader = reader.with_part(shard.row_groups.clone(), shard.first_row);
-    }
-    while let Some(batch) = reader.next_batch().await.map_err(ShardError::Input)? {
-        buckets.write(batch).await.map_err(ShardError::Scratch)?;
+    let mut reader = InputReader::new(&input, &job.schema, &job.domain).with_part(shard.part.clone());
+    let range = matches!(shard.part, ShardPart::Bytes { .. });
+    loop {
+        match reader.next_batch().await {
+            Ok(Some(batch)) => buckets.write(batch).await.map_err(ShardError::Scratch)?,
+            Ok(None) => break,
+            Err(e) if range => {
+                // Row-level: the worker's log, its operator's.
+                tracing::info!(error = %e, "a CSV range's records did not read; its file is to be read whole");
+                return Ok(ShardCounts::lost(job));
+            }
+            Err(e) => return Err(ShardError::Input(e)),
+        }
     }
     let skipped = reader.skipped().cloned().unwrap_or_default();
+    let span = match reader.span() {
+        Some((first, end)) => RecordSpan::Bytes { first, end },
+        None => RecordSpan::Unsplit,
+    };
     let (rows, sketches) = buckets.finish_buckets().await.map_err(ShardError::Scratch)?;
-    Ok(ShardCounts { rows, sketches, skipped })
+    Ok(ShardCounts { rows, sketches, skipped, span })
 }
 
 /// What a partition's owner counted while merging its buckets: the rows it read from each
@@ -239,9 +348,10 @@ impl Census {
     }
 }
 
-/// Merges the buckets of the partition at `partition_url` from each of `shards` shards, in
-/// shard order, into its file, counting its units. A row-level job's rows are each a unit.
-pub async fn merge_partition(job: &ShardJob, partition_url: &str, shards: u32) -> Result<Census, DataError> {
+/// Merges the buckets of the partition at `partition_url` from each of `shards`, in that
+/// order (the input's), into its file, counting its units. A row-level job's rows are each
+/// a unit.
+pub async fn merge_partition(job: &ShardJob, partition_url: &str, shards: &[u32]) -> Result<Census, DataError> {
     let schema = partition_schema(&job.domain);
     let write_err = |e: &dyn std::fmt::Display| DataError::Internal(format!("writing {partition_url}: {e}"));
     // Its folder opened as the scratch store's (created if need be: no shard may have
@@ -254,8 +364,8 @@ pub async fn merge_partition(job: &ShardJob, partition_url: &str, shards: u32) -
     // By the SHA-256 of its id (16 bytes whatever the id's length): the owner's memory
     // grows with its partition's units, never its rows.
     let mut units = UnitRows::default();
-    let mut rows_per_shard = Vec::with_capacity(shards as usize);
-    for shard in 0..shards {
+    let mut rows_per_shard = Vec::with_capacity(shards.len());
+    for &shard in shards {
         let url = bucket_file(partition_url, shard);
         let read_err = |e: &dyn std::fmt::Display| DataError::Read { file: url.clone(), message: e.to_string() };
         let (location, path) = storage::open_file(&url).map_err(|e| read_err(&e))?;

@@ -108,6 +108,27 @@ impl Default for CsvOptions {
 }
 
 impl CsvOptions {
+    /// Refuses a dialect the reader cannot follow: a delimiter or comment character that is
+    /// not one ASCII byte, or that is a line break or the quote (they would be read as such,
+    /// and a file's byte ranges cut where its records do not end, `data::csv_split`).
+    pub fn check(&self) -> Result<(), String> {
+        let usable = |c: char| c.is_ascii() && !matches!(c, '\r' | '\n' | '"');
+        if !usable(self.delimiter) {
+            return Err(format!(
+                "[input.csv] delimiter {:?} must be an ASCII character other than CR, LF and '\"'",
+                self.delimiter
+            ));
+        }
+        if let Some(comment) = self.comment
+            && (!usable(comment) || comment == self.delimiter)
+        {
+            return Err(format!(
+                "[input.csv] comment {comment:?} must be an ASCII character other than CR, LF, '\"' and the delimiter"
+            ));
+        }
+        Ok(())
+    }
+
     /// A cell's text as every reader of this file takes it (trimmed, suffix stripped),
     /// `None` when it spells a missing value.
     pub fn normalise<'a>(&self, cell: &'a str) -> Option<&'a str> {
@@ -119,5 +140,23 @@ impl CsvOptions {
             v = v.strip_suffix(suffix.as_str()).unwrap_or(v);
         }
         if self.null_values.iter().any(|n| n == v) { None } else { Some(v) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A delimiter or comment the reader cannot follow is refused; common ones are not.
+    #[test]
+    fn a_dialect_whose_characters_the_reader_cannot_follow_is_refused() {
+        let with = |delimiter: char, comment: Option<char>| CsvOptions { delimiter, comment, ..Default::default() };
+        for good in [with(',', None), with('\t', Some('#')), with(';', Some('|'))] {
+            assert_eq!(good.check(), Ok(()), "{good:?}");
+        }
+        for bad in [with('\n', None), with('\r', None), with('"', None), with('é', None), with(',', Some(','))] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+        assert!(with(',', Some('\n')).check().is_err());
     }
 }

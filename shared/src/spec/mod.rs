@@ -233,6 +233,7 @@ impl JobSpec {
         if !(1..=MAX_PARTITIONS).contains(&self.job.partitions) {
             return Err(format!("[job] partitions must be 1 to {MAX_PARTITIONS}"));
         }
+        std::iter::once(&self.input).chain(self.tables.iter().map(|t| &t.input)).try_for_each(|i| i.csv.check())?;
         let p = &self.privacy;
         if !(p.epsilon > 0.0 && p.epsilon.is_finite() && (0.0..1.0).contains(&p.delta)) {
             return Err(format!("[privacy] needs epsilon > 0 and delta in [0, 1), got {} and {}", p.epsilon, p.delta));
