@@ -1,6 +1,7 @@
 //! Against a real S3-compatible server (SeaweedFS, started by `.ci/run` on 127.0.0.1):
 //! a job reading its input from S3 and writing output, manifest, scratch partitions and
-//! ledger to S3; and concurrent ledger charges relying on S3's create-if-absent.
+//! ledger to S3; a CSV object read in byte ranges; and concurrent ledger charges relying on
+//! S3's create-if-absent.
 //!
 //! Server: `RHOSYNTH_TEST_S3_ENDPOINT` (default http://127.0.0.1:8333), bucket
 //! `RHOSYNTH_TEST_S3_BUCKET` (default rhosynth-test), keys rhosynth / rhosynth-secret unless
@@ -226,4 +227,59 @@ async fn a_parquet_object_of_several_upload_parts_round_trips() {
     let expected: f64 = (0..batches * rows).map(|i| (i as f64).sqrt() * 1.000_001).sum();
     assert_eq!(seen, batches * rows);
     assert!((sum - expected).abs() < 1e-6 * expected);
+}
+
+/// A CSV object larger than a range (64 MiB) is read by the workers in byte ranges, through
+/// ranged GETs, and every row is partitioned once. In one object a quoted note spans lines
+/// across the first boundary: its second range guesses a record start inside the note, so
+/// the object is read again whole in place of its ranges (the operator's log says so).
+#[tokio::test]
+async fn a_csv_object_larger_than_a_range_is_read_in_ranges() {
+    const RANGE: usize = 64 << 20;
+    let Some(s3) = S3::from_env() else { return };
+    let store = s3.store();
+    let root = unique("ranges");
+    let dir = tempfile::tempdir().unwrap();
+    for straddles in [false, true] {
+        let mut text = String::from("id,note,x\n");
+        let mut rows = 0;
+        while text.len() < RANGE + (1 << 20) {
+            let note = if straddles && (RANGE - 200..RANGE - 100).contains(&text.len()) {
+                // The note's line feed lies past the boundary, in quotes.
+                format!("\"{}\nof two lines\"", "n".repeat(RANGE + 10 - text.len()))
+            } else {
+                format!("note {rows}")
+            };
+            text.push_str(&format!("u{},{note},{}\n", rows % 1000, rows % 100));
+            rows += 1;
+        }
+        let key = format!("{root}/input-{straddles}.csv");
+        store.put(&Path::from(key.clone()), PutPayload::from(text.into_bytes())).await.unwrap();
+        let spec = format!(
+            "[job]\ndataset_id = \"ranges-{straddles}\"\n[input]\nurls = [\"{}\"]\n[schema]\nunit_column = \"id\"\n\
+             [[schema.columns]]\nname = \"id\"\nkind = \"identifier\"\n[[schema.columns]]\nname = \"x\"\n\
+             kind = \"integer\"\nmin = 0\nmax = 99\n[privacy]\nepsilon = 1.0\ndelta = 1e-6\n\
+             dataset_budget = {{ epsilon = 10.0, delta = 1e-5 }}\n[generator]\nname = \"marginals\"\n\
+             [output]\nrows = 1000\n",
+            s3.url(&key)
+        );
+        let job = dir.path().join(format!("job-{straddles}.toml"));
+        std::fs::write(&job, spec).unwrap();
+        let out = Command::new(bin("rhosynth"))
+            .args(["run", job.to_str().unwrap()])
+            .args(["--output", &s3.url(&format!("{root}/out-{straddles}"))])
+            .args(["--ledger", &s3.url(&format!("{root}/ledger")), "--scratch", &s3.url(&format!("{root}/scratch"))])
+            .envs(s3.envs())
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{log}");
+        let line = log.lines().find(|l| l.contains("partitioned by the workers")).expect("partitioned");
+        let field = |name: &str| line.split_whitespace().find_map(|f| f.strip_prefix(name)).map(str::to_string);
+        assert_eq!(field("rows="), Some(rows.to_string()), "each row once: {line}");
+        assert_eq!(field("units="), Some("1000".into()), "{line}");
+        // Two ranges merged, or the object read whole in their place.
+        assert_eq!(field("shards="), Some(if straddles { "1" } else { "2" }.into()), "{line}");
+        assert_eq!(log.contains("ranges do not join"), straddles, "{log}");
+    }
 }

@@ -203,7 +203,8 @@ struct SplitFiles {
 }
 
 impl SplitFiles {
-    /// The files of `shards` read in ranges (a file's shards are consecutive).
+    /// The files of `shards` read in ranges (a file's shards are consecutive, and no file is
+    /// named twice: the ledger refuses such an input before any read).
     fn of(shards: &[Shard]) -> Self {
         let mut files: BTreeMap<String, (std::ops::Range<usize>, usize, Vec<UnitSketch>)> = BTreeMap::new();
         for (s, shard) in shards.iter().enumerate() {
@@ -254,7 +255,8 @@ fn ranges_join(ranges: &[Shard], answers: &Answers) -> bool {
         let RecordSpan::Bytes { first, end: last } = counts.span else {
             return false;
         };
-        if previous.is_some_and(|previous| previous != first) || first < *start || last < *end || first > last {
+        // (`first <= last` holds: a span read from its tensor.)
+        if previous.is_some_and(|previous| previous != first) || first < *start || last < *end {
             return false;
         }
         previous = Some(last);

@@ -252,3 +252,52 @@ async fn an_input_without_rows_partitions_into_empty_partitions() {
     assert_eq!((census.units, census.rows_per_shard.len(), census.rows_per_unit.len()), (0, 0, 0));
     assert!(partition_rows(&url, &domain).await.is_empty());
 }
+
+/// Data the project did not make, read in byte ranges of 16 KiB as workers read a large
+/// file's: UCI Adult's training and test files (no header; the test file starts with a `|`
+/// comment and ends labels with `.`) and PBC's visits (a header and a unit column). Every
+/// file's ranges join, and their rows are the whole reading's, in order.
+#[tokio::test]
+async fn files_from_outside_read_in_ranges_as_whole() {
+    use rhosynth_shared::data::input::InputReader;
+    use rhosynth_shared::data::shard::ShardPart;
+    use rhosynth_shared::testing::shared_data;
+
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let cases = [("adult-marginals.toml", "adult/adult.data"), ("adult-marginals.toml", "adult/adult.test")];
+    let cases = cases.into_iter().chain([("pbcseq-marginals.toml", "pbcseq/pbcseq.csv")]);
+    for (example, data) in cases {
+        let Some(file) = shared_data(data) else { return };
+        let mut spec = JobSpec::load(examples.join(example).to_str().unwrap()).unwrap();
+        spec.input.urls = vec![file.display().to_string()];
+        let domain = Domain::from_spec(&spec);
+        // Each row's values (a row-level unit is named by its range: compared by values).
+        let read = |part: ShardPart| {
+            let (input, schema, domain) = (&spec.input, &spec.schema, &domain);
+            async move {
+                let mut reader = InputReader::new(input, schema, domain).with_part(part);
+                let mut rows = Vec::new();
+                while let Some(batch) = reader.next_batch().await.unwrap() {
+                    for r in 0..batch.len() {
+                        let unit = schema.unit_column.as_ref().map(|_| batch.units[r].clone());
+                        rows.push((unit, batch.values.iter().map(|column| column[r]).collect::<Vec<_>>()));
+                    }
+                }
+                (rows, reader.span())
+            }
+        };
+        let (whole, _) = read(ShardPart::Whole).await;
+        let size = std::fs::metadata(&file).unwrap().len();
+        let (mut rows, mut end) = (Vec::new(), 0);
+        for start in (0..size).step_by(16 << 10) {
+            let (part_rows, span) = read(ShardPart::Bytes { start, end: (start + (16 << 10)).min(size) }).await;
+            let (first, last) = span.unwrap_or_else(|| panic!("{data}: the range from {start} lost"));
+            assert_eq!(first, if start == 0 { first } else { end }, "{data}: the range from {start} joins");
+            rows.extend(part_rows);
+            end = last;
+        }
+        assert_eq!(end, size, "{data}");
+        assert!(whole.len() > 1500, "{data}: {} rows", whole.len());
+        assert_eq!(rows, whole, "{data}");
+    }
+}

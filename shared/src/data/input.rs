@@ -463,15 +463,12 @@ impl<'a> InputReader<'a> {
                     let range = GetOptions { range: Some(GetRange::Bounded(read.clone())), ..Default::default() };
                     location.store.get_opts(&path, range).await.map_err(|e| read_err(&e))?.into_stream()
                 };
-                // A guessed first record follows a line feed, fed first: csv_core strips a
-                // byte-order mark from the first record it reads, which then is the file's.
-                let buffered = if start > data_start { Bytes::from_static(b"\n") } else { Bytes::new() };
                 // Errors name the shard (rows are counted from its first); a row-level unit
                 // is named by the shard's start and its row in it.
                 let file = format!("{url} (the shard from byte {start})");
                 let mut encoder = Encoder::new(input, declared, domain, &file, names.as_deref(), keys)?;
                 encoder.unit_names = format!("{url}@{start}");
-                Ok((encoder, csv_source(input, declared, names.as_deref(), stream, buffered, Some(cut))))
+                Ok((encoder, csv_source(input, declared, names.as_deref(), stream, Bytes::new(), Some(cut))))
             }
             (Format::Parquet, part) => {
                 let (row_groups, first_row) = match part {
@@ -627,7 +624,10 @@ pub async fn validate(spec: &JobSpec, domain: &Domain, max_problems: usize) -> V
 }
 
 /// A CSV file's records as they stream in (`buffered` first), decoded against the header's
-/// `names` (else the declared columns, in order).
+/// `names` (else the declared columns, in order). The decoder is fed a line feed first:
+/// csv_core strips a byte-order mark from the start of the first bytes it is fed, which
+/// would make a record's value depend on where reading began (the file's own mark is gone
+/// before this).
 fn csv_source(
     input: &Source,
     declared: &SchemaSpec,
@@ -646,6 +646,7 @@ fn csv_source(
     if let Some(c) = input.csv.comment {
         builder = builder.with_comment(c as u8);
     }
+    let buffered = Bytes::from([b"\n".as_slice(), &buffered].concat());
     OpenFile::Csv { stream, buffered, decoder: Box::new(builder.build_decoder()), done: false, cut }
 }
 

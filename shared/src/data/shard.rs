@@ -1,17 +1,20 @@
 //! Partitioning by the workers: a shuffle through the scratch store, as MapReduce's. The
-//! coordinator plans *shards* of the input from public metadata only (its files, and each
-//! Parquet file's row groups from its footer). Each shard's reader encodes its rows against
-//! the schema and writes them into one bucket per partition, by the job's keyed unit hash,
-//! beside the partition files ([`read_shard`]). Each partition's owner then merges its
-//! buckets from every shard, in shard order, into the partition file, and counts its units
-//! ([`merge_partition`]). The readers' counts (rows per bucket) and the owners' (rows per
+//! coordinator plans *shards* of the input from public metadata only (its files' sizes and
+//! first bytes, each Parquet file's row groups from its footer): byte ranges of a CSV file
+//! (`csv_split`), runs of a Parquet file's row groups, or whole files. Each shard's reader
+//! encodes its rows against the schema and writes them into one bucket per partition, by
+//! the job's keyed unit hash, beside the partition files ([`read_shard`]). Each partition's
+//! owner then merges its buckets from the shards, in the input's order, into the partition
+//! file, and counts its units ([`merge_partition`]). The readers' counts (rows per bucket) and the owners' (rows per
 //! shard) must agree, and each owner's count of its units must be what the readers'
 //! sketches of them estimate (`sketch`), so a reader or an owner whose count is false fails
 //! the job before anything is released. The coordinator holds no row and no unit.
 //!
 //! The partitions are those the coordinator's own reading writes
 //! (`partition::PartitionWriter::new`): the same units in the same partitions for a key,
-//! their rows in the input's order.
+//! their rows in the input's order. One exception: without a unit column, a row of a CSV
+//! byte range is named by the range and its row in it (its row in the file is not known to
+//! its reader), so such rows, each still its own unit, fall in other partitions.
 
 use std::collections::BTreeMap;
 
@@ -288,6 +291,11 @@ pub async fn read_shard(
             Err(e) if range => {
                 // Row-level: the worker's log, its operator's.
                 tracing::info!(error = %e, "a CSV range's records did not read; its file is to be read whole");
+                // Completed, not abandoned (an unfinished upload lingers on S3): the job's
+                // cleanup deletes the buckets of every shard.
+                if let Err(e) = buckets.finish_buckets().await {
+                    tracing::warn!(error = %e, "a lost CSV range's buckets could not be completed");
+                }
                 return Ok(ShardCounts::lost(job));
             }
             Err(e) => return Err(ShardError::Input(e)),
