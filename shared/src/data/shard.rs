@@ -156,10 +156,9 @@ pub enum ShardError {
 
 /// Where a byte-range shard's records lay in its file (`csv_split`): what the coordinator
 /// joins a file's ranges by.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordSpan {
     /// Not a byte range: a whole file, or row groups.
-    #[default]
     Unsplit,
     /// The file offsets of its first record and of the end of its last.
     Bytes { first: u64, end: u64 },
