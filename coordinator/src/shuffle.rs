@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use rhosynth_proto::MergePartition;
 use rhosynth_proto::task::Work;
-use rhosynth_proto::{ByteRange, MergePartition, ReadShard};
 use rhosynth_shared::data::input::SkippedRows;
 use rhosynth_shared::data::partition::{PartitionKey, Partitioned, bucket_file, partition_file};
 use rhosynth_shared::data::shard::{
@@ -62,62 +62,30 @@ async fn shuffle(
     };
     let mut shards = plan_shards(input, ShardSize::default()).await?;
     let job_json = to_json(&job);
-    let read_task = |(s, shard): (usize, &Shard)| {
-        let (row_groups, first_row, bytes) = match &shard.part {
-            ShardPart::Whole => (Vec::new(), 0, None),
-            ShardPart::RowGroups { groups, first_row } => {
-                (groups.iter().map(|&g| g as u32).collect(), *first_row, None)
-            }
-            &ShardPart::Bytes { start, end } => (Vec::new(), 0, Some(ByteRange { start, end })),
-        };
-        let read = ReadShard {
-            job_json: job_json.clone(),
-            url: shard.url.clone(),
-            row_groups,
-            first_row,
-            bytes,
-            shard: s as u32,
-            key: key.to_bytes(),
-        };
-        (Work::ReadShard(read), Vec::new())
-    };
+    let read_task =
+        |(s, shard): (usize, &Shard)| (Work::ReadShard(shard.task(job_json.clone(), s as u32, key)), Vec::new());
     // The shards' number follows the input's size: the operator's log only, never the
     // job's progress.
     let logged = |done: usize, total: usize| tracing::info!(done, total, "shard read");
 
-    let mut read: Vec<Option<(ShardCounts, String)>> = vec![None; shards.len()];
-    // Each partition's units as the readers sketched them, merged as they answer.
-    let mut sketches = vec![UnitSketch::default(); spec.job.partitions as usize];
-    let mut split = SplitFiles::of(&shards);
-    let take_read = |s: usize, worker: &str, values: Vec<f64>| {
-        let mut counts = ShardCounts::from_tensor(&job, &values)?;
-        let answer = std::mem::take(&mut counts.sketches);
-        read[s] = Some((counts, worker.to_string()));
-        split.take(s, answer, (&shards, &read), &mut sketches);
-        Ok(())
-    };
+    let mut answers = ShardAnswers::new(&shards, spec.job.partitions as usize);
+    let take_read = |s: usize, worker: &str, values: Vec<f64>| answers.take(&job, &shards, s, worker, &values);
     gather.each(shards.iter().enumerate().map(read_task).collect(), "shard", take_read, logged).await?;
 
     // A file whose ranges do not join is read again whole, after the other shards.
-    let unjoined = split.unjoined;
+    let unjoined = std::mem::take(&mut answers.unjoined);
     if !unjoined.is_empty() {
         // The operator's log: a quoted field that spans lines across a boundary (the same
         // for every job on the file), a line longer than a range, a worker or store error.
         tracing::warn!(files = ?unjoined, "a CSV file's ranges do not join: it is read whole");
         let first = shards.len();
-        let whole: Vec<Shard> = unjoined.iter().map(|url| Shard::whole(url)).collect();
-        let mut read_whole = vec![None; whole.len()];
-        let take_whole = |s: usize, worker: &str, values: Vec<f64>| {
-            let counts = ShardCounts::from_tensor(&job, &values)?;
-            merge_sketches(&mut sketches, &counts.sketches);
-            read_whole[s] = Some((counts, worker.to_string()));
-            Ok(())
-        };
-        let reads = whole.iter().enumerate().map(|(s, shard)| read_task((first + s, shard))).collect();
+        shards.extend(unjoined.iter().map(|url| Shard::whole(url)));
+        let reads = shards.iter().enumerate().skip(first).map(read_task).collect();
+        let take_whole =
+            |s: usize, worker: &str, values: Vec<f64>| answers.take(&job, &shards, first + s, worker, &values);
         gather.each(reads, "shard", take_whole, logged).await?;
-        shards.extend(whole);
-        read.extend(read_whole);
     }
+    let ShardAnswers { read, sketches, .. } = answers;
     let read: Vec<(ShardCounts, String)> = read.into_iter().map(|r| r.expect("every shard answered")).collect();
     // The shards merged, in the input's order: a file read again whole in place of its ranges.
     let merged: Vec<u32> = merge_order(&shards, &unjoined);
@@ -188,58 +156,59 @@ fn merge_sketches(into: &mut [UnitSketch], from: &[UnitSketch]) {
     from.iter().zip(into).for_each(|(from, into)| into.merge(from));
 }
 
-/// A shard reader's answer as it comes.
+/// A shard reader's answer: its counts, and who read it.
 type Answers = [Option<(ShardCounts, String)>];
 
-/// The files read in byte ranges, as their readers answer: a file's sketches are held
-/// apart until all its ranges have answered, then merged where the ranges join, or dropped
-/// and the file marked to be read whole. The coordinator holds the sketches of the files
-/// being read, not of every file.
-struct SplitFiles {
-    /// Per file read in ranges: its shards, the ranges answered, their sketches merged.
-    files: BTreeMap<String, (std::ops::Range<usize>, usize, Vec<UnitSketch>)>,
+/// The shard readers' answers as they come, and each partition's units as the readers
+/// sketched them. A file read in byte ranges keeps its ranges' sketches apart until all of
+/// them have answered, then merges them where the ranges join, or drops them and marks the
+/// file to be read whole: the coordinator holds the sketches of the files being read, not
+/// of every file.
+struct ShardAnswers {
+    read: Vec<Option<(ShardCounts, String)>>,
+    sketches: Vec<UnitSketch>,
+    /// Per file read in ranges (its shards are consecutive, and no file is named twice: the
+    /// ledger refuses such an input before any read), its ranges and their sketches so far.
+    split: BTreeMap<String, (std::ops::Range<usize>, Vec<UnitSketch>)>,
     /// The files whose ranges do not join.
     unjoined: BTreeSet<String>,
 }
 
-impl SplitFiles {
-    /// The files of `shards` read in ranges (a file's shards are consecutive, and no file is
-    /// named twice: the ledger refuses such an input before any read).
-    fn of(shards: &[Shard]) -> Self {
-        let mut files: BTreeMap<String, (std::ops::Range<usize>, usize, Vec<UnitSketch>)> = BTreeMap::new();
+impl ShardAnswers {
+    fn new(shards: &[Shard], partitions: usize) -> Self {
+        let mut split: BTreeMap<String, (std::ops::Range<usize>, Vec<UnitSketch>)> = BTreeMap::new();
         for (s, shard) in shards.iter().enumerate() {
             if matches!(shard.part, ShardPart::Bytes { .. }) {
-                files.entry(shard.url.clone()).or_insert((s..s, 0, Vec::new())).0.end = s + 1;
+                split.entry(shard.url.clone()).or_insert((s..s, Vec::new())).0.end = s + 1;
             }
         }
-        Self { files, unjoined: BTreeSet::new() }
+        let sketches = vec![UnitSketch::default(); partitions];
+        Self { read: Vec::new(), sketches, split, unjoined: BTreeSet::new() }
     }
 
-    /// Shard `s` answered (`answers[s]`, its sketches apart): its sketches go into
-    /// `sketches`, or into its file's until the file's ranges have all answered.
-    fn take(
-        &mut self,
-        s: usize,
-        answer: Vec<UnitSketch>,
-        (shards, answers): (&[Shard], &Answers),
-        sketches: &mut [UnitSketch],
-    ) {
+    /// The answer of shard `s` of `shards`, read by `worker`.
+    fn take(&mut self, job: &ShardJob, shards: &[Shard], s: usize, worker: &str, values: &[f64]) -> Result<(), String> {
+        let mut counts = ShardCounts::from_tensor(job, values)?;
+        let answer = std::mem::take(&mut counts.sketches);
+        self.read.resize(shards.len(), None);
+        self.read[s] = Some((counts, worker.to_string()));
         let url = &shards[s].url;
-        let Some((ranges, answered, held)) = self.files.get_mut(url) else {
-            return merge_sketches(sketches, &answer);
+        let Some((ranges, held)) = self.split.get_mut(url) else {
+            merge_sketches(&mut self.sketches, &answer);
+            return Ok(());
         };
         held.resize(answer.len(), UnitSketch::default());
         merge_sketches(held, &answer);
-        *answered += 1;
-        if *answered < ranges.len() {
-            return;
+        if self.read[ranges.clone()].iter().any(Option::is_none) {
+            return Ok(());
         }
-        let (ranges, _, held) = self.files.remove(url).expect("found above");
-        if ranges_join(&shards[ranges.clone()], &answers[ranges]) {
-            merge_sketches(sketches, &held);
+        let (ranges, held) = self.split.remove(url).expect("found above");
+        if ranges_join(&shards[ranges.clone()], &self.read[ranges]) {
+            merge_sketches(&mut self.sketches, &held);
         } else {
             self.unjoined.insert(url.clone());
         }
+        Ok(())
     }
 }
 
@@ -363,22 +332,18 @@ mod tests {
                 partitions_url: workers,
                 partitions: 5,
             };
-            let mut read = Vec::new();
-            let (mut split, mut sketches) = (SplitFiles::of(&shards), vec![UnitSketch::default(); 5]);
+            let mut answers = ShardAnswers::new(&shards, 5);
             for (s, shard) in shards.iter().enumerate() {
-                let mut counts = read_shard(&job, shard, s as u32, key.clone()).await.unwrap();
-                let answer = std::mem::take(&mut counts.sketches);
-                read.push(Some((counts, String::new())));
-                split.take(s, answer, (&shards, &read), &mut sketches);
+                let counts = read_shard(&job, shard, s as u32, key.clone()).await.unwrap();
+                answers.take(&job, &shards, s, "w", &counts.to_tensor(&job)).unwrap();
             }
-            assert!(split.files.is_empty(), "every file's ranges answered");
-            let unjoined = split.unjoined;
+            assert!(answers.split.is_empty(), "every file's ranges answered");
+            let unjoined = std::mem::take(&mut answers.unjoined);
             assert_eq!(unjoined, BTreeSet::from([notes.clone()]));
             shards.push(Shard::whole(&notes));
-            read.push(Some((
-                read_shard(&job, &shards[planned], planned as u32, key.clone()).await.unwrap(),
-                String::new(),
-            )));
+            let counts = read_shard(&job, &shards[planned], planned as u32, key.clone()).await.unwrap();
+            answers.take(&job, &shards, planned, "w", &counts.to_tensor(&job)).unwrap();
+            assert!(answers.read.iter().all(Option::is_some), "every shard answered");
             let order = merge_order(&shards, &unjoined);
             let plain_ranges: Vec<u32> = (0..planned as u32).filter(|&s| shards[s as usize].url == plain).collect();
             assert_eq!(order, [vec![planned as u32], plain_ranges].concat());

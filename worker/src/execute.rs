@@ -17,7 +17,7 @@ use rhosynth_proto::{
 use rhosynth_shared::data::DataError;
 use rhosynth_shared::data::EncodedBatch;
 use rhosynth_shared::data::partition::{PartitionKey, PartitionReader};
-use rhosynth_shared::data::shard::{self, Shard, ShardError, ShardJob, ShardPart};
+use rhosynth_shared::data::shard::{self, Shard, ShardError, ShardJob};
 use rhosynth_shared::dpsgd::trainable::{Trainable, WithTrainable};
 use rhosynth_shared::dpsgd::{self, DpModel, RoundSettings, compute_device};
 use rhosynth_shared::entropy::os_rng;
@@ -308,15 +308,7 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
 /// the schema fails the task as a [`ShardError::Input`], which the worker reports as such.
 async fn read_shard(work: &ReadShard) -> anyhow::Result<Aggregate> {
     let job: ShardJob = from_json("the shard job", &work.job_json)?;
-    let part = match (&work.bytes, work.row_groups.as_slice()) {
-        (Some(bytes), []) => ShardPart::Bytes { start: bytes.start, end: bytes.end },
-        (None, []) => ShardPart::Whole,
-        (None, groups) => {
-            ShardPart::RowGroups { groups: groups.iter().map(|&g| g as usize).collect(), first_row: work.first_row }
-        }
-        (Some(_), _) => anyhow::bail!("a shard of both bytes and row groups"),
-    };
-    let shard = Shard { url: work.url.clone(), part };
+    let shard = Shard::try_from(work)?;
     let key = PartitionKey::from_bytes(&work.key)?;
     let counts = shard::read_shard(&job, &shard, work.shard, key).await?;
     Ok(Aggregate { units: 0, tensors: vec![("shard".to_string(), counts.to_tensor(&job))] })

@@ -406,6 +406,77 @@ pub async fn merge_partition(job: &ShardJob, partition_url: &str, shards: &[u32]
     Ok(Census { rows_per_shard, units, rows_per_unit })
 }
 
+/// A shard as its `ReadShard` task (`rhosynth.proto`) carries it.
+#[cfg(feature = "wire")]
+mod wire {
+    use rhosynth_proto::{ByteRange, ReadShard};
+
+    use super::{PartitionKey, Shard, ShardPart};
+    use crate::wire::WireError;
+
+    impl Shard {
+        /// The task reading this shard, the `index`-th of the job's (`job_json`, a
+        /// [`super::ShardJob`]), under the job's partition key.
+        pub fn task(&self, job_json: String, index: u32, key: &PartitionKey) -> ReadShard {
+            let (row_groups, first_row, bytes) = match &self.part {
+                ShardPart::Whole => (Vec::new(), 0, None),
+                ShardPart::RowGroups { groups, first_row } => {
+                    (groups.iter().map(|&g| g as u32).collect(), *first_row, None)
+                }
+                &ShardPart::Bytes { start, end } => (Vec::new(), 0, Some(ByteRange { start, end })),
+            };
+            ReadShard {
+                job_json,
+                url: self.url.clone(),
+                row_groups,
+                first_row,
+                bytes,
+                shard: index,
+                key: key.to_bytes(),
+            }
+        }
+    }
+
+    impl TryFrom<&ReadShard> for Shard {
+        type Error = WireError;
+
+        fn try_from(task: &ReadShard) -> Result<Self, WireError> {
+            let part = match (&task.bytes, task.row_groups.as_slice()) {
+                (Some(bytes), []) => ShardPart::Bytes { start: bytes.start, end: bytes.end },
+                (None, []) => ShardPart::Whole,
+                (None, groups) => ShardPart::RowGroups {
+                    groups: groups.iter().map(|&g| g as usize).collect(),
+                    first_row: task.first_row,
+                },
+                (Some(_), _) => return Err(WireError::new("a shard of both bytes and row groups")),
+            };
+            Ok(Shard { url: task.url.clone(), part })
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// Each part of a file travels to its reader and back as it was.
+        #[test]
+        fn a_shard_travels_as_it_is() {
+            let key = PartitionKey::generate().unwrap();
+            let parts = [
+                ShardPart::Whole,
+                ShardPart::RowGroups { groups: vec![2, 3], first_row: 120 },
+                ShardPart::Bytes { start: 64 << 20, end: 128 << 20 },
+            ];
+            for part in parts {
+                let shard = Shard { url: "/in/f".into(), part };
+                let task = shard.task("{}".into(), 4, &key);
+                assert_eq!((task.shard, task.key.as_slice()), (4, key.to_bytes().as_slice()));
+                assert_eq!(Shard::try_from(&task).unwrap(), shard);
+            }
+        }
+    }
+}
+
 /// Whole non-negative counts, or why not.
 fn counts(values: &[f64]) -> Result<Vec<u64>, String> {
     values
