@@ -101,11 +101,7 @@ fn transformer() {
         let seed = [1; 32];
         let settings = RoundSettings::new(0, 1.0, 1.0, seed, units).unwrap();
         let tokens = (0..units)
-            .map(|u| {
-                sequence::window::window(&layout, &window, &examples.units[u].1, &seed, &examples.units[u].0)
-                    .tokens
-                    .len()
-            })
+            .map(|u| sequence::window::window(&layout, &window, &examples.units[u], &seed).tokens.len())
             .sum::<usize>();
         let plain = || {
             let batch = tracked.losses(&examples, &all, &seed, &device, &mut Plain);

@@ -17,7 +17,6 @@ use rhosynth_shared::accounting::accountant::AccountingOptions;
 use rhosynth_shared::generators::GeneratorSpec;
 use rhosynth_shared::generators::history_copula::{CopulaSampler, HistoryCopulaParams, HistoryCopulaPlan, simulated};
 use rhosynth_shared::generators::sequence::ceiling::SimulatedCohort;
-use rhosynth_shared::generators::sequence::{Histories, Layout};
 
 fn list<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
     let text = std::env::var(name).unwrap_or_else(|_| default.to_string());
@@ -42,11 +41,7 @@ async fn main() {
                 spec.generator = GeneratorSpec::HistoryCopula(HistoryCopulaParams::default());
                 spec.privacy.epsilon = epsilon;
                 let plan = HistoryCopulaPlan::new(&spec, &cohort.domain, &AccountingOptions::default()).unwrap();
-                let layout = Layout::new(&cohort.domain, plan.layout.order.clone(), &[], 1, plan.layout.max_rows);
-                let train = &cohort.train;
-                let rows =
-                    (0..train.rows()).map(|r| (train.units[r].clone(), train.columns.iter().map(|c| c[r]).collect()));
-                let histories = Histories::from_rows(rows, &layout);
+                let histories = cohort.value_histories(&plan.layout.value_layout());
                 let mut rng = ChaCha8Rng::seed_from_u64(seed);
                 let model = simulated::fit(&plan, &histories, |values, std| {
                     let normal = Normal::new(0.0, std).unwrap();

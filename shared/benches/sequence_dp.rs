@@ -34,6 +34,7 @@ use rand_distr::{Distribution, Normal};
 use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, calibrate_sigma};
 use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use rhosynth_shared::data::domain::Domain;
+use rhosynth_shared::data::histories::{ValueHistory, ValueLayout};
 use rhosynth_shared::dpsgd::optimizer::{Optimizer, OptimizerSpec};
 use rhosynth_shared::dpsgd::params::TrainableLayers;
 use rhosynth_shared::dpsgd::{RoundSettings, clipped_gradient_sum, compute_device};
@@ -77,7 +78,7 @@ struct HistoryTables {
 }
 
 impl HistoryTables {
-    fn measure(domain: &Domain, order: usize, histories: &Histories, max_rows: usize, coarse: usize) -> Self {
+    fn measure(domain: &Domain, order: usize, histories: &[ValueHistory], max_rows: usize, coarse: usize) -> Self {
         let bins: Vec<usize> = domain.columns.iter().map(|c| c.bins()).collect();
         let group: Vec<Vec<usize>> = domain
             .columns
@@ -97,7 +98,8 @@ impl HistoryTables {
             coarse,
             group,
         };
-        for (_, rows) in &histories.units {
+        for history in histories {
+            let rows = history.rows();
             let n = rows.len().min(max_rows);
             if n == 0 {
                 continue;
@@ -231,7 +233,8 @@ async fn main() {
         let rate = run.rate(n);
         let steps = run.steps(rate);
         let max_rows = plan.model.layout.max_rows;
-        let mut tables = HistoryTables::measure(domain, order, &histories, max_rows, env("DP_COARSE", 0));
+        let values = cohort.value_histories(&ValueLayout { width: domain.columns.len(), order: Some(order), max_rows });
+        let mut tables = HistoryTables::measure(domain, order, &values, max_rows, env("DP_COARSE", 0));
         let sensitivity = (tables.tables() as f64).sqrt();
         let copula_stage1 = std::env::var("DP_STAGE1").as_deref() == Ok("copula") && stage1 > 0.0;
         let stage1_sigma = (stage1 > 0.0 && !copula_stage1).then(|| {
@@ -266,7 +269,8 @@ async fn main() {
             copula_spec.generator = GeneratorSpec::HistoryCopula(HistoryCopulaParams::default());
             copula_spec.privacy.epsilon = stage1;
             let copula_plan = HistoryCopulaPlan::new(&copula_spec, domain, &options).unwrap();
-            let copula = simulated::fit(&copula_plan, &histories, |values, std| {
+            let copula_histories = cohort.value_histories(&copula_plan.layout.value_layout());
+            let copula = simulated::fit(&copula_plan, &copula_histories, |values, std| {
                 let normal = Normal::new(0.0, std).unwrap();
                 values.iter_mut().for_each(|v| *v += normal.sample(&mut rng));
             });
@@ -287,7 +291,7 @@ async fn main() {
             None
         };
         if let Some((pseudo, what, (steps, batch))) = stage_one {
-            let drawn: Vec<Vec<Vec<Option<f64>>>> = pseudo.units.iter().map(|(_, rows)| rows.clone()).collect();
+            let drawn: Vec<Vec<Vec<Option<f64>>>> = pseudo.units.iter().map(|h| h.values(&plan.model.layout)).collect();
             report(&format!("{kind}, {what}"), &cohort.evaluate(&drawn), started.elapsed().as_secs_f64());
             let pretraining = PlainTraining {
                 steps: env("DP_PRETRAIN_STEPS", steps),

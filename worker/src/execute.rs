@@ -16,6 +16,7 @@ use rhosynth_proto::{
 };
 use rhosynth_shared::data::DataError;
 use rhosynth_shared::data::EncodedBatch;
+use rhosynth_shared::data::histories::{ValueRows, read_histories};
 use rhosynth_shared::data::partition::{PartitionKey, PartitionReader};
 use rhosynth_shared::data::shard::{self, Shard, ShardError, ShardJob};
 use rhosynth_shared::dpsgd::trainable::{Trainable, WithTrainable};
@@ -25,7 +26,6 @@ use rhosynth_shared::generators::GeneratorName;
 use rhosynth_shared::generators::history_copula::HistoryStatisticsTask;
 use rhosynth_shared::generators::marginals::MarginalsTask;
 use rhosynth_shared::generators::pate::VoteTask;
-use rhosynth_shared::generators::sequence::Histories;
 use rhosynth_shared::generators::sequence::selection::SelectionTask;
 use rhosynth_shared::wire::from_json;
 
@@ -160,8 +160,7 @@ impl Executor {
             let layout = round.layout.clone();
             self.partitions(task, move |url| {
                 let layout = layout.clone();
-                let order = layout.order.as_ref().map(|(o, _)| *o);
-                async move { Histories::load(&[url], &layout.domain, order, layout.max_rows).await }
+                async move { read_histories::<ValueRows>(&[url], &layout.domain, &layout.value_layout()).await }
             })
             .await?
         };

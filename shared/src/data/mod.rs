@@ -6,6 +6,7 @@ pub mod csv_split;
 pub mod database;
 pub mod domain;
 pub mod examples;
+pub mod histories;
 pub mod input;
 pub mod parquet_io;
 pub mod partition;

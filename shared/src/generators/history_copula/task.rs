@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::sampler::Curve;
 use super::shape;
 use crate::data::domain::{Binning, Domain};
-use crate::generators::sequence::Histories;
+use crate::data::histories::{ValueHistory, ValueLayout};
 
 /// What the copula models, from the declared schema alone.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -27,6 +27,15 @@ pub struct CopulaLayout {
 }
 
 impl CopulaLayout {
+    /// How a worker holds its histories: values, ordered, the first `max_rows` rows.
+    pub fn value_layout(&self) -> ValueLayout {
+        ValueLayout {
+            width: self.domain.columns.len(),
+            order: self.order.as_ref().map(|(o, _)| *o),
+            max_rows: self.max_rows,
+        }
+    }
+
     /// Cells of column `c`'s margin: its value bins, then missing.
     pub fn margin_cells(&self, c: usize) -> usize {
         self.domain.columns[c].value_bins() + 1
@@ -94,7 +103,7 @@ impl HistoryStatisticsTask {
 
     /// The sum over `histories` (each unit's rows in order, at most `max_rows`) of each
     /// unit's statistics, and the number of units.
-    pub fn sum(&self, histories: &Histories) -> (Vec<f64>, u64) {
+    pub fn sum(&self, histories: &[ValueHistory]) -> (Vec<f64>, u64) {
         let mut total = vec![0.0; self.len()];
         let curves: Vec<Option<Curve>> = match &self.stage {
             Stage::Margins => Vec::new(),
@@ -103,7 +112,8 @@ impl HistoryStatisticsTask {
                 self.layout.columns.iter().zip(cumulative).map(|(&c, f)| Curve::new(&columns[c], f)).collect()
             }
         };
-        for (_, rows) in &histories.units {
+        for history in histories {
+            let rows = history.rows();
             let rows = &rows[..rows.len().min(self.layout.max_rows)];
             let unit = match &self.stage {
                 Stage::Margins => self.margins(rows),
@@ -111,7 +121,7 @@ impl HistoryStatisticsTask {
             };
             total.iter_mut().zip(unit).for_each(|(t, u)| *t += u);
         }
-        (total, histories.units.len() as u64)
+        (total, histories.len() as u64)
     }
 
     /// One unit's margins: each block's cells its rows' shares.

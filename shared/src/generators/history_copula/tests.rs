@@ -4,9 +4,9 @@ use rand_distr::{Distribution, Normal};
 
 use super::*;
 use crate::accounting::accountant::AccountingOptions;
+use crate::data::histories::{ValueHistory, ValueLayout, ValueRows, group};
 use crate::generators::GeneratorSpec;
 use crate::generators::history_copula::HistoryCopulaParams;
-use crate::generators::sequence::Histories;
 use crate::generators::sequence::ceiling::SimulatedCohort;
 
 /// The simulated cohort's spec with this generator at `epsilon`.
@@ -17,19 +17,8 @@ fn plan_for(cohort: &SimulatedCohort, epsilon: f64) -> HistoryCopulaPlan {
     HistoryCopulaPlan::new(&spec, &cohort.domain, &AccountingOptions::default()).unwrap()
 }
 
-fn cohort_histories(cohort: &SimulatedCohort, plan: &HistoryCopulaPlan) -> Histories {
-    let train = &cohort.train;
-    let rows = (0..train.rows()).map(|r| (train.units[r].clone(), train.columns.iter().map(|c| c[r]).collect()));
-    let mut histories = Histories::default();
-    let layout = crate::generators::sequence::Layout::new(
-        &cohort.domain,
-        plan.layout.order.clone(),
-        &[],
-        1,
-        plan.layout.max_rows,
-    );
-    histories.units = Histories::from_rows(rows, &layout).units;
-    histories
+fn cohort_histories(cohort: &SimulatedCohort, plan: &HistoryCopulaPlan) -> Vec<ValueHistory> {
+    cohort.value_histories(&plan.layout.value_layout())
 }
 
 /// The copula fitted to the cohort's statistics, with the plan's noise when `noise` gives
@@ -111,7 +100,7 @@ async fn one_unit_moves_each_release_by_at_most_its_sensitivity() {
     let mut histories = cohort_histories(&cohort, &plan);
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     // An extreme unit: every value at a bound, its full length.
-    let (_, template) = histories.units[0].clone();
+    let template = histories[0].rows();
     let extreme: Vec<Vec<Option<f64>>> = (0..plan.layout.max_rows * 2)
         .map(|r| {
             let mut row = template[r % template.len()].clone();
@@ -123,14 +112,18 @@ async fn one_unit_moves_each_release_by_at_most_its_sensitivity() {
             row
         })
         .collect();
+    // Held whole, so the sums' own cut at max_rows is what bounds it.
+    let whole = ValueLayout { max_rows: usize::MAX, ..plan.layout.value_layout() };
+    let extreme = group::<ValueRows>(extreme.into_iter().map(|row| ("extreme".to_string(), row)), &whole);
+    assert_eq!(extreme[0].len(), 2 * plan.layout.max_rows);
     let moments_task =
         plan.moments_task(&CopulaModel::margins(&plan.layout, &plan.margins_task().sum(&histories).0, 0.0).0);
     for task in [plan.margins_task(), moments_task] {
         let (without, units) = task.sum(&histories);
         task.check(&without, units).unwrap();
-        histories.units.push(("extreme".into(), extreme.clone()));
+        histories.extend(extreme.iter().cloned());
         let (with, _) = task.sum(&histories);
-        histories.units.pop();
+        histories.pop();
         let moved: Vec<f64> = with.iter().zip(&without).map(|(a, b)| a - b).collect();
         let norm = moved.iter().map(|v| v * v).sum::<f64>().sqrt();
         assert!(norm <= task.sensitivity() + 1e-9, "moved {norm} > {}", task.sensitivity());

@@ -8,11 +8,12 @@
 use rand::SeedableRng;
 use rand::rngs::ChaCha8Rng;
 
+use super::histories::Histories;
 use super::model::SequenceModel;
 use super::sampler::SequenceSampler;
-use super::task::Histories;
 use super::tokens::Layout;
 use crate::data::domain::Domain;
+use crate::data::histories::{ValueHistory, ValueLayout, ValueRows, group};
 use crate::data::table::Table;
 use crate::eval::longitudinal::{self, Longitudinal};
 use crate::eval::{EvalLimits, Sampling};
@@ -71,9 +72,17 @@ impl SimulatedCohort {
 
     /// The training cohort as histories of `layout`.
     pub fn histories(&self, layout: &Layout) -> Histories {
+        Histories::from_rows(self.train_rows(), layout)
+    }
+
+    /// The training cohort as histories held as values.
+    pub fn value_histories(&self, layout: &ValueLayout) -> Vec<ValueHistory> {
+        group::<ValueRows>(self.train_rows(), layout)
+    }
+
+    fn train_rows(&self) -> impl Iterator<Item = (String, Vec<Option<f64>>)> + '_ {
         let train = &self.train;
-        let rows = (0..train.rows()).map(|r| (train.units[r].clone(), train.columns.iter().map(|c| c[r]).collect()));
-        Histories::from_rows(rows, layout)
+        (0..train.rows()).map(|r| (train.units[r].clone(), train.columns.iter().map(|c| c[r]).collect()))
     }
 
     /// Drawn histories against the cohort and the held-out one.

@@ -6,7 +6,8 @@
 //!   the valid next tokens everywhere, so training and sampling stay inside it and every
 //!   accepted sequence parses.
 //! - Training examples (`window`): one dynamic window per sampled unit and round, so a
-//!   unit's sensitivity is one clipped gradient whatever its history's length.
+//!   unit's sensitivity is one clipped gradient whatever its history's length, cut from
+//!   the worker's histories held as tokens (`histories`).
 //! - Model (`model`): the engine's decoder (`crate::decoder`, GPT block); every parameter (embeddings and norms included)
 //!   is clipped per unit by the engine's ghost tape.
 //! - Stage 1 (`pretrain`): the model trained without noise on a public reference set or a
@@ -16,6 +17,7 @@
 //!   history; optionally a private selection among over-generated ones (`selection`).
 
 pub mod ceiling;
+pub mod histories;
 pub mod model;
 pub mod params;
 pub mod plan;
@@ -26,11 +28,12 @@ pub mod task;
 pub mod tokens;
 pub mod window;
 
+pub use histories::Histories;
 pub use model::SequenceModel;
 pub use params::SequenceParams;
 pub use plan::{SequencePlan, check};
 pub use sampler::SequenceSampler;
-pub use task::{Histories, SequenceModelSpec};
+pub use task::SequenceModelSpec;
 pub use tokens::Layout;
 pub use window::WindowSpec;
 

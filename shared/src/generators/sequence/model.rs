@@ -4,7 +4,8 @@
 use burn::module::Module;
 use burn::tensor::Device;
 
-use super::task::{Histories, SequenceModelSpec};
+use super::histories::Histories;
+use super::task::SequenceModelSpec;
 use super::window::{Window, pad, window};
 use crate::decoder::{Decoder, TokenBatch, next_token_losses};
 use crate::dpsgd::ghost::Hook;
@@ -53,13 +54,8 @@ impl DpModel for SequenceModel {
         hook: &mut impl Hook,
     ) -> Batch {
         let layout = &self.spec.layout;
-        let windows: Vec<Window> = units
-            .iter()
-            .map(|&u| {
-                let (id, rows) = &examples.units[u];
-                window(layout, &self.spec.window, rows, seed, id)
-            })
-            .collect();
+        let windows: Vec<Window> =
+            units.iter().map(|&u| window(layout, &self.spec.window, &examples.units[u], seed)).collect();
         let padded = pad(layout, &windows);
         // A model charged before lag-1 inputs existed (a resumed checkpoint) has no tables.
         let lagged = [&padded.lagged[0][..], &padded.lagged[1][..]];

@@ -7,9 +7,9 @@
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
+use super::histories::Histories;
 use super::model::SequenceModel;
 use super::params::PlainTraining;
-use super::task::Histories;
 use super::tokens::Layout;
 use crate::data::domain::Domain;
 use crate::dpsgd::DpModel;

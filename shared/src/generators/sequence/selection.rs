@@ -11,11 +11,13 @@
 //! none), and for the order column the span (last − first) over the declared range instead;
 //! per categorical column the share of rows in each category; per column that keeps
 //! missing values the share of rows where it is missing; and the history's length over the
-//! public row cap.
+//! public row cap. A private history's values are those its tokens decode to (the middle
+//! of a value's sub-cell, as a candidate's are), its order column's exact.
 
 use serde::{Deserialize, Serialize};
 
-use super::task::{Histories, SequenceModelSpec};
+use super::histories::Histories;
+use super::task::SequenceModelSpec;
 use crate::data::domain::{Domain, Encoding};
 
 /// A run's selection settings, fixed when it is charged (k fixes the vote release's
@@ -106,8 +108,8 @@ impl SelectionTask {
         let k = self.votes_per_unit();
         let mut votes = vec![0f64; self.candidate_count()];
         let mut nearest: Vec<(f32, usize)> = Vec::with_capacity(k + 1);
-        for (_, rows) in &histories.units {
-            let own = features(&self.model, rows);
+        for history in &histories.units {
+            let own = features(&self.model, &history.values(&self.model.layout));
             nearest.clear();
             for (i, candidate) in self.candidates.chunks_exact(width).enumerate() {
                 let d: f32 = own.iter().zip(candidate).map(|(a, b)| (a - b) * (a - b)).sum();
@@ -225,7 +227,8 @@ mod tests {
             ("b".to_string(), history(&model, 10, 0.88)),
             ("c".to_string(), history(&model, 10, 0.52)),
         ];
-        let (votes, voted) = task.votes(&Histories { units });
+        let rows = units.into_iter().flat_map(|(id, rows)| rows.into_iter().map(move |row| (id.clone(), row)));
+        let (votes, voted) = task.votes(&Histories::from_rows(rows, &task.model.layout));
         assert_eq!(voted, 3);
         // a: 0.1 and 0.3; b: 0.9 and 0.7; c: 0.5, then 0.7 (nearer than 0.3).
         assert_eq!(votes, vec![1.0, 1.0, 1.0, 2.0, 1.0]);

@@ -5,9 +5,10 @@
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
+use super::histories::Histories;
 use super::model::SequenceModel;
 use super::sampler::SequenceSampler;
-use super::task::{Histories, SequenceModelSpec};
+use super::task::SequenceModelSpec;
 use super::tokens::{Cursor, EOH, Layout, MID, Start};
 use super::window::{WindowSpec, window};
 use crate::data::domain::{Binning, Domain, Encoding};
@@ -162,15 +163,14 @@ fn spec(domain: &Domain, width: usize, window: WindowSpec, max_rows: usize) -> S
     SequenceModelSpec { domain: domain.clone(), layout, transformer, window, lagged }
 }
 
-fn histories(domain: &Domain, lengths: &[usize]) -> Histories {
+/// Random histories of `lengths` rows, held as `layout`'s tokens.
+fn histories(layout: &Layout, domain: &Domain, lengths: &[usize]) -> Histories {
     let mut rng = ChaCha8Rng::from_seed([13; 32]);
-    Histories {
-        units: lengths
-            .iter()
-            .enumerate()
-            .map(|(u, &n)| (format!("patient-{u}"), history(domain, n, &mut rng)))
-            .collect(),
-    }
+    let rows = lengths
+        .iter()
+        .enumerate()
+        .flat_map(|(u, &n)| history(domain, n, &mut rng).into_iter().map(move |row| (format!("patient-{u}"), row)));
+    Histories::from_rows(rows.collect::<Vec<_>>(), layout)
 }
 
 /// Parameters per layer, in layout order.
@@ -189,7 +189,7 @@ fn check_against_naive(width: usize, window: WindowSpec) {
     let device = compute_device();
     let domain = domain();
     let model = SequenceModel::new(&spec(&domain, width, window, 600), &device);
-    let examples = histories(&domain, &[1, 7, 3, 12, 2, 30, 5, 9]);
+    let examples = histories(&model.spec.layout, &domain, &[1, 7, 3, 12, 2, 30, 5, 9]);
     let seed = [21; 32];
     let tracked = model.tracked();
     let naive: Vec<Vec<f64>> = (0..examples.units.len())
@@ -254,10 +254,12 @@ fn a_long_history_changes_the_clipped_sum_by_at_most_the_clip() {
         &spec(&domain, 16, WindowSpec { p_start: 0.2, context_rows: 2, window_rows: 4 }, 600),
         &device,
     );
-    let without = histories(&domain, &[4, 9, 2, 15, 6, 3]);
+    let without = histories(&model.spec.layout, &domain, &[4, 9, 2, 15, 6, 3]);
     let mut with = without.clone();
-    with.units.extend(histories(&domain, &[500]).units.into_iter().map(|(_, rows)| ("long-stay".to_string(), rows)));
-    assert_eq!(with.units[6].1.len(), 500);
+    let mut long = histories(&model.spec.layout, &domain, &[500]).units.remove(0);
+    long.id = "long-stay".to_string();
+    with.units.push(long);
+    assert_eq!(with.units[6].len(), 500);
     for (round, clip) in [(0u8, 0.1), (1, 1.0), (2, 10.0)] {
         let settings = RoundSettings::new(u64::from(round), 1.0, clip, [round; 32], 4).unwrap();
         let units = |h: &Histories| (0..h.units.len()).collect::<Vec<_>>();
@@ -276,14 +278,16 @@ fn windows_split_where_the_round_seed_says() {
     let domain = domain();
     let layout = layout(&domain, 100);
     let spec = WindowSpec { p_start: 0.25, context_rows: 2, window_rows: 3 };
-    let rows = histories(&domain, &[20]).units.remove(0).1;
+    let rows = history(&domain, 20, &mut ChaCha8Rng::from_seed([13; 32]));
+    let mut unit = Histories::from_rows(rows.iter().map(|r| (String::new(), r.clone())), &layout).units.remove(0);
     let quantized = layout.parse(&layout.encode(Start::History, rows.len(), &rows[0], &rows, true), 0).unwrap();
     let order = domain.index_of("charttime").unwrap();
     let trials = 4000;
     let mut starts = 0;
     for t in 0..trials {
         let seed = [(t % 251) as u8; 32];
-        let w = window(&layout, &spec, &rows, &seed, &format!("unit-{t}"));
+        unit.id = format!("unit-{t}");
+        let w = window(&layout, &spec, &unit, &seed);
         let whole = layout.parse(&w.tokens, w.rows_before).unwrap();
         let context = layout.parse(&w.tokens[..w.loss_from], w.rows_before).unwrap();
         assert!(context.len() <= spec.context_rows && whole.len() - context.len() <= spec.window_rows);
@@ -308,6 +312,62 @@ fn windows_split_where_the_round_seed_says() {
     // k = 0 with probability p + (1 − p)·0 (k is otherwise uniform over 1..20): sd ≈ 27.
     let expected = spec.p_start * trials as f64;
     assert!((f64::from(starts) - expected).abs() < 5.0 * (expected * (1.0 - spec.p_start)).sqrt(), "{starts}");
+}
+
+/// A history held as tokens writes the sequence its rows' values write, for every range
+/// of rows, from its start or inside it, with EOH or without. Held, its rows are in order
+/// (missing times last, ties in file order), the first `max_rows` of them, the statics
+/// those of the first; they read back as their tokens decode, the times exact. Units
+/// keep the order they are first seen in, whatever rows of others lie between.
+#[test]
+fn a_history_held_as_tokens_encodes_as_its_values_do() {
+    let domain = domain();
+    let order = domain.index_of("charttime").unwrap();
+    let max_rows = 12;
+    let layout = layout(&domain, max_rows);
+    let mut rng = ChaCha8Rng::from_seed([23; 32]);
+    for n in [1, 2, 5, 30] {
+        let mut file = history(&domain, n, &mut rng);
+        // File order: shuffled; a tie with the previous row's time; two rows without one.
+        for i in (1..n).rev() {
+            file.swap(i, rng.random_range(0..=i));
+        }
+        if n > 2 {
+            file[2][order] = file[1][order];
+        }
+        if n >= 5 {
+            (file[0][order], file[4][order]) = (None, None);
+        }
+        let time = |row: &Vec<Option<f64>>| row[order].unwrap_or(f64::INFINITY);
+        let mut rows = file.clone();
+        rows.sort_by(|a, b| time(a).total_cmp(&time(b)));
+        rows.truncate(max_rows);
+        let other = history(&domain, 3, &mut rng);
+        let interleaved = file
+            .iter()
+            .enumerate()
+            .flat_map(|(i, row)| {
+                let before = other.get(i).map(|o| ("other".to_string(), o.clone()));
+                before.into_iter().chain([("unit".to_string(), row.clone())])
+            })
+            .collect::<Vec<_>>();
+        let held = Histories::from_rows(interleaved, &layout);
+        let ids: Vec<&str> = held.units.iter().map(|h| h.id.as_str()).collect();
+        assert_eq!(ids, ["other", "unit"], "first-seen order");
+        let unit = held.units.last().unwrap();
+        assert_eq!(unit.len(), rows.len());
+        let len = rows.len();
+        for first in 0..len {
+            let start = if first == 0 { Start::History } else { Start::Window { rows_before: first } };
+            for end in first..=len {
+                let want = layout.encode(start, len, &rows[0], &rows[first..end], end == len);
+                assert_eq!(unit.encode(&layout, start, first..end, end == len), want, "{n} rows, {first}..{end}");
+            }
+        }
+        let mut decoded = layout.parse(&layout.encode(Start::History, len, &rows[0], &rows, true), 0).unwrap();
+        decoded.iter_mut().zip(&rows).for_each(|(d, r)| d[order] = r[order]);
+        assert_eq!(unit.values(&layout), decoded);
+    }
 }
 
 /// With a released histogram of lengths, every history takes its length from it, across
@@ -428,7 +488,7 @@ fn a_model_without_lag_tables_trains_and_samples() {
     let spec: SequenceModelSpec = serde_json::from_value(saved).unwrap();
     assert!(spec.lagged.is_empty());
     let model = SequenceModel::new(&spec, &device);
-    let examples = histories(&domain, &[3, 5]);
+    let examples = histories(&spec.layout, &domain, &[3, 5]);
     let batch = model.losses(&examples, &[0, 1], &[1; 32], &device, &mut Plain);
     assert!(batch.losses.into_data().iter::<f32>().all(f32::is_finite));
     let sampler = SequenceSampler { transformer: model.transformer, spec, temperature: 1.0, lengths: None };
@@ -542,7 +602,7 @@ async fn without_noise_the_model_keeps_each_vitals_lag1() {
     let losses = train_plain(&mut model, &histories, &training, 1);
     let drawn = sample(&model, 400, None, 2);
     let vitals = [domain.index_of("heart_rate").unwrap(), domain.index_of("temperature").unwrap()];
-    let real_rows: Vec<Vec<Vec<Option<f64>>>> = histories.units.iter().map(|(_, rows)| rows.clone()).collect();
+    let real_rows: Vec<Vec<Vec<Option<f64>>>> = histories.units.iter().map(|h| h.values(&plan.model.layout)).collect();
     let (real, synthetic) = (feature_sequences(&real_rows, &vitals), feature_sequences(&drawn, &vitals));
     let lags: Vec<(String, f64, f64)> = vitals
         .iter()

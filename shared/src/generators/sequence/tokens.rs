@@ -335,22 +335,41 @@ impl Layout {
         tokens.decode(bin, refined, self.fine)
     }
 
-    /// The static columns' tokens of a history (values in domain order; the first row's).
-    pub fn static_tokens(&self, row: &[Option<f64>]) -> Vec<u32> {
-        let mut out = Vec::new();
+    /// Appends the static columns' tokens of a history (`value(c)`: its first row's value
+    /// of domain column `c`).
+    pub fn push_statics(&self, value: impl Fn(usize) -> Option<f64>, out: &mut Vec<u32>) {
         for &c in &self.statics {
-            self.push_field(Field::Column(c), row[c], &mut out);
+            self.push_field(Field::Column(c), value(c), out);
         }
-        out
     }
 
-    /// A row's tokens after its order field (values in domain order).
-    pub fn row_tokens(&self, row: &[Option<f64>]) -> Vec<u32> {
-        let mut out = Vec::new();
+    /// Appends a row's tokens after its order field (`value(c)`: the row's value of domain
+    /// column `c`).
+    pub fn push_row(&self, value: impl Fn(usize) -> Option<f64>, out: &mut Vec<u32>) {
         for &c in &self.row_columns {
-            self.push_field(Field::Column(c), row[c], &mut out);
+            self.push_field(Field::Column(c), value(c), out);
         }
-        out
+    }
+
+    /// How many of `tokens` the fields in `fields` take from their start (a bin, and its
+    /// refinement where the bin has levels).
+    fn fields_len(&self, fields: impl Iterator<Item = Field>, tokens: &[u32]) -> usize {
+        fields.fold(0, |at, field| {
+            let field = self.field_tokens(field);
+            at + 1 + usize::from(field.levels(tokens[at] - field.offset, self.fine) > 0)
+        })
+    }
+
+    /// How many tokens the static columns take at the start of `tokens` (as
+    /// [`Layout::push_statics`] wrote them).
+    pub fn statics_len(&self, tokens: &[u32]) -> usize {
+        self.fields_len(self.statics.iter().map(|&c| Field::Column(c)), tokens)
+    }
+
+    /// How many tokens the row at the start of `tokens` takes (as [`Layout::push_row`]
+    /// wrote it).
+    pub fn row_len(&self, tokens: &[u32]) -> usize {
+        self.fields_len(self.row_columns.iter().map(|&c| Field::Column(c)), tokens)
     }
 
     /// The order field's tokens of a sequence's `row`-th row (its value for the first row,
@@ -396,19 +415,40 @@ impl Layout {
         rows: &[Vec<Option<f64>>],
         end: bool,
     ) -> Vec<u32> {
+        let mut static_tokens = Vec::new();
+        self.push_statics(|c| statics[c], &mut static_tokens);
+        let order = self.order_column();
+        let rows = rows.iter().map(|row| {
+            let mut tokens = Vec::new();
+            self.push_row(|c| row[c], &mut tokens);
+            (order.and_then(|i| row[i]), tokens)
+        });
+        self.encode_tokens(start, length, &static_tokens, rows, end)
+    }
+
+    /// [`Layout::encode`] from tokens: the static columns' tokens, and each row's order
+    /// value with its tokens after the order field. The order fields are written here, as
+    /// they depend on where the sequence starts: its first row's value, then gaps.
+    pub fn encode_tokens<R: AsRef<[u32]>>(
+        &self,
+        start: Start,
+        length: usize,
+        statics: &[u32],
+        rows: impl IntoIterator<Item = (Option<f64>, R)>,
+        end: bool,
+    ) -> Vec<u32> {
         let mut out = match start {
             Start::History => vec![BOS],
             Start::Window { rows_before } => vec![MID, self.offset_token(rows_before)],
         };
         out.push(self.length_token(length));
-        out.extend(self.static_tokens(statics));
+        out.extend_from_slice(statics);
         let mut previous = None;
-        let order = self.order.as_ref().map(|(i, _)| *i);
-        for (r, row) in rows.iter().enumerate() {
-            let (tokens, decoded) = self.order_tokens(r, order.and_then(|i| row[i]), previous);
-            out.extend(tokens);
+        for (r, (order, tokens)) in rows.into_iter().enumerate() {
+            let (order_tokens, decoded) = self.order_tokens(r, order, previous);
+            out.extend(order_tokens);
             previous = decoded.or(previous);
-            out.extend(self.row_tokens(row));
+            out.extend_from_slice(tokens.as_ref());
         }
         if end {
             out.push(EOH);

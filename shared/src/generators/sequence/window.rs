@@ -9,6 +9,7 @@
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
+use super::histories::History;
 use super::tokens::{Cursor, Layout, Start};
 use crate::dpsgd::keyed_rng;
 
@@ -35,16 +36,16 @@ pub struct Window {
     pub rows_before: usize,
 }
 
-/// The example of a unit's `rows` (ordered, values in domain order) in a round.
-pub fn window(layout: &Layout, spec: &WindowSpec, rows: &[Vec<Option<f64>>], seed: &[u8; 32], unit: &str) -> Window {
-    let len = rows.len();
-    let mut rng = keyed_rng(seed, unit, 0);
+/// The example of a unit's history in a round.
+pub fn window(layout: &Layout, spec: &WindowSpec, history: &History, seed: &[u8; 32]) -> Window {
+    let len = history.len();
+    let mut rng = keyed_rng(seed, &history.id, 0);
     let k = if len <= 1 || rng.random::<f64>() < spec.p_start { 0 } else { rng.random_range(1..len) };
     let first = k.saturating_sub(spec.context_rows);
     let end = len.min(k + spec.window_rows.max(1));
     let start = if first == 0 { Start::History } else { Start::Window { rows_before: first } };
-    let tokens = layout.encode(start, len, &rows[0], &rows[first..end], end == len);
-    let loss_from = if k == 0 { 1 } else { layout.encode(start, len, &rows[0], &rows[first..k], false).len() };
+    let tokens = history.encode(layout, start, first..end, end == len);
+    let loss_from = if k == 0 { 1 } else { history.encode(layout, start, first..k, false).len() };
     Window { tokens, loss_from, rows_before: first }
 }
 
