@@ -96,6 +96,8 @@ pub enum JobError {
     #[error("a blocking task failed: {0}")]
     Blocking(#[from] tokio::task::JoinError),
     /// What the engine's own invariants rule out (a bug, not an input).
+    #[error("the job was cancelled before its release: nothing was released")]
+    Cancelled,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -136,6 +138,7 @@ impl JobError {
             | JobError::OutputOverlaps { .. }
             | JobError::ReferenceOverlaps { .. }
             | JobError::RunHeld { .. }
+            | JobError::Cancelled
             | JobError::Storage(_) => self.to_string(),
             JobError::Output(e) if e.is_public() => self.to_string(),
             JobError::Data(_) => format!("{INPUT_MISMATCH} (details are in the coordinator's operator log)"),
@@ -199,6 +202,9 @@ pub struct Progress {
     pub tasks_total: u32,
     pub tasks_done: u32,
     pub epsilon_spent: f64,
+    /// The release has begun (its marker claimed, parts being written): from here a job
+    /// runs to its end, cancelled or not.
+    pub releasing: bool,
 }
 
 /// Shared per-job progress, updated by the runner.

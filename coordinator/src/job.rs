@@ -31,6 +31,7 @@ use rhosynth_shared::output::{
 };
 use rhosynth_shared::spec::{ColumnKind, ColumnSpec, JobSpec};
 use rhosynth_shared::storage::{self, StoreLocation};
+use tokio::sync::Notify;
 
 use crate::generators::dpsgd::{DpSgdGenerator, DpSgdJob};
 use crate::generators::{Admission, Charged, Draws, Fitted, Generator};
@@ -47,6 +48,7 @@ pub async fn run_job(
     scheduler: &Scheduler,
     telemetry: &Telemetry,
     progress: ProgressHandle,
+    cancel: &Notify,
 ) -> Result<Manifest, JobError> {
     let JobRequest { job_id, spec, .. } = &request;
     // Fixed as the job starts, before any private read.
@@ -59,7 +61,13 @@ pub async fn run_job(
     // charged, and this job's release marker names a prefix no other job writes.
     let output = OutputWriter::create(storage::open(&output_url)?, job_id).await?;
     let claim = output.claim();
-    let written = claimed(&request, env, scheduler, telemetry, &progress, schedule, output).await;
+    let written = tokio::select! {
+        written = claimed(&request, env, scheduler, telemetry, &progress, schedule, output) => written,
+        () = cancelled_before_release(cancel, &progress) => {
+            stop_cancelled(&request, env, scheduler).await;
+            Err(JobError::Cancelled)
+        }
+    };
     if written.is_err() {
         // The claim's going shows the prefix's watcher when the job failed: at a boundary.
         if let Some(schedule) = &schedule {
@@ -68,6 +76,33 @@ pub async fn run_job(
         claim.abandon().await;
     }
     written
+}
+
+/// Resolves when the job is cancelled before its release began, never once it has: a
+/// release runs to its end, so no manifest names parts a cancellation deleted.
+async fn cancelled_before_release(cancel: &Notify, progress: &ProgressHandle) {
+    cancel.notified().await;
+    if progress.lock().unwrap_or_else(|e| e.into_inner()).releasing {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A cancelled job's cleanup (the job's own future was dropped where it stood): its queued
+/// tasks forgotten, those running waited for, up to a limit, so what they write is deleted
+/// with its partitions and run lease. A charge already recorded stays: spent, unreleased.
+async fn stop_cancelled(request: &JobRequest, env: &JobEnv, scheduler: &Scheduler) {
+    let job_id = &request.job_id;
+    tracing::warn!(job = job_id, "job cancelled before its release");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while scheduler.runs(job_id) && tokio::time::Instant::now() < deadline {
+        scheduler.cancel_queued(job_id);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    scheduler.cancel(job_id);
+    if let Ok(scratch) = storage::open(&env.scratch_url) {
+        scratch::delete_prefix(&scratch, &scratch::partition_prefix(job_id)).await;
+        run_lease::give_back(&scratch, &request.spec.job.dataset_id, job_id).await;
+    }
 }
 
 /// The ledger store a job charges: the request's, its spec's or the coordinator's default.
@@ -194,6 +229,7 @@ async fn synthesize<G: Generator>(
         schedule.hold().await;
     }
     set_stage(ctx.progress, "sampling");
+    ctx.progress.lock().unwrap_or_else(|e| e.into_inner()).releasing = true;
     // Sampling is post-processing: its randomness is not private.
     let rng = os_rng()?;
     // A charge already released (by another coordinator, or a resumed copy of this job)

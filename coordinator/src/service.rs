@@ -15,6 +15,7 @@ use rhosynth_proto::{
 };
 use rhosynth_shared::metrics::Exposition;
 use rhosynth_shared::spec::JobSpec;
+use tokio::sync::Notify;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -73,6 +74,8 @@ struct JobEntry {
     /// boundary of its schedule (`CoordinatorService::submitter_status`).
     started: Instant,
     ended: Option<Instant>,
+    /// Notified to cancel the job ([`CoordinatorService::cancel_job`]).
+    cancel: Arc<Notify>,
 }
 
 /// The coordinator: scheduler, jobs and configuration behind the gRPC service.
@@ -173,6 +176,7 @@ impl CoordinatorService {
     /// Starts an accepted request on behalf of `submitter` (who alone may see it).
     fn spawn_job(&self, request: JobRequest, submitter: Option<&Submitter>) -> Result<ProgressHandle, Status> {
         let progress: ProgressHandle = Arc::new(Mutex::new(Progress::default()));
+        let cancel = Arc::new(Notify::new());
         let job_id = request.job_id.clone();
         match self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry(job_id.clone()) {
             Entry::Occupied(_) => return Err(Status::already_exists(format!("job {job_id} was already submitted"))),
@@ -183,13 +187,14 @@ impl CoordinatorService {
                 submitter: submitter.map(|s| s.name.clone()),
                 started: Instant::now(),
                 ended: None,
+                cancel: cancel.clone(),
             }),
         };
         let this = self.clone();
         let handle = progress.clone();
         tokio::spawn(async move {
             let evaluation = request.spec.evaluation.is_some().then(|| request.clone());
-            let result = run_job(request, &this.config.env, &this.scheduler, &this.telemetry, handle).await;
+            let result = run_job(request, &this.config.env, &this.scheduler, &this.telemetry, handle, &cancel).await;
             let succeeded = result.is_ok();
             let outcome = match result {
                 Ok(manifest) => {
@@ -227,6 +232,13 @@ impl CoordinatorService {
             }
         });
         Ok(progress)
+    }
+
+    /// Cancels a running job: it stops with nothing released unless its release has begun,
+    /// which then runs to its end. Whether the job was known.
+    pub fn cancel_job(&self, job_id: &str) -> bool {
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.get(job_id).inspect(|entry| entry.cancel.notify_one()).is_some()
     }
 
     /// One Prometheus scrape: jobs by state, workers, tasks, ε per dataset.

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rhosynth_coordinator::auth::Access;
 use rhosynth_coordinator::datasets::Datasets;
@@ -120,6 +120,17 @@ pub struct RunArgs {
     /// private data, for the data owner only, never beside the output.
     #[arg(long, default_value = "./rhosynth-out/diagnostics")]
     diagnostics: String,
+    /// How progress is shown on stderr: a bar, or one JSON line per change (`{"progress":
+    /// {…}}`, for programs such as the Python package).
+    #[arg(long, value_enum, default_value = "bar")]
+    progress: ProgressFormat,
+}
+
+/// How a job's progress is shown.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ProgressFormat {
+    Bar,
+    Json,
 }
 
 #[derive(Args)]
@@ -238,6 +249,46 @@ fn show(bar: &ProgressBar, s: &JobStatus) {
     bar.set_message(format!("{} (ε spent {:.4})", s.message, s.epsilon_spent));
 }
 
+/// A job's progress as its format says: on a bar, or as a JSON line on stderr each time
+/// it changes.
+enum Shown {
+    Bar(ProgressBar),
+    Json { last: String },
+}
+
+impl Shown {
+    fn new(format: ProgressFormat) -> Self {
+        match format {
+            ProgressFormat::Bar => Shown::Bar(progress_bar()),
+            ProgressFormat::Json => Shown::Json { last: String::new() },
+        }
+    }
+
+    fn show(&mut self, s: &JobStatus) {
+        match self {
+            Shown::Bar(bar) => show(bar, s),
+            Shown::Json { last } => {
+                let state = JobState::try_from(s.state).map_or("unknown".into(), |s| format!("{s:?}").to_lowercase());
+                let line = serde_json::json!({"progress": {
+                    "state": state, "done": s.tasks_done, "total": s.tasks_total,
+                    "message": s.message, "epsilon_spent": s.epsilon_spent,
+                }})
+                .to_string();
+                if line != *last {
+                    eprintln!("{line}");
+                    *last = line;
+                }
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Shown::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
 /// Shows a job's progress until it ends; returns its final status.
 async fn follow(mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>) -> anyhow::Result<JobStatus> {
     let bar = progress_bar();
@@ -289,8 +340,30 @@ struct Locations {
     diagnostics: String,
 }
 
+/// The exit status of a job stopped by an interrupt (128 + SIGINT, as a shell reports it).
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// A standalone job's end: its status, and whether an interrupt (SIGINT or SIGTERM)
+/// cancelled it.
+struct Ended {
+    status: JobStatus,
+    interrupted: bool,
+}
+
+impl Ended {
+    fn exit_code(&self) -> ExitCode {
+        let code = report(&self.status);
+        if self.interrupted && self.status.state != JobState::Succeeded as i32 {
+            return ExitCode::from(EXIT_INTERRUPTED);
+        }
+        code
+    }
+}
+
 /// Runs a job on an in-process cluster (coordinator + local workers over loopback gRPC).
-async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow::Result<JobStatus> {
+/// An interrupt cancels the job: it stops with nothing released unless its release has
+/// begun, which then runs to its end.
+async fn run_standalone(spec: JobSpec, workers: usize, at: Locations, format: ProgressFormat) -> anyhow::Result<Ended> {
     let ledger = at.ledger.as_ref().or(spec.privacy.ledger.as_ref());
     for (store, url) in [("scratch", Some(&at.scratch)), ("diagnostics", Some(&at.diagnostics)), ("ledger", ledger)] {
         url.into_iter().for_each(|url| process::warn_if_shared(store, url));
@@ -304,9 +377,23 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow:
     tracing::info!(coordinator = cluster.url, workers, "standalone cluster started");
     let job_id = spec.job.id.clone().unwrap_or_else(new_job_id);
     let request = JobRequest { output_url: at.output, ledger_url: at.ledger, ..JobRequest::new(job_id.clone(), spec) };
-    let bar = progress_bar();
-    let status = cluster.run_job(request, |s| show(&bar, s)).await.map_err(anyhow::Error::msg);
-    bar.finish_and_clear();
+    let mut shown = Shown::new(format);
+    let mut interrupted = false;
+    let status = {
+        let run = cluster.run_job(request, |s| shown.show(s));
+        tokio::pin!(run);
+        tokio::select! {
+            status = &mut run => status,
+            () = super::shutdown_signal() => {
+                interrupted = true;
+                eprintln!("interrupted: cancelling job {job_id}; nothing is released unless its release has begun");
+                cluster.service.cancel_job(&job_id);
+                run.await
+            }
+        }
+    }
+    .map_err(anyhow::Error::msg);
+    shown.finish();
     if cluster.service.diagnostics_pending(&job_id) {
         let report = format!("{}/{job_id}", at.diagnostics.trim_end_matches('/'));
         eprintln!("writing the evaluation report (for the data owner, not differentially private) to {report}");
@@ -315,7 +402,7 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations) -> anyhow:
         }
     }
     cluster.shutdown().await;
-    status
+    Ok(Ended { status: status?, interrupted })
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -326,8 +413,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let at =
         Locations { output: args.output, ledger: args.ledger, scratch: args.scratch, diagnostics: args.diagnostics };
-    let status = runtime()?.block_on(run_standalone(spec, args.workers, at))?;
-    Ok(report(&status))
+    Ok(runtime()?.block_on(run_standalone(spec, args.workers, at, args.progress))?.exit_code())
 }
 
 /// A local input path with a `..` segment (an example reading `../shared/data`) as the file
@@ -376,8 +462,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         scratch: "./rhosynth-out/scratch".into(),
         diagnostics: "./rhosynth-out/diagnostics".into(),
     };
-    let status = rt.block_on(run_standalone(spec, 2, at))?;
-    let code = report(&status);
+    let code = rt.block_on(run_standalone(spec, 2, at, ProgressFormat::Bar))?.exit_code();
     rt.block_on(async {
         let ledger = Ledger::open(&storage::open(&ledger_url)?, &dataset).await?;
         let spent = ledger.spent()?;

@@ -1,0 +1,140 @@
+"""Runs the `rhosynth` binary the wheel ships: its JSON answer, its progress shown as it
+comes, its exit status as an exception, and an interrupt passed on so the job stops
+cleanly."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import threading
+
+from .errors import JobFailed, LedgerRefused, SpecError
+
+#: The CLI's exit status for a charge the ledger refuses.
+EXIT_BUDGET_REFUSED = 3
+#: The CLI's exit status for a job stopped by an interrupt (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+def binary():
+    """The `rhosynth` executable: $RHOSYNTH_BINARY, else the one installed beside this
+    package (the wheel's), else the first on PATH."""
+    named = os.environ.get("RHOSYNTH_BINARY")
+    if named:
+        return named
+    beside = os.path.join(sysconfig.get_path("scripts"), "rhosynth")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("rhosynth")
+    if found is None:
+        raise FileNotFoundError("the rhosynth binary is not installed (pip install the rhosynth wheel)")
+    return found
+
+
+class Progress:
+    """A job's progress as the CLI reports it (`--progress json`): a tqdm bar where tqdm is
+    installed (a widget in Jupyter), else one line rewritten on stderr."""
+
+    def __init__(self, enabled, label):
+        self.enabled, self.label, self.bar = enabled, label, None
+
+    def update(self, event):
+        if not self.enabled:
+            return
+        total, done = event.get("total", 0), event.get("done", 0)
+        text = f"{event.get('message', '')} (ε spent {event.get('epsilon_spent', 0):.4g})"
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            sys.stderr.write(f"\r{self.label}: {done}/{total} {text}\033[K")
+            sys.stderr.flush()
+            return
+        if self.bar is None:
+            self.bar = tqdm(total=total or None, desc=self.label, unit="task")
+        if total and self.bar.total != total:
+            self.bar.total = total
+        self.bar.n = done
+        self.bar.set_postfix_str(text, refresh=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled:
+            sys.stderr.write("\n")
+
+
+def run(args, progress=False, label="rhosynth"):
+    """Runs `rhosynth ARGS`; returns its JSON answer (stdout). Raises `LedgerRefused` on
+    exit status 3, `JobFailed` when a started job failed, `SpecError` for anything refused
+    before; on KeyboardInterrupt the job is interrupted, waited for, and the interrupt
+    raised again."""
+    if progress:
+        args = list(args) + ["--progress", "json"]
+    proc = subprocess.Popen(
+        [binary(), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        # Its own process group: a terminal's Ctrl-C reaches Python, which passes it on once.
+        start_new_session=True,
+    )
+    shown = Progress(progress, label)
+    err_lines, out = [], []
+    readers = [
+        threading.Thread(target=_read_stderr, args=(proc.stderr, err_lines, shown), daemon=True),
+        threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    finally:
+        for reader in readers:
+            reader.join(timeout=5)
+        shown.close()
+    return _answer(code, "".join(out), err_lines)
+
+
+def _read_stderr(stream, lines, shown):
+    for line in stream:
+        if line.startswith('{"progress":'):
+            try:
+                shown.update(json.loads(line)["progress"])
+                continue
+            except (ValueError, KeyError):
+                pass
+        lines.append(line.rstrip("\n"))
+
+
+def _answer(code, stdout, err_lines):
+    answer = None
+    if stdout.strip():
+        try:
+            answer = json.loads(stdout)
+        except ValueError:
+            answer = None
+    if code == 0:
+        return answer
+    # The CLI's error: from its last "error: " line to the end (a cause may follow it).
+    starts = [i for i, line in enumerate(err_lines) if line.startswith("error: ")]
+    told = "\n".join(err_lines[starts[-1] :])[len("error: ") :] if starts else "\n".join(err_lines[-5:])
+    message = (answer or {}).get("error") or told
+    if code == EXIT_BUDGET_REFUSED:
+        raise LedgerRefused(message)
+    if code == EXIT_INTERRUPTED:
+        raise KeyboardInterrupt(message)
+    if isinstance(answer, dict) and answer.get("state") == "failed":
+        raise JobFailed(message, answer.get("job_id"))
+    raise SpecError(message)
