@@ -95,9 +95,10 @@ pub enum JobError {
     SchedulerStopped,
     #[error("a blocking task failed: {0}")]
     Blocking(#[from] tokio::task::JoinError),
-    /// What the engine's own invariants rule out (a bug, not an input).
-    #[error("the job was cancelled before its release: nothing was released")]
+    /// Cancelled (`rhosynth run` interrupted) before its release began.
+    #[error("the job was cancelled before its release: nothing was released (a charge already recorded stays spent)")]
     Cancelled,
+    /// What the engine's own invariants rule out (a bug, not an input).
     #[error("internal error: {0}")]
     Internal(String),
 }

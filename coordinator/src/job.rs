@@ -64,7 +64,7 @@ pub async fn run_job(
     let written = tokio::select! {
         written = claimed(&request, env, scheduler, telemetry, &progress, schedule, output) => written,
         () = cancelled_before_release(cancel, &progress) => {
-            stop_cancelled(&request, env, scheduler).await;
+            stop_cancelled(&request, env).await;
             Err(JobError::Cancelled)
         }
     };
@@ -87,21 +87,16 @@ async fn cancelled_before_release(cancel: &Notify, progress: &ProgressHandle) {
     }
 }
 
-/// A cancelled job's cleanup (the job's own future was dropped where it stood): its queued
-/// tasks forgotten, those running waited for, up to a limit, so what they write is deleted
-/// with its partitions and run lease. A charge already recorded stays: spent, unreleased.
-async fn stop_cancelled(request: &JobRequest, env: &JobEnv, scheduler: &Scheduler) {
-    let job_id = &request.job_id;
-    tracing::warn!(job = job_id, "job cancelled before its release");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while scheduler.runs(job_id) && tokio::time::Instant::now() < deadline {
-        scheduler.cancel_queued(job_id);
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    scheduler.cancel(job_id);
+/// A cancelled job's cleanup (its future, and with it its `Gather`, dropped where it
+/// stood, so the scheduler has forgotten its tasks): its partitions and run lease deleted.
+/// What a worker still running one of its tasks writes afterwards is encrypted under the
+/// job's lost key and swept with a stopped coordinator's (`scratch::sweep_stale`). A
+/// charge already recorded stays: spent, unreleased.
+async fn stop_cancelled(request: &JobRequest, env: &JobEnv) {
+    tracing::warn!(job = request.job_id, "job cancelled before its release");
     if let Ok(scratch) = storage::open(&env.scratch_url) {
-        scratch::delete_prefix(&scratch, &scratch::partition_prefix(job_id)).await;
-        run_lease::give_back(&scratch, &request.spec.job.dataset_id, job_id).await;
+        scratch::delete_prefix(&scratch, &scratch::partition_prefix(&request.job_id)).await;
+        run_lease::give_back(&scratch, &request.spec.job.dataset_id, &request.job_id).await;
     }
 }
 

@@ -140,7 +140,8 @@ def synthesize(
         with open(job_path, "w", encoding="utf-8") as f:
             f.write(specs.dumps(job))
         args = ["run", job_path, "--workers", str(workers), "--output", out]
-        args += ["--scratch", os.path.join(scratch, "scratch"), "--diagnostics", os.path.join(scratch, "diagnostics")]
+        # An [evaluation] report is the data owner's: kept where the CLI keeps it.
+        args += ["--scratch", os.path.join(scratch, "scratch"), "--diagnostics", f"{DEFAULT_ROOT}/diagnostics"]
         manifest = cli.run(args, progress=progress, label=f"{job['generator']['name']} job {job_id}")
     template = None if isinstance(data, (str, os.PathLike)) else frames.to_pandas(data)
     return Result(manifest=manifest, output=out, spec=job, template=template)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import warnings
 
 from .errors import JobFailed, LedgerRefused, SpecError
 
@@ -70,7 +71,8 @@ def run(args, progress=False, label="rhosynth"):
     """Runs `rhosynth ARGS`; returns its JSON answer (stdout). Raises `LedgerRefused` on
     exit status 3, `JobFailed` when a started job failed, `SpecError` for anything refused
     before; on KeyboardInterrupt the job is interrupted, waited for, and the interrupt
-    raised again."""
+    raised again (unless the release had begun: the job then ends released and its
+    answer is returned, with a warning)."""
     if progress:
         args = list(args) + ["--progress", "json"]
     proc = subprocess.Popen(
@@ -91,19 +93,23 @@ def run(args, progress=False, label="rhosynth"):
     ]
     for reader in readers:
         reader.start()
+    interrupted = False
     try:
         code = proc.wait()
     except KeyboardInterrupt:
+        # The job stops, or, when its release had begun, runs to its end: wait for either
+        # (a second interrupt leaves it to finish on its own).
+        interrupted = True
         proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
+        code = proc.wait()
     finally:
         for reader in readers:
             reader.join(timeout=5)
         shown.close()
+    if interrupted and code != 0:
+        raise KeyboardInterrupt("the job was cancelled before its release: nothing was released")
+    if interrupted:
+        warnings.warn("interrupted after the job's release had begun: it ran to its end and is released")
     return _answer(code, "".join(out), err_lines)
 
 

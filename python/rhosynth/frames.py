@@ -3,6 +3,7 @@ and a release read back as a DataFrame with the input's column types."""
 
 import contextlib
 import hashlib
+import hmac
 import os
 import tempfile
 
@@ -34,17 +35,33 @@ def private_dir(name):
     return path
 
 
+def _name_key():
+    """This user's secret for naming input files (32 random bytes, 0600, made once)."""
+    path = os.path.join(private_dir("keys"), "input-names")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        with open(path, "rb") as f:
+            return f.read()
+    key = os.urandom(32)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    return key
+
+
 @contextlib.contextmanager
 def csv_input(data):
     """The table as a CSV file (readable by this user only) for the length of the block.
-    Its name is its content's SHA-256: a dataset's ledger is bound to the file its first
-    charge read, and the same table is the same file in every call. Deleted after."""
+    A dataset's ledger is bound to the file its first charge read and shows its name, so
+    the name is the same for the same table in every call, yet says nothing of it: an
+    HMAC of its content under this user's own secret key (a plain hash would let anyone
+    who reads the ledger test a guess of the table). Deleted after."""
     folder = private_dir("inputs")
     fd, scratch = tempfile.mkstemp(dir=folder, suffix=".part")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             to_pandas(data).to_csv(f, index=False, date_format="%Y-%m-%dT%H:%M:%S")
-        digest = hashlib.sha256()
+        digest = hmac.new(_name_key(), digestmod=hashlib.sha256)
         with open(scratch, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
