@@ -5,6 +5,7 @@ the CLI), on a standalone cluster on this machine. See docs/python.md.
 """
 
 import dataclasses
+import json
 import os
 import tempfile
 import uuid
@@ -16,9 +17,12 @@ from .errors import JobFailed, LedgerRefused, RhosynthError, SpecError
 __all__ = [
     "draft",
     "synthesize",
+    "evaluate",
+    "audit",
     "ledger",
     "init_ledger",
     "Result",
+    "Client",
     "Ledger",
     "RhosynthError",
     "SpecError",
@@ -98,6 +102,12 @@ class Result:
     @property
     def data(self):
         """The synthetic table as a pandas DataFrame, with the input's column types."""
+        return self.read()
+
+    def read(self):
+        """The release read where it was written (a path, file:// or s3://, through
+        pyarrow's filesystems), as a pandas DataFrame: the input's column types where the
+        job had an input table, else the spec's."""
         return frames.like(self.to_arrow(), self.spec, self.manifest, self.template)
 
 
@@ -135,16 +145,44 @@ def synthesize(
     work = frames.private_dir("jobs")
     out = output or os.path.join(DEFAULT_ROOT, job["job"]["dataset_id"], job_id)
     with _input(data) as path, tempfile.TemporaryDirectory(dir=work) as scratch:
-        job.setdefault("input", {})["urls"] = [path]
-        job_path = os.path.join(scratch, "job.toml")
-        with open(job_path, "w", encoding="utf-8") as f:
-            f.write(specs.dumps(job))
+        _read_from(job, data, path)
+        job_path = _write_spec(job, scratch)
         args = ["run", job_path, "--workers", str(workers), "--output", out]
         # An [evaluation] report is the data owner's: kept where the CLI keeps it.
         args += ["--scratch", os.path.join(scratch, "scratch"), "--diagnostics", f"{DEFAULT_ROOT}/diagnostics"]
         manifest = cli.run(args, progress=progress, label=f"{job['generator']['name']} job {job_id}")
     template = None if isinstance(data, (str, os.PathLike)) else frames.to_pandas(data)
     return Result(manifest=manifest, output=out, spec=job, template=template)
+
+
+class Client:
+    """A served coordinator (`rhosynth serve`) as one submitter: jobs on the datasets its
+    operator declared and granted this submitter's token. `ca` is the CA that signed the
+    coordinator's certificate (PEM path); `output_root` the submitter's output root, where
+    a job whose spec names no output is written (`<output_root>/<job id>`)."""
+
+    def __init__(self, url, token=None, ca=None, output_root=None):
+        self.url, self.token, self.ca, self.output_root = url, token, ca, output_root
+
+    def submit(self, spec, output=None, progress=True):
+        """Submits a job (`rhosynth submit`) and follows it; returns its `Result`. The
+        input, unit and ledger are the declared dataset's. An interrupt stops following
+        (the served job runs on)."""
+        job = specs.load(spec)
+        args = ["submit", None, "--coordinator", self.url]
+        if self.ca is not None:
+            args += ["--tls-ca", str(self.ca)]
+        if output is not None:
+            args += ["--output", str(output)]
+        env = {"RHOSYNTH_TOKEN": self.token} if self.token is not None else None
+        with tempfile.TemporaryDirectory(dir=frames.private_dir("jobs")) as scratch:
+            args[1] = _write_spec(job, scratch)
+            manifest = cli.run(args, progress=progress, label=f"{job['generator']['name']} job", env=env)
+        prefix = output or job.get("output", {}).get("url")
+        if prefix is None and self.output_root is not None:
+            prefix = f"{str(self.output_root).rstrip('/')}/{manifest['job_id']}"
+        prefix = None if prefix is None else str(prefix).replace("{job_id}", manifest["job_id"])
+        return Result(manifest=manifest, output=prefix, spec=job)
 
 
 @dataclasses.dataclass
@@ -179,11 +217,83 @@ def _ensure_ledger(store, dataset, budget):
         init_ledger(store, dataset, *budget)
 
 
+def evaluate(real_test, synthetic, spec=None, train=None, out=None):
+    """The evaluation report (`rhosynth eval`) of `synthetic` (a `Result`, a table, or a
+    release's prefix or a file) against held-out real rows `real_test`, and the real
+    training rows `train` (default: a `Result`'s input table, else the spec's input). The
+    report is computed on private data and is NOT differentially private: for the data
+    owner. `out` keeps report.json and report.html there. Returns the report as a dict."""
+    if isinstance(synthetic, Result):
+        spec = synthetic.spec if spec is None else spec
+        train = synthetic.template if train is None else train
+        synthetic = synthetic.output
+    if spec is None:
+        raise TypeError("evaluate needs the job's spec (or a Result, which carries it)")
+    job = specs.load(spec)
+    work = frames.private_dir("jobs")
+    with tempfile.TemporaryDirectory(dir=work) as scratch:
+        report = out or os.path.join(scratch, "report")
+        with _input(real_test) as test, _input(synthetic) as drawn, _optional_input(train) as train_path:
+            tables = [t for t in (real_test, synthetic, train) if not isinstance(t, (str, os.PathLike, type(None)))]
+            if tables:
+                _read_from(job, tables[0], None)
+            args = ["eval", "--spec", _write_spec(job, scratch), "--test", test, "--synthetic", drawn, "--out", report]
+            if train_path is not None:
+                args += ["--train", train_path]
+            summary = cli.run(args)
+        with open(os.path.join(report, "report.json"), encoding="utf-8") as f:
+            full = json.load(f)
+    full["summary"] = summary
+    if out is not None:
+        full["html"] = os.path.join(out, "report.html")
+    return full
+
+
+def audit(spec, data=None, canaries=1000, score="pairs", workers=2, out=None, **options):
+    """An empirical privacy audit of `spec`'s mechanism (`rhosynth audit`): the job run once
+    with canaries, on `data` (a table or files with the spec's schema; default the spec's
+    input), and the ε its release proves. Returns the report as a dict; its `passed` says
+    whether it is consistent with the claimed ε. Other options are the CLI's (`guesses=`,
+    `canary_rows=`)."""
+    job = specs.load(spec)
+    work = frames.private_dir("jobs")
+    with tempfile.TemporaryDirectory(dir=work) as scratch, _optional_input(data) as stand_in:
+        if stand_in is not None:
+            _read_from(job, data, stand_in)
+        args = ["audit", _write_spec(job, scratch), "--canaries", str(canaries), "--score", score]
+        args += ["--workers", str(workers), "--out", str(out or os.path.join(scratch, "audit"))]
+        if stand_in is not None:
+            args += ["--data", stand_in]
+        for key, value in options.items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        return cli.run(args, allowed=(cli.EXIT_AUDIT_FAILED,))
+
+
+def _read_from(job, data, path):
+    """Points the spec's input at `path` (when given); a table is written as CSV with a
+    header line and commas, so the spec reads it so, its value spellings kept."""
+    if path is not None:
+        job.setdefault("input", {})["urls"] = [path]
+    if not isinstance(data, (str, os.PathLike)):
+        section = job.setdefault("input", {})
+        section["format"] = "csv"
+        dialect = section.setdefault("csv", {})
+        dialect.update({"has_header": True, "delimiter": ","})
+        dialect.pop("comment", None)
+
+
+def _write_spec(job, folder):
+    path = os.path.join(folder, "job.toml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(specs.dumps(job))
+    return path
+
+
 class _Path:
     """A path or URL the engine reads as it is."""
 
     def __init__(self, path):
-        self.path = str(path)
+        self.path = None if path is None else str(path)
 
     def __enter__(self):
         return self.path
@@ -194,3 +304,7 @@ class _Path:
 
 def _input(data):
     return _Path(data) if isinstance(data, (str, os.PathLike)) else frames.csv_input(data)
+
+
+def _optional_input(data):
+    return _Path(None) if data is None else _input(data)

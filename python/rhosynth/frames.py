@@ -9,6 +9,7 @@ import tempfile
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 
@@ -77,10 +78,15 @@ def csv_input(data):
             os.unlink(path)
 
 
-def read_release(prefix, manifest, filesystem=None):
-    """The release's one table (its manifest's parts) as an Arrow table."""
-    parts = [f"{prefix.rstrip('/')}/{part['path']}" for part in manifest["parts"]]
-    tables = [pq.read_table(part, filesystem=filesystem) for part in parts]
+def read_release(prefix, manifest):
+    """The release's one table (its manifest's parts) as an Arrow table, through pyarrow's
+    filesystems: a local path, file://, or s3:// (credentials and endpoint from the
+    environment, as the engine takes them)."""
+    if "://" in prefix:
+        filesystem, root = pafs.FileSystem.from_uri(prefix)
+    else:
+        filesystem, root = pafs.LocalFileSystem(), os.path.abspath(prefix)
+    tables = [pq.read_table(f"{root.rstrip('/')}/{part['path']}", filesystem=filesystem) for part in manifest["parts"]]
     return pa.concat_tables(tables) if tables else pa.table({})
 
 

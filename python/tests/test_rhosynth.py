@@ -116,3 +116,14 @@ def test_an_interrupt_stops_the_job_and_releases_nothing(tmp_path, ledger):
     assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
     charges = rs.ledger(ledger, "interrupted").charges
     assert all(c["status"] != "released" for c in charges), charges
+
+
+def test_an_audit_reports_the_epsilon_its_release_proves(tmp_path):
+    """`rs.audit` as `rhosynth audit`: the job run once with canaries in its input; the
+    report's lower bound on ε, and whether it is consistent with the claim (exit 4 is a
+    report, not an error)."""
+    job = spec("audited", epsilon=1.0)
+    report = rs.audit(job, data=patients(300), canaries=100, out=str(tmp_path / "audit"))
+    assert report["canaries"] == 100 and report["claimed_epsilon"] == pytest.approx(1.0)
+    assert report["passed"] is True
+    assert 0 <= report["epsilon_lower_bound"] <= 1.0

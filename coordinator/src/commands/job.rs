@@ -206,6 +206,9 @@ pub struct SubmitArgs {
     output: Option<String>,
     #[arg(long)]
     ledger: Option<String>,
+    /// How progress is shown on stderr (as `run --progress`).
+    #[arg(long, value_enum, default_value = "bar")]
+    progress: ProgressFormat,
 }
 
 fn parse_seconds(text: &str) -> Result<f64, String> {
@@ -290,13 +293,16 @@ impl Shown {
 }
 
 /// Shows a job's progress until it ends; returns its final status.
-async fn follow(mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>) -> anyhow::Result<JobStatus> {
-    let bar = progress_bar();
+async fn follow(
+    format: ProgressFormat,
+    mut status: impl AsyncFnMut() -> anyhow::Result<JobStatus>,
+) -> anyhow::Result<JobStatus> {
+    let mut shown = Shown::new(format);
     loop {
         let s = status().await?;
-        show(&bar, &s);
+        shown.show(&s);
         if s.state != JobState::Running as i32 {
-            bar.finish_and_clear();
+            shown.finish();
             return Ok(s);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -584,7 +590,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             Err(status) => bail!("the coordinator rejected the job: {}", status.message()),
         };
         eprintln!("submitted job {job_id} to {}", args.address.coordinator);
-        let status = follow(async || {
+        let status = follow(args.progress, async || {
             Ok(client.get_job(GetJobRequest { job_id: job_id.clone() }).await.context("polling the job")?.into_inner())
         })
         .await?;
