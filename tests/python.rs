@@ -22,6 +22,7 @@ fn run(dir: &Path, program: &Path, args: &[&str]) -> String {
         .current_dir(dir)
         .env_remove("RHOSYNTH_BINARY")
         .env("RHOSYNTH_TEST_WORKER", common::bin("rhosynth-worker"))
+        .env("RHOSYNTH_HOME", dir.join("home"))
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

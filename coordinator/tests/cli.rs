@@ -226,3 +226,27 @@ fn every_file_a_job_writes_is_private_to_its_user() {
     let open: Vec<_> = seen.iter().filter(|(_, mode)| mode & 0o077 != 0).collect();
     assert!(open.is_empty(), "readable by others: {open:?}");
 }
+
+/// `submit` never sends its token in the clear: not to a host named after user information
+/// that a prefix check would take for loopback, not over http with a CA it would not use,
+/// not over http to another host; it fails before connecting.
+#[test]
+fn submit_refuses_urls_that_would_send_its_token_in_the_clear() {
+    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo.toml");
+    let spec = spec.to_str().unwrap();
+    for (url, ca, refusal) in [
+        ("http://127.0.0.1:@evil.example:50051", None, "names a user"),
+        ("http://127.0.0.1:50051", Some("ca.pem"), "--tls-ca is for an https://"),
+        ("http://coordinator.example:50051", None, "without TLS"),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rhosynth"));
+        cmd.args(["submit", spec, "--coordinator", url]).env("RHOSYNTH_TOKEN", "a-token-0123456789");
+        if let Some(ca) = ca {
+            cmd.args(["--tls-ca", ca]);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{url}: {stderr}");
+        assert!(stderr.contains(refusal), "{url}: {stderr}");
+    }
+}

@@ -5,9 +5,11 @@ the CLI), on a standalone cluster on this machine. See docs/python.md.
 """
 
 import dataclasses
+import ipaddress
 import json
 import os
 import tempfile
+import urllib.parse
 import uuid
 
 from . import cli, frames
@@ -30,8 +32,11 @@ __all__ = [
     "JobFailed",
 ]
 
-#: Where ledgers, outputs and scratch go unless a call names them (the CLI's default).
+#: Where outputs, evaluation reports and audits go unless a call names them (the CLI's).
 DEFAULT_ROOT = "./rhosynth-out"
+#: The ledger store unless a call names one: this user's, whatever the working folder (a
+#: ledger made anew in another folder would start a dataset's budget over).
+DEFAULT_LEDGER = os.path.join(frames.home(), "ledger")
 
 
 def init_ledger(store, dataset, epsilon, delta, adjacency="add-remove"):
@@ -47,7 +52,7 @@ def draft(
     unit_column=None,
     epsilon=None,
     dataset="dataset",
-    ledger=f"{DEFAULT_ROOT}/ledger",
+    ledger=DEFAULT_LEDGER,
     budget=None,
     delta=1e-6,
     row_level=False,
@@ -134,17 +139,18 @@ def synthesize(
         job.setdefault("generator", {})["name"] = generator
     if epsilon is not None:
         privacy["epsilon"] = float(epsilon)
-    if ledger is not None:
-        privacy["ledger"] = str(ledger)
+    privacy["ledger"] = str(ledger) if ledger is not None else privacy.get("ledger", DEFAULT_LEDGER)
     if dataset is not None:
         job.setdefault("job", {})["dataset_id"] = dataset
     if budget is not None:
-        _ensure_ledger(privacy.get("ledger", f"{DEFAULT_ROOT}/ledger"), job["job"]["dataset_id"], budget)
+        privacy.setdefault("ledger", DEFAULT_LEDGER)
+        _ensure_ledger(privacy["ledger"], job["job"]["dataset_id"], budget)
     job_id = job.get("job", {}).get("id") or f"py-{uuid.uuid4().hex[:12]}"
     job.setdefault("job", {})["id"] = job_id
     work = frames.private_dir("jobs")
-    out = output or os.path.join(DEFAULT_ROOT, job["job"]["dataset_id"], job_id)
-    with _input(data) as path, tempfile.TemporaryDirectory(dir=work) as scratch:
+    named = job.get("output", {}).get("url")
+    out = str(output or (named and named.replace("{job_id}", job_id)) or os.path.join(DEFAULT_ROOT, job["job"]["dataset_id"], job_id))
+    with _input(data, job) as path, tempfile.TemporaryDirectory(dir=work) as scratch:
         _read_from(job, data, path)
         job_path = _write_spec(job, scratch)
         args = ["run", job_path, "--workers", str(workers), "--output", out]
@@ -162,7 +168,11 @@ class Client:
     a job whose spec names no output is written (`<output_root>/<job id>`)."""
 
     def __init__(self, url, token=None, ca=None, output_root=None):
+        _check_url(url, ca)
         self.url, self.token, self.ca, self.output_root = url, token, ca, output_root
+
+    def __repr__(self):
+        return f"Client({self.url!r}, token={'…' if self.token else None}, ca={self.ca!r})"
 
     def submit(self, spec, output=None, progress=True):
         """Submits a job (`rhosynth submit`) and follows it; returns its `Result`. The
@@ -177,7 +187,8 @@ class Client:
         env = {"RHOSYNTH_TOKEN": self.token} if self.token is not None else None
         with tempfile.TemporaryDirectory(dir=frames.private_dir("jobs")) as scratch:
             args[1] = _write_spec(job, scratch)
-            manifest = cli.run(args, progress=progress, label=f"{job['generator']['name']} job", env=env)
+            label = f"{job['generator']['name']} job"
+            manifest = cli.run(args, progress=progress, label=label, env=env, detached=True)
         prefix = output or job.get("output", {}).get("url")
         if prefix is None and self.output_root is not None:
             prefix = f"{str(self.output_root).rstrip('/')}/{manifest['job_id']}"
@@ -210,6 +221,24 @@ def ledger(store, dataset):
     )
 
 
+def _check_url(url, ca):
+    """A coordinator's URL: https, or http to a loopback address only and then without a
+    CA (it would not be used); never with user information (which names another host)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" in parts.netloc:
+        raise ValueError(f"a coordinator URL names no user: {url}")
+    if parts.scheme == "https":
+        return
+    try:
+        loopback = ipaddress.ip_address(parts.hostname or "").is_loopback
+    except ValueError:
+        loopback = parts.hostname == "localhost"
+    if parts.scheme != "http" or not loopback:
+        raise ValueError(f"{url}: use https:// (with ca=) for a coordinator that is not on this machine")
+    if ca is not None:
+        raise ValueError(f"{url}: ca= is for an https:// coordinator; over http it would not be used")
+
+
 def _ensure_ledger(store, dataset, budget):
     try:
         ledger(store, dataset)
@@ -233,10 +262,9 @@ def evaluate(real_test, synthetic, spec=None, train=None, out=None):
     work = frames.private_dir("jobs")
     with tempfile.TemporaryDirectory(dir=work) as scratch:
         report = out or os.path.join(scratch, "report")
-        with _input(real_test) as test, _input(synthetic) as drawn, _optional_input(train) as train_path:
-            tables = [t for t in (real_test, synthetic, train) if not isinstance(t, (str, os.PathLike, type(None)))]
-            if tables:
-                _read_from(job, tables[0], None)
+        with _input(real_test, job) as test, _input(synthetic, job) as drawn, _optional_input(train, job) as train_path:
+            if any(not isinstance(t, (str, os.PathLike, type(None))) for t in (real_test, synthetic, train)):
+                job.setdefault("input", {})["format"] = "csv"
             args = ["eval", "--spec", _write_spec(job, scratch), "--test", test, "--synthetic", drawn, "--out", report]
             if train_path is not None:
                 args += ["--train", train_path]
@@ -257,11 +285,11 @@ def audit(spec, data=None, canaries=1000, score="pairs", workers=2, out=None, **
     `canary_rows=`)."""
     job = specs.load(spec)
     work = frames.private_dir("jobs")
-    with tempfile.TemporaryDirectory(dir=work) as scratch, _optional_input(data) as stand_in:
+    with tempfile.TemporaryDirectory(dir=work) as scratch, _optional_input(data, job) as stand_in:
         if stand_in is not None:
             _read_from(job, data, stand_in)
         args = ["audit", _write_spec(job, scratch), "--canaries", str(canaries), "--score", score]
-        args += ["--workers", str(workers), "--out", str(out or os.path.join(scratch, "audit"))]
+        args += ["--workers", str(workers), "--out", str(out or os.path.join(DEFAULT_ROOT, "audit"))]
         if stand_in is not None:
             args += ["--data", stand_in]
         for key, value in options.items():
@@ -270,16 +298,11 @@ def audit(spec, data=None, canaries=1000, score="pairs", workers=2, out=None, **
 
 
 def _read_from(job, data, path):
-    """Points the spec's input at `path` (when given); a table is written as CSV with a
-    header line and commas, so the spec reads it so, its value spellings kept."""
-    if path is not None:
-        job.setdefault("input", {})["urls"] = [path]
+    """Points the spec's input at `path`; a table was written as CSV in the spec's own
+    dialect (`frames.csv_input`), so only the format is said."""
+    job.setdefault("input", {})["urls"] = [path]
     if not isinstance(data, (str, os.PathLike)):
-        section = job.setdefault("input", {})
-        section["format"] = "csv"
-        dialect = section.setdefault("csv", {})
-        dialect.update({"has_header": True, "delimiter": ","})
-        dialect.pop("comment", None)
+        job["input"]["format"] = "csv"
 
 
 def _write_spec(job, folder):
@@ -302,9 +325,12 @@ class _Path:
         return False
 
 
-def _input(data):
-    return _Path(data) if isinstance(data, (str, os.PathLike)) else frames.csv_input(data)
+def _input(data, job=None):
+    """A path or URL as it is; a table as a CSV file in `job`'s dialect."""
+    if isinstance(data, (str, os.PathLike)):
+        return _Path(data)
+    return frames.csv_input(data, (job or {}).get("input", {}).get("csv"))
 
 
-def _optional_input(data):
-    return _Path(None) if data is None else _input(data)
+def _optional_input(data, job=None):
+    return _Path(None) if data is None else _input(data, job)

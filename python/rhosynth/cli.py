@@ -69,12 +69,14 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def run(args, progress=False, label="rhosynth", allowed=(), env=None):
+def run(args, progress=False, label="rhosynth", allowed=(), env=None, detached=False):
     """Runs `rhosynth ARGS`; returns its JSON answer (stdout). Raises `LedgerRefused` on
     exit status 3, `JobFailed` when a started job failed, `SpecError` for anything refused
     before; on KeyboardInterrupt the job is interrupted, waited for, and the interrupt
     raised again (unless the release had begun: the job then ends released and its
-    answer is returned, with a warning). Exit statuses in `allowed` answer too."""
+    answer is returned, with a warning). Exit statuses in `allowed` answer too.
+    `detached`: the command only follows a job elsewhere (`submit`): an interrupt stops
+    following and the job runs on."""
     if progress:
         args = list(args) + ["--progress", "json"]
     proc = subprocess.Popen(
@@ -109,6 +111,8 @@ def run(args, progress=False, label="rhosynth", allowed=(), env=None):
         for reader in readers:
             reader.join(timeout=5)
         shown.close()
+    if interrupted and detached:
+        raise KeyboardInterrupt("stopped following the job: it runs on at the coordinator")
     if interrupted and code != 0:
         raise KeyboardInterrupt("the job was cancelled before its release: nothing was released")
     if interrupted:

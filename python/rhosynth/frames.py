@@ -2,9 +2,12 @@
 and a release read back as a DataFrame with the input's column types."""
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import os
+import re
+import stat
 import tempfile
 
 import pandas as pd
@@ -24,21 +27,31 @@ def to_pandas(data):
     raise TypeError(f"data is a pandas, polars or pyarrow table, or a path or URL, not {type(data).__name__}")
 
 
+def home():
+    """This user's rhosynth folder: $RHOSYNTH_HOME, else ~/.rhosynth. It outlives reboots
+    (the input names' key and the default ledger must)."""
+    return os.environ.get("RHOSYNTH_HOME") or os.path.join(os.path.expanduser("~"), ".rhosynth")
+
+
 def private_dir(name):
-    """A folder only this user may read (0700), under the system's temporary folder."""
-    root = os.path.join(tempfile.gettempdir(), f"rhosynth-{os.getuid()}")
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    info = os.stat(root)
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{root} is not this user's alone: refusing to write private data there")
-    path = os.path.join(root, name)
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    """A folder of this user's rhosynth folder that only this user may read (0700), never
+    reached through a symbolic link."""
+    path = home()
+    for part in (None, name):
+        if part is not None:
+            path = os.path.join(path, part)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise PermissionError(f"{path} is not a folder of this user's alone: refusing to keep private data there")
     return path
 
 
 def _name_key():
     """This user's secret for naming input files (32 random bytes, 0600, made once)."""
     path = os.path.join(private_dir("keys"), "input-names")
+    if os.path.islink(path):
+        raise PermissionError(f"{path} is a symbolic link: refusing it as a key")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
@@ -51,17 +64,29 @@ def _name_key():
 
 
 @contextlib.contextmanager
-def csv_input(data):
-    """The table as a CSV file (readable by this user only) for the length of the block.
+def csv_input(data, dialect=None):
+    """The table as a CSV file (readable by this user only) for the length of the block,
+    written in the spec's CSV `dialect` (its `[input.csv]`: delimiter, header line, the
+    first missing-value spelling), datetimes in UTC.
+
     A dataset's ledger is bound to the file its first charge read and shows its name, so
-    the name is the same for the same table in every call, yet says nothing of it: an
-    HMAC of its content under this user's own secret key (a plain hash would let anyone
-    who reads the ledger test a guess of the table). Deleted after."""
+    the name is the same for the same table in every call, yet says nothing of it: an HMAC
+    of its content under this user's own secret key (a plain hash would let anyone who
+    reads the ledger test a guess of the table). Deleted after, unless another call still
+    reads it (a shared lock while in use)."""
+    dialect = dialect or {}
     folder = private_dir("inputs")
     fd, scratch = tempfile.mkstemp(dir=folder, suffix=".part")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            to_pandas(data).to_csv(f, index=False, date_format="%Y-%m-%dT%H:%M:%S")
+            _utc(to_pandas(data)).to_csv(
+                f,
+                index=False,
+                sep=dialect.get("delimiter", ","),
+                header=dialect.get("has_header", True),
+                na_rep=(dialect.get("null_values") or [""])[0],
+                date_format="%Y-%m-%dT%H:%M:%S",
+            )
         digest = hmac.new(_name_key(), digestmod=hashlib.sha256)
         with open(scratch, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -71,11 +96,35 @@ def csv_input(data):
     except BaseException:
         os.unlink(scratch)
         raise
+    lock = open(path + ".lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_SH)
     try:
         yield path
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        except BlockingIOError:
+            pass  # another call reads it: the last one out deletes it
+        finally:
+            lock.close()
+
+
+def _utc(frame):
+    """Time-zone-aware datetime columns as UTC wall times (the engine reads no offsets)."""
+    aware = [c for c in frame.columns if isinstance(frame[c].dtype, pd.DatetimeTZDtype)]
+    if not aware:
+        return frame
+    frame = frame.copy()
+    for c in aware:
+        frame[c] = frame[c].dt.tz_convert("UTC").dt.tz_localize(None)
+    return frame
+
+
+#: A part's path as the engine writes it: a file name, or folders and a file name, under
+#: the release's prefix (never absolute, never `..`).
+_PART = re.compile(r"^(?:[A-Za-z0-9_.=-]+/)*[A-Za-z0-9_=-][A-Za-z0-9_.=-]*$")
 
 
 def read_release(prefix, manifest):
@@ -86,6 +135,9 @@ def read_release(prefix, manifest):
         filesystem, root = pafs.FileSystem.from_uri(prefix)
     else:
         filesystem, root = pafs.LocalFileSystem(), os.path.abspath(prefix)
+    for part in manifest["parts"]:
+        if not _PART.match(part["path"]) or ".." in part["path"].split("/"):
+            raise ValueError(f"the manifest names a part outside its release: {part['path']!r}")
     tables = [pq.read_table(f"{root.rstrip('/')}/{part['path']}", filesystem=filesystem) for part in manifest["parts"]]
     return pa.concat_tables(tables) if tables else pa.table({})
 
@@ -116,13 +168,14 @@ def _cast(series, dtype, column):
         categories = [*known, *extra]
         if isinstance(dtype, pd.CategoricalDtype) and known and not isinstance(known[0], str):
             # Declared categories are text in the spec; the input's were not.
-            series = series.map({str(k): k for k in known}, na_action="ignore").where(series.notna())
-            categories = [*known, *extra]
+            lookup = {str(k): k for k in known}
+            series = series.map(lambda v: lookup.get(v, v), na_action="ignore")
         return pd.Categorical(series, categories=categories, ordered=getattr(dtype, "ordered", False))
     if dtype is None:
         return series
     if pd.api.types.is_datetime64_any_dtype(dtype):
         tz = getattr(dtype, "tz", None)
+        # An aware input went in as UTC wall times (`_utc`).
         return series.dt.tz_localize("UTC").dt.tz_convert(tz) if tz is not None else series.astype(dtype)
     if pd.api.types.is_integer_dtype(dtype):
         return series.round().astype("Int64" if series.isna().any() else dtype)

@@ -14,7 +14,8 @@ except ModuleNotFoundError:  # Python < 3.11
 def load(spec):
     """A spec as a new dict, from a dict, a TOML string or a path to a TOML file."""
     if isinstance(spec, dict):
-        return json.loads(json.dumps(spec, default=str))
+        # numpy scalars as their Python values, anything else (dates) as text.
+        return json.loads(json.dumps(spec, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
     if isinstance(spec, os.PathLike) or (isinstance(spec, str) and "\n" not in spec and spec.endswith(".toml")):
         with open(spec, "rb") as f:
             return tomllib.load(f)
@@ -59,7 +60,8 @@ def _value(value):
     if isinstance(value, (int, float)):
         return repr(value) if value == value and value not in (float("inf"), float("-inf")) else _special(value)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        # TOML's basic strings take JSON's escapes, and DEL escaped too.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, (datetime.date, datetime.datetime)):
         return value.isoformat()
     if isinstance(value, (list, tuple)):

@@ -126,3 +126,16 @@ def test_a_token_the_coordinator_does_not_know_is_refused(served):
     with pytest.raises(rs.RhosynthError, match="rejected"):
         client.submit(submitted_spec(), progress=False)
     assert not (served["dir"] / "ledger").exists() or rs.ledger(served["dir"] / "ledger", "ward").charges == []
+
+
+def test_a_client_refuses_urls_that_would_send_its_token_in_the_clear():
+    for url, ca in [
+        ("http://coordinator.example:50051", None),
+        ("http://127.0.0.1:@evil.example:50051", None),
+        ("https://user@coordinator.example:50051", "ca.pem"),
+        ("http://127.0.0.1:50051", "ca.pem"),
+    ]:
+        with pytest.raises(ValueError):
+            rs.Client(url, token="t", ca=ca)
+    assert "t0k" not in repr(rs.Client("https://c.example:1", token="t0k", ca="ca.pem"))
+    rs.Client("http://127.0.0.1:50051", token="t")  # loopback, as the CLI allows

@@ -211,6 +211,27 @@ pub struct SubmitArgs {
     progress: ProgressFormat,
 }
 
+/// Refuses a coordinator URL that would send a bearer token in the clear: with a token,
+/// https, or http to a loopback address; with `--tls-ca`, https (tonic uses TLS for https
+/// alone); never user information in the authority, which would name another host.
+fn check_coordinator_url(url: &str, token: bool, tls_ca: bool) -> anyhow::Result<()> {
+    let uri: tonic::transport::Uri = url.parse().with_context(|| format!("coordinator URL {url}"))?;
+    let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
+    if authority.contains('@') {
+        bail!("the coordinator URL {url} names a user; give the host alone");
+    }
+    let https = uri.scheme_str() == Some("https");
+    if tls_ca && !https {
+        bail!("--tls-ca is for an https:// coordinator; over {url} it would not be used");
+    }
+    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if token && !https && !loopback {
+        bail!("refusing to send a bearer token without TLS to {url}: give --tls-ca and an https:// URL");
+    }
+    Ok(())
+}
+
 fn parse_seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(s) if (0.1..=86_400.0).contains(&s) => Ok(s),
@@ -551,13 +572,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         (None, Err(_)) => None,
     };
     let address = &args.address;
-    let loopback = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"];
-    if token.is_some() && address.tls_ca.is_none() && !loopback.iter().any(|l| address.coordinator.starts_with(l)) {
-        bail!(
-            "refusing to send a bearer token without TLS to {}: give --tls-ca and an https:// URL",
-            address.coordinator
-        );
-    }
+    check_coordinator_url(&address.coordinator, token.is_some(), address.tls_ca.is_some())?;
     let authorization: Option<tonic::metadata::MetadataValue<_>> = token
         .map(|t| format!("Bearer {}", t.trim()).parse())
         .transpose()
