@@ -235,10 +235,11 @@ impl CoordinatorService {
     }
 
     /// Cancels a running job: it stops with nothing released unless its release has begun,
-    /// which then runs to its end. Whether the job was known.
-    pub fn cancel_job(&self, job_id: &str) -> bool {
-        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        jobs.get(job_id).inspect(|entry| entry.cancel.notify_one()).is_some()
+    /// which then runs to its end. An unknown job is nothing to cancel.
+    pub fn cancel_job(&self, job_id: &str) {
+        if let Some(entry) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(job_id) {
+            entry.cancel.notify_one();
+        }
     }
 
     /// One Prometheus scrape: jobs by state, workers, tasks, ε per dataset.

@@ -164,7 +164,8 @@ def _cast(series, dtype, column):
     kind = column.get("kind")
     if isinstance(dtype, pd.CategoricalDtype) or (dtype is None and kind == "categorical"):
         known = list(dtype.categories) if isinstance(dtype, pd.CategoricalDtype) else column.get("categories", [])
-        extra = [v for v in pd.unique(series.dropna()) if v not in set(map(str, known))]
+        names = set(map(str, known))
+        extra = [v for v in pd.unique(series.dropna()) if v not in names]
         categories = [*known, *extra]
         if isinstance(dtype, pd.CategoricalDtype) and known and not isinstance(known[0], str):
             # Declared categories are text in the spec; the input's were not.

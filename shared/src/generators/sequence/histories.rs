@@ -17,8 +17,8 @@ use crate::dpsgd::UnitExamples;
 #[derive(Clone, Debug, PartialEq)]
 pub struct History {
     pub id: String,
-    rows: usize,
-    /// Each row's order value, NaN where it is missing; empty without an order column.
+    /// Each row's order value, NaN where it is missing (every one without an order
+    /// column): one a row.
     order: Vec<f64>,
     /// The static columns' tokens (of the first row in order), then each row's tokens
     /// after its order field.
@@ -28,25 +28,25 @@ pub struct History {
 impl History {
     /// Rows in the history.
     pub fn len(&self) -> usize {
-        self.rows
+        self.order.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows == 0
+        self.order.is_empty()
     }
 
     /// The sequence of rows `rows` of the history (see [`Layout::encode`]).
     pub fn encode(&self, layout: &Layout, start: Start, rows: Range<usize>, end: bool) -> Vec<u32> {
-        debug_assert!(rows.end <= self.rows, "rows {rows:?} of a history of {}", self.rows);
+        debug_assert!(rows.end <= self.len(), "rows {rows:?} of a history of {}", self.len());
         let statics = layout.statics_len(&self.tokens);
         let rows = self.rows(layout, statics).skip(rows.start).take(rows.len());
-        layout.encode_tokens(start, self.rows, &self.tokens[..statics], rows, end)
+        layout.encode_tokens(start, self.len(), &self.tokens[..statics], rows, end)
     }
 
     /// The history's values in domain order, as its tokens decode (a value's sub-cell),
     /// the order column's exact.
     pub fn values(&self, layout: &Layout) -> Vec<Vec<Option<f64>>> {
-        let tokens = self.encode(layout, Start::History, 0..self.rows, true);
+        let tokens = self.encode(layout, Start::History, 0..self.len(), true);
         let mut rows = layout.parse(&tokens, 0).expect("a history's own tokens follow the grammar");
         if let Some(c) = layout.order_column() {
             rows.iter_mut().zip(&self.order).for_each(|(row, &v)| row[c] = present(v));
@@ -57,10 +57,10 @@ impl History {
     /// Each row's order value and its tokens, from the end of the statics.
     fn rows<'a>(&'a self, layout: &'a Layout, statics: usize) -> impl Iterator<Item = (Option<f64>, &'a [u32])> + 'a {
         let mut at = statics;
-        (0..self.rows).map(move |r| {
+        self.order.iter().map(move |&order| {
             let len = layout.row_len(&self.tokens[at..]);
             at += len;
-            (self.order.get(r).copied().and_then(present), &self.tokens[at - len..at])
+            (present(order), &self.tokens[at - len..at])
         })
     }
 }
@@ -97,21 +97,16 @@ impl UnitRows for TokenRows {
             at = row.end;
             spans.push((statics, row));
         }
-        let kept = match layout.order_column() {
-            Some(_) => in_order(&self.order, layout.max_rows),
-            None => (0..spans.len().min(layout.max_rows)).collect(),
-        };
+        // Without an order column every value is missing: rows stay in file order.
+        let kept = in_order(&self.order, layout.max_rows);
         let statics = kept.first().map_or(0..0, |&r| spans[r].0.clone());
         let mut tokens = Vec::with_capacity(statics.len() + kept.iter().map(|&r| spans[r].1.len()).sum::<usize>());
         tokens.extend_from_slice(&self.tokens[statics]);
         for &r in &kept {
             tokens.extend_from_slice(&self.tokens[spans[r].1.clone()]);
         }
-        let order = match layout.order_column() {
-            Some(_) => kept.iter().map(|&r| self.order[r]).collect(),
-            None => Vec::new(),
-        };
-        History { id, rows: kept.len(), order, tokens }
+        let order = kept.iter().map(|&r| self.order[r]).collect();
+        History { id, order, tokens }
     }
 }
 
