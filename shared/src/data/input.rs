@@ -444,10 +444,13 @@ impl<'a> InputReader<'a> {
                 Ok((encoder, csv_source(input, declared, names.as_deref(), stream, buffered, None)))
             }
             (Format::Csv, &ShardPart::Bytes { start, end }) => {
-                let size = location.store.head(&path).await.map_err(|e| read_err(&e))?.size;
-                // The header (after a byte-order mark), and where the records start.
+                // The header (after a byte-order mark), and where the records start; the
+                // file's size comes with it (one request, not a HEAD first).
                 let most = (BYTE_ORDER_MARK.len() + MAX_HEADER_BYTES + 1) as u64;
-                let head = location.store.get_range(&path, 0..size.min(most)).await.map_err(|e| read_err(&e))?;
+                let first = GetOptions { range: Some(GetRange::Bounded(0..most)), ..Default::default() };
+                let got = location.store.get_opts(&path, first).await.map_err(|e| read_err(&e))?;
+                let size = got.meta.size;
+                let head = got.bytes().await.map_err(|e| read_err(&e))?;
                 let bom = if head.starts_with(BYTE_ORDER_MARK) { BYTE_ORDER_MARK.len() } else { 0 };
                 let (names, data_start) = if input.csv.has_header {
                     let line = header_end(&head[bom..]).ok_or_else(|| no_header_line(url))?;
