@@ -1550,7 +1550,7 @@ async fn a_database_job_releases_every_table_with_its_keys_under_one_charge() {
     assert!(most(&admitted) <= CAPS.0 && most(&charted) <= CAPS.1);
     assert!(rows_of(admissions) > 0 && rows_of(vitals) > 0);
     // Charts in time order under each admission (each admission's charts are contiguous).
-    let times: Vec<Option<i64>> = column::<arrow_array::TimestampSecondArray>(vitals, "charttime")
+    let times: Vec<Option<i64>> = column::<arrow_array::TimestampMillisecondArray>(vitals, "charttime")
         .iter()
         .flat_map(|a| a.iter().collect::<Vec<_>>())
         .collect();

@@ -151,8 +151,8 @@ def like(table, spec, manifest, template=None):
     written = {c["name"]: c["data_type"] for c in manifest.get("columns", [])}
     for name in frame.columns:
         if written.get(name, "").startswith("Timestamp") and pd.api.types.is_numeric_dtype(frame[name].dtype):
-            # Parquet has no seconds unit: such a column is stored as seconds since 1970
-            # (float where a value is missing).
+            # Releases written before November 2026 stored datetimes as bare seconds since 1970
+            # (Parquet has no seconds unit); later ones as millisecond timestamps.
             frame[name] = pd.to_datetime(frame[name], unit="s")
         column = declared.get(name, {})
         dtype = template[name].dtype if template is not None and name in template.columns else None

@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import rhosynth as rs
@@ -75,6 +77,9 @@ def test_a_release_comes_back_with_the_inputs_column_types(tmp_path, ledger):
     assert 0 < shown.spent["epsilon"] <= 1.0
     # The same rows as Arrow, and a spec given as TOML text reads the same.
     assert result.to_arrow().num_rows == 200
+    # Read as any Parquet reader would, without the package: datetimes are timestamps.
+    part = pq.read_table(tmp_path / "out" / result.manifest["parts"][0]["path"])
+    assert pa.types.is_timestamp(part.schema.field("admitted").type), part.schema
     assert rs.spec.load(rs.spec.dumps(result.spec)) == result.spec
 
 

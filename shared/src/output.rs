@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampSecondArray};
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use chrono::{DateTime, Utc};
 use object_store::path::Path;
@@ -183,7 +183,9 @@ pub fn schema_of(columns: &[ColumnSpec]) -> SchemaRef {
                 ColumnKind::Categorical | ColumnKind::Identifier => DataType::Utf8,
                 ColumnKind::Integer => DataType::Int64,
                 ColumnKind::Continuous => DataType::Float64,
-                ColumnKind::Datetime => DataType::Timestamp(TimeUnit::Second, None),
+                // Parquet has no seconds unit (arrow would store bare integers): the values
+                // are whole seconds, written as milliseconds.
+                ColumnKind::Datetime => DataType::Timestamp(TimeUnit::Millisecond, None),
             };
             Field::new(&c.name, data_type, true)
         })
@@ -243,8 +245,8 @@ pub fn columns_to_batch(
                     SyntheticValue::Real(x) => Some(*x),
                     _ => None,
                 }))),
-                ColumnKind::Datetime => Arc::new(TimestampSecondArray::from_iter(values.map(|v| match v {
-                    SyntheticValue::Datetime(x) => Some(*x),
+                ColumnKind::Datetime => Arc::new(TimestampMillisecondArray::from_iter(values.map(|v| match v {
+                    SyntheticValue::Datetime(x) => Some(x.saturating_mul(1000)),
                     _ => None,
                 }))),
                 ColumnKind::Identifier => unreachable!(),
@@ -487,6 +489,35 @@ mod tests {
             tables: Vec::new(),
             privacy,
         }
+    }
+
+    /// A datetime column is a Parquet timestamp that other readers (pandas, DuckDB, Spark)
+    /// read as a timestamp, at the instant the values name, with missing values missing.
+    #[tokio::test]
+    async fn datetimes_are_written_as_parquet_timestamps() {
+        use parquet::basic::{LogicalType, TimeUnit as ParquetUnit};
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let column: ColumnSpec = toml::from_str("name = \"t\"\nkind = \"datetime\"").unwrap();
+        let instant = 1_700_000_123;
+        let rows = vec![vec![SyntheticValue::Datetime(instant)], vec![SyntheticValue::Missing]];
+        let batch = columns_to_batch(&[column], &rows, |_, _| None);
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = OutputWriter::create(storage::open(dir.path().to_str().unwrap()).unwrap(), "a").await.unwrap();
+        writer.write_part(&batch).await.unwrap();
+        let file = std::fs::File::open(dir.path().join("part-00000.parquet")).unwrap();
+        let reader = SerializedFileReader::new(file).unwrap();
+        let parquet_column = reader.metadata().file_metadata().schema_descr().column(0);
+        assert_eq!(parquet_column.logical_type_ref(), Some(&LogicalType::timestamp(false, ParquetUnit::MILLIS)));
+        let read = parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(
+            std::fs::File::open(dir.path().join("part-00000.parquet")).unwrap(),
+            8,
+        )
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+        let times = read.column(0).as_any().downcast_ref::<TimestampMillisecondArray>().unwrap();
+        assert_eq!(times.iter().collect::<Vec<_>>(), [Some(instant * 1000), None]);
     }
 
     /// A prefix is claimed by one job at a time (a resumed run of the same job takes it
