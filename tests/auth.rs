@@ -61,16 +61,19 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
         ),
     )
     .unwrap();
-    let (alice, bob) = ("alice-token-0123456789", "bob-token-0123456789");
+    let (alice, bob, carol) = ("alice-token-0123456789", "bob-token-0123456789", "carol-token-0123456789");
     std::fs::write(
         d.join("submitters.toml"),
         format!(
             "[[submitter]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\ndatasets = [\"icu\"]\noutput_root = \"{}\"\n\n\
-             [[submitter]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\ndatasets = [\"claims\"]\noutput_root = \"{}\"\n",
+             [[submitter]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\ndatasets = [\"claims\"]\noutput_root = \"{}\"\n\n\
+             [[submitter]]\nname = \"carol\"\ntoken_sha256 = \"{}\"\ndatasets = [\"icu\"]\noutput_root = \"{}\"\n",
             rhosynth_coordinator::auth::token_sha256(alice),
             d.join("out").display(),
             rhosynth_coordinator::auth::token_sha256(bob),
-            d.join("bob").display()
+            d.join("bob").display(),
+            rhosynth_coordinator::auth::token_sha256(carol),
+            d.join("carol").display()
         ),
     )
     .unwrap();
@@ -202,4 +205,52 @@ fn only_authenticated_workers_and_authorised_submitters_reach_the_data() {
         (bob_sees.err(), alice_sees)
     });
     assert_eq!(seen, (Some(tonic::Code::NotFound), Ok("alice.nightly".to_string())));
+
+    // The dataset's ledger as each submitter sees it: every charge's cost and the totals,
+    // as the data owner's own view gives them, and only the submitter's own jobs by name.
+    let show = |token: &str| {
+        Command::new(bin("rhosynth"))
+            .args(["ledger", "show", "--dataset", "icu", "--coordinator", &url, "--tls-ca"])
+            .arg(d.join("ca.pem"))
+            .env("RHOSYNTH_TOKEN", token)
+            .output()
+            .unwrap()
+    };
+    let owner = Command::new(bin("rhosynth"))
+        .args(["ledger", "show", "--dataset", "icu", "--store", ledger.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let owner = last_json(&owner.stdout);
+    let costs = |shown: &serde_json::Value| -> Vec<(u64, f64, String)> {
+        let charges = shown["charges"].as_array().unwrap().iter();
+        charges.map(|c| (c["seq"].as_u64().unwrap(), c["epsilon"].as_f64().unwrap(), c["status"].to_string())).collect()
+    };
+    let alice_sees = show(alice);
+    assert!(alice_sees.status.success(), "{}", stderr(&alice_sees));
+    let alice_sees = last_json(&alice_sees.stdout);
+    let carol_out = show(carol);
+    assert!(carol_out.status.success(), "{}", stderr(&carol_out));
+    let carol_sees = last_json(&carol_out.stdout);
+    for seen in [&alice_sees, &carol_sees] {
+        assert_eq!((&seen["spent"], &seen["budget"]), (&owner["spent"], &owner["budget"]), "{seen}");
+        assert_eq!(costs(seen), costs(&owner));
+        assert!(seen.get("input").is_none(), "the operator's files are not a submitter's to see: {seen}");
+    }
+    assert_eq!(costs(&owner).len(), 2);
+    let named = |shown: &serde_json::Value, field: &str| -> Vec<serde_json::Value> {
+        shown["charges"].as_array().unwrap().iter().map(|c| c[field].clone()).collect()
+    };
+    assert_eq!(named(&alice_sees, "job_id"), [serde_json::json!("alice.nightly"), serde_json::json!("alice.unnamed")]);
+    assert!(named(&alice_sees, "mechanisms").iter().all(|m| !m.as_array().unwrap().is_empty()));
+    assert!(named(&carol_sees, "job_id").iter().chain(&named(&carol_sees, "mechanisms")).all(|v| v.is_null()));
+    // No charge's time (the data owner's view has them).
+    assert!(named(&alice_sees, "timestamp").iter().chain(&named(&carol_sees, "timestamp")).all(|v| v.is_null()));
+    assert!(named(&owner, "timestamp").iter().all(|v| v.is_string()));
+    let carol_text = String::from_utf8_lossy(&carol_out.stdout).into_owned() + &stderr(&carol_out);
+    assert!(!carol_text.contains("alice"), "another submitter's jobs named: {carol_text}");
+    // A dataset not granted is absent; an unknown token is refused.
+    let out = show(bob);
+    assert!(!out.status.success() && stderr(&out).contains("no dataset 'icu' is granted"), "{}", stderr(&out));
+    let out = show("guessed-token");
+    assert!(!out.status.success() && stderr(&out).contains("unknown bearer token"), "{}", stderr(&out));
 }

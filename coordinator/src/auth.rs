@@ -90,6 +90,17 @@ impl Access {
                 return Err(format!("{path}: submitter '{}': token_sha256 must be 64 hex digits", s.name));
             }
         }
+        // A name is a namespace of jobs and ledger charges, a token one submitter's.
+        for (i, a) in file.submitter.iter().enumerate() {
+            if let Some(b) = file.submitter[i + 1..].iter().find(|b| b.name == a.name) {
+                return Err(format!("{path}: submitter '{}' is declared twice", b.name));
+            }
+            if let Some(b) =
+                file.submitter[i + 1..].iter().find(|b| b.token_sha256.eq_ignore_ascii_case(&a.token_sha256))
+            {
+                return Err(format!("{path}: submitters '{}' and '{}' have the same token", a.name, b.name));
+            }
+        }
         // One submitter's releases are never another's to write.
         for (i, a) in file.submitter.iter().enumerate() {
             if let Some(b) = file.submitter[i + 1..].iter().find(|b| storage::nested(&a.output_root, &b.output_root)) {
@@ -162,6 +173,32 @@ mod tests {
         assert!(Access::Open.worker(&Request::new(())).is_ok());
         assert!(Access::InProcess.worker(&Request::new(())).is_ok());
         assert_eq!(Access::InProcess.submitter(&Request::new(())).unwrap_err().code(), tonic::Code::PermissionDenied);
+    }
+
+    #[test]
+    fn a_name_and_a_token_are_one_submitters() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("submitters.toml");
+        let load = |declared: &[(&str, &str)]| {
+            let text: String = declared
+                .iter()
+                .enumerate()
+                .map(|(i, (name, token))| {
+                    format!(
+                        "[[submitter]]\nname = \"{name}\"\ntoken_sha256 = \"{}\"\ndatasets = []\n\
+                         output_root = \"/srv/out/{i}\"\n",
+                        token_sha256(token)
+                    )
+                })
+                .collect();
+            std::fs::write(&path, text).unwrap();
+            Access::load_submitters(path.to_str().unwrap()).map(|_| ())
+        };
+        assert!(load(&[("alice", "a"), ("bob", "b")]).is_ok());
+        let err = load(&[("alice", "a"), ("alice", "b")]).unwrap_err();
+        assert!(err.contains("'alice' is declared twice"), "{err}");
+        let err = load(&[("alice", "a"), ("bob", "a")]).unwrap_err();
+        assert!(err.contains("the same token"), "{err}");
     }
 
     #[test]

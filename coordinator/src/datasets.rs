@@ -277,6 +277,11 @@ impl Datasets {
         dataset.ledger.clone().unwrap_or_else(|| self.default_ledger.clone())
     }
 
+    /// The ledger store of declared dataset `id`.
+    pub fn ledger_of(&self, id: &str) -> Option<String> {
+        self.by_id.get(id).map(|dataset| self.ledger_url(dataset))
+    }
+
     /// Creates the ledgers that do not exist yet with their declared budgets and inputs, and
     /// refuses a declaration whose budget or input differs from its existing ledger's: a
     /// ledger's budget is fixed when it is created, its input until an operator rebinds it.

@@ -1,17 +1,20 @@
 //! The coordinator's gRPC service: worker registration and liveness, task hand-out and
-//! results, job submission and status.
+//! results, job submission and status, and a dataset's ledger as a submitter sees it.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rhosynth_privacy::ledger::{Ledger, LedgerError};
+use rhosynth_privacy::summary;
 use rhosynth_proto::coordinator_server::Coordinator;
 use rhosynth_proto::result_chunk::Part;
 use rhosynth_proto::{
-    GetJobRequest, HeartbeatRequest, HeartbeatResponse, JobState, JobStatus, PROTOCOL_VERSION, PollTaskRequest,
-    PollTaskResponse, RegisterWorkerRequest, RegisterWorkerResponse, ReportFailureRequest, ReportFailureResponse,
-    ResultChunk, SubmitJobRequest, SubmitJobResponse, SubmitResultResponse, Task,
+    GetJobRequest, GetLedgerRequest, HeartbeatRequest, HeartbeatResponse, JobState, JobStatus, LedgerSummary,
+    PROTOCOL_VERSION, PollTaskRequest, PollTaskResponse, RegisterWorkerRequest, RegisterWorkerResponse,
+    ReportFailureRequest, ReportFailureResponse, ResultChunk, SubmitJobRequest, SubmitJobResponse,
+    SubmitResultResponse, Task,
 };
 use rhosynth_shared::metrics::Exposition;
 use rhosynth_shared::spec::JobSpec;
@@ -85,6 +88,8 @@ pub struct CoordinatorService {
     telemetry: Arc<Telemetry>,
     config: Arc<CoordinatorConfig>,
     jobs: Arc<Mutex<HashMap<String, JobEntry>>>,
+    /// Declared datasets' ledgers as submitters read them, kept to be refreshed.
+    ledgers: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<Ledger>>>>>,
 }
 
 /// A fresh job id: time plus randomness, sortable.
@@ -109,7 +114,13 @@ impl CoordinatorService {
                 }
             }
         });
-        Self { scheduler, telemetry: Arc::default(), config: Arc::new(config), jobs: Arc::default() }
+        Self {
+            scheduler,
+            telemetry: Arc::default(),
+            config: Arc::new(config),
+            jobs: Arc::default(),
+            ledgers: Arc::default(),
+        }
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -455,6 +466,61 @@ impl Coordinator for CoordinatorService {
             self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(&id).is_some_and(|e| e.submitter == submitter);
         let status = if owned { self.submitter_status(&id) } else { None };
         status.map(Response::new).ok_or_else(|| Status::not_found(format!("no job {id}")))
+    }
+
+    async fn get_ledger(&self, request: Request<GetLedgerRequest>) -> Result<Response<LedgerSummary>, Status> {
+        let submitter = self.config.access.submitter(&request)?.cloned();
+        let Some(datasets) = &self.config.datasets else {
+            return Err(Status::failed_precondition(
+                "this coordinator declares no datasets: the data owner reads a ledger with `rhosynth ledger show --store`",
+            ));
+        };
+        let dataset = request.into_inner().dataset_id;
+        // A dataset not granted is reported as absent, as another submitter's job is.
+        let absent = || Status::not_found(format!("no dataset '{dataset}' is granted to this submitter"));
+        if rhosynth_shared::spec::validate_id("dataset id", &dataset).is_err() {
+            return Err(Status::not_found("no such dataset is granted to this submitter"));
+        }
+        if submitter.as_ref().is_some_and(|s| !s.datasets.contains(&dataset)) {
+            return Err(absent());
+        }
+        let url = datasets.ledger_of(&dataset).ok_or_else(absent)?;
+        // The store's own error names the operator's locations: for the operator's log.
+        let unreadable = |e: &dyn std::fmt::Display| {
+            tracing::error!(dataset = %dataset, error = %e, "a submitter's ledger request failed");
+            Status::unavailable(format!(
+                "the ledger of dataset '{dataset}' cannot be read now; the operator's log says why"
+            ))
+        };
+        let cached = self.ledgers.lock().unwrap_or_else(|e| e.into_inner()).get(&dataset).cloned();
+        let handle = match cached {
+            Some(handle) => handle,
+            None => {
+                let location = rhosynth_shared::storage::open(&url).map_err(|e| unreadable(&e))?;
+                let ledger = match Ledger::open(&location, &dataset).await {
+                    Err(LedgerError::NotInitialised { .. }) => return Err(absent()),
+                    opened => opened.map_err(|e| unreadable(&e))?,
+                };
+                let mut ledgers = self.ledgers.lock().unwrap_or_else(|e| e.into_inner());
+                ledgers.entry(dataset.clone()).or_insert_with(|| Arc::new(tokio::sync::Mutex::new(ledger))).clone()
+            }
+        };
+        // One reader of a dataset's ledger at a time: a call reads the entries written since
+        // the last (one LIST, a GET each) and composes only their charges.
+        let mut ledger = handle.lock_owned().await;
+        ledger.refresh().await.map_err(|e| unreadable(&e))?;
+        // A submitter's job ids are `<name>.<job id>` (a name holds no dot).
+        let own = submitter.map(|s| format!("{}.", s.name));
+        // Composing charges under PLD can take a while: off the async threads.
+        let shown = tokio::task::spawn_blocking(move || {
+            let own = |job: &str| own.as_ref().is_none_or(|prefix| job.starts_with(prefix));
+            summary::LedgerSummary::of(&ledger, summary::Reader::Submitter { own: &own })
+        })
+        .await
+        .map_err(|_| Status::internal("the ledger's summary failed"))?
+        .map_err(|e| unreadable(&e))?;
+        let summary_json = serde_json::to_string(&shown).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(LedgerSummary { summary_json }))
     }
 }
 /// Plans the request's generator from public information, so that bad parameters are

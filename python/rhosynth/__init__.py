@@ -179,21 +179,31 @@ class Client:
         input, unit and ledger are the declared dataset's. An interrupt stops following
         (the served job runs on)."""
         job = specs.load(spec)
-        args = ["submit", None, "--coordinator", self.url]
-        if self.ca is not None:
-            args += ["--tls-ca", str(self.ca)]
+        args = ["submit", None, *self._reach()]
         if output is not None:
             args += ["--output", str(output)]
-        env = {"RHOSYNTH_TOKEN": self.token} if self.token is not None else None
         with tempfile.TemporaryDirectory(dir=frames.private_dir("jobs")) as scratch:
             args[1] = _write_spec(job, scratch)
             label = f"{job['generator']['name']} job"
-            manifest = cli.run(args, progress=progress, label=label, env=env, detached=True)
+            manifest = cli.run(args, progress=progress, label=label, env=self._env(), detached=True)
         prefix = output or job.get("output", {}).get("url")
         if prefix is None and self.output_root is not None:
             prefix = f"{str(self.output_root).rstrip('/')}/{manifest['job_id']}"
         prefix = None if prefix is None else str(prefix).replace("{job_id}", manifest["job_id"])
         return Result(manifest=manifest, output=prefix, spec=job)
+
+    def ledger(self, dataset):
+        """Declared dataset `dataset`'s ledger as the coordinator shows this submitter: the
+        budget, the total spent and every charge's cost and status; this submitter's own
+        charges with their job ids and mechanisms, others with `None` there; no charge's
+        time. `input` is `None`: the dataset's files are the operator's."""
+        return _ledger(cli.run(["ledger", "show", "--dataset", dataset, *self._reach()], env=self._env()))
+
+    def _reach(self):
+        return ["--coordinator", self.url, *(["--tls-ca", str(self.ca)] if self.ca is not None else [])]
+
+    def _env(self):
+        return {"RHOSYNTH_TOKEN": self.token} if self.token is not None else None
 
 
 @dataclasses.dataclass
@@ -205,19 +215,22 @@ class Ledger:
     spent: dict
     remaining_epsilon: float
     charges: list
-    input: list
+    input: "list | None"
 
 
 def ledger(store, dataset):
-    """`dataset`'s ledger in `store` (a path, file:// or s3:// URL)."""
-    shown = cli.run(["ledger", "show", "--dataset", dataset, "--store", str(store)])
+    """`dataset`'s ledger in `store` (a path, file:// or s3:// URL): the data owner's view."""
+    return _ledger(cli.run(["ledger", "show", "--dataset", dataset, "--store", str(store)]))
+
+
+def _ledger(shown):
     return Ledger(
         dataset=shown["dataset"],
         budget=shown["budget"],
         spent=shown["spent"],
         remaining_epsilon=shown["remaining_epsilon"],
         charges=shown["charges"],
-        input=shown["input"],
+        input=shown.get("input"),
     )
 
 

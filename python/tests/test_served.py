@@ -117,14 +117,26 @@ def test_a_served_job_runs_through_the_client_over_tls_with_a_token(served):
     assert list(out["ward"].cat.categories)[:3] == ["icu", "cardio", "neuro"]
     assert set(out["ward"].cat.categories[3:]) <= {"__other__"}
     # The dataset's ledger (the operator's) holds the one charge.
-    charges = rs.ledger(served["dir"] / "ledger", "ward").charges
-    assert [(c["epsilon"], c["status"]) for c in charges] == [(pytest.approx(1.0), "released")]
+    owner = rs.ledger(served["dir"] / "ledger", "ward")
+    assert [(c["epsilon"], c["status"]) for c in owner.charges] == [(pytest.approx(1.0), "released")]
+    # The submitter sees it through the coordinator: the same cost and totals, its own job
+    # by name, and not the operator's files.
+    seen = client.ledger("ward")
+    assert (seen.dataset, seen.budget, seen.spent, seen.input) == ("ward", owner.budget, owner.spent, None)
+    assert seen.remaining_epsilon == pytest.approx(owner.remaining_epsilon)
+    assert [(c["job_id"], c["epsilon"], c["status"]) for c in seen.charges] == [
+        (result.manifest["job_id"], owner.charges[0]["epsilon"], "released")
+    ]
+    with pytest.raises(rs.RhosynthError, match="no dataset 'claims' is granted"):
+        client.ledger("claims")
 
 
 def test_a_token_the_coordinator_does_not_know_is_refused(served):
     client = rs.Client(served["url"], token="not-a-token-0123456789", ca=served["ca"], output_root=served["out"])
     with pytest.raises(rs.RhosynthError, match="rejected"):
         client.submit(submitted_spec(), progress=False)
+    with pytest.raises(rs.RhosynthError, match="unknown bearer token"):
+        client.ledger("ward")
     assert not (served["dir"] / "ledger").exists() or rs.ledger(served["dir"] / "ledger", "ward").charges == []
 
 

@@ -16,12 +16,12 @@ use rhosynth_coordinator::server::serve;
 use rhosynth_coordinator::service::{CoordinatorConfig, CoordinatorService, new_job_id};
 use rhosynth_coordinator::standalone::Standalone;
 use rhosynth_privacy::ledger::Ledger;
-use rhosynth_proto::coordinator_client::CoordinatorClient;
 use rhosynth_proto::{GetJobRequest, JobState, JobStatus, SubmitJobRequest};
 use rhosynth_shared::spec::JobSpec;
 use rhosynth_shared::storage;
 use rhosynth_shared::{process, simulate};
 
+use super::client::SubmitterArgs;
 use super::{EXIT_BUDGET_REFUSED, print_json};
 
 /// The demo's job spec, compiled in so the demo needs no files.
@@ -181,27 +181,12 @@ pub struct ServeArgs {
     dev: bool,
 }
 
-/// How a client reaches the coordinator: its URL and, over TLS, the CA that signed the
-/// coordinator's certificate.
-#[derive(Args)]
-pub struct CoordinatorAddress {
-    /// Coordinator gRPC URL (`https://` with --tls-ca).
-    #[arg(long, env = "RHOSYNTH_COORDINATOR", default_value = "http://127.0.0.1:50051")]
-    coordinator: String,
-    /// The CA that signed the coordinator's certificate (PEM).
-    #[arg(long, env = "RHOSYNTH_TLS_CA")]
-    tls_ca: Option<PathBuf>,
-}
-
 #[derive(Args)]
 pub struct SubmitArgs {
     /// The job spec (TOML).
     spec: String,
     #[command(flatten)]
-    address: CoordinatorAddress,
-    /// A file holding the submitter's bearer token (`RHOSYNTH_TOKEN` also works).
-    #[arg(long)]
-    token_file: Option<PathBuf>,
+    client: SubmitterArgs,
     #[arg(long)]
     output: Option<String>,
     #[arg(long)]
@@ -209,27 +194,6 @@ pub struct SubmitArgs {
     /// How progress is shown on stderr (as `run --progress`).
     #[arg(long, value_enum, default_value = "bar")]
     progress: ProgressFormat,
-}
-
-/// Refuses a coordinator URL that would send a bearer token in the clear: with a token,
-/// https, or http to a loopback address; with `--tls-ca`, https (tonic uses TLS for https
-/// alone); never user information in the authority, which would name another host.
-fn check_coordinator_url(url: &str, token: bool, tls_ca: bool) -> anyhow::Result<()> {
-    let uri: tonic::transport::Uri = url.parse().with_context(|| format!("coordinator URL {url}"))?;
-    let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
-    if authority.contains('@') {
-        bail!("the coordinator URL {url} names a user; give the host alone");
-    }
-    let https = uri.scheme_str() == Some("https");
-    if tls_ca && !https {
-        bail!("--tls-ca is for an https:// coordinator; over {url} it would not be used");
-    }
-    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
-    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if token && !https && !loopback {
-        bail!("refusing to send a bearer token without TLS to {url}: give --tls-ca and an https:// URL");
-    }
-    Ok(())
 }
 
 fn parse_seconds(text: &str) -> Result<f64, String> {
@@ -566,32 +530,8 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.spec).with_context(|| format!("reading {}", args.spec))?;
     // Validate locally first: a bad spec should fail here, with its path.
     JobSpec::parse(&text, &args.spec)?;
-    let token = match (&args.token_file, std::env::var("RHOSYNTH_TOKEN")) {
-        (Some(path), _) => Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?),
-        (None, Ok(token)) => Some(token),
-        (None, Err(_)) => None,
-    };
-    let address = &args.address;
-    check_coordinator_url(&address.coordinator, token.is_some(), address.tls_ca.is_some())?;
-    let authorization: Option<tonic::metadata::MetadataValue<_>> = token
-        .map(|t| format!("Bearer {}", t.trim()).parse())
-        .transpose()
-        .context("the token is not a valid header value")?;
     runtime()?.block_on(async {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(address.coordinator.clone())?;
-        if let Some(ca) = &address.tls_ca {
-            endpoint = endpoint.tls_config(rhosynth_proto::tls::client_config(ca, None)?)?;
-        }
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("connecting to the coordinator at {}", address.coordinator))?;
-        let mut client = CoordinatorClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
-            if let Some(value) = &authorization {
-                request.metadata_mut().insert("authorization", value.clone());
-            }
-            Ok(request)
-        });
+        let mut client = args.client.connect().await?;
         let submitted = client
             .submit_job(SubmitJobRequest {
                 spec_toml: text,
@@ -604,7 +544,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             Ok(r) => r.into_inner().job_id,
             Err(status) => bail!("the coordinator rejected the job: {}", status.message()),
         };
-        eprintln!("submitted job {job_id} to {}", args.address.coordinator);
+        eprintln!("submitted job {job_id} to {}", args.client.coordinator);
         let status = follow(args.progress, async || {
             Ok(client.get_job(GetJobRequest { job_id: job_id.clone() }).await.context("polling the job")?.into_inner())
         })

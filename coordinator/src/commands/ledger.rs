@@ -4,12 +4,15 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use rhosynth_privacy::ledger::{Budget, ChargeRequest, EntryBody, Ledger, LedgerError, Spent, canonical_input};
+use rhosynth_privacy::ledger::{Budget, ChargeRequest, Ledger, LedgerError, Spent, canonical_input};
+use rhosynth_privacy::summary::{LedgerSummary, Reader};
+use rhosynth_proto::GetLedgerRequest;
 use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions};
 use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
 use rhosynth_shared::storage;
 use serde_json::json;
 
+use super::client::SubmitterArgs;
 use super::{EXIT_BUDGET_REFUSED, print_json};
 
 #[derive(Subcommand)]
@@ -41,10 +44,19 @@ pub enum LedgerCommand {
         #[arg(long, required = true)]
         input: Vec<String>,
     },
-    /// Print the budget, every entry and the total spent.
+    /// Print the budget, every charge and the total spent: the ledger itself (`--store`, the
+    /// data owner's), or a served dataset's as its coordinator shows it to this submitter
+    /// (other submitters' charges by their cost alone).
     Show {
+        /// Dataset id, as declared in job specs.
+        #[arg(long)]
+        dataset: String,
+        /// Ledger store: a path, file://… or s3://bucket/prefix (the coordinator's options
+        /// are then unused). Absent: ask the coordinator.
+        #[arg(long)]
+        store: Option<String>,
         #[command(flatten)]
-        at: LedgerAt,
+        served: SubmitterArgs,
     },
     /// Price a job and say whether the ledger would admit it; writes nothing.
     ChargeDryRun {
@@ -124,6 +136,41 @@ fn describe(spent: &Spent) -> String {
     )
 }
 
+/// Prints a summary: a table on stderr (the `input` line under its heading), and its JSON
+/// (with `extra`'s fields) on stdout.
+fn print_summary(summary: &LedgerSummary, input: Option<String>, extra: serde_json::Value) -> anyhow::Result<()> {
+    let LedgerSummary { dataset, budget, adjacency, spent, remaining_epsilon, charges } = summary;
+    eprintln!("dataset {dataset} — budget ε = {}, δ = {:e} ({adjacency})", budget.epsilon, budget.delta);
+    if let Some(input) = input {
+        eprintln!("input: {input}");
+    }
+    eprintln!(
+        "{:>5}  {:<25}  {:<10}  {:<4}  {:>10}  {:<9}  mechanisms",
+        "seq", "time", "job", "acct", "ε (job)", "status"
+    );
+    for charge in charges {
+        let mechanisms: Vec<String> = charge.mechanisms.iter().flatten().map(Mechanism::describe).collect();
+        let time = charge.timestamp.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        eprintln!(
+            "{:>5}  {:<25}  {:<10}  {:<4}  {:>10.4}  {:<9}  {}",
+            charge.seq,
+            time.as_deref().unwrap_or("—"),
+            charge.job_id.as_deref().unwrap_or("(not yours)"),
+            charge.accountant,
+            charge.epsilon,
+            format!("{:?}", charge.status).to_lowercase(),
+            mechanisms.join("; ")
+        );
+    }
+    eprintln!("spent {}; remaining ε = {remaining_epsilon:.6}", describe(spent));
+    let mut shown = serde_json::to_value(summary)?;
+    if let (Some(shown), serde_json::Value::Object(extra)) = (shown.as_object_mut(), extra) {
+        shown.extend(extra);
+    }
+    print_json(&shown);
+    Ok(())
+}
+
 async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         LedgerCommand::Init { at, epsilon, delta, adjacency, input } => {
@@ -148,55 +195,21 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
             eprintln!("the privacy ledger of '{}' is bound to {:?} (was {before:?})", at.dataset, ledger.input());
             print_json(&json!({"dataset": ledger.dataset_id(), "input": ledger.input(), "before": before}));
         }
-        LedgerCommand::Show { at } => {
-            let ledger = open(&at).await?;
-            let spent = ledger.spent()?;
-            let budget = ledger.budget();
-            eprintln!(
-                "dataset {} — budget ε = {}, δ = {:e} ({})",
-                ledger.dataset_id(),
-                budget.epsilon,
-                budget.delta,
-                ledger.adjacency()
-            );
-            eprintln!("input: {}", ledger.input().map_or("not bound yet".to_string(), |urls| urls.join(", ")));
-            eprintln!(
-                "{:>5}  {:<25}  {:<10}  {:<4}  {:>10}  {:<9}  mechanisms",
-                "seq", "time", "job", "acct", "ε (job)", "status"
-            );
-            let charges = ledger.charges();
-            for (entry, status) in &charges {
-                if let EntryBody::Charge { request, cost } = &entry.body {
-                    let mechanisms: Vec<String> = request.mechanisms.iter().map(Mechanism::describe).collect();
-                    eprintln!(
-                        "{:>5}  {:<25}  {:<10}  {:<4}  {:>10.4}  {:<9}  {}",
-                        entry.seq,
-                        entry.timestamp.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                        request.job_id,
-                        cost.accountant,
-                        cost.epsilon,
-                        format!("{status:?}").to_lowercase(),
-                        mechanisms.join("; ")
-                    );
-                }
-            }
-            eprintln!("spent {}; remaining ε = {:.6}", describe(&spent), (budget.epsilon - spent.epsilon).max(0.0));
-            let charges: Vec<_> = charges
-                .iter()
-                .filter_map(|(e, status)| match &e.body {
-                    EntryBody::Charge { request, cost } => Some(json!({
-                        "seq": e.seq, "timestamp": e.timestamp, "job_id": request.job_id, "status": status,
-                        "accountant": cost.accountant, "epsilon": cost.epsilon, "delta": cost.delta,
-                        "mechanisms": request.mechanisms,
-                    })),
-                    _ => None,
-                })
-                .collect();
-            print_json(&json!({
-                "dataset": ledger.dataset_id(), "budget": budget, "adjacency": ledger.adjacency(),
-                "input": ledger.input(), "spent": spent, "remaining_epsilon": (budget.epsilon - spent.epsilon).max(0.0),
-                "entries": ledger.entries().len(), "charges": charges,
-            }));
+        LedgerCommand::Show { dataset, store: Some(store), .. } => {
+            let ledger = open(&LedgerAt { dataset, store }).await?;
+            let summary = LedgerSummary::of(&ledger, Reader::Owner)?;
+            let input = ledger.input().map_or("not bound yet".to_string(), |urls| urls.join(", "));
+            print_summary(&summary, Some(input), json!({"input": ledger.input(), "entries": ledger.entries().len()}))?;
+        }
+        LedgerCommand::Show { dataset, store: None, served } => {
+            let mut client = served.connect().await?;
+            let shown = client
+                .get_ledger(GetLedgerRequest { dataset_id: dataset })
+                .await
+                .map_err(|status| anyhow::anyhow!("the coordinator at {}: {}", served.coordinator, status.message()))?;
+            let summary: LedgerSummary = serde_json::from_str(&shown.into_inner().summary_json)
+                .context("the coordinator's ledger summary is not one this version reads")?;
+            print_summary(&summary, None, json!({}))?;
         }
         LedgerCommand::ChargeDryRun { at, job_id, accountant, delta, q, sigma, steps, mechanism } => {
             let mechanisms = match (q, sigma, steps) {

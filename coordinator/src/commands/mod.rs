@@ -1,6 +1,7 @@
 //! One module per command group.
 
 pub mod audit;
+pub mod client;
 pub mod eval;
 pub mod job;
 pub mod ledger;

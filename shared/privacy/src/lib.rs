@@ -4,3 +4,4 @@
 
 pub mod ledger;
 pub mod release;
+pub mod summary;

@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rhosynth_privacy::ledger::{Budget, ChargeRequest, ChargeStatus, EntryBody, Ledger, LedgerError};
+use rhosynth_privacy::summary::{LedgerSummary, Reader};
 use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, account};
 use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism, Sampling};
 use rhosynth_shared::storage;
@@ -767,4 +768,36 @@ async fn a_release_records_its_manifest_once() {
     std::fs::write(entries.join(format!("{:020}.json", 4)), serde_json::to_vec_pretty(&second).unwrap()).unwrap();
     let err = open(dir.path()).await.err().expect("a second manifest record must fail the load");
     assert!(matches!(err, LedgerError::Corrupt { .. }) && err.to_string().contains("a second manifest"), "{err}");
+}
+
+#[tokio::test]
+async fn a_summary_shows_every_cost_and_only_the_readers_own_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = init(dir.path(), 2.0, DELTA).await;
+    let mine = ledger.charge(&request("alice.j1", gaussian(10.0), Accountant::Rdp, DELTA)).await.unwrap();
+    ledger.charge(&request("bob.j1", gaussian(20.0), Accountant::Pld, 1e-7)).await.unwrap();
+    ledger.record_release(mine.seq, "file:///out/alice/j1").await.unwrap();
+
+    let alices = |job: &str| job.starts_with("alice.");
+    let summary = LedgerSummary::of(&ledger, Reader::Submitter { own: &alices }).unwrap();
+    let spent = ledger.spent().unwrap();
+    assert_eq!((summary.dataset.as_str(), summary.budget, summary.spent), (DATASET, ledger.budget(), spent));
+    assert_eq!(summary.remaining_epsilon, 2.0 - spent.epsilon);
+    let [alice, bob] = summary.charges.as_slice() else { panic!("{:?}", summary.charges) };
+    assert_eq!((alice.seq, alice.status), (1, ChargeStatus::Released));
+    assert_eq!(alice.job_id.as_deref(), Some("alice.j1"));
+    assert_eq!(alice.mechanisms.as_deref(), Some(&[gaussian(10.0)][..]));
+    // Another submitter's charge: its cost, as the ledger recorded it, and nothing else.
+    let EntryBody::Charge { cost, .. } = &ledger.entries()[2].body else { panic!() };
+    assert_eq!((bob.seq, bob.status, bob.accountant), (2, ChargeStatus::Charged, Accountant::Pld));
+    assert_eq!((bob.epsilon, bob.delta), (cost.epsilon, 1e-7));
+    assert_eq!((bob.job_id.as_deref(), bob.mechanisms.as_deref()), (None, None));
+    assert!(!serde_json::to_string(&summary).unwrap().contains("bob"), "another submitter's name leaked");
+    // A charge's time is not a submitter's to see, its own charges' either.
+    assert!(summary.charges.iter().all(|c| c.timestamp.is_none()));
+
+    // The data owner's view names every job, with its time.
+    let whole = LedgerSummary::of(&ledger, Reader::Owner).unwrap();
+    assert_eq!(whole.charges[1].job_id.as_deref(), Some("bob.j1"));
+    assert_eq!(whole.charges[1].timestamp, Some(ledger.entries()[2].timestamp));
 }
