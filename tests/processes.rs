@@ -387,3 +387,33 @@ fn a_submitter_learns_nothing_row_level_from_bad_input() {
     assert_eq!(rt.block_on(ledger_state(&dir.path().join("ledger"), "no-oracle")), (0, 0.0), "nothing charged");
     assert!(manifest(&dir.path().join("out-no-oracle")).is_none());
 }
+
+/// The program that started a job stops reading its output (a notebook's kernel killed, a
+/// pipe into `head`): the job still ends, released, rather than losing its workers to a
+/// failed write of a log line.
+#[test]
+fn a_job_whose_output_is_no_longer_read_still_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(dir.path(), 60, "unread", 2);
+    let mut child = Command::new(bin("rhosynth"))
+        .args(["run", spec.to_str().unwrap(), "--workers", "2", "--progress", "json"])
+        .args(["--scratch", dir.path().join("scratch").to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop((child.stdout.take(), child.stderr.take()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the job never ended");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.success(), "{status}");
+    assert!(manifest(&dir.path().join("out-unread")).is_some(), "released");
+}

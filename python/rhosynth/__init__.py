@@ -90,7 +90,8 @@ def draft(
 @dataclasses.dataclass
 class Result:
     """A finished job: the synthetic table, the release's manifest (ε, δ, mechanisms, the
-    ledger entry) and where the release was written."""
+    ledger entry) and where the release was written. A database job's release is its
+    tables: `data`, `read()` and `to_arrow()` give a dict of them by name, the root first."""
 
     manifest: dict
     output: str
@@ -99,9 +100,14 @@ class Result:
     _table: object = dataclasses.field(default=None, repr=False)
 
     def to_arrow(self):
-        """The synthetic table as a pyarrow Table (`polars.from_arrow` takes it)."""
+        """The synthetic table as a pyarrow Table (`polars.from_arrow` takes it); a
+        database's tables as a dict of them."""
         if self._table is None:
-            self._table = frames.read_release(self.output, self.manifest)
+            tables = self.manifest.get("tables") or []
+            if tables:
+                self._table = {t["name"]: frames.read_parts(self.output, t["parts"]) for t in tables}
+            else:
+                self._table = frames.read_parts(self.output, self.manifest["parts"])
         return self._table
 
     @property
@@ -112,8 +118,16 @@ class Result:
     def read(self):
         """The release read where it was written (a path, file:// or s3://, through
         pyarrow's filesystems), as a pandas DataFrame: the input's column types where the
-        job had an input table, else the spec's."""
-        return frames.like(self.to_arrow(), self.spec, self.manifest, self.template)
+        job had an input table, else the spec's. A database's tables as a dict of them."""
+        read = self.to_arrow()
+        if isinstance(read, dict):
+            written = {t["name"]: t["columns"] for t in self.manifest["tables"]}
+            root = self.spec.get("schema", {})
+            declared = {root.get("table"): root.get("columns", [])}
+            declared.update({t["name"]: t.get("columns", []) for t in self.spec.get("tables", [])})
+            return {name: frames.like(table, declared.get(name, []), written[name]) for name, table in read.items()}
+        columns = self.spec.get("schema", {}).get("columns", [])
+        return frames.like(read, columns, self.manifest.get("columns", []), self.template)
 
 
 def synthesize(
@@ -153,7 +167,8 @@ def synthesize(
     with _input(data, job) as path, tempfile.TemporaryDirectory(dir=work) as scratch:
         _read_from(job, data, path)
         job_path = _write_spec(job, scratch)
-        args = ["run", job_path, "--workers", str(workers), "--output", out]
+        # A killed kernel leaves no job running on without it.
+        args = ["run", job_path, "--workers", str(workers), "--output", out, "--stop-with-parent"]
         # An [evaluation] report is the data owner's: kept where the CLI keeps it.
         args += ["--scratch", os.path.join(scratch, "scratch"), "--diagnostics", f"{DEFAULT_ROOT}/diagnostics"]
         manifest = cli.run(args, progress=progress, label=f"{job['generator']['name']} job {job_id}")

@@ -4,13 +4,12 @@ cleanly."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import threading
 import warnings
+from importlib import metadata
 
 from .errors import JobFailed, LedgerRefused, SpecError
 
@@ -23,18 +22,25 @@ EXIT_AUDIT_FAILED = 4
 
 
 def binary():
-    """The `rhosynth` executable: $RHOSYNTH_BINARY, else the one installed beside this
-    package (the wheel's), else the first on PATH."""
+    """The `rhosynth` executable: $RHOSYNTH_BINARY, else the one the wheel installed with
+    this package (its record lists it). Never another found on PATH: it could be another
+    version, or another user's."""
     named = os.environ.get("RHOSYNTH_BINARY")
     if named:
         return named
-    beside = os.path.join(sysconfig.get_path("scripts"), "rhosynth")
-    if os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which("rhosynth")
-    if found is None:
-        raise FileNotFoundError("the rhosynth binary is not installed (pip install the rhosynth wheel)")
-    return found
+    try:
+        installed = metadata.files("rhosynth") or []
+    except metadata.PackageNotFoundError:
+        installed = []
+    for file in installed:
+        if file.name == "rhosynth" and file.parent.name == "bin":
+            path = os.path.normpath(file.locate())
+            if os.access(path, os.X_OK):
+                return path
+    raise FileNotFoundError(
+        "the rhosynth binary is not installed beside this package (pip install the rhosynth wheel), "
+        "and RHOSYNTH_BINARY names none"
+    )
 
 
 class Progress:

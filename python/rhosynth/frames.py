@@ -9,6 +9,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 
 import pandas as pd
 import pyarrow as pa
@@ -73,9 +74,10 @@ def csv_input(data, dialect=None):
     the name is the same for the same table in every call, yet says nothing of it: an HMAC
     of its content under this user's own secret key (a plain hash would let anyone who
     reads the ledger test a guess of the table). Deleted after, unless another call still
-    reads it (a shared lock while in use)."""
+    reads it (a shared lock while in use); what a killed call left is deleted by the next."""
     dialect = dialect or {}
     folder = private_dir("inputs")
+    _sweep(folder)
     fd, scratch = tempfile.mkstemp(dir=folder, suffix=".part")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
@@ -92,12 +94,13 @@ def csv_input(data, dialect=None):
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         path = os.path.join(folder, digest.hexdigest() + ".csv")
+        # Locked before it is in place: a sweep never deletes it under this call.
+        lock = open(path + ".lock", "a")
+        fcntl.flock(lock, fcntl.LOCK_SH)
         os.replace(scratch, path)
     except BaseException:
         os.unlink(scratch)
         raise
-    lock = open(path + ".lock", "a")
-    fcntl.flock(lock, fcntl.LOCK_SH)
     try:
         yield path
     finally:
@@ -109,6 +112,29 @@ def csv_input(data, dialect=None):
             pass  # another call reads it: the last one out deletes it
         finally:
             lock.close()
+
+
+#: How old a half-written input (`.part`) must be to count as a killed call's.
+_STALE_PART_SECONDS = 3600
+
+
+def _sweep(folder):
+    """Deletes the input files of calls that were killed (a call deletes its own as it
+    ends): a table no call holds a lock on, and half-written ones an hour old."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.endswith(".csv"):
+            with open(path + ".lock", "a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live call reads it
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        elif name.endswith(".part"):
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - os.lstat(path).st_mtime > _STALE_PART_SECONDS:
+                    os.unlink(path)
 
 
 def _utc(frame):
@@ -127,28 +153,29 @@ def _utc(frame):
 _PART = re.compile(r"^(?:[A-Za-z0-9_.=-]+/)*[A-Za-z0-9_=-][A-Za-z0-9_.=-]*$")
 
 
-def read_release(prefix, manifest):
-    """The release's one table (its manifest's parts) as an Arrow table, through pyarrow's
+def read_parts(prefix, parts):
+    """A table of a release (its manifest's `parts`) as an Arrow table, through pyarrow's
     filesystems: a local path, file://, or s3:// (credentials and endpoint from the
     environment, as the engine takes them)."""
     if "://" in prefix:
         filesystem, root = pafs.FileSystem.from_uri(prefix)
     else:
         filesystem, root = pafs.LocalFileSystem(), os.path.abspath(prefix)
-    for part in manifest["parts"]:
+    for part in parts:
         if not _PART.match(part["path"]) or ".." in part["path"].split("/"):
             raise ValueError(f"the manifest names a part outside its release: {part['path']!r}")
-    tables = [pq.read_table(f"{root.rstrip('/')}/{part['path']}", filesystem=filesystem) for part in manifest["parts"]]
+    tables = [pq.read_table(f"{root.rstrip('/')}/{part['path']}", filesystem=filesystem) for part in parts]
     return pa.concat_tables(tables) if tables else pa.table({})
 
 
-def like(table, spec, manifest, template=None):
-    """A release as pandas, with the types of `template` (the input DataFrame) where it has
-    the column, else the spec's: categories as categoricals in declared order, datetimes as
-    datetimes, integers as nullable integers where values are missing."""
+def like(table, columns, written, template=None):
+    """A table of a release as pandas, with the types of `template` (the input DataFrame)
+    where it has the column, else those of the spec's `columns`: categories as categoricals
+    in declared order, datetimes as datetimes, integers as nullable integers where values
+    are missing. `written`: the manifest's columns."""
     frame = table.to_pandas()
-    declared = {c["name"]: c for c in spec.get("schema", {}).get("columns", [])}
-    written = {c["name"]: c["data_type"] for c in manifest.get("columns", [])}
+    declared = {c["name"]: c for c in columns}
+    written = {c["name"]: c["data_type"] for c in written}
     for name in frame.columns:
         if written.get(name, "").startswith("Timestamp") and pd.api.types.is_numeric_dtype(frame[name].dtype):
             # Releases written before November 2026 stored datetimes as bare seconds since 1970

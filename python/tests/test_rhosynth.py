@@ -1,7 +1,11 @@
 """The package as a user meets it: the installed wheel's binary, real jobs on this machine."""
 
+import fcntl
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -121,6 +125,88 @@ def test_an_interrupt_stops_the_job_and_releases_nothing(tmp_path, ledger):
     assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
     charges = rs.ledger(ledger, "interrupted").charges
     assert all(c["status"] != "released" for c in charges), charges
+
+
+def _alive(pid):
+    """Whether `pid` runs (a zombie no one reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_job_whose_python_is_killed_stops_and_releases_nothing(tmp_path, ledger):
+    """A kernel killed (SIGKILL: no interrupt to pass on) mid-job: the CLI sees its parent
+    gone, cancels the job, and the output prefix holds nothing."""
+    out = tmp_path / "orphaned"
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import rhosynth as rs
+        from test_rhosynth import patients, spec
+        job = spec("orphaned", rows=200)
+        job["generator"] = {{"name": "findiff", "findiff": {{"run": {{"batch_size": 64, "epochs": 2000}}}}}}
+        rs.synthesize(patients(4000), job, ledger={ledger!r}, budget=(50.0, 1e-5), output={str(out)!r}, progress=False)
+    """))
+    kernel = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 120
+    while not (out / "_claim.json").exists():
+        assert kernel.poll() is None and time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    with open(f"/proc/{kernel.pid}/task/{kernel.pid}/children") as f:
+        (cli,) = map(int, f.read().split())
+    time.sleep(3)
+    kernel.kill()
+    kernel.wait()
+    deadline = time.monotonic() + 60
+    while _alive(cli):
+        assert time.monotonic() < deadline, "the job ran on without its kernel"
+        time.sleep(0.2)
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+    charges = rs.ledger(ledger, "orphaned").charges
+    assert all(c["status"] != "released" for c in charges), charges
+
+
+def test_input_files_a_killed_call_left_are_deleted_by_the_next(tmp_path, monkeypatch):
+    """A call deletes its table's file as it ends; a killed one cannot, so the next call
+    deletes every file no live call holds (private rows do not linger)."""
+    monkeypatch.setenv("RHOSYNTH_HOME", str(tmp_path / "home"))
+    folder = rs.frames.private_dir("inputs")
+    left, held = (os.path.join(folder, c * 64 + ".csv") for c in "01")
+    for path in (left, held):
+        with open(path, "w") as f:
+            f.write("patient_id\np0\n")
+    with open(held + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # another call reading it
+        with rs.frames.csv_input(patients()) as path:
+            assert os.path.exists(path) and os.path.exists(held)
+            assert not os.path.exists(left)
+    assert not os.path.exists(path)
+
+
+def test_a_database_release_comes_back_as_its_tables(tmp_path, ledger):
+    """A database job (patients → admissions → vitals): the result is a dict of its tables,
+    the root first, each with its spec's types, and every key resolving to its parent."""
+    data = tmp_path / "db"
+    subprocess.run([rs.cli.binary(), "simulate", "--relational", "--patients", "200", str(data)], check=True)
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mimic-database.toml")
+    job = rs.spec.load(example)
+    for table in job["tables"]:
+        table["input"]["urls"] = [str(data / f"{table['name']}.csv")]
+    job["output"].pop("url")
+    result = rs.synthesize(str(data / "patients.csv"), job, ledger=ledger, budget=(10.0, 1e-5),
+                           output=str(tmp_path / "out"), progress=False)
+    tables = result.data
+    assert list(tables) == ["patients", "admissions", "vitals"]
+    patients_, admissions, vitals = tables.values()
+    assert len(patients_) > 0 and len(admissions) > 0 and len(vitals) > 0
+    assert list(patients_["sex"].cat.categories) == ["F", "M"]
+    assert str(admissions["admittime"].dtype).startswith("datetime64")
+    assert set(admissions["subject_id"]) <= set(patients_["subject_id"])
+    assert set(vitals["hadm_id"]) <= set(admissions["hadm_id"])
+    assert set(result.to_arrow()) == set(tables)
 
 
 def test_an_audit_reports_the_epsilon_its_release_proves(tmp_path):

@@ -22,7 +22,7 @@ use rhosynth_shared::storage;
 use rhosynth_shared::{process, simulate};
 
 use super::client::SubmitterArgs;
-use super::{EXIT_BUDGET_REFUSED, print_json};
+use super::{EXIT_BUDGET_REFUSED, note, print_json};
 
 /// The demo's job spec, compiled in so the demo needs no files.
 const DEMO_SPEC: &str = include_str!("../../../examples/demo.toml");
@@ -124,6 +124,10 @@ pub struct RunArgs {
     /// {…}}`, for programs such as the Python package).
     #[arg(long, value_enum, default_value = "bar")]
     progress: ProgressFormat,
+    /// Cancel the job, as an interrupt does, when the process that started this one ends
+    /// (a notebook's kernel killed): a program's job should not run on without it.
+    #[arg(long)]
+    stop_with_parent: bool,
 }
 
 /// How a job's progress is shown.
@@ -263,7 +267,7 @@ impl Shown {
                 }})
                 .to_string();
                 if line != *last {
-                    eprintln!("{line}");
+                    note(&line);
                     *last = line;
                 }
             }
@@ -299,24 +303,24 @@ fn report(status: &JobStatus) -> ExitCode {
     match JobState::try_from(status.state) {
         Ok(JobState::Succeeded) => {
             let manifest: serde_json::Value = serde_json::from_str(&status.manifest_json).unwrap_or_default();
-            eprintln!(
+            note(format_args!(
                 "job {} succeeded: {} rows, ε = {} (δ = {}) charged to dataset '{}'",
                 status.job_id,
                 manifest["rows"],
                 manifest["privacy"]["epsilon"],
                 manifest["privacy"]["delta"],
                 manifest["privacy"]["dataset_id"].as_str().unwrap_or_default()
-            );
+            ));
             print_json(&manifest);
             ExitCode::SUCCESS
         }
         Ok(JobState::Refused) => {
-            eprintln!("job {} refused: {}", status.job_id, status.message);
+            note(format_args!("job {} refused: {}", status.job_id, status.message));
             print_json(&serde_json::json!({"job_id": status.job_id, "state": "refused", "error": status.message}));
             ExitCode::from(EXIT_BUDGET_REFUSED)
         }
         _ => {
-            eprintln!("job {} failed: {}", status.job_id, status.message);
+            note(format_args!("job {} failed: {}", status.job_id, status.message));
             print_json(&serde_json::json!({"job_id": status.job_id, "state": "failed", "error": status.message}));
             ExitCode::FAILURE
         }
@@ -329,6 +333,27 @@ struct Locations {
     ledger: Option<String>,
     scratch: String,
     diagnostics: String,
+}
+
+/// Resolves on an interrupt (SIGINT, SIGTERM) or, with `with_parent`, when the parent ends.
+async fn stop(with_parent: bool) {
+    if with_parent {
+        tokio::select! {
+            () = super::shutdown_signal() => {}
+            () = parent_gone() => note("the process that started this job has ended"),
+        }
+    } else {
+        super::shutdown_signal().await;
+    }
+}
+
+/// Resolves when this process's parent has ended (it is then adopted by another).
+async fn parent_gone() {
+    let parent = std::os::unix::process::parent_id();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    while std::os::unix::process::parent_id() == parent {
+        tick.tick().await;
+    }
 }
 
 /// The exit status of a job stopped by an interrupt (128 + SIGINT, as a shell reports it).
@@ -354,7 +379,13 @@ impl Ended {
 /// Runs a job on an in-process cluster (coordinator + local workers over loopback gRPC).
 /// An interrupt cancels the job: it stops with nothing released unless its release has
 /// begun, which then runs to its end.
-async fn run_standalone(spec: JobSpec, workers: usize, at: Locations, format: ProgressFormat) -> anyhow::Result<Ended> {
+async fn run_standalone(
+    spec: JobSpec,
+    workers: usize,
+    at: Locations,
+    format: ProgressFormat,
+    stop_with_parent: bool,
+) -> anyhow::Result<Ended> {
     let ledger = at.ledger.as_ref().or(spec.privacy.ledger.as_ref());
     for (store, url) in [("scratch", Some(&at.scratch)), ("diagnostics", Some(&at.diagnostics)), ("ledger", ledger)] {
         url.into_iter().for_each(|url| process::warn_if_shared(store, url));
@@ -375,9 +406,9 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations, format: Pr
         tokio::pin!(run);
         tokio::select! {
             status = &mut run => status,
-            () = super::shutdown_signal() => {
+            () = stop(stop_with_parent) => {
                 interrupted = true;
-                eprintln!("interrupted: cancelling job {job_id}; nothing is released unless its release has begun");
+                note(format_args!("interrupted: cancelling job {job_id}; nothing is released unless its release has begun"));
                 cluster.service.cancel_job(&job_id);
                 run.await
             }
@@ -387,7 +418,9 @@ async fn run_standalone(spec: JobSpec, workers: usize, at: Locations, format: Pr
     shown.finish();
     if cluster.service.diagnostics_pending(&job_id) {
         let report = format!("{}/{job_id}", at.diagnostics.trim_end_matches('/'));
-        eprintln!("writing the evaluation report (for the data owner, not differentially private) to {report}");
+        note(format_args!(
+            "writing the evaluation report (for the data owner, not differentially private) to {report}"
+        ));
         while cluster.service.diagnostics_pending(&job_id) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -404,7 +437,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let at =
         Locations { output: args.output, ledger: args.ledger, scratch: args.scratch, diagnostics: args.diagnostics };
-    Ok(runtime()?.block_on(run_standalone(spec, args.workers, at, args.progress))?.exit_code())
+    let run = run_standalone(spec, args.workers, at, args.progress, args.stop_with_parent);
+    Ok(runtime()?.block_on(run)?.exit_code())
 }
 
 /// A local input path with a `..` segment (an example reading `../shared/data`) as the file
@@ -453,7 +487,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         scratch: "./rhosynth-out/scratch".into(),
         diagnostics: "./rhosynth-out/diagnostics".into(),
     };
-    let code = rt.block_on(run_standalone(spec, 2, at, ProgressFormat::Bar))?.exit_code();
+    let code = rt.block_on(run_standalone(spec, 2, at, ProgressFormat::Bar, false))?.exit_code();
     rt.block_on(async {
         let ledger = Ledger::open(&storage::open(&ledger_url)?, &dataset).await?;
         let spent = ledger.spent()?;

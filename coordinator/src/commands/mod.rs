@@ -1,5 +1,7 @@
 //! One module per command group.
 
+use std::io::Write;
+
 pub mod audit;
 pub mod client;
 pub mod eval;
@@ -17,7 +19,14 @@ pub const EXIT_AUDIT_FAILED: u8 = 4;
 
 /// Prints the command's result: one JSON object on the last line of stdout.
 pub fn print_json(value: &serde_json::Value) {
-    println!("{value}");
+    // A reader that has gone (the program that started this one ended) is no reason to
+    // fail, nor, for `note`, to stop a job mid-way.
+    let _ = writeln!(std::io::stdout(), "{value}");
+}
+
+/// Writes a line to stderr, as `eprintln!` does, but never fails (see `print_json`).
+pub fn note(line: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Resolves on SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
