@@ -3,6 +3,15 @@
 //! Every command prints one JSON object as its last line on stdout, so scripts can read
 //! results without parsing prose; logs go to stderr (`RUST_LOG` sets the level).
 
+/// `eprintln!` that never fails: a reader of stderr that has gone (a closed pipe: the
+/// program that started this one ended) is no reason to stop, let alone mid-job.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod commands;
 
 use std::process::ExitCode;
@@ -55,7 +64,7 @@ fn main() -> ExitCode {
     rhosynth_shared::logging::init();
     rhosynth_shared::process::private_files();
     if let Err(e) = rhosynth_shared::process::refuse_legacy_environment() {
-        eprintln!("error: {e}");
+        say!("error: {e}");
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
@@ -76,7 +85,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

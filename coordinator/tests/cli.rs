@@ -250,3 +250,10 @@ fn submit_refuses_urls_that_would_send_its_token_in_the_clear() {
         assert!(stderr.contains(refusal), "{url}: {stderr}");
     }
 }
+
+#[test]
+fn a_job_tied_to_a_parent_that_is_not_its_own_is_refused_before_it_starts() {
+    let out = rhosynth(&["run", "no-such-spec.toml", "--stop-with-parent", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("process 1 is not this one's parent"), "{stderr}");
+}

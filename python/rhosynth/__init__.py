@@ -125,7 +125,12 @@ class Result:
             root = self.spec.get("schema", {})
             declared = {root.get("table"): root.get("columns", [])}
             declared.update({t["name"]: t.get("columns", []) for t in self.spec.get("tables", [])})
-            return {name: frames.like(table, declared.get(name, []), written[name]) for name, table in read.items()}
+            # A table the call passed (the root's) keeps its column types.
+            templates = {root.get("table"): self.template}
+            return {
+                name: frames.like(table, declared.get(name, []), written[name], templates.get(name))
+                for name, table in read.items()
+            }
         columns = self.spec.get("schema", {}).get("columns", [])
         return frames.like(read, columns, self.manifest.get("columns", []), self.template)
 
@@ -168,7 +173,7 @@ def synthesize(
         _read_from(job, data, path)
         job_path = _write_spec(job, scratch)
         # A killed kernel leaves no job running on without it.
-        args = ["run", job_path, "--workers", str(workers), "--output", out, "--stop-with-parent"]
+        args = ["run", job_path, "--workers", str(workers), "--output", out, "--stop-with-parent", str(os.getpid())]
         # An [evaluation] report is the data owner's: kept where the CLI keeps it.
         args += ["--scratch", os.path.join(scratch, "scratch"), "--diagnostics", f"{DEFAULT_ROOT}/diagnostics"]
         manifest = cli.run(args, progress=progress, label=f"{job['generator']['name']} job {job_id}")

@@ -11,6 +11,7 @@ import threading
 import warnings
 from importlib import metadata
 
+from . import frames
 from .errors import JobFailed, LedgerRefused, SpecError
 
 #: The CLI's exit status for a charge the ledger refuses.
@@ -23,19 +24,23 @@ EXIT_AUDIT_FAILED = 4
 
 def binary():
     """The `rhosynth` executable: $RHOSYNTH_BINARY, else the one the wheel installed with
-    this package (its record lists it). Never another found on PATH: it could be another
-    version, or another user's."""
+    this very package (its RECORD lists both), owned by this user or root and writable by
+    no one else. Never another found on PATH: it could be another version, or another
+    user's."""
     named = os.environ.get("RHOSYNTH_BINARY")
     if named:
         return named
-    try:
-        installed = metadata.files("rhosynth") or []
-    except metadata.PackageNotFoundError:
-        installed = []
-    for file in installed:
-        if file.name == "rhosynth" and file.parent.name == "bin":
+    here = os.path.realpath(os.path.join(os.path.dirname(__file__), "__init__.py"))
+    for dist in metadata.distributions(name="rhosynth"):
+        files = dist.files or []
+        if not any(f.name == "__init__.py" and os.path.realpath(f.locate()) == here for f in files):
+            continue  # another installation of the package
+        for file in files:
             path = os.path.normpath(file.locate())
-            if os.access(path, os.X_OK):
+            if file.name != "rhosynth" or file.parent.name != "bin" or not os.access(path, os.X_OK):
+                continue
+            info = os.stat(path)
+            if info.st_uid in (0, os.getuid()) and not info.st_mode & 0o022:
                 return path
     raise FileNotFoundError(
         "the rhosynth binary is not installed beside this package (pip install the rhosynth wheel), "
@@ -93,6 +98,8 @@ def run(args, progress=False, label="rhosynth", allowed=(), env=None, detached=F
         text=True,
         encoding="utf-8",
         env=None if env is None else {**os.environ, **env},
+        # The input files' locks: a file stays while this CLI reads it, this process or not.
+        pass_fds=frames.held_locks(),
         # Its own process group: a terminal's Ctrl-C reaches Python, which passes it on once.
         start_new_session=True,
     )

@@ -9,6 +9,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import time
 
 import pandas as pd
@@ -79,6 +80,7 @@ def csv_input(data, dialect=None):
     folder = private_dir("inputs")
     _sweep(folder)
     fd, scratch = tempfile.mkstemp(dir=folder, suffix=".part")
+    fcntl.flock(fd, fcntl.LOCK_EX)  # being written: not a killed call's
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             _utc(to_pandas(data)).to_csv(
@@ -99,11 +101,21 @@ def csv_input(data, dialect=None):
         fcntl.flock(lock, fcntl.LOCK_SH)
         os.replace(scratch, path)
     except BaseException:
-        os.unlink(scratch)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(scratch)
         raise
+    # A lock of its own (another open file) for the CLIs the call runs: held by whichever
+    # of this process and them lives longest.
+    passed = os.open(path + ".lock", os.O_RDONLY | os.O_NOFOLLOW)
+    fcntl.flock(passed, fcntl.LOCK_SH)
+    with _held_lock:
+        _held.add(passed)
     try:
         yield path
     finally:
+        with _held_lock:
+            _held.discard(passed)
+        os.close(passed)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             with contextlib.suppress(FileNotFoundError):
@@ -114,27 +126,48 @@ def csv_input(data, dialect=None):
             lock.close()
 
 
-#: How old a half-written input (`.part`) must be to count as a killed call's.
-_STALE_PART_SECONDS = 3600
+#: The locks of the input files this process's calls read: passed to the CLI they run,
+#: so that a file stays while that CLI reads it, even when this process is killed.
+_held = set()
+_held_lock = threading.Lock()
+
+
+def held_locks():
+    """File descriptors of the input files' locks this process holds."""
+    with _held_lock:
+        return tuple(_held)
+
+
+#: A half-written input (`.part`) is a killed call's when unlocked and this old (seconds):
+#: its writer locks it as soon as it is made.
+_PART_GRACE = 60
 
 
 def _sweep(folder):
     """Deletes the input files of calls that were killed (a call deletes its own as it
-    ends): a table no call holds a lock on, and half-written ones an hour old."""
+    ends): those no live call (or CLI it ran) holds a lock on. Best effort: an entry that
+    cannot be checked is left."""
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
-        if name.endswith(".csv"):
-            with open(path + ".lock", "a") as lock:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a live call reads it
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        elif name.endswith(".part"):
-            with contextlib.suppress(FileNotFoundError):
-                if time.time() - os.lstat(path).st_mtime > _STALE_PART_SECONDS:
-                    os.unlink(path)
+        try:
+            if name.endswith(".csv"):
+                _delete_unless_locked(path, path + ".lock")
+            elif name.endswith(".part") and time.time() - os.lstat(path).st_mtime > _PART_GRACE:
+                _delete_unless_locked(path, path)
+        except OSError:
+            continue
+
+
+def _delete_unless_locked(path, lock_path):
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # a live call reads it
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _utc(frame):

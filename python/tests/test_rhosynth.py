@@ -184,6 +184,16 @@ def test_input_files_a_killed_call_left_are_deleted_by_the_next(tmp_path, monkey
             assert os.path.exists(path) and os.path.exists(held)
             assert not os.path.exists(left)
     assert not os.path.exists(path)
+    # A CLI the call ran holds the call's lock (the package passes it): its file outlives
+    # the call while that CLI runs, and goes with the next call after it ends.
+    with rs.frames.csv_input(patients()) as path:
+        reader = subprocess.Popen(["sleep", "30"], pass_fds=rs.frames.held_locks())
+    with rs.frames.csv_input(patients(10)):
+        assert os.path.exists(path)
+    reader.kill()
+    reader.wait()
+    with rs.frames.csv_input(patients(10)):
+        assert not os.path.exists(path)
 
 
 def test_a_database_release_comes_back_as_its_tables(tmp_path, ledger):

@@ -70,11 +70,11 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
     let kept = work.path().display().to_string();
     if let Err(e) = work.close() {
         // Loud, and the audit's outcome still stands: the owner must remove the copy.
-        eprintln!("WARNING: could not remove the audit's working directory {kept} (a copy of the stand-in data): {e}");
+        say!("WARNING: could not remove the audit's working directory {kept} (a copy of the stand-in data): {e}");
     }
     let Some(joined) = outcome else { bail!("stopped: the audit's working files are removed") };
     let report = joined??;
-    eprintln!(
+    say!(
         "audit {} ({}): {} canaries ({} included), {} of {} guesses right: ε ≥ {:.3} at {:.0}% confidence, claimed ε = {} (δ = {:e}): {}",
         report.job_id,
         report.generator,

@@ -55,7 +55,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!train.is_empty(), "no training files: the spec has no [input] urls and --train is not given");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(eval::run(&spec, &train, &args.test, synthetic, &args.out))?;
-    eprintln!(
+    say!(
         "HIST {:.4}, Pair {:.4}, Triple {:.4}, CorAcc {:.4}; DCR median synthetic {:.4} vs held-out {:.4}; MIA AUC {:.3}. Report: {}/report.html",
         report.fidelity.hist,
         report.fidelity.pair,
@@ -73,9 +73,9 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         .map(|u| format!("{} ({}): {} of {}", u.metric, u.table, u.used, u.available))
         .collect();
     if !sampled.is_empty() {
-        eprintln!("Sampled under the evaluation's caps: {}.", sampled.join("; "));
+        say!("Sampled under the evaluation's caps: {}.", sampled.join("; "));
     }
-    eprintln!("{}", eval::NOTICE);
+    say!("{}", eval::NOTICE);
     print_json(&serde_json::json!({
         "out": args.out,
         "hist": report.fidelity.hist,
@@ -121,7 +121,7 @@ fn run_database(spec: &JobSpec, args: EvalArgs) -> anyhow::Result<ExitCode> {
             .map(|c| format!(", {} per row TVD {:.3} (train {:.3})", c.child, c.tvd.synthetic, c.tvd.train))
             .collect();
         let cross = t.cross_mean();
-        eprintln!(
+        say!(
             "{}: {:.2}% with parent, HIST {:.4}{}{}",
             t.name,
             100.0 * t.integrity.with_parent,
@@ -142,7 +142,7 @@ fn run_database(spec: &JobSpec, args: EvalArgs) -> anyhow::Result<ExitCode> {
     if let Some(u) = &report.utility {
         let scores: Vec<String> =
             u.scores.iter().map(|s| format!("{} on {} {:.3}", s.model, s.trained_on, s.roc_auc)).collect();
-        eprintln!("TSTR ROC-AUC ({}): {}", u.target, scores.join(", "));
+        say!("TSTR ROC-AUC ({}): {}", u.target, scores.join(", "));
         utility = u
             .scores
             .iter()
@@ -150,11 +150,14 @@ fn run_database(spec: &JobSpec, args: EvalArgs) -> anyhow::Result<ExitCode> {
             .collect();
     }
     let p = &report.privacy;
-    eprintln!(
+    say!(
         "Per patient: DCR median synthetic {:.4} vs held-out {:.4}; exact copies {:.4}; MIA AUC {:.3}.",
-        p.dcr_synthetic_median, p.dcr_holdout_median, p.exact_copy_rate, p.membership_auc
+        p.dcr_synthetic_median,
+        p.dcr_holdout_median,
+        p.exact_copy_rate,
+        p.membership_auc
     );
-    eprintln!("Report: {}/report.html. {}", args.out, eval::NOTICE);
+    say!("Report: {}/report.html. {}", args.out, eval::NOTICE);
     print_json(&serde_json::json!({
         "out": args.out,
         "tables": tables,

@@ -22,7 +22,7 @@ use rhosynth_shared::storage;
 use rhosynth_shared::{process, simulate};
 
 use super::client::SubmitterArgs;
-use super::{EXIT_BUDGET_REFUSED, note, print_json};
+use super::{EXIT_BUDGET_REFUSED, print_json};
 
 /// The demo's job spec, compiled in so the demo needs no files.
 const DEMO_SPEC: &str = include_str!("../../../examples/demo.toml");
@@ -64,9 +64,9 @@ pub fn simulate_command(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         for (name, text) in [("patients", &db.patients), ("admissions", &db.admissions), ("vitals", &db.vitals)] {
             let path = std::path::Path::new(&args.out).join(format!("{name}.csv"));
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("{}: {} rows", path.display(), text.lines().count() - 1);
+            say!("{}: {} rows", path.display(), text.lines().count() - 1);
         }
-        eprintln!("simulated a database of {} patients into {}", args.patients, args.out);
+        say!("simulated a database of {} patients into {}", args.patients, args.out);
         return Ok(ExitCode::SUCCESS);
     }
     let cohort = simulate::Cohort { patients: args.patients, dynamics: args.dynamics, irregular: args.irregular };
@@ -77,7 +77,7 @@ pub fn simulate_command(args: SimulateArgs) -> anyhow::Result<ExitCode> {
 /// Writes a simulated cohort to `path` and says so (`what`: its role).
 fn write_cohort(path: &str, cohort: &simulate::Cohort, seed: u64, what: &str) -> anyhow::Result<()> {
     std::fs::write(path, simulate::cohort_csv(cohort, seed)).with_context(|| format!("writing {path}"))?;
-    eprintln!("simulated {} ICU patients' vital signs ({:?}) into {path}{what}", cohort.patients, cohort.dynamics);
+    say!("simulated {} ICU patients' vital signs ({:?}) into {path}{what}", cohort.patients, cohort.dynamics);
     Ok(())
 }
 
@@ -124,10 +124,11 @@ pub struct RunArgs {
     /// {…}}`, for programs such as the Python package).
     #[arg(long, value_enum, default_value = "bar")]
     progress: ProgressFormat,
-    /// Cancel the job, as an interrupt does, when the process that started this one ends
-    /// (a notebook's kernel killed): a program's job should not run on without it.
-    #[arg(long)]
-    stop_with_parent: bool,
+    /// Cancel the job, as an interrupt does, when process PID, which must be this one's
+    /// parent, ends (a notebook's kernel killed): a program's job should not run on without
+    /// it. Named, not taken from the start, so that a parent gone before is noticed.
+    #[arg(long, value_name = "PID")]
+    stop_with_parent: Option<u32>,
 }
 
 /// How a job's progress is shown.
@@ -267,7 +268,7 @@ impl Shown {
                 }})
                 .to_string();
                 if line != *last {
-                    note(&line);
+                    say!("{line}");
                     *last = line;
                 }
             }
@@ -303,24 +304,24 @@ fn report(status: &JobStatus) -> ExitCode {
     match JobState::try_from(status.state) {
         Ok(JobState::Succeeded) => {
             let manifest: serde_json::Value = serde_json::from_str(&status.manifest_json).unwrap_or_default();
-            note(format_args!(
+            say!(
                 "job {} succeeded: {} rows, ε = {} (δ = {}) charged to dataset '{}'",
                 status.job_id,
                 manifest["rows"],
                 manifest["privacy"]["epsilon"],
                 manifest["privacy"]["delta"],
                 manifest["privacy"]["dataset_id"].as_str().unwrap_or_default()
-            ));
+            );
             print_json(&manifest);
             ExitCode::SUCCESS
         }
         Ok(JobState::Refused) => {
-            note(format_args!("job {} refused: {}", status.job_id, status.message));
+            say!("job {} refused: {}", status.job_id, status.message);
             print_json(&serde_json::json!({"job_id": status.job_id, "state": "refused", "error": status.message}));
             ExitCode::from(EXIT_BUDGET_REFUSED)
         }
         _ => {
-            note(format_args!("job {} failed: {}", status.job_id, status.message));
+            say!("job {} failed: {}", status.job_id, status.message);
             print_json(&serde_json::json!({"job_id": status.job_id, "state": "failed", "error": status.message}));
             ExitCode::FAILURE
         }
@@ -335,24 +336,19 @@ struct Locations {
     diagnostics: String,
 }
 
-/// Resolves on an interrupt (SIGINT, SIGTERM) or, with `with_parent`, when the parent ends.
-async fn stop(with_parent: bool) {
-    if with_parent {
-        tokio::select! {
-            () = super::shutdown_signal() => {}
-            () = parent_gone() => note("the process that started this job has ended"),
+/// Resolves on an interrupt (SIGINT, SIGTERM) or when `parent` is no longer this
+/// process's parent (it ended, and this one was adopted by another).
+async fn stop(parent: Option<u32>) {
+    let Some(parent) = parent else { return super::shutdown_signal().await };
+    let parent_gone = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        while std::os::unix::process::parent_id() == parent {
+            tick.tick().await;
         }
-    } else {
-        super::shutdown_signal().await;
-    }
-}
-
-/// Resolves when this process's parent has ended (it is then adopted by another).
-async fn parent_gone() {
-    let parent = std::os::unix::process::parent_id();
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    while std::os::unix::process::parent_id() == parent {
-        tick.tick().await;
+    };
+    tokio::select! {
+        () = super::shutdown_signal() => {}
+        () = parent_gone => say!("the process that started this job has ended"),
     }
 }
 
@@ -384,7 +380,7 @@ async fn run_standalone(
     workers: usize,
     at: Locations,
     format: ProgressFormat,
-    stop_with_parent: bool,
+    stop_with_parent: Option<u32>,
 ) -> anyhow::Result<Ended> {
     let ledger = at.ledger.as_ref().or(spec.privacy.ledger.as_ref());
     for (store, url) in [("scratch", Some(&at.scratch)), ("diagnostics", Some(&at.diagnostics)), ("ledger", ledger)] {
@@ -408,7 +404,7 @@ async fn run_standalone(
             status = &mut run => status,
             () = stop(stop_with_parent) => {
                 interrupted = true;
-                note(format_args!("interrupted: cancelling job {job_id}; nothing is released unless its release has begun"));
+                say!("interrupted: cancelling job {job_id}; nothing is released unless its release has begun");
                 cluster.service.cancel_job(&job_id);
                 run.await
             }
@@ -418,9 +414,7 @@ async fn run_standalone(
     shown.finish();
     if cluster.service.diagnostics_pending(&job_id) {
         let report = format!("{}/{job_id}", at.diagnostics.trim_end_matches('/'));
-        note(format_args!(
-            "writing the evaluation report (for the data owner, not differentially private) to {report}"
-        ));
+        say!("writing the evaluation report (for the data owner, not differentially private) to {report}");
         while cluster.service.diagnostics_pending(&job_id) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -430,6 +424,13 @@ async fn run_standalone(
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    if let Some(pid) = args.stop_with_parent
+        && std::os::unix::process::parent_id() != pid
+    {
+        bail!(
+            "--stop-with-parent {pid}: process {pid} is not this one's parent (it has ended, or another stands between)"
+        );
+    }
     let mut spec = JobSpec::load(&args.spec)?;
     let inputs = std::iter::once(&mut spec.input).chain(spec.tables.iter_mut().map(|t| &mut t.input));
     for input in inputs {
@@ -487,11 +488,11 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         scratch: "./rhosynth-out/scratch".into(),
         diagnostics: "./rhosynth-out/diagnostics".into(),
     };
-    let code = rt.block_on(run_standalone(spec, 2, at, ProgressFormat::Bar, false))?.exit_code();
+    let code = rt.block_on(run_standalone(spec, 2, at, ProgressFormat::Bar, None))?.exit_code();
     rt.block_on(async {
         let ledger = Ledger::open(&storage::open(&ledger_url)?, &dataset).await?;
         let spent = ledger.spent()?;
-        eprintln!(
+        say!(
             "privacy ledger of '{dataset}' at {ledger_url}: {} charges, ε spent {:.4} of {} (δ = {:e}); see `rhosynth ledger show --dataset {dataset} --store {ledger_url}`",
             ledger.charges().len(),
             spent.epsilon,
@@ -578,7 +579,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             Ok(r) => r.into_inner().job_id,
             Err(status) => bail!("the coordinator rejected the job: {}", status.message()),
         };
-        eprintln!("submitted job {job_id} to {}", args.client.coordinator);
+        say!("submitted job {job_id} to {}", args.client.coordinator);
         let status = follow(args.progress, async || {
             Ok(client.get_job(GetJobRequest { job_id: job_id.clone() }).await.context("polling the job")?.into_inner())
         })

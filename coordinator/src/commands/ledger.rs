@@ -140,18 +140,15 @@ fn describe(spent: &Spent) -> String {
 /// (with `extra`'s fields) on stdout.
 fn print_summary(summary: &LedgerSummary, input: Option<String>, extra: serde_json::Value) -> anyhow::Result<()> {
     let LedgerSummary { dataset, budget, adjacency, spent, remaining_epsilon, charges } = summary;
-    eprintln!("dataset {dataset} — budget ε = {}, δ = {:e} ({adjacency})", budget.epsilon, budget.delta);
+    say!("dataset {dataset} — budget ε = {}, δ = {:e} ({adjacency})", budget.epsilon, budget.delta);
     if let Some(input) = input {
-        eprintln!("input: {input}");
+        say!("input: {input}");
     }
-    eprintln!(
-        "{:>5}  {:<25}  {:<10}  {:<4}  {:>10}  {:<9}  mechanisms",
-        "seq", "time", "job", "acct", "ε (job)", "status"
-    );
+    say!("{:>5}  {:<25}  {:<10}  {:<4}  {:>10}  {:<9}  mechanisms", "seq", "time", "job", "acct", "ε (job)", "status");
     for charge in charges {
         let mechanisms: Vec<String> = charge.mechanisms.iter().flatten().map(Mechanism::describe).collect();
         let time = charge.timestamp.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-        eprintln!(
+        say!(
             "{:>5}  {:<25}  {:<10}  {:<4}  {:>10.4}  {:<9}  {}",
             charge.seq,
             time.as_deref().unwrap_or("—"),
@@ -162,7 +159,7 @@ fn print_summary(summary: &LedgerSummary, input: Option<String>, extra: serde_js
             mechanisms.join("; ")
         );
     }
-    eprintln!("spent {}; remaining ε = {remaining_epsilon:.6}", describe(spent));
+    say!("spent {}; remaining ε = {remaining_epsilon:.6}", describe(spent));
     let mut shown = serde_json::to_value(summary)?;
     if let (Some(shown), serde_json::Value::Object(extra)) = (shown.as_object_mut(), extra) {
         shown.extend(extra);
@@ -184,7 +181,7 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
             if !input.is_empty() {
                 ledger.rebind_input(&input).await?;
             }
-            eprintln!("created the privacy ledger of '{}' at {} with ε = {epsilon}, δ = {delta}", at.dataset, at.store);
+            say!("created the privacy ledger of '{}' at {} with ε = {epsilon}, δ = {delta}", at.dataset, at.store);
             print_json(&json!({"dataset": ledger.dataset_id(), "store": at.store, "budget": budget,
                 "adjacency": ledger.adjacency(), "input": ledger.input()}));
         }
@@ -192,7 +189,7 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
             let mut ledger = open(&at).await?;
             let before = ledger.input().map(<[String]>::to_vec);
             ledger.rebind_input(&input).await?;
-            eprintln!("the privacy ledger of '{}' is bound to {:?} (was {before:?})", at.dataset, ledger.input());
+            say!("the privacy ledger of '{}' is bound to {:?} (was {before:?})", at.dataset, ledger.input());
             print_json(&json!({"dataset": ledger.dataset_id(), "input": ledger.input(), "before": before}));
         }
         LedgerCommand::Show { dataset, store: Some(store), .. } => {
@@ -224,7 +221,7 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
             let request = ChargeRequest { job_id, mechanisms, accountant, delta };
             match ledger.check(&request).await {
                 Ok(admission) => {
-                    eprintln!(
+                    say!(
                         "admitted: costs ε = {:.6} at δ = {:e} ({}); total after {} of ε = {}",
                         admission.cost.epsilon,
                         admission.cost.delta,
@@ -237,7 +234,7 @@ async fn run_async(cmd: LedgerCommand) -> anyhow::Result<ExitCode> {
                         "budget": admission.budget}));
                 }
                 Err(e @ LedgerError::BudgetExceeded { .. }) => {
-                    eprintln!("refused: {e}");
+                    say!("refused: {e}");
                     print_json(&json!({"admitted": false, "reason": e.to_string()}));
                     return Ok(ExitCode::from(EXIT_BUDGET_REFUSED));
                 }

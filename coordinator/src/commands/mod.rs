@@ -17,16 +17,14 @@ pub const EXIT_BUDGET_REFUSED: u8 = 3;
 /// Exit status when an audit's ε lower bound exceeds the claimed ε.
 pub const EXIT_AUDIT_FAILED: u8 = 4;
 
-/// Prints the command's result: one JSON object on the last line of stdout.
+/// Prints the command's result: one JSON object on the last line of stdout. A reader that
+/// has gone (a closed pipe) is no reason to fail; any other error is, as with `println!`.
 pub fn print_json(value: &serde_json::Value) {
-    // A reader that has gone (the program that started this one ended) is no reason to
-    // fail, nor, for `note`, to stop a job mid-way.
-    let _ = writeln!(std::io::stdout(), "{value}");
-}
-
-/// Writes a line to stderr, as `eprintln!` does, but never fails (see `print_json`).
-pub fn note(line: impl std::fmt::Display) {
-    let _ = writeln!(std::io::stderr(), "{line}");
+    if let Err(e) = writeln!(std::io::stdout(), "{value}")
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        panic!("writing the command's answer to stdout: {e}");
+    }
 }
 
 /// Resolves on SIGTERM (how Kubernetes stops a pod) or Ctrl-C.

@@ -156,7 +156,7 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
         let draft = draft(&profile, unit, &mut Exact, &options).unwrap_or_else(|never| match never {});
         let text = render(&draft, &data, &dataset_id, &Provenance::Exact, &job);
         let written = emit(&text, args.out.as_deref())?;
-        eprintln!("schema draft of {data} written{written}: its domains are the data's own — PRIVATE.");
+        say!("schema draft of {data} written{written}: its domains are the data's own — PRIVATE.");
         print_json(&json!({"draft": args.out, "columns": draft.columns.len(), "released": false}));
         return Ok(ExitCode::SUCCESS);
     };
@@ -186,7 +186,7 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
         delta: args.delta,
     };
     let refused = |e: LedgerError| {
-        eprintln!("refused: {e}");
+        say!("refused: {e}");
         print_json(&json!({"refused": e.to_string()}));
         Ok(ExitCode::from(EXIT_BUDGET_REFUSED))
     };
@@ -215,9 +215,11 @@ async fn draft_command(args: DraftArgs) -> anyhow::Result<ExitCode> {
         Provenance::Released { epsilon, delta: args.delta, dataset_id: dataset_id.clone(), charge_seq: receipt.seq };
     let text = render(&draft, &data, &dataset_id, &provenance, &job);
     let written = emit(&text, args.out.as_deref())?;
-    eprintln!(
+    say!(
         "schema draft of {data} released{written} at ε = {:.6} (δ = {:e}), charged to '{dataset_id}' as entry {}",
-        receipt.admission.cost.epsilon, args.delta, receipt.seq
+        receipt.admission.cost.epsilon,
+        args.delta,
+        receipt.seq
     );
     print_json(&json!({
         "draft": args.out,

@@ -10,7 +10,7 @@ use super::print_json;
 pub fn run() -> anyhow::Result<ExitCode> {
     let bytes: [u8; 32] = rand::random();
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    eprintln!("give the token to the submitter; put only token_sha256 in the coordinator's submitters file");
+    say!("give the token to the submitter; put only token_sha256 in the coordinator's submitters file");
     print_json(&serde_json::json!({ "token": token, "token_sha256": token_sha256(&token) }));
     Ok(ExitCode::SUCCESS)
 }

@@ -59,13 +59,13 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let validation = runtime.block_on(input::validate(&spec, &domain, args.max_problems));
     for problem in &validation.problems {
-        eprintln!("{problem}");
+        say!("{problem}");
     }
     if validation.truncated {
-        eprintln!("… more problems not shown (--max-problems {})", args.max_problems);
+        say!("… more problems not shown (--max-problems {})", args.max_problems);
     }
     let valid = validation.is_valid();
-    eprintln!(
+    say!(
         "{}: {} file(s), {} rows read, {}. This report is row-level and private: keep it with the data.",
         args.spec,
         validation.files,
