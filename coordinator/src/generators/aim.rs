@@ -11,7 +11,7 @@ use rhosynth_shared::pgm::{GraphicalModel, Measurement};
 
 use super::marginals::count_tables;
 use super::{Admission, Charged, Draws, Fitted, Generator, calibration};
-use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
+use crate::context::{JobContext, JobError, Partitions, ProgressHandle, blocking, set_stage};
 
 /// A planned AIM job.
 pub struct Aim {
@@ -42,7 +42,8 @@ impl Generator for Aim {
             calibration::release(ctx, &mut gather, partitions, &mut releases, plan.calibration.as_ref()).await?;
         set_stage(ctx.progress, "selecting and measuring marginals");
         let domain = plan.task.domain.clone();
-        let model = blocking(move || run_rounds(&plan, exact, &mut releases)).await??;
+        let shown = rounds_shown(ctx.progress.clone(), String::new());
+        let model = blocking(move || run_rounds(&plan, exact, &mut releases, &shown)).await??;
         // The default size: the model's total, pooled from the released measurements.
         let released_rows = Some(model.total.round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
@@ -54,14 +55,28 @@ impl Generator for Aim {
     }
 }
 
+/// Shows AIM's rounds as a job's progress: the round in its stage (after `label`), and the
+/// share of the run's ρ spent as its units (per cent): how many rounds a run takes is not
+/// known ahead.
+pub(crate) fn rounds_shown(progress: ProgressHandle, label: String) -> impl Fn(usize, f64) + Send {
+    move |round, spent| {
+        let mut progress = progress.lock().unwrap_or_else(|e| e.into_inner());
+        progress.stage = format!("{label}AIM round {round}, {:.0}% of its budget spent", 100.0 * spent);
+        progress.tasks_total = 100;
+        progress.tasks_done = (100.0 * spent).floor().clamp(0.0, 100.0) as u32;
+    }
+}
+
 /// The rounds: every 1-way table, the target's pairs, then selections and measurements
 /// until the plan's ρ is spent (or no candidate fits the model's size limit), the model
-/// refitted after each. A run spends its own plan's ρ (to within rounding), whatever else
-/// the charge pays for (a database job's other views).
+/// refitted after each, each round shown to `shown` (its number, the share of ρ spent). A
+/// run spends its own plan's ρ (to within rounding), whatever else the charge pays for (a
+/// database job's other views).
 pub(crate) fn run_rounds(
     plan: &AimPlan,
     exact: Private<Vec<f64>>,
     releases: &mut Releases,
+    shown: &dyn Fn(usize, f64),
 ) -> Result<GraphicalModel, Unpaid> {
     let (left_at_start, released_before) = (releases.zcdp_left(), releases.zcdp_released().len());
     // Never above what the charge has left (the difference rounds either way).
@@ -117,6 +132,7 @@ pub(crate) fn run_rounds(
             model_cells = model.cells(),
             "AIM progress"
         );
+        shown(round, 1.0 - left(releases) / plan.rho);
         if last {
             break;
         }
@@ -200,8 +216,15 @@ mod tests {
         let receipt = ledger.charge(&request).await.unwrap();
         assert_eq!(receipt.mechanisms(), [Mechanism::Zcdp { rho: plan.rho, adjacency: Adjacency::AddRemove }]);
         let mut releases = Releases::paid_by(&receipt).unwrap();
-        let model = super::run_rounds(&plan, Private::new(exact), &mut releases).unwrap();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let model =
+            super::run_rounds(&plan, Private::new(exact), &mut releases, &|r, s| seen.lock().unwrap().push((r, s)))
+                .unwrap();
         let run = releases.zcdp_released().to_vec();
+        // Every round shown once, in order, with the share of ρ spent growing to all of it.
+        let seen = seen.into_inner().unwrap();
+        assert!(seen.iter().enumerate().all(|(i, &(round, _))| round == i + 1), "{seen:?}");
+        assert!(seen.windows(2).all(|w| w[0].1 < w[1].1) && seen.last().unwrap().1 > 1.0 - 1e-6, "{seen:?}");
         // The total is pooled by inverse variance; the 1-way tables alone (column c's total
         // has variance n_c·(σm)²) bound its standard deviation by σm / √Σ 1/n_c. Five of them.
         let ZcdpRelease::Gaussian { noise_multiplier, l2_sensitivity } = run[0] else { panic!("1-way first") };
@@ -319,7 +342,7 @@ mod tests {
                 exact.extend(table);
             }
             let released = releases.zcdp_released().len();
-            super::run_rounds(plan, Private::new(exact), &mut releases).unwrap();
+            super::run_rounds(plan, Private::new(exact), &mut releases, &|_, _| {}).unwrap();
             let run = &releases.zcdp_released()[released..];
             let spent: f64 = run.iter().map(ZcdpRelease::rho).sum();
             assert!(

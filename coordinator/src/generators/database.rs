@@ -8,7 +8,7 @@ use rhosynth_shared::entropy::os_rng;
 use rhosynth_shared::generators::database::rake::{RAKING_ROUNDS, RAKING_ROWS};
 use rhosynth_shared::generators::database::{DatabasePlan, DatabaseSampler};
 
-use super::aim::run_rounds;
+use super::aim::{rounds_shown, run_rounds};
 use super::marginals::count_tables;
 use super::{Admission, Charged, Draws, Fitted, Generator};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
@@ -50,9 +50,14 @@ impl Generator for Database {
         let mut releases = Releases::paid_by(&receipt)?;
         set_stage(ctx.progress, "selecting and measuring marginals of each table's view");
         let views = plan.views;
+        let progress = ctx.progress.clone();
         let models = blocking(move || {
-            let fit = |(view, exact)| run_rounds(view, exact, &mut releases);
-            views.iter().zip(exact).map(fit).collect::<Result<Vec<_>, _>>()
+            let count = views.len();
+            let fit = |(i, (view, exact))| {
+                let shown = rounds_shown(progress.clone(), format!("view {} of {count}: ", i + 1));
+                run_rounds(view, exact, &mut releases, &shown)
+            };
+            views.iter().zip(exact).enumerate().map(fit).collect::<Result<Vec<_>, _>>()
         })
         .await??;
         // The size: the root view's model total, pooled from its released measurements.
