@@ -14,8 +14,9 @@ use rhosynth_shared::accounting::PrivacyError;
 use rhosynth_shared::accounting::accountant::{Accountant, AccountingOptions, calibrate_sigma};
 use rhosynth_shared::accounting::math::normal_isf;
 use rhosynth_shared::accounting::mechanism::{Adjacency, Mechanism};
+use rhosynth_shared::schema_draft::Measure;
+use rhosynth_shared::schema_draft::grid::{GRID_CELLS, Grid};
 use rhosynth_shared::schema_draft::profile::ColumnProfile;
-use rhosynth_shared::schema_draft::{GRID_CELLS, Measure, grid_cell};
 
 /// Buckets per doubling of magnitude: bounds within a factor 2^(1/4) (19%) of the data's.
 const PER_OCTAVE: i32 = 4;
@@ -152,9 +153,9 @@ impl Measure for Noisy<'_> {
         Ok(first.zip(last).map(|(f, l)| (edges[f].0, edges[l].1)))
     }
 
-    fn grid(&mut self, column: &ColumnProfile, lo: f64, hi: f64) -> Result<Vec<f64>, Unpaid> {
+    fn grid(&mut self, column: &ColumnProfile, grid: &Grid) -> Result<Vec<f64>, Unpaid> {
         let mut exact = vec![0.0; GRID_CELLS];
-        column.numbers.iter().for_each(|&x| exact[grid_cell(x, lo, hi)] += 1.0);
+        column.numbers.iter().for_each(|&x| exact[grid.cell(x)] += 1.0);
         self.rows(exact)
     }
 

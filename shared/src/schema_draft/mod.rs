@@ -8,12 +8,14 @@
 //! What is measured is one [`Measure`]: exact here, noisy on the coordinator (the only
 //! place noise is drawn). The rules that turn measurements into a draft are the same.
 
+pub mod grid;
 pub mod profile;
 
 use std::fmt::Write;
 
 use crate::generators::GeneratorName;
 
+use grid::{GRID_CELLS, Grid};
 use profile::{ColumnProfile, Profile, Shape};
 
 /// Public rules of a draft.
@@ -36,9 +38,6 @@ impl Default for DraftOptions {
     }
 }
 
-/// Cells of the histogram whose quantiles give a numeric column's bins.
-pub const GRID_CELLS: usize = 256;
-
 /// How the draft reads a column's statistics: each method returns what may be shown.
 pub trait Measure {
     type Error;
@@ -48,17 +47,11 @@ pub trait Measure {
     fn categories(&mut self, column: &ColumnProfile) -> Result<Vec<(String, f64)>, Self::Error>;
     /// The numbers' range, `None` when none can be given.
     fn bounds(&mut self, column: &ColumnProfile) -> Result<Option<(f64, f64)>, Self::Error>;
-    /// Counts of the numbers (clamped to `[lo, hi]`) in [`GRID_CELLS`] equal cells.
-    fn grid(&mut self, column: &ColumnProfile, lo: f64, hi: f64) -> Result<Vec<f64>, Self::Error>;
+    /// Counts of the numbers (clamped to the grid's range) in the grid's cells.
+    fn grid(&mut self, column: &ColumnProfile, grid: &Grid) -> Result<Vec<f64>, Self::Error>;
     /// Whether [`Self::categories`] lists every value (else a value may exist unlisted,
     /// and the draft sends unlisted values to `__other__`).
     fn lists_every_value(&self) -> bool;
-}
-
-/// The grid cell of `x` in `[lo, hi]` (clamped).
-pub fn grid_cell(x: f64, lo: f64, hi: f64) -> usize {
-    let at = ((x - lo) / (hi - lo) * GRID_CELLS as f64).floor();
-    (at.max(0.0) as usize).min(GRID_CELLS - 1)
 }
 
 /// The statistics as they are: for the data owner's eyes only.
@@ -81,9 +74,9 @@ impl Measure for Exact {
         Ok(lo.is_finite().then_some((lo, hi)))
     }
 
-    fn grid(&mut self, column: &ColumnProfile, lo: f64, hi: f64) -> Result<Vec<f64>, Self::Error> {
+    fn grid(&mut self, column: &ColumnProfile, grid: &Grid) -> Result<Vec<f64>, Self::Error> {
         let mut counts = vec![0.0; GRID_CELLS];
-        column.numbers.iter().for_each(|&x| counts[grid_cell(x, lo, hi)] += 1.0);
+        column.numbers.iter().for_each(|&x| counts[grid.cell(x)] += 1.0);
         Ok(counts)
     }
 
@@ -147,8 +140,8 @@ fn draft_column<M: Measure>(
         let bins = if integer && hi - lo < f64::from(options.bins) {
             None
         } else {
-            let edges = quantile_edges(&measure.grid(column, lo, hi)?, lo, hi, options.bins, integer);
-            Some(edges).filter(|b| b.len() > 2)
+            let grid = Grid::new(lo, hi, integer);
+            Some(grid.bin_edges(&measure.grid(column, &grid)?, options.bins)).filter(|b| b.len() > 2)
         };
         return Ok(DraftColumn::Numeric { name, integer, min: lo, max: hi, bins });
     }
@@ -173,37 +166,6 @@ fn draft_column<M: Measure>(
 fn widen(lo: f64, hi: f64, integer: bool) -> (f64, f64) {
     let (lo, hi) = if integer { (lo.floor(), hi.ceil()) } else { (lo, hi) };
     (lo, if hi > lo { hi } else { lo + 1.0 })
-}
-
-/// Bin edges at the `bins` quantiles of a grid histogram over `[lo, hi]` (negative noisy
-/// counts read as 0), strictly increasing, whole numbers for an integer column.
-fn quantile_edges(grid: &[f64], lo: f64, hi: f64, bins: u32, integer: bool) -> Vec<f64> {
-    let counts: Vec<f64> = grid.iter().map(|c| c.max(0.0)).collect();
-    let total: f64 = counts.iter().sum();
-    let width = (hi - lo) / counts.len() as f64;
-    let mut edges = vec![lo];
-    if total > 0.0 {
-        let mut cumulative = 0.0;
-        let mut next = 1;
-        for (i, c) in counts.iter().enumerate() {
-            cumulative += c;
-            while next < bins && cumulative >= total * f64::from(next) / f64::from(bins) {
-                let edge = lo + width * (i + 1) as f64;
-                let edge = if integer { edge.round() } else { edge };
-                // The last cell's edge is hi only up to rounding (above it, far from zero):
-                // hi itself closes the edges.
-                if edge < hi {
-                    edges.push(edge);
-                }
-                next += 1;
-            }
-        }
-    }
-    edges.push(hi);
-    // Every edge lies in [lo, hi]: dropping those not above the last kept leaves lo first
-    // and hi last.
-    edges.dedup_by(|b, a| *b <= *a);
-    edges
 }
 
 /// The line that keeps a draft of private domains from parsing as a spec (an unknown

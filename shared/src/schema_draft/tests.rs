@@ -1,3 +1,4 @@
+use super::grid::{GRID_CELLS, Grid};
 use super::profile::{ColumnProfile, Shape, header, profile};
 use super::*;
 use crate::data::source::CsvOptions;
@@ -150,11 +151,12 @@ async fn an_exact_draft_holds_the_data_as_it_is_and_parses_only_once_unmarked() 
 #[test]
 fn bins_fall_at_the_grids_quantiles() {
     // Uniform over [0, 256): four bins at 64, 128, 192.
-    assert_eq!(quantile_edges(&[1.0; GRID_CELLS], 0.0, 256.0, 4, true), vec![0.0, 64.0, 128.0, 192.0, 256.0]);
+    let grid = Grid::new(0.0, 256.0, true);
+    assert_eq!(grid.bin_edges(&[1.0; GRID_CELLS], 4), vec![0.0, 64.0, 128.0, 192.0, 256.0]);
     // Everything in the first cell: the quantiles collapse onto one edge.
-    let mut grid = vec![0.0; GRID_CELLS];
-    grid[0] = 100.0;
-    assert_eq!(quantile_edges(&grid, 0.0, 256.0, 4, true), vec![0.0, 1.0, 256.0]);
+    let mut counts = vec![0.0; GRID_CELLS];
+    counts[0] = 100.0;
+    assert_eq!(grid.bin_edges(&counts, 4), vec![0.0, 1.0, 256.0]);
     // Found by tests/schema_draft.rs: far from zero, the last grid cell's edge lies above
     // hi by rounding (lo + (hi − lo)/n·n ≠ hi), was kept and hi dropped, and the draft's
     // own bins then failed to parse (edges must end at max).
@@ -162,9 +164,56 @@ fn bins_fall_at_the_grids_quantiles() {
     let mut last = vec![0.0; GRID_CELLS];
     last[GRID_CELLS - 1] = 100.0;
     assert!(lo + (hi - lo) / GRID_CELLS as f64 * GRID_CELLS as f64 > hi);
-    assert_eq!(quantile_edges(&last, lo, hi, 4, false), vec![lo, hi]);
-    assert_eq!(grid_cell(-5.0, 0.0, 10.0), 0);
-    assert_eq!(grid_cell(10.0, 0.0, 10.0), GRID_CELLS - 1);
+    // (The heavy last cell is a bin of its own.)
+    let far = Grid::new(lo, hi, false);
+    assert_eq!(far.bin_edges(&last, 4), vec![lo, far.start(GRID_CELLS - 1), hi]);
+    let continuous = Grid::new(0.0, 10.0, false);
+    assert_eq!((continuous.cell(-5.0), continuous.cell(10.0)), (0, GRID_CELLS - 1));
+}
+
+/// A grid's cells tile its range: every value lies in the cell whose bounds hold it, and
+/// an integer column's lower bound has a cell of its own.
+#[test]
+fn a_grids_cells_hold_their_values() {
+    for grid in [Grid::new(0.0, 2048.0, true), Grid::new(19.0, 64.0, true), Grid::new(-3.5, 7.25, false)] {
+        assert!((1..=GRID_CELLS).all(|i| grid.start(i) > grid.start(i - 1)), "{grid:?}");
+        for k in 0..=1000 {
+            let x = grid.start(0) + (grid.start(GRID_CELLS) - grid.start(0)) * f64::from(k) / 1000.0;
+            let i = grid.cell(x);
+            assert!(grid.start(i) <= x && (x < grid.start(i + 1) || i == GRID_CELLS - 1), "{grid:?} {x} in {i}");
+        }
+    }
+    let integers = Grid::new(0.0, 2048.0, true);
+    assert_eq!((integers.cell(0.0), integers.cell(0.5), integers.cell(1.0)), (0, 0, 1));
+}
+
+/// A value many rows share keeps a bin of its own (a release draws uniformly within a
+/// bin): 40 hours a week, or the zeros of a zero-inflated amount, are drawn as themselves
+/// instead of spread over their neighbours.
+#[test]
+fn a_value_many_rows_share_is_a_bin_of_its_own() {
+    let draft_of = |numbers: Vec<f64>| {
+        let column = ColumnProfile {
+            name: "x".into(),
+            shapes: [numbers.len() as f64, 0.0, 0.0, 0.0],
+            numbers,
+            ..ColumnProfile::default()
+        };
+        let profile = Profile { columns: vec![column] };
+        match &draft(&profile, None, &mut Exact, &DraftOptions::default()).unwrap().columns[0] {
+            DraftColumn::Numeric { bins: Some(bins), .. } => bins.clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    // Hours a week: 19 to 64, nearly half at 40.
+    let hours: Vec<f64> = (0..2000).map(|i| if i % 2 == 0 { 40.0 } else { f64::from(19 + i % 46) }).collect();
+    let bins = draft_of(hours);
+    let at = bins.iter().position(|&e| e == 40.0).unwrap_or_else(|| panic!("{bins:?}"));
+    assert_eq!(bins[at + 1], 41.0, "{bins:?}");
+    // An amount: 95% zeros, the rest spread to 2048.
+    let amounts: Vec<f64> = (0..2000).map(|i| if i % 20 == 0 { f64::from(i) } else { 0.0 }).collect();
+    let bins = draft_of(amounts);
+    assert_eq!(bins[..2], [0.0, 1.0], "{bins:?}");
 }
 
 /// Compression keeps the values at or above the share, at most `max_categories`, and
