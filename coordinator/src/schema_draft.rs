@@ -153,6 +153,10 @@ impl Measure for Noisy<'_> {
         Ok(first.zip(last).map(|(f, l)| (edges[f].0, edges[l].1)))
     }
 
+    fn grid_noise_floor(&self) -> f64 {
+        self.plan.cutoff(GRID_CELLS)
+    }
+
     fn grid(&mut self, column: &ColumnProfile, grid: &Grid) -> Result<Vec<f64>, Unpaid> {
         let mut exact = vec![0.0; GRID_CELLS];
         column.numbers.iter().for_each(|&x| exact[grid.cell(x)] += 1.0);

@@ -70,7 +70,7 @@ pub struct DraftArgs {
     /// that name none, as `serve --ledger`).
     #[arg(long)]
     store: Option<String>,
-    /// Bins (quantiles) per numeric column.
+    /// Bins (quantiles) per numeric column; a value many rows share adds a bin of its own.
     #[arg(long, default_value_t = 10)]
     bins: u32,
     /// Categories kept per column at most; the rest go to __other__.

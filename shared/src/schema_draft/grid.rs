@@ -53,9 +53,11 @@ impl Grid {
     }
 
     /// Bin edges at `bins` quantiles of `counts` (this grid's; negative noisy counts read
-    /// as 0), with each cell of a bin's share or more a bin of its own: strictly
-    /// increasing from `lo` to `hi`, whole numbers for an integer column.
-    pub fn bin_edges(&self, counts: &[f64], bins: u32) -> Vec<f64> {
+    /// as 0), with each cell of a bin's share or more a bin of its own — and above
+    /// `noise_floor`, which noise alone rarely reaches: strictly increasing from `lo` to
+    /// `hi`, whole numbers for an integer column (so more than `bins` bins where cells
+    /// stand alone).
+    pub fn bin_edges(&self, counts: &[f64], bins: u32, noise_floor: f64) -> Vec<f64> {
         let counts: Vec<f64> = counts.iter().map(|c| c.max(0.0)).collect();
         let total: f64 = counts.iter().sum();
         let mut edges = vec![self.lo];
@@ -67,11 +69,11 @@ impl Grid {
             }
         };
         if total > 0.0 {
-            let share = total / f64::from(bins);
+            let alone = (total / f64::from(bins)).max(noise_floor);
             let mut cumulative = 0.0;
             let mut next = 1;
             for (i, c) in counts.iter().enumerate() {
-                if *c >= share {
+                if *c >= alone {
                     // The whole numbers a cell holds are those from ⌈start⌉ below ⌈end⌉.
                     let (start, end) = (self.start(i), self.start(i + 1));
                     if self.integer { [start.ceil(), end.ceil()] } else { [start, end] }

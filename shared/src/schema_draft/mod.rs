@@ -49,6 +49,9 @@ pub trait Measure {
     fn bounds(&mut self, column: &ColumnProfile) -> Result<Option<(f64, f64)>, Self::Error>;
     /// Counts of the numbers (clamped to the grid's range) in the grid's cells.
     fn grid(&mut self, column: &ColumnProfile, grid: &Grid) -> Result<Vec<f64>, Self::Error>;
+    /// A count that noise alone gives some cell of [`Self::grid`] only rarely (public: from
+    /// the noise's scale), so that no bin is made of noise.
+    fn grid_noise_floor(&self) -> f64;
     /// Whether [`Self::categories`] lists every value (else a value may exist unlisted,
     /// and the draft sends unlisted values to `__other__`).
     fn lists_every_value(&self) -> bool;
@@ -78,6 +81,10 @@ impl Measure for Exact {
         let mut counts = vec![0.0; GRID_CELLS];
         column.numbers.iter().for_each(|&x| counts[grid.cell(x)] += 1.0);
         Ok(counts)
+    }
+
+    fn grid_noise_floor(&self) -> f64 {
+        0.0
     }
 
     fn lists_every_value(&self) -> bool {
@@ -141,7 +148,8 @@ fn draft_column<M: Measure>(
             None
         } else {
             let grid = Grid::new(lo, hi, integer);
-            Some(grid.bin_edges(&measure.grid(column, &grid)?, options.bins)).filter(|b| b.len() > 2)
+            let counts = measure.grid(column, &grid)?;
+            Some(grid.bin_edges(&counts, options.bins, measure.grid_noise_floor())).filter(|b| b.len() > 2)
         };
         return Ok(DraftColumn::Numeric { name, integer, min: lo, max: hi, bins });
     }

@@ -152,11 +152,11 @@ async fn an_exact_draft_holds_the_data_as_it_is_and_parses_only_once_unmarked() 
 fn bins_fall_at_the_grids_quantiles() {
     // Uniform over [0, 256): four bins at 64, 128, 192.
     let grid = Grid::new(0.0, 256.0, true);
-    assert_eq!(grid.bin_edges(&[1.0; GRID_CELLS], 4), vec![0.0, 64.0, 128.0, 192.0, 256.0]);
+    assert_eq!(grid.bin_edges(&[1.0; GRID_CELLS], 4, 0.0), vec![0.0, 64.0, 128.0, 192.0, 256.0]);
     // Everything in the first cell: the quantiles collapse onto one edge.
     let mut counts = vec![0.0; GRID_CELLS];
     counts[0] = 100.0;
-    assert_eq!(grid.bin_edges(&counts, 4), vec![0.0, 1.0, 256.0]);
+    assert_eq!(grid.bin_edges(&counts, 4, 0.0), vec![0.0, 1.0, 256.0]);
     // Found by tests/schema_draft.rs: far from zero, the last grid cell's edge lies above
     // hi by rounding (lo + (hi − lo)/n·n ≠ hi), was kept and hi dropped, and the draft's
     // own bins then failed to parse (edges must end at max).
@@ -166,7 +166,7 @@ fn bins_fall_at_the_grids_quantiles() {
     assert!(lo + (hi - lo) / GRID_CELLS as f64 * GRID_CELLS as f64 > hi);
     // (The heavy last cell is a bin of its own.)
     let far = Grid::new(lo, hi, false);
-    assert_eq!(far.bin_edges(&last, 4), vec![lo, far.start(GRID_CELLS - 1), hi]);
+    assert_eq!(far.bin_edges(&last, 4, 0.0), vec![lo, far.start(GRID_CELLS - 1), hi]);
     let continuous = Grid::new(0.0, 10.0, false);
     assert_eq!((continuous.cell(-5.0), continuous.cell(10.0)), (0, GRID_CELLS - 1));
 }
@@ -214,6 +214,15 @@ fn a_value_many_rows_share_is_a_bin_of_its_own() {
     let amounts: Vec<f64> = (0..2000).map(|i| if i % 20 == 0 { f64::from(i) } else { 0.0 }).collect();
     let bins = draft_of(amounts);
     assert_eq!(bins[..2], [0.0, 1.0], "{bins:?}");
+    // Noise alone makes no bin of its own: 100 bins over counts that are noise (σ = 36),
+    // where a bin's share is below what noise reaches, with the noisy draft's floor.
+    let sigma = 36.0;
+    let floor = sigma * 4.47; // the noisy draft's: Φ⁻¹(1 − 0.001/256)·σ
+    let noise: Vec<f64> = (0..GRID_CELLS).map(|i| sigma * (2.5 * ((i * 7919 % 256) as f64 / 256.0 - 0.5))).collect();
+    let grid = Grid::new(0.0, 2048.0, true);
+    let quantiles_alone = grid.bin_edges(&noise, 100, f64::INFINITY);
+    assert_ne!(grid.bin_edges(&noise, 100, 0.0), quantiles_alone, "the test's noise reaches a bin's share");
+    assert_eq!(grid.bin_edges(&noise, 100, floor), quantiles_alone);
 }
 
 /// Compression keeps the values at or above the share, at most `max_categories`, and
