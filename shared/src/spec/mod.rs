@@ -18,7 +18,7 @@ pub use tables::{ParentSpec, TableSpec};
 
 use crate::accounting::Budget;
 use crate::accounting::accountant::Accountant;
-use crate::data::source::Source;
+use crate::data::source::{BadRows, Source};
 use crate::dpsgd::run::RunParams;
 use crate::generators::section::GeneratorSpec;
 
@@ -238,6 +238,20 @@ impl JobSpec {
         if !(p.epsilon > 0.0 && p.epsilon.is_finite() && (0.0..1.0).contains(&p.delta)) {
             return Err(format!("[privacy] needs epsilon > 0 and delta in [0, 1), got {} and {}", p.epsilon, p.delta));
         }
+        // A value read as missing must have somewhere to go.
+        let inputs = std::iter::once((&self.input, &self.schema.columns))
+            .chain(self.tables.iter().map(|t| (&t.input, &t.columns)));
+        for (input, columns) in inputs {
+            let rejecting =
+                columns.iter().find(|c| c.kind != ColumnKind::Identifier && c.missing == MissingPolicy::Reject);
+            if let (Some(BadRows::AsMissing), Some(c)) = (input.bad_rows, rejecting) {
+                return Err(format!(
+                    "bad_rows = \"as_missing\" reads a bad value as missing, which column '{}' rejects (missing = \
+                     \"reject\"): keep its missing values, or skip bad rows (bad_rows = \"skip\")",
+                    c.name
+                ));
+            }
+        }
         let mut names = HashSet::new();
         for c in &self.schema.columns {
             if !names.insert(c.name.as_str()) {
@@ -344,6 +358,18 @@ mod tests {
         // It round-trips as written.
         let text = toml::to_string(&spec).unwrap();
         assert_eq!(JobSpec::parse(&text, "again").unwrap(), spec);
+    }
+
+    /// A bad value read as missing in a column that rejects missing values would reach a
+    /// model with no place for it: the spec is refused, naming the column.
+    #[test]
+    fn reading_bad_values_as_missing_where_missing_is_rejected_is_refused() {
+        let text = DEMO.replace("[input]\n", "[input]\nbad_rows = \"as_missing\"\n");
+        assert!(JobSpec::parse(&text, "demo").is_ok());
+        let rejecting = text.replacen("kind = \"integer\"", "kind = \"integer\"\nmissing = \"reject\"", 1);
+        assert_ne!(rejecting, text);
+        let err = JobSpec::parse(&rejecting, "demo").unwrap_err().to_string();
+        assert!(err.contains("rejects (missing = \"reject\")"), "{err}");
     }
 
     /// Every example under `examples/` parses: they are what a new user copies.
