@@ -90,21 +90,19 @@ impl Access {
                 return Err(format!("{path}: submitter '{}': token_sha256 must be 64 hex digits", s.name));
             }
         }
-        // A name is a namespace of jobs and ledger charges, a token one submitter's.
+        // A name is a namespace of jobs and ledger charges, a token one submitter's, and one
+        // submitter's releases are never another's to write.
         for (i, a) in file.submitter.iter().enumerate() {
-            if let Some(b) = file.submitter[i + 1..].iter().find(|b| b.name == a.name) {
-                return Err(format!("{path}: submitter '{}' is declared twice", b.name));
-            }
-            if let Some(b) =
-                file.submitter[i + 1..].iter().find(|b| b.token_sha256.eq_ignore_ascii_case(&a.token_sha256))
-            {
-                return Err(format!("{path}: submitters '{}' and '{}' have the same token", a.name, b.name));
-            }
-        }
-        // One submitter's releases are never another's to write.
-        for (i, a) in file.submitter.iter().enumerate() {
-            if let Some(b) = file.submitter[i + 1..].iter().find(|b| storage::nested(&a.output_root, &b.output_root)) {
-                return Err(format!("{path}: the output roots of '{}' and '{}' overlap", a.name, b.name));
+            for b in &file.submitter[i + 1..] {
+                if b.name == a.name {
+                    return Err(format!("{path}: submitter '{}' is declared twice", b.name));
+                }
+                if b.token_sha256.eq_ignore_ascii_case(&a.token_sha256) {
+                    return Err(format!("{path}: submitters '{}' and '{}' have the same token", a.name, b.name));
+                }
+                if storage::nested(&a.output_root, &b.output_root) {
+                    return Err(format!("{path}: the output roots of '{}' and '{}' overlap", a.name, b.name));
+                }
             }
         }
         Ok(Access::Authenticated { submitters: file.submitter })

@@ -99,16 +99,21 @@ class Result:
     template: object = dataclasses.field(default=None, repr=False)
     _table: object = dataclasses.field(default=None, repr=False)
 
+    def _tables(self):
+        """The release's tables as the manifest lists them: (name, manifest entry), one
+        entry (the manifest itself, named by the spec's root table) when not a database."""
+        root = self.spec.get("schema", {}).get("table")
+        return [(t["name"], t) for t in self.manifest.get("tables") or []] or [(root, self.manifest)]
+
+    def _one_or_all(self, by_name):
+        return by_name if self.manifest.get("tables") else next(iter(by_name.values()))
+
     def to_arrow(self):
         """The synthetic table as a pyarrow Table (`polars.from_arrow` takes it); a
         database's tables as a dict of them."""
         if self._table is None:
-            tables = self.manifest.get("tables") or []
-            if tables:
-                self._table = {t["name"]: frames.read_parts(self.output, t["parts"]) for t in tables}
-            else:
-                self._table = frames.read_parts(self.output, self.manifest["parts"])
-        return self._table
+            self._table = {name: frames.read_parts(self.output, t["parts"]) for name, t in self._tables()}
+        return self._one_or_all(self._table)
 
     @property
     def data(self):
@@ -119,20 +124,16 @@ class Result:
         """The release read where it was written (a path, file:// or s3://, through
         pyarrow's filesystems), as a pandas DataFrame: the input's column types where the
         job had an input table, else the spec's. A database's tables as a dict of them."""
-        read = self.to_arrow()
-        if isinstance(read, dict):
-            written = {t["name"]: t["columns"] for t in self.manifest["tables"]}
-            root = self.spec.get("schema", {})
-            declared = {root.get("table"): root.get("columns", [])}
-            declared.update({t["name"]: t.get("columns", []) for t in self.spec.get("tables", [])})
-            # A table the call passed (the root's) keeps its column types.
-            templates = {root.get("table"): self.template}
-            return {
-                name: frames.like(table, declared.get(name, []), written[name], templates.get(name))
-                for name, table in read.items()
-            }
-        columns = self.spec.get("schema", {}).get("columns", [])
-        return frames.like(read, columns, self.manifest.get("columns", []), self.template)
+        self.to_arrow()
+        root = self.spec.get("schema", {})
+        declared = {root.get("table"): root.get("columns", [])}
+        declared.update({t["name"]: t.get("columns", []) for t in self.spec.get("tables", [])})
+        # The table the call passed (the root) keeps its column types.
+        return self._one_or_all({
+            name: frames.like(self._table[name], declared.get(name, []), t.get("columns", []),
+                              self.template if name == root.get("table") else None)
+            for name, t in self._tables()
+        })
 
 
 def synthesize(
