@@ -156,6 +156,7 @@ async fn claimed(
         job_id: job_id.clone(),
         generator: spec.generator.name().as_str().to_string(),
         created_at: chrono::Utc::now(),
+        output_url: String::new(),
         rows: 0,
         columns: if database { Vec::new() } else { manifest_columns(&spec.schema.columns) },
         parts: Vec::new(),

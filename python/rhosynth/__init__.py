@@ -163,34 +163,33 @@ def synthesize(
     if dataset is not None:
         job.setdefault("job", {})["dataset_id"] = dataset
     if budget is not None:
-        privacy.setdefault("ledger", DEFAULT_LEDGER)
         _ensure_ledger(privacy["ledger"], job["job"]["dataset_id"], budget)
     job_id = job.get("job", {}).get("id") or f"py-{uuid.uuid4().hex[:12]}"
     job.setdefault("job", {})["id"] = job_id
     work = frames.private_dir("jobs")
-    named = job.get("output", {}).get("url")
-    out = str(output or (named and named.replace("{job_id}", job_id)) or os.path.join(DEFAULT_ROOT, job["job"]["dataset_id"], job_id))
     with _input(data, job) as path, tempfile.TemporaryDirectory(dir=work) as scratch:
         _read_from(job, data, path)
         job_path = _write_spec(job, scratch)
         # A killed kernel leaves no job running on without it.
-        args = ["run", job_path, "--workers", str(workers), "--output", out, "--stop-with-parent", str(os.getpid())]
+        args = ["run", job_path, "--workers", str(workers), "--stop-with-parent", str(os.getpid())]
+        if output is not None:
+            args += ["--output", str(output)]
         # An [evaluation] report is the data owner's: kept where the CLI keeps it.
         args += ["--scratch", os.path.join(scratch, "scratch"), "--diagnostics", f"{DEFAULT_ROOT}/diagnostics"]
         manifest = cli.run(args, progress=progress, label=f"{job['generator']['name']} job {job_id}")
     template = None if isinstance(data, (str, os.PathLike)) else frames.to_pandas(data)
-    return Result(manifest=manifest, output=out, spec=job, template=template)
+    # Where the engine wrote it, placeholders filled: the manifest says.
+    return Result(manifest=manifest, output=manifest["output_url"], spec=job, template=template)
 
 
 class Client:
     """A served coordinator (`rhosynth serve`) as one submitter: jobs on the datasets its
     operator declared and granted this submitter's token. `ca` is the CA that signed the
-    coordinator's certificate (PEM path); `output_root` the submitter's output root, where
-    a job whose spec names no output is written (`<output_root>/<job id>`)."""
+    coordinator's certificate (PEM path)."""
 
-    def __init__(self, url, token=None, ca=None, output_root=None):
+    def __init__(self, url, token=None, ca=None):
         _check_url(url, ca)
-        self.url, self.token, self.ca, self.output_root = url, token, ca, output_root
+        self.url, self.token, self.ca = url, token, ca
 
     def __repr__(self):
         return f"Client({self.url!r}, token={'…' if self.token else None}, ca={self.ca!r})"
@@ -207,11 +206,9 @@ class Client:
             args[1] = _write_spec(job, scratch)
             label = f"{job['generator']['name']} job"
             manifest = cli.run(args, progress=progress, label=label, env=self._env(), detached=True)
-        prefix = output or job.get("output", {}).get("url")
-        if prefix is None and self.output_root is not None:
-            prefix = f"{str(self.output_root).rstrip('/')}/{manifest['job_id']}"
-        prefix = None if prefix is None else str(prefix).replace("{job_id}", manifest["job_id"])
-        return Result(manifest=manifest, output=prefix, spec=job)
+        # Where the coordinator wrote it (under this submitter's output root unless the
+        # spec named a place): the manifest says.
+        return Result(manifest=manifest, output=manifest["output_url"], spec=job)
 
     def ledger(self, dataset):
         """Declared dataset `dataset`'s ledger as the coordinator shows this submitter: the

@@ -205,9 +205,11 @@ def test_a_database_release_comes_back_as_its_tables(tmp_path, ledger):
     job = rs.spec.load(example)
     for table in job["tables"]:
         table["input"]["urls"] = [str(data / f"{table['name']}.csv")]
-    job["output"].pop("url")
-    result = rs.synthesize(str(data / "patients.csv"), job, ledger=ledger, budget=(10.0, 1e-5),
-                           output=str(tmp_path / "out"), progress=False)
+    # Placeholders in the spec's output are the engine's to fill: the result is where it wrote.
+    job["output"]["url"] = str(tmp_path / "out" / "{dataset_id}" / "{job_id}")
+    job["job"]["id"] = "db-job"
+    result = rs.synthesize(str(data / "patients.csv"), job, ledger=ledger, budget=(10.0, 1e-5), progress=False)
+    assert result.output == str(tmp_path / "out" / job["job"]["dataset_id"] / "db-job")
     tables = result.data
     assert list(tables) == ["patients", "admissions", "vitals"]
     patients_, admissions, vitals = tables.values()

@@ -105,7 +105,7 @@ def submitted_spec():
 
 
 def test_a_served_job_runs_through_the_client_over_tls_with_a_token(served):
-    client = rs.Client(served["url"], token=served["token"], ca=served["ca"], output_root=served["out"])
+    client = rs.Client(served["url"], token=served["token"], ca=served["ca"])
     result = client.submit(submitted_spec(), progress=False)
     assert result.manifest["privacy"]["dataset_id"] == "ward"
     assert result.manifest["privacy"]["epsilon"] == pytest.approx(1.0)
@@ -132,7 +132,7 @@ def test_a_served_job_runs_through_the_client_over_tls_with_a_token(served):
 
 
 def test_a_token_the_coordinator_does_not_know_is_refused(served):
-    client = rs.Client(served["url"], token="not-a-token-0123456789", ca=served["ca"], output_root=served["out"])
+    client = rs.Client(served["url"], token="not-a-token-0123456789", ca=served["ca"])
     with pytest.raises(rs.RhosynthError, match="rejected"):
         client.submit(submitted_spec(), progress=False)
     with pytest.raises(rs.RhosynthError, match="unknown bearer token"):

@@ -147,6 +147,10 @@ pub struct Manifest {
     pub job_id: String,
     pub generator: String,
     pub created_at: DateTime<Utc>,
+    /// Where the release was written (its prefix, placeholders filled): set when sealed.
+    /// Absent from manifests written before 2026-11-29.
+    #[serde(default)]
+    pub output_url: String,
     /// Rows of the release: of its one table, or of all a database's tables.
     pub rows: u64,
     /// The one table's columns and parts; empty in a database's release, whose `tables`
@@ -416,6 +420,7 @@ impl OutputWriter {
     /// A database's manifest names its tables (`manifest.tables`); each gets the parts
     /// written under its name, and every part written must belong to one of them.
     pub fn seal(&self, mut manifest: Manifest) -> Result<Sealed, OutputError> {
+        manifest.output_url = self.location.url.clone();
         manifest.parts = self.parts.clone();
         if !manifest.tables.is_empty() {
             manifest.format = DATABASE_MANIFEST_FORMAT.to_string();
@@ -483,6 +488,7 @@ mod tests {
             job_id: "a".into(),
             generator: "marginals".into(),
             created_at: Utc::now(),
+            output_url: String::new(),
             rows: 0,
             columns: Vec::new(),
             parts: Vec::new(),
@@ -616,6 +622,8 @@ mod tests {
         assert_eq!((written.tables[0].rows, written.tables[1].rows, written.rows), (3, 3, 6));
         assert!(written.parts.is_empty() && url.join("admissions/part-00000.parquet").is_file());
         assert_eq!(written.format, DATABASE_MANIFEST_FORMAT);
+        // The manifest names where it was written.
+        assert_eq!(written.output_url, url.to_str().unwrap());
         let read = crate::data::table::read_release(url.to_str().unwrap(), None, None).await.map(drop).unwrap_err();
         assert!(read.to_string().contains("a database's release, not one table (its tables: patients, admissions)"));
         // Read back as a database: each table's parts, checked against the manifest.
