@@ -18,6 +18,8 @@
 pub use crate::context::{INPUT_MISMATCH, JobEnv, JobError, JobRequest, Progress, ProgressHandle};
 use crate::context::{JobContext, blocking, set_stage};
 
+use arrow_array::RecordBatch;
+use arrow_select::concat::concat_batches;
 use rand::rngs::ChaCha20Rng;
 use rhosynth_privacy::ledger::{ChargeRequest, ChargeStatus, Ledger, LedgerError};
 use rhosynth_shared::accounting::accountant::AccountingOptions;
@@ -323,9 +325,11 @@ async fn drawn<S: Send + 'static, P: Send + 'static>(
     .await
 }
 
-/// Writes `units` units of a database drawn by `sampler`, a batch of units at a time (a
-/// part of each table per batch, memory bounded by `rows_per_part` rows a table), each
-/// batch drawn on a blocking thread.
+/// Writes `units` units of a database drawn by `sampler`, a batch of units at a time (as
+/// many as fill `rows_per_part` rows of a table at its cap products), each batch drawn on
+/// a blocking thread. A table's drawn rows are held until they fill a part (most units
+/// reach far fewer rows than their caps allow): memory bounded by `rows_per_part` rows and
+/// one batch a table.
 async fn write_database(
     spec: &JobSpec,
     mut output: OutputWriter,
@@ -335,6 +339,7 @@ async fn write_database(
 ) -> Result<OutputWriter, JobError> {
     let per_part = sampler.units_per_part(spec.output.rows_per_part);
     let names: Vec<String> = sampler.table_names().map(str::to_string).collect();
+    let mut held: Vec<Vec<RecordBatch>> = vec![Vec::new(); names.len()];
     let mut written = 0;
     while written < units {
         let n = (units - written).min(per_part);
@@ -343,11 +348,18 @@ async fn write_database(
         if batches[0].num_rows() as u64 != n {
             return Err(JobError::Internal(format!("the sampler drew {} of {n} units", batches[0].num_rows())));
         }
-        for (name, batch) in names.iter().zip(&batches).filter(|(_, batch)| batch.num_rows() > 0) {
-            output.write_table_part(name, batch).await?;
-        }
         written += n;
-        tracing::info!(units = written, of = units, "synthetic units written with their rows in every table");
+        for ((name, table), batch) in names.iter().zip(&mut held).zip(batches) {
+            table.push(batch);
+            let rows: usize = table.iter().map(RecordBatch::num_rows).sum();
+            if rows as u64 >= spec.output.rows_per_part || (written == units && rows > 0) {
+                let part = concat_batches(&table[0].schema(), table.iter())
+                    .map_err(|e| JobError::Internal(format!("joining the drawn rows of table {name}: {e}")))?;
+                output.write_table_part(name, &part).await?;
+                table.clear();
+            }
+        }
+        tracing::info!(units = written, of = units, "synthetic units drawn with their rows in every table");
     }
     Ok(output)
 }

@@ -555,10 +555,11 @@ async fn a_database_drawn_down_the_tree_keeps_its_cross_table_structure() {
     ];
     let (bins, fitted) = fit_exactly(&layout, &values, &pairs);
     let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(7);
-    let synthetic = sample_database(&layout, &fitted, 1500, &mut rng);
+    // In three slices, as cores draw them.
+    let synthetic = sample_database(&layout, &fitted, 1500, 3, &mut rng);
     let [patients, admissions, vitals] = &synthetic[..] else { panic!("three tables") };
 
-    // Referential integrity, by construction.
+    // Referential integrity, by construction, across the slices.
     assert_eq!(patients.len(), 1500);
     for (child, parent) in [(admissions, patients), (vitals, admissions)] {
         assert!(child.iter().all(|r| r.parent.is_some_and(|p| p < parent.len() && parent[p].unit == r.unit)));
@@ -651,7 +652,7 @@ async fn a_childs_link_to_its_parent_is_drawn_through_the_parents_mean_of_it() {
     ];
     let (_, fitted) = fit_exactly(&layout, &values, &pairs);
     let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(11);
-    let synthetic = sample_database(&layout, &fitted, 1500, &mut rng);
+    let synthetic = sample_database(&layout, &fitted, 1500, 2, &mut rng);
     let [_, admissions, vitals] = &synthetic[..] else { panic!("three tables") };
 
     // Per outcome, the mean of the admissions' means (each admission once): real, from
@@ -712,7 +713,7 @@ async fn children_are_drawn_without_a_mean_drawn_missing() {
     ];
     let (_, fitted) = fit_exactly(&layout, &values, &pairs);
     let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(3);
-    let synthetic = sample_database(&layout, &fitted, 1500, &mut rng);
+    let synthetic = sample_database(&layout, &fitted, 1500, 2, &mut rng);
     let spread = |x: &[f64]| {
         let m = x.iter().sum::<f64>() / x.len() as f64;
         (x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (x.len() as f64 - 1.0)).sqrt()
@@ -832,7 +833,7 @@ name = "aim"
         ],
     ];
     let (bins, fitted) = fit_exactly(&layout, &values, &pairs);
-    let synthetic = sample_database(&layout, &fitted, 3120, &mut rand::rngs::ChaCha8Rng::seed_from_u64(3));
+    let synthetic = sample_database(&layout, &fitted, 3120, 2, &mut rand::rngs::ChaCha8Rng::seed_from_u64(3));
     let [drawn_patients, drawn_visits] = &synthetic[..] else { panic!("two tables") };
 
     // Status × visits per patient (0 to 8): real, drawn, and the product of real margins.
@@ -975,7 +976,7 @@ async fn times_lie_inside_their_parents_interval_without_piling_on_its_ends() {
     let pairs: [&[(&str, &str)]; 3] = [&[], &[("dischtime", "admission_type")], &[("charttime", "__position")]];
     let (_, fitted) = fit_exactly(&layout, &values, &pairs);
     let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(3);
-    let synthetic = sample_database(&layout, &fitted, 800, &mut rng);
+    let synthetic = sample_database(&layout, &fitted, 800, 2, &mut rng);
     let [_, admissions, vitals] = &synthetic[..] else { panic!("three tables") };
     // Times may be missing (declared `missing = "keep"`: the fitted model keeps a sliver of
     // mass on the never-measured missing bins), and a time placed from a missing end is.
@@ -1055,7 +1056,7 @@ async fn a_sequence_keeps_its_lag_one_dependence() {
         let pairs: [&[(&str, &str)]; 3] = [&[], &[], pairs];
         let (_, fitted) = fit_exactly(&layout, &values, &pairs);
         let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(9);
-        let synthetic = sample_database(&layout, &fitted, 800, &mut rng);
+        let synthetic = sample_database(&layout, &fitted, 800, 2, &mut rng);
         let vitals = &synthetic[2];
         let consecutive: Vec<(f64, f64)> = vitals
             .windows(2)
@@ -1119,7 +1120,7 @@ async fn raking_brings_the_targets_drawn_rate_to_the_models_own() {
     let model = [true, false].map(|last| count(2, last) / (0..joint.sizes[0]).map(|o| count(o, last)).sum::<f64>());
     // The drawn rates, each with the admissions it is over.
     let drawn = |fitted: &[FittedView]| {
-        let synthetic = sample_database(&layout, fitted, 4000, &mut rand::rngs::ChaCha8Rng::seed_from_u64(11));
+        let synthetic = sample_database(&layout, fitted, 4000, 2, &mut rand::rngs::ChaCha8Rng::seed_from_u64(11));
         let admissions = &synthetic[1];
         let is_last = |i: usize| admissions.get(i + 1).is_none_or(|next| next.parent != admissions[i].parent);
         let died = |i: &usize| admissions[*i].values[outcome] == SyntheticValue::Category("died".into());
@@ -1139,8 +1140,10 @@ async fn raking_brings_the_targets_drawn_rate_to_the_models_own() {
     );
     let target = ColumnAt { table: 1, column: outcome };
     let rng = &mut rand::rngs::ChaCha8Rng::seed_from_u64(12);
-    let (first, last) = rake(&layout, &mut fitted, target, RAKING_ROWS, RAKING_ROUNDS, rng).unwrap();
-    assert!(last < first, "the gap falls: {first:.4} → {last:.4}");
+    let raked = rake(&layout, &mut fitted, target, RAKING_ROWS, RAKING_ROUNDS, rng).unwrap();
+    assert!(raked.tilts >= 1 && raked.after < raked.before, "the gap falls: {raked:?}");
+    // It stops at chance's gap (or at its last round).
+    assert!(raked.after <= 2.0 * raked.chance || raked.tilts == RAKING_ROUNDS, "{raked:?}");
     let after_raking = drawn(&fitted);
     for (k, which) in ["last admissions", "all admissions"].iter().enumerate() {
         let ((raked, n), p) = (after_raking[k], model[k]);
@@ -1151,6 +1154,9 @@ async fn raking_brings_the_targets_drawn_rate_to_the_models_own() {
             before[k].0
         );
     }
+    // Raked to chance, the model is left as it is: raking again tilts nothing.
+    let again = rake(&layout, &mut fitted, target, RAKING_ROWS, RAKING_ROUNDS, rng).unwrap();
+    assert_eq!((again.tilts, again.before), (0, again.after), "{again:?} after {raked:?}");
     // Nothing to rake at the root: drawn given nothing.
     assert!(rake(&layout, &mut fitted, ColumnAt { table: 0, column: 2 }, RAKING_ROWS, 1, rng).is_none());
 }

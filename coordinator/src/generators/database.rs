@@ -5,7 +5,7 @@
 use rhosynth_privacy::ledger::Ledger;
 use rhosynth_privacy::release::Releases;
 use rhosynth_shared::entropy::os_rng;
-use rhosynth_shared::generators::database::rake::{RAKING_ROUNDS, RAKING_ROWS};
+use rhosynth_shared::generators::database::rake::{RAKING_ROUNDS, RAKING_ROWS, Raked};
 use rhosynth_shared::generators::database::{DatabasePlan, DatabaseSampler};
 
 use super::aim::{rounds_shown, run_rounds};
@@ -68,11 +68,18 @@ impl Generator for Database {
             // Post-processing of the fitted models: its randomness is not private.
             let mut rng = os_rng()?;
             sampler = blocking(move || {
-                if let Some((before, after)) = sampler.rake(target, RAKING_ROWS, RAKING_ROUNDS, &mut rng) {
+                let started = std::time::Instant::now();
+                if let Some(Raked { before, after, chance, tilts }) =
+                    sampler.rake(target, RAKING_ROWS, RAKING_ROUNDS, &mut rng)
+                {
                     tracing::info!(
                         before,
                         after,
-                        "raked: the target's drawn conditionals' gap from the model's, per row"
+                        chance,
+                        tilts,
+                        seconds = started.elapsed().as_secs_f64(),
+                        "raked: the target's drawn conditionals' gap from the model's, per row (none when within \
+                         twice chance's)"
                     );
                 }
                 sampler

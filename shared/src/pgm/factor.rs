@@ -121,7 +121,7 @@ impl Factor {
 
 /// Every cell of a table of `sizes`, in order (the last variable fastest), as the offset
 /// `base + Σ index·stride` it falls at: an odometer over the cells.
-fn offsets<'a>(sizes: &'a [usize], strides: &'a [usize], base: usize) -> impl Iterator<Item = usize> + 'a {
+pub(super) fn offsets<'a>(sizes: &'a [usize], strides: &'a [usize], base: usize) -> impl Iterator<Item = usize> + 'a {
     let mut index = vec![0; sizes.len()];
     let mut at = base;
     (0..sizes.iter().product::<usize>()).map(move |_| {

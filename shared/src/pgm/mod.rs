@@ -4,10 +4,12 @@
 
 mod conditioning;
 pub mod factor;
+pub mod given;
 pub mod junction;
 pub mod model;
 
 pub use factor::Factor;
+pub use given::Given;
 pub use junction::JunctionTree;
 pub use model::{GraphicalModel, Measurement};
 

@@ -11,6 +11,7 @@ use rand::{Rng, RngExt};
 
 use super::conditioning;
 use super::factor::Factor;
+use super::given::Given;
 use super::junction::JunctionTree;
 
 /// A released noisy marginal: counts over `vars` (ascending), drawn with noise σ.
@@ -307,63 +308,11 @@ impl GraphicalModel {
         &self.measured
     }
 
-    /// One row drawn from the model given a value of each variable of `given` (variable,
-    /// value index): the same law as [`Self::conditioned`] to those values then
-    /// [`Self::sample`] of one row, at the cost of the cells of the other variables only.
-    /// Each clique's log potential is sliced at the given values; messages go up the tree
-    /// over what is left of each separator, and the row is drawn down it, each clique's
-    /// free values given its parent's.
-    pub fn draw_given(&self, given: &[(usize, usize)], rng: &mut impl Rng) -> Vec<usize> {
-        let mut fixed: Vec<Option<usize>> = vec![None; self.domain.len()];
-        for &(v, value) in given {
-            assert!(value < self.domain[v], "variable {v} has {} values, not {value}", self.domain[v]);
-            fixed[v] = Some(value);
-        }
-        let tree = &self.tree;
-        let mut beliefs: Vec<Factor> = self.potentials.iter().map(|p| p.sliced(&fixed)).collect();
-        // Children first: each clique's message to its parent, over the separator's free
-        // variables, joins the parent's belief.
-        for &(p, c) in tree.edges.iter().rev() {
-            let separator: Vec<usize> = tree.separator(p, c).into_iter().filter(|&v| fixed[v].is_none()).collect();
-            let message = beliefs[c].logsumexp_to(&separator);
-            let cells = beliefs[p].cells_in(&separator);
-            beliefs[p].add_mapped(&message, &cells, 1.0);
-        }
-        let mut row: Vec<usize> = fixed.iter().map(|v| v.unwrap_or(0)).collect();
-        let mut drawn = vec![false; self.domain.len()];
-        given.iter().for_each(|&(v, _)| drawn[v] = true);
-        let mut order = vec![0];
-        order.extend(tree.edges.iter().map(|e| e.1));
-        for c in order {
-            let belief = &beliefs[c];
-            // The cells agreeing with the values already drawn (its separator's).
-            let strides = belief.strides();
-            let agrees = |cell: usize| {
-                belief
-                    .vars
-                    .iter()
-                    .enumerate()
-                    .all(|(i, &v)| !drawn[v] || (cell / strides[i]) % belief.sizes[i] == row[v])
-            };
-            // Shifted by the largest agreeing cell, so that the cells drawn from never all
-            // underflow when the cells that disagree are far likelier.
-            let agreeing: Vec<(usize, f64)> = belief
-                .values
-                .iter()
-                .enumerate()
-                .filter(|&(cell, _)| agrees(cell))
-                .map(|(cell, &v)| (cell, v))
-                .collect();
-            let top = agreeing.iter().map(|&(_, v)| v).fold(f64::NEG_INFINITY, f64::max);
-            let weights =
-                agreeing.into_iter().map(|(cell, v)| (cell, if top.is_finite() { (v - top).exp() } else { 0.0 }));
-            let cell = draw(&cumulative(weights), rng);
-            for (i, &v) in belief.vars.iter().enumerate() {
-                row[v] = (cell / strides[i]) % belief.sizes[i];
-                drawn[v] = true;
-            }
-        }
-        row
+    /// Rows drawn given values of `vars`, planned once for that set of variables
+    /// ([`Given::draw`]): each row the law of conditioning the model on its values and
+    /// drawing one row, at the cost of the free variables' cells only.
+    pub fn given(&self, vars: &[usize]) -> Given<'_> {
+        Given::plan(&self.tree, &self.potentials, &self.domain, vars)
     }
 
     /// Draws `rows` rows (a value index per variable) from the model, clique by clique

@@ -31,7 +31,7 @@
 
 use rand::Rng;
 
-use super::sampler::{FittedView, draw_tables};
+use super::sampler::{FittedView, cores, draw_tables, in_slices};
 use crate::data::database::view::ColumnAt;
 use crate::data::database::{Layout, View};
 use crate::pgm::Factor;
@@ -42,16 +42,35 @@ use crate::pgm::Factor;
 /// bound on a round's memory and time whatever the caps.
 pub const RAKING_ROWS: u64 = 20_000;
 
-/// Rounds of raking: the sets share the target, so each moves it a fraction of the way.
+/// The most tilts raking makes: the sets share the target, so each moves it a fraction of
+/// the way.
 pub const RAKING_ROUNDS: usize = 16;
 
 /// A count added to both sides of each ratio: a cell few drawn rows hold moves little.
 const PRIOR_COUNT: f64 = 1.0;
 
+/// What raking did: the gap between the drawn and the fitted conditionals (Σ |drawn −
+/// wanted| over a set's cells, per drawn row, averaged over the sets) before and after,
+/// the gap chance alone leaves in rows drawn from the wanted conditionals (the rule to
+/// stop at), and the tilts made.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Raked {
+    pub before: f64,
+    pub after: f64,
+    pub chance: f64,
+    pub tilts: usize,
+}
+
+/// How far above chance's gap raking still tilts: a gap within twice what rows drawn from
+/// the wanted conditionals themselves would show is left as it is.
+const CHANCE_FACTOR: f64 = 2.0;
+
 /// Tilts the model of the target's table (module doc), drawing at most `rows` of its rows
-/// `rounds` times. Returns the gap between the drawn and the fitted conditionals (Σ |drawn −
-/// wanted| over a set's cells, per drawn row, averaged over its sets), before and after;
-/// `None` when there is nothing to rake (a target of the root, drawn given nothing).
+/// a round, for at most `rounds` tilts: a public bound on its time (each row drawn at the
+/// cost of its free cells, `pgm::Given`). It stops, or never starts, once the drawn
+/// conditionals are within [`CHANCE_FACTOR`] of chance's gap of the fitted ones: raking
+/// then only chases the draws' own noise. `None` when there is nothing to rake (a target
+/// of the root, drawn given nothing).
 pub fn rake(
     layout: &Layout,
     views: &mut [FittedView],
@@ -59,7 +78,7 @@ pub fn rake(
     rows: u64,
     rounds: usize,
     rng: &mut impl Rng,
-) -> Option<(f64, f64)> {
+) -> Option<Raked> {
     let t = target.table;
     layout.tables[t].parent?;
     let units = (rows / layout.reach(t)).max(1) as usize;
@@ -83,12 +102,17 @@ pub fn rake(
     let most_sharing = |s: &Conditional| s.cells.vars.iter().filter(|c| !given.contains(c)).map(|&c| sharing(c)).max();
     let mut steps: Vec<f64> = sets.iter().map(|s| 1.0 / most_sharing(s).unwrap_or(1) as f64).collect();
     let mut last = vec![f64::INFINITY; sets.len()];
-    let (mut first, mut gap) = (0.0, 0.0);
+    let mut raked = Raked { before: 0.0, after: 0.0, chance: 0.0, tilts: 0 };
     for round in 0..=rounds {
-        let mut drawn_rows = Vec::new();
-        draw_tables(layout, views, units, t, Some(&mut drawn_rows), rng);
+        let shared: &[FittedView] = views;
+        let drawn_rows: Vec<Vec<usize>> = in_slices(units, cores(), rng, |share, rng| {
+            let mut rows = Vec::new();
+            draw_tables(layout, shared, share, t, Some(&mut rows), rng);
+            rows
+        })
+        .concat();
         let mut tilts = Vec::with_capacity(sets.len());
-        let mut total = 0.0;
+        let (mut total, mut chance) = (0.0, 0.0);
         for (i, set) in sets.iter().enumerate() {
             let drawn = set.drawn(&drawn_rows);
             let set_gap = set.gap(&drawn);
@@ -97,17 +121,21 @@ pub fn rake(
             }
             last[i] = set_gap;
             total += set_gap;
+            chance += set.chance(&drawn);
             tilts.push(set.tilt(&drawn, steps[i]));
         }
-        gap = total / sets.len().max(1) as f64 / drawn_rows.len().max(1) as f64;
+        let per_row = |sum: f64| sum / sets.len().max(1) as f64 / drawn_rows.len().max(1) as f64;
+        raked.after = per_row(total);
         if round == 0 {
-            first = gap;
+            (raked.before, raked.chance) = (raked.after, per_row(chance));
         }
-        if round < rounds {
-            views[t].model = views[t].model.tilted(&tilts);
+        if round == rounds || raked.after <= CHANCE_FACTOR * raked.chance {
+            break;
         }
+        views[t].model = views[t].model.tilted(&tilts);
+        raked.tilts += 1;
     }
-    Some((first, gap))
+    Some(raked)
 }
 
 /// A measured set's conditional of its own columns given its given ones, as the fitted
@@ -152,6 +180,14 @@ impl Conditional {
     /// Σ |count − wanted| over the set's cells.
     fn gap(&self, drawn: &[(f64, f64)]) -> f64 {
         drawn.iter().map(|(count, wanted)| (count - wanted).abs()).sum()
+    }
+
+    /// Σ over the set's cells of the mean |count − wanted| of counts drawn from the wanted
+    /// conditional itself (binomial, given the given cell's count): the gap chance alone
+    /// leaves.
+    fn chance(&self, drawn: &[(f64, f64)]) -> f64 {
+        let sd = |wanted: f64, p: f64| (wanted * (1.0 - p)).max(0.0).sqrt();
+        drawn.iter().zip(&self.p).map(|(&(_, wanted), &p)| (2.0 / std::f64::consts::PI).sqrt() * sd(wanted, p)).sum()
     }
 
     /// The log tilt moving the drawn counts `step` of the way (in logs) to the wanted.

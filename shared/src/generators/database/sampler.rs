@@ -7,13 +7,15 @@
 use std::collections::HashMap;
 
 use arrow_array::RecordBatch;
-use rand::Rng;
+use rand::rngs::ChaCha20Rng;
+use rand::{Rng, SeedableRng};
 
+use super::rake::Raked;
 use crate::data::database::view::{AFTER_COLUMN, ColumnAt, POSITION_COLUMN};
 use crate::data::database::{Layout, View};
 use crate::data::domain::{Domain, Encoding};
 use crate::output::{SyntheticValue, columns_to_batch};
-use crate::pgm::GraphicalModel;
+use crate::pgm::{Given, GraphicalModel};
 use crate::spec::{ColumnSpec, JobSpec};
 
 /// A fitted database, drawn a batch of units at a time into one Arrow batch per table
@@ -57,8 +59,8 @@ impl DatabaseSampler {
     }
 
     /// The target's table's model tilted to the target's conditionals as it is drawn
-    /// (`rake`), drawing at most `rows` of its rows `rounds` times; the gap before and after.
-    pub fn rake(&mut self, target: ColumnAt, rows: u64, rounds: usize, rng: &mut impl Rng) -> Option<(f64, f64)> {
+    /// (`rake`), drawing at most `rows` of its rows a round for at most `rounds` tilts.
+    pub fn rake(&mut self, target: ColumnAt, rows: u64, rounds: usize, rng: &mut impl Rng) -> Option<Raked> {
         super::rake::rake(&self.layout, &mut self.views, target, rows, rounds, rng)
     }
 
@@ -76,7 +78,7 @@ impl DatabaseSampler {
 
     /// Draws `units` more units and all their rows, one batch per table.
     pub fn sample(&mut self, units: usize, rng: &mut impl Rng) -> Vec<RecordBatch> {
-        let drawn = sample_database(&self.layout, &self.views, units, rng);
+        let drawn = sample_database(&self.layout, &self.views, units, cores(), rng);
         let first = self.drawn.clone();
         let name = |t: usize, row: usize| match t {
             0 => format!("syn-{}", first[0] + row as u64),
@@ -136,14 +138,60 @@ pub(super) struct Drawn {
 /// Draws `units` root rows and everything under them, table by table in layout order;
 /// `views[t]` is table `t`'s view fitted. `units` must be public or released (the root
 /// model's noisy total), never a count a worker reported.
+///
+/// The units are drawn in `slices` slices at once, each on a thread with its own
+/// generator seeded from `rng` (units are drawn independently of each other, so slices are
+/// the same law as one draw), then joined: a slice's units and parent rows numbered on
+/// from the slices before.
 pub fn sample_database(
     layout: &Layout,
     views: &[FittedView],
     units: usize,
+    slices: usize,
     rng: &mut impl Rng,
 ) -> Vec<Vec<SyntheticRow>> {
-    let drawn = draw_tables(layout, views, units, layout.tables.len() - 1, None, rng);
-    drawn.into_iter().map(|d| d.rows).collect()
+    let last = layout.tables.len() - 1;
+    let drawn = in_slices(units, slices, rng, |share, rng| draw_tables(layout, views, share, last, None, rng));
+    let mut tables: Vec<Vec<SyntheticRow>> = vec![Vec::new(); layout.tables.len()];
+    for slice in drawn {
+        let before: Vec<usize> = tables.iter().map(Vec::len).collect();
+        for (t, table) in slice.into_iter().enumerate() {
+            let parents_before = layout.tables[t].parent.map_or(0, |p| before[p]);
+            tables[t].extend(table.rows.into_iter().map(|row| SyntheticRow {
+                unit: row.unit + before[0],
+                parent: row.parent.map(|p| p + parents_before),
+                values: row.values,
+            }));
+        }
+    }
+    tables
+}
+
+/// The slices to draw in: one a core.
+pub(super) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+
+/// `f(share, rng)` run on `units` split in `slices` slices (at most one a unit), each on a
+/// thread with its own generator seeded from `rng`; the slices' results in order.
+pub(super) fn in_slices<T: Send>(
+    units: usize,
+    slices: usize,
+    rng: &mut impl Rng,
+    f: impl Fn(usize, &mut ChaCha20Rng) -> T + Sync,
+) -> Vec<T> {
+    let slices = slices.clamp(1, units.max(1));
+    let generators: Vec<ChaCha20Rng> = (0..slices).map(|_| ChaCha20Rng::from_rng(rng)).collect();
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (generators.into_iter().enumerate())
+            .map(|(i, mut rng)| {
+                let share = units / slices + usize::from(i < units % slices);
+                scope.spawn(move || f(share, &mut rng))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a slice of units drawn")).collect()
+    })
 }
 
 /// [`sample_database`]'s tables up to table `last`; `view_rows`, if given, collects
@@ -198,19 +246,6 @@ pub(super) fn draw_tables(
     drawn
 }
 
-/// A view's model given each listed column's bin.
-fn conditioned_on(fitted: &FittedView, given: &[(usize, usize)]) -> GraphicalModel {
-    let allowed: Vec<(usize, Vec<bool>)> = given
-        .iter()
-        .map(|&(v, bin)| {
-            let mut mask = vec![false; fitted.domain.columns[v].bins()];
-            mask[bin] = true;
-            (v, mask)
-        })
-        .collect();
-    fitted.model.conditioned(&allowed)
-}
-
 /// A row's own values (the first `own` columns of its view) drawn inside its bins.
 fn own_values(fitted: &FittedView, own: usize, row: &[usize], rng: &mut impl Rng) -> Vec<SyntheticValue> {
     (0..own).map(|c| fitted.domain.columns[c].draw(row[c], rng)).collect()
@@ -231,9 +266,9 @@ struct Siblings<'a> {
     after: Option<usize>,
     /// The view's columns of its parent's means of its own values.
     means: Vec<usize>,
-    /// Parents alike share their children's model (a sequence's rows are each drawn given
-    /// their own previous row: `GraphicalModel::draw_given`, no model kept).
-    by_ancestors: HashMap<Vec<(usize, usize)>, GraphicalModel>,
+    /// The model's draws planned per set of given columns (the same for every row but
+    /// for parents' means left out when missing: a few sets), never per value drawn.
+    plans: HashMap<Vec<usize>, Given<'a>>,
 }
 
 impl<'a> Siblings<'a> {
@@ -249,8 +284,15 @@ impl<'a> Siblings<'a> {
             position,
             after: fitted.domain.index_of(AFTER_COLUMN),
             means: view.parent_means(layout).into_iter().map(|(_, mean)| mean).collect(),
-            by_ancestors: HashMap::new(),
+            plans: HashMap::new(),
         }
+    }
+
+    /// One row drawn from the view's model given a bin of each column of `at`.
+    fn draw_given(&mut self, at: &[(usize, usize)], rng: &mut impl Rng) -> Vec<usize> {
+        let (vars, values): (Vec<usize>, Vec<usize>) = at.iter().copied().unzip();
+        let model = &self.fitted.model;
+        self.plans.entry(vars).or_insert_with_key(|vars| model.given(vars)).draw(&values, rng)
     }
 
     /// `n` rows under one parent row whose ancestors' bins are `given`, each with its bins
@@ -288,14 +330,11 @@ impl<'a> Siblings<'a> {
                             .enumerate()
                             .map(|(c, v)| (v, rows.last().map_or(columns[v].value_bins(), |row| row[c]))),
                     );
-                    rows.push(self.fitted.model.draw_given(&at, rng));
+                    rows.push(self.draw_given(&at, rng));
                 }
                 rows
             }
-            None => {
-                let fitted = self.fitted;
-                self.by_ancestors.entry(given.clone()).or_insert_with(|| conditioned_on(fitted, &given)).sample(n, rng)
-            }
+            None => (0..n).map(|_| self.draw_given(&given, rng)).collect(),
         };
         if let Some(drawn) = drawn {
             drawn.extend(bins.iter().cloned());
