@@ -25,5 +25,13 @@ stop_cluster() {
   wait "${pids[@]}" "$coordinator" 2>/dev/null || true
 }
 
+# Samples the most bytes the scratch folder "$1" holds, every second, into the file "$2"
+# until killed; sets `watcher` (its pid).
+watch_scratch() {
+  (most=0; while sleep 1; do b=$(du -sb "$1" 2>/dev/null | cut -f1); [ "${b:-0}" -gt "$most" ] && most=$b \
+    && echo "$most" > "$2"; done) &
+  watcher=$!
+}
+
 # A process's peak resident memory (VmHWM).
 hwm() { awk '/VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$1/status"; }

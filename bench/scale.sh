@@ -60,14 +60,12 @@ for workers in "${clusters[@]}"; do
   start_cluster "$workers"
   scratch="$work/scratch-$workers"
   # The most the scratch store held, sampled every second while the job runs.
-  (most=0; while sleep 1; do b=$(du -sb "$scratch" 2>/dev/null | cut -f1); [ "${b:-0}" -gt "$most" ] && most=$b \
-    && echo "$most" > "$work/scratch-most-$workers"; done) &
-  sampler=$!
+  watch_scratch "$scratch" "$work/scratch-most-$workers"
   start=$(date +%s.%N)
   "$bin/rhosynth" submit "$work/job.toml" --coordinator "http://127.0.0.1:$port" > /dev/null \
     2> "$work/submit-$workers.log" || { tail -5 "$work/submit-$workers.log"; exit 1; }
   end=$(date +%s.%N)
-  kill "$sampler"
+  kill "$watcher"
   # The partitioning stage: from its start to the next stage's; by the workers, its shards
   # read until the last "shard read", then the partitions merged.
   rate=$(grep -E 'job progress stage=|shard read' "$work/coordinator-$workers.log" | python3 -c '

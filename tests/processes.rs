@@ -417,3 +417,50 @@ fn a_job_whose_output_is_no_longer_read_still_ends() {
     assert!(status.success(), "{status}");
     assert!(manifest(&dir.path().join("out-unread")).is_some(), "released");
 }
+
+/// A coordinator's peak memory (VmHWM), in bytes.
+fn peak_memory(proc: &Proc) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", proc.child.id())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// The coordinator holds no row of a database: the same patients with twenty times the
+/// charts (each written twenty times, under caps that keep them all) move its peak memory
+/// by less than the added charts take as CSV text, where holding them as it used to (every
+/// kept child row while it capped them) took several times that.
+#[test]
+fn a_database_coordinators_memory_does_not_follow_its_charts() {
+    use rhosynth_shared::simulate::database::database_csv;
+
+    let db = database_csv(300, 5);
+    let run = |copies: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = db.clone();
+        let (header, rows) = db.vitals.split_once('\n').unwrap();
+        files.vitals =
+            format!("{header}\n{}", rows.lines().flat_map(|l| vec![format!("{l}\n"); copies]).collect::<String>());
+        rhosynth_shared::testing::write_database(dir.path(), &files);
+        let text = rhosynth_shared::testing::database_job(dir.path(), (3, 8000), "order_by = \"charttime\"").replace(
+            "delta = 1e-6\n",
+            &format!(
+                "delta = 1e-6\ndataset_budget = {{ epsilon = 100.0, delta = 1e-3 }}\n[output]\nurl = {:?}\n",
+                dir.path().join("out").to_str().unwrap()
+            ),
+        );
+        let spec = dir.path().join("job.toml");
+        std::fs::write(&spec, text).unwrap();
+        let (coordinator, url) = coordinator(dir.path());
+        let _worker = worker(&url, "a");
+        let out = submit(&spec, &url);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (peak_memory(&coordinator), files.vitals.len() as u64)
+    };
+    let (once, text_once) = run(1);
+    let (twenty, text_twenty) = run(20);
+    let added = text_twenty - text_once;
+    assert!(
+        twenty.saturating_sub(once) < added,
+        "the coordinator's peak went from {once} to {twenty} bytes with {added} bytes more charts"
+    );
+}

@@ -42,24 +42,22 @@ for workers in "${clusters[@]}"; do
     coordinator_rss="$(awk '{printf "%.0f MiB", $1 / 1024}' "$work/rss-standalone") (the whole run)"
     worker_rss="in the run's process"
   else
-  start_cluster "$workers"
-  scratch="$work/scratch-$workers"
-  (most=0; while sleep 1; do b=$(du -sb "$scratch" 2>/dev/null | cut -f1); [ "${b:-0}" -gt "$most" ] && most=$b \
-    && echo "$most" > "$work/scratch-most-$workers"; done) &
-  watcher=$!
-  start=$(date +%s.%N)
-  "$bin/rhosynth" submit "$work/job-$workers.toml" --coordinator "http://127.0.0.1:$port" > "$work/manifest-$workers.json" \
-    2> "$work/submit-$workers.log" || { tail -5 "$work/submit-$workers.log"; exit 1; }
-  end=$(date +%s.%N)
-  kill "$watcher"
-  coordinator_rss=$(hwm "$coordinator")
-  worker_rss=$(for p in "${pids[@]}"; do printf '%s ' "$(hwm "$p")"; done)
+    start_cluster "$workers"
+    scratch="$work/scratch-$workers"
+    watch_scratch "$scratch" "$work/scratch-most-$workers"
+    start=$(date +%s.%N)
+    "$bin/rhosynth" submit "$work/job-$workers.toml" --coordinator "http://127.0.0.1:$port" > "$work/manifest-$workers.json" \
+      2> "$work/submit-$workers.log" || { tail -5 "$work/submit-$workers.log"; exit 1; }
+    end=$(date +%s.%N)
+    kill "$watcher"
+    coordinator_rss=$(hwm "$coordinator")
+    worker_rss=$(for p in "${pids[@]}"; do printf '%s ' "$(hwm "$p")"; done)
   fi
   stages=$(python3 "$here/stages.py" < "$work/coordinator-$workers.log")
   wall=$(python3 -c "print(round($end - $start, 1))")
   echo "workers=$workers job=${wall}s per-10^4-patients=$(python3 -c "print(round($wall / $patients * 1e4, 2))")s" \
     "coordinator=$coordinator_rss workers=[$worker_rss]" \
-    "scratch=$(python3 -c "print(f'{$(cat "$work/scratch-most-$workers" 2>/dev/null || echo 0) / 2**20:.0f} MiB')")"
+    "scratch=$([ -f "$work/scratch-most-$workers" ] && python3 -c "print(f'{$(cat "$work/scratch-most-$workers") / 2**20:.0f} MiB')" || echo n/a)"
   echo "  $stages" | sed 's/^/  /'
   python3 - "$work/manifest-$workers.json" <<'PY'
 import json, sys

@@ -9,7 +9,7 @@ use rhosynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, 
 use rhosynth_privacy::release::{Private, Releases, Unpaid};
 use rhosynth_shared::accounting::mechanism::Mechanism;
 use rhosynth_shared::data::DataError;
-use rhosynth_shared::data::database::{Database, DroppedRows, partition_database};
+use rhosynth_shared::data::database::{Database, partition_database};
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::data::input::InputReader;
 use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
@@ -380,9 +380,9 @@ impl<'a> JobContext<'a> {
         let database = Database::of_spec(spec);
         let tables = partition_database(&database, self.scratch, &prefix, spec.job.partitions, key).await?;
         for table in &tables {
-            // Counts of the input: the operator's log only.
-            let DroppedRows { over_cap, without_parent, duplicate_keys, bad } = &table.dropped;
-            tracing::info!(table = table.name, over_cap, without_parent, duplicate_keys, bad, "rows left out");
+            // A count of the input: the operator's log only (the workers log what their cap
+            // leaves out).
+            tracing::info!(table = table.name, bad = table.bad, "rows left out as read: breaking the schema");
         }
         let groups = (0..spec.job.partitions as usize)
             .map(|k| tables.iter().map(|t| t.partitions.urls[k].clone()).collect())

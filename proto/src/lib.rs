@@ -20,7 +20,9 @@ pub mod tls;
 ///     `ReportFailureRequest.input_mismatch`.
 /// 11: a CSV file's byte ranges (`ReadShard.bytes`), a shard's span of records in its
 ///     result, and the shards a merge reads named (`MergePartition.shards`).
-pub const PROTOCOL_VERSION: u32 = 11;
+/// 12: a database's partitions hold its rows as read (keys hashed, `__key` and
+///     `__parent_key`); the worker caps each unit (a worker of 11 reads them as capped).
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

@@ -78,8 +78,8 @@ impl Generator for Database {
                         chance,
                         tilts,
                         seconds = started.elapsed().as_secs_f64(),
-                        "raked: the target's drawn conditionals' gap from the model's, per row (none when within \
-                         twice chance's)"
+                        "raked: the target's drawn conditionals' gap from the model's, per row (no tilt once within \
+                         chance's)"
                     );
                 }
                 sampler

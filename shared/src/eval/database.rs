@@ -237,11 +237,11 @@ pub async fn load(spec: &JobSpec, files: &TableFiles) -> Result<LoadedDatabase, 
     let key = PartitionKey::generate()?;
     let partitioned = partition_database(&db, &scratch, "eval", 1, key).await?;
     let urls: Vec<String> = partitioned.iter().map(|t| t.partitions.urls[0].clone()).collect();
-    let units = read_units(&Layout::of(&db), &urls).await?;
-    Ok(LoadedDatabase {
-        units: units.into_values().collect(),
-        dropped: partitioned.into_iter().map(|t| t.dropped).collect(),
-    })
+    let (units, mut dropped) = read_units(&Layout::of(&db), &urls).await?;
+    for (d, table) in dropped.iter_mut().zip(&partitioned) {
+        d.bad = table.bad;
+    }
+    Ok(LoadedDatabase { units: units.into_values().collect(), dropped })
 }
 
 /// The three databases an evaluation compares.

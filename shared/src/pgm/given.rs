@@ -15,7 +15,7 @@ use rand::Rng;
 
 use super::factor::{Factor, offsets};
 use super::junction::JunctionTree;
-use super::model::{cumulative, draw};
+use super::model::{GraphicalModel, cumulative, draw};
 
 /// The plan of one clique: where its free cells lie in its potential.
 struct CliquePlan {
@@ -25,7 +25,7 @@ struct CliquePlan {
     free: Vec<usize>,
     sizes: Vec<usize>,
     /// Each free cell's offset in the potential, past the given values' offset.
-    offsets: Vec<usize>,
+    offsets: Vec<u32>,
 }
 
 /// The plan of one edge of the tree: its separator's free variables.
@@ -36,25 +36,36 @@ struct EdgePlan {
     free: Vec<usize>,
     sizes: Vec<usize>,
     /// Each free cell of the child's and of the parent's: its cell of the separator's.
-    child_cells: Vec<usize>,
-    parent_cells: Vec<usize>,
+    child_cells: Vec<u32>,
+    parent_cells: Vec<u32>,
     /// The child's free cells grouped by separator cell (`starts[s]..starts[s + 1]` of
     /// `grouped`): those agreeing with a drawn separator value.
     starts: Vec<usize>,
-    grouped: Vec<usize>,
+    grouped: Vec<u32>,
 }
 
-/// A model's rows given values of `vars`, planned ([`super::GraphicalModel::given`]).
-pub struct Given<'m> {
-    potentials: &'m [Factor],
-    domain: &'m [usize],
+/// A model's rows given values of `vars`, planned ([`GraphicalModel::given`]): the plan
+/// holds no value and no potential, so it serves the model as tilted later (the same tree,
+/// other potentials) and is shared by threads.
+pub struct Given {
+    domain: Vec<usize>,
     vars: Vec<usize>,
     cliques: Vec<CliquePlan>,
     edges: Vec<EdgePlan>,
 }
 
-impl<'m> Given<'m> {
-    pub(super) fn plan(tree: &JunctionTree, potentials: &'m [Factor], domain: &'m [usize], vars: &[usize]) -> Self {
+/// A count of cells as the plans hold it (half a `usize`: plans are as large as the free
+/// variables' cells).
+fn cell(at: usize) -> u32 {
+    u32::try_from(at).expect("a model's cells fit in 32 bits (max_model_cells)")
+}
+
+impl Given {
+    pub(super) fn plan(tree: &JunctionTree, potentials: &[Factor], domain: &[usize], vars: &[usize]) -> Self {
+        debug_assert!(
+            vars.iter().enumerate().all(|(i, v)| !vars[..i].contains(v)),
+            "each variable given once: {vars:?}"
+        );
         let slot = |v: usize| vars.iter().position(|&g| g == v);
         let cliques: Vec<CliquePlan> = potentials
             .iter()
@@ -72,10 +83,16 @@ impl<'m> Given<'m> {
                         }
                     }
                 }
-                let offsets = offsets(&sizes, &free_strides, 0).collect();
+                let offsets = offsets(&sizes, &free_strides, 0).map(cell).collect();
                 CliquePlan { fixed, free, sizes, offsets }
             })
             .collect();
+        // Drawn down the tree, a clique agrees with what was drawn above it on its
+        // separator alone: the tree's edges come parents first, and a variable shared with
+        // a clique drawn earlier lies in every clique between them (running intersection).
+        debug_assert!(
+            tree.edges.iter().enumerate().all(|(i, &(p, _))| p == 0 || tree.edges[..i].iter().any(|e| e.1 == p))
+        );
         let edges = tree
             .edges
             .iter()
@@ -83,23 +100,26 @@ impl<'m> Given<'m> {
                 let free: Vec<usize> =
                     tree.separator(parent, child).into_iter().filter(|&v| slot(v).is_none()).collect();
                 let sizes: Vec<usize> = free.iter().map(|&v| domain[v]).collect();
-                let cells_of = |c: &CliquePlan| Factor { vars: c.free.clone(), sizes: c.sizes.clone(), values: vec![] };
-                let child_cells = cells_of(&cliques[child]).cells_in(&free);
-                let parent_cells = cells_of(&cliques[parent]).cells_in(&free);
+                let cells_of = |c: &CliquePlan| {
+                    let table = Factor { vars: c.free.clone(), sizes: c.sizes.clone(), values: vec![] };
+                    table.cells_in(&free).into_iter().map(cell).collect::<Vec<u32>>()
+                };
+                let child_cells = cells_of(&cliques[child]);
+                let parent_cells = cells_of(&cliques[parent]);
                 let groups: usize = sizes.iter().product();
                 let mut starts = vec![0; groups + 1];
-                child_cells.iter().for_each(|&s| starts[s + 1] += 1);
+                child_cells.iter().for_each(|&s| starts[s as usize + 1] += 1);
                 (0..groups).for_each(|s| starts[s + 1] += starts[s]);
                 let mut grouped = vec![0; child_cells.len()];
                 let mut next = starts.clone();
-                for (cell, &s) in child_cells.iter().enumerate() {
-                    grouped[next[s]] = cell;
-                    next[s] += 1;
+                for (at, &s) in child_cells.iter().enumerate() {
+                    grouped[next[s as usize]] = cell(at);
+                    next[s as usize] += 1;
                 }
                 EdgePlan { parent, child, free, sizes, child_cells, parent_cells, starts, grouped }
             })
             .collect();
-        Self { potentials, domain, vars: vars.to_vec(), cliques, edges }
+        Self { domain: domain.to_vec(), vars: vars.to_vec(), cliques, edges }
     }
 
     /// The variables given, in the order [`Self::draw`] takes their values.
@@ -107,21 +127,23 @@ impl<'m> Given<'m> {
         &self.vars
     }
 
-    /// One row (a value index per variable) drawn from the model conditioned on
-    /// `values[i]` of each given variable `vars()[i]`: the law of conditioning the model
-    /// on them and drawing one row.
-    pub fn draw(&self, values: &[usize], rng: &mut impl Rng) -> Vec<usize> {
+    /// One row (a value index per variable) drawn from `model` (the one planned, or a
+    /// tilt of it) conditioned on `values[i]` of each given variable `vars()[i]`: the law
+    /// of conditioning the model on them and drawing one row.
+    pub fn draw(&self, model: &GraphicalModel, values: &[usize], rng: &mut impl Rng) -> Vec<usize> {
         assert_eq!(values.len(), self.vars.len(), "a value for each given variable");
         for (&v, &value) in self.vars.iter().zip(values) {
             assert!(value < self.domain[v], "variable {v} has {} values, not {value}", self.domain[v]);
         }
+        let potentials = model.potentials();
+        assert_eq!(potentials.len(), self.cliques.len(), "the model planned (or a tilt of it)");
         let mut beliefs: Vec<Vec<f64>> = self
             .cliques
             .iter()
-            .zip(self.potentials)
+            .zip(potentials)
             .map(|(plan, potential)| {
                 let base: usize = plan.fixed.iter().map(|&(s, stride)| values[s] * stride).sum();
-                plan.offsets.iter().map(|&at| potential.values[base + at]).collect()
+                plan.offsets.iter().map(|&at| potential.values[base + at as usize]).collect()
             })
             .collect();
         // Children first: each clique's message to its parent, over the separator's free
@@ -130,12 +152,12 @@ impl<'m> Given<'m> {
             let cells = edge.starts.len() - 1;
             let mut top = vec![f64::NEG_INFINITY; cells];
             for (&b, &s) in beliefs[edge.child].iter().zip(&edge.child_cells) {
-                top[s] = top[s].max(b);
+                top[s as usize] = top[s as usize].max(b);
             }
             let mut sum = vec![0.0; cells];
             for (&b, &s) in beliefs[edge.child].iter().zip(&edge.child_cells) {
-                if top[s].is_finite() {
-                    sum[s] += (b - top[s]).exp();
+                if top[s as usize].is_finite() {
+                    sum[s as usize] += (b - top[s as usize]).exp();
                 }
             }
             let message: Vec<f64> = top
@@ -144,7 +166,7 @@ impl<'m> Given<'m> {
                 .map(|(&t, &s)| if t.is_finite() { t + s.ln() } else { f64::NEG_INFINITY })
                 .collect();
             for (b, &s) in beliefs[edge.parent].iter_mut().zip(&edge.parent_cells) {
-                *b += message[s];
+                *b += message[s as usize];
             }
         }
         let mut row = vec![0; self.domain.len()];
@@ -153,7 +175,7 @@ impl<'m> Given<'m> {
         }
         // Down the tree: the root clique's free cells, then each clique's agreeing with
         // its separator's values drawn above it.
-        let root: Vec<usize> = (0..beliefs[0].len()).collect();
+        let root: Vec<u32> = (0..beliefs[0].len()).map(cell).collect();
         self.draw_clique(0, &beliefs[0], &root, &mut row, rng);
         for edge in &self.edges {
             let s = edge.free.iter().zip(&edge.sizes).fold(0, |acc, (&v, &size)| acc * size + row[v]);
@@ -164,15 +186,16 @@ impl<'m> Given<'m> {
     }
 
     /// One of `cells` (free cells of clique `c`) drawn by its belief, written into `row`.
-    fn draw_clique(&self, c: usize, belief: &[f64], cells: &[usize], row: &mut [usize], rng: &mut impl Rng) {
+    fn draw_clique(&self, c: usize, belief: &[f64], cells: &[u32], row: &mut [usize], rng: &mut impl Rng) {
         let plan = &self.cliques[c];
         if plan.free.is_empty() {
             return;
         }
         // Shifted by the largest agreeing cell, so that the cells drawn from never all
         // underflow when the cells that disagree are far likelier.
-        let top = cells.iter().map(|&cell| belief[cell]).fold(f64::NEG_INFINITY, f64::max);
-        let weights = cells.iter().map(|&cell| (cell, if top.is_finite() { (belief[cell] - top).exp() } else { 0.0 }));
+        let top = cells.iter().map(|&at| belief[at as usize]).fold(f64::NEG_INFINITY, f64::max);
+        let weight = |at: usize| if top.is_finite() { (belief[at] - top).exp() } else { 0.0 };
+        let weights = cells.iter().map(|&at| (at as usize, weight(at as usize)));
         let mut rest = draw(&cumulative(weights), rng);
         for (&v, &size) in plan.free.iter().zip(&plan.sizes).rev() {
             row[v] = rest % size;

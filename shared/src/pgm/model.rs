@@ -309,10 +309,16 @@ impl GraphicalModel {
     }
 
     /// Rows drawn given values of `vars`, planned once for that set of variables
-    /// ([`Given::draw`]): each row the law of conditioning the model on its values and
-    /// drawing one row, at the cost of the free variables' cells only.
-    pub fn given(&self, vars: &[usize]) -> Given<'_> {
+    /// ([`Given::draw`], from this model or a tilt of it): each row the law of conditioning
+    /// the model on its values and drawing one row, at the cost of the free variables'
+    /// cells only.
+    pub fn given(&self, vars: &[usize]) -> Given {
         Given::plan(&self.tree, &self.potentials, &self.domain, vars)
+    }
+
+    /// Its cliques' log potentials (what a plan of [`Self::given`] draws from).
+    pub(super) fn potentials(&self) -> &[Factor] {
+        &self.potentials
     }
 
     /// Draws `rows` rows (a value index per variable) from the model, clique by clique

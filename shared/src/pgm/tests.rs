@@ -261,7 +261,7 @@ fn a_row_drawn_given_values_follows_the_conditioned_model() {
         let n = 40_000;
         let mut counts = vec![0.0; exact.values.len()];
         for _ in 0..n {
-            let row = planned.draw(&values, &mut rng);
+            let row = planned.draw(&model, &values, &mut rng);
             assert!(given.iter().all(|&(v, value)| row[v] == value), "{given:?}: {row:?}");
             let cell = free.iter().zip(&exact.sizes).fold(0, |acc, (&v, &size)| acc * size + row[v]);
             counts[cell] += 1.0;

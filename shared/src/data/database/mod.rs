@@ -1,9 +1,11 @@
-//! A database by privacy unit (`[[tables]]`, `spec::tables`): read and capped by unit
-//! into one set of partitions per table under one partition key ([`partition`]), so a
-//! unit's rows in every table land in the same partition index and a worker sees the unit
-//! whole. A child row carries its place under its unit (its ordinal among the unit's rows
-//! of its table, and its parent's), never a key.
+//! A database by privacy unit (`[[tables]]`, `spec::tables`): read by unit into one set
+//! of partitions per table under one partition key ([`partition`]), so a unit's rows in
+//! every table land in the same partition index and a worker sees the unit whole; that
+//! worker caps it by the spec's public rule ([`cap`]). A kept child row carries its place
+//! under its unit (its ordinal among the unit's rows of its table, and its parent's),
+//! never a key.
 
+pub mod cap;
 pub mod partition;
 pub mod view;
 
@@ -11,7 +13,8 @@ use crate::data::source::Source;
 use crate::generators::GeneratorSpec;
 use crate::spec::{JobSpec, SchemaSpec, TableSpec};
 
-pub use partition::{DroppedRows, PartitionedTable, partition_database};
+pub use cap::DroppedRows;
+pub use partition::{PartitionedTable, partition_database};
 pub use view::{DatabaseView, Layout, UnitRows, View, read_units};
 
 /// A child row's ordinal among its unit's rows of its table (in parent order, then the
@@ -20,6 +23,10 @@ pub const ROW_COLUMN: &str = "__row";
 /// A child row's parent's ordinal among its unit's rows of the parent table (0 under the
 /// root).
 pub const PARENT_COLUMN: &str = "__parent";
+/// A child row's own key as partitioned (a hash: `partition`), before it is capped.
+pub const KEY_COLUMN: &str = "__key";
+/// A child row's parent's key as partitioned (a hash), before it is capped.
+pub const PARENT_KEY_COLUMN: &str = "__parent_key";
 
 /// A database job's tables: the root (the job's `[input]` and `[schema]`) and the tables
 /// below it, parents first (as `spec::tables::validate` checks).

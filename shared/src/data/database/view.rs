@@ -1,17 +1,18 @@
 //! A unit whole, as a worker reads it, and the views a database generator counts over it.
 //! A worker reads the same partition index of every table ([`read_units`]): each unit's
-//! rows in every table, joined by their places. A [`View`] of a table makes one row per
-//! row of the table: its own values, its place among its parent's rows, its ancestors'
-//! values and children's means, how many rows each of its child tables holds under it and
-//! the mean of each of their plain numeric values. A view is a function
-//! of one unit's rows alone, so a unit contributes at most the table's cap product rows to
-//! it ([`View::max_rows_per_unit`]).
+//! rows in every table, capped by the spec's public rule (`cap`) and joined by their
+//! places. A [`View`] of a table makes one row per row of the table: its own values, its
+//! place among its parent's rows, its ancestors' values and children's means, how many
+//! rows each of its child tables holds under it and the mean of each of their plain
+//! numeric values. A view is a function of one unit's rows alone, so a unit contributes at
+//! most the table's cap product rows to it ([`View::max_rows_per_unit`]).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Database, PARENT_COLUMN, ROW_COLUMN};
+use super::cap::{Capper, DroppedRows};
+use super::{Database, KEY_COLUMN, PARENT_COLUMN, PARENT_KEY_COLUMN, ROW_COLUMN};
 use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
 use crate::data::partition::read_partition;
 use crate::data::{DataError, EncodedBatch};
@@ -90,6 +91,17 @@ impl TableLayout {
     /// The columns of its own values (its place columns excluded).
     pub fn values(&self) -> usize {
         self.domain.columns.len() - if self.parent.is_some() { 2 } else { 0 }
+    }
+
+    /// Its partitions' domain, its rows as read before they are capped (`cap`): its own
+    /// values, then (a child's) its own key's and its parent key's hashes.
+    pub fn read_domain(&self) -> Domain {
+        let mut domain = self.domain.clone();
+        if self.parent.is_some() {
+            domain.columns.truncate(self.values());
+            domain.columns.extend([KEY_COLUMN, PARENT_KEY_COLUMN].map(|name| place_column(name, 1 << 52)));
+        }
+        domain
     }
 }
 
@@ -327,54 +339,26 @@ pub struct UnitRows {
 }
 
 /// Reads `urls` (the same partition index of every table, in layout order): the units of
-/// that partition, whole, each table's rows in the order of their places.
-pub async fn read_units(layout: &Layout, urls: &[String]) -> Result<BTreeMap<String, UnitRows>, DataError> {
+/// that partition, whole, each capped by the spec's public rule (`cap`), each table's kept
+/// rows in the order of their places; and what the cap left out of each table.
+pub async fn read_units(
+    layout: &Layout,
+    urls: &[String],
+) -> Result<(BTreeMap<String, UnitRows>, Vec<DroppedRows>), DataError> {
     if urls.len() != layout.tables.len() {
         return Err(DataError::Internal(format!("{} partition files for {} tables", urls.len(), layout.tables.len())));
     }
-    let mut units: BTreeMap<String, UnitRows> = BTreeMap::new();
+    let mut capper = Capper::new(layout);
     for (t, (table, url)) in layout.tables.iter().zip(urls).enumerate() {
-        read_partition(url, &table.domain, |batch| {
+        read_partition(url, &table.read_domain(), |batch| {
             for (i, unit) in batch.units.iter().enumerate() {
-                let rows = units
-                    .entry(unit.clone())
-                    .or_insert_with(|| UnitRows { tables: vec![Vec::new(); layout.tables.len()] });
-                rows.tables[t].push(batch.values.iter().map(|column| column[i]).collect());
+                capper.push(t, unit, batch.values.iter().map(|column| column[i]).collect());
             }
             Ok(())
         })
         .await?;
     }
-    for rows in units.values_mut() {
-        for (t, table) in layout.tables.iter().enumerate().filter(|(_, t)| t.parent.is_some()) {
-            let row = table.values();
-            rows.tables[t].sort_by_key(|r| place(r, row));
-            // A unit's places in a table are 0, 1, 2, …: what the views index by.
-            let dense =
-                rows.tables[t].iter().enumerate().all(|(i, r)| r[row] == Some(i as f64) && r[row + 1].is_some());
-            if !dense {
-                return Err(DataError::Internal(format!("a partition of '{}' with rows out of place", table.name)));
-            }
-        }
-        if rows.tables[0].len() != 1 {
-            return Err(DataError::Internal("a unit without exactly one root row".into()));
-        }
-        // Every row's parent among its unit's rows of the parent table (the root's one row).
-        for (t, table) in layout.tables.iter().enumerate() {
-            let Some(p) = table.parent else { continue };
-            let parents = rows.tables[p].len();
-            if rows.tables[t]
-                .iter()
-                .any(|r| r[table.values() + 1].is_none_or(|v| v.fract() != 0.0 || v < 0.0 || v as usize >= parents))
-            {
-                return Err(DataError::Internal(format!(
-                    "a partition of '{}' with a row out of its parent",
-                    table.name
-                )));
-            }
-        }
-    }
-    Ok(units)
+    Ok(capper.finish())
 }
 
 /// A place column's value (an ordinal, never missing in a partition).
@@ -659,7 +643,23 @@ impl DatabaseView {
     pub async fn read(&self, urls: &[String]) -> Result<EncodedBatch, DataError> {
         let columns = self.view.domain(&self.layout).columns.len();
         let mut batch = EncodedBatch::empty(columns);
-        for (unit, rows) in read_units(&self.layout, urls).await? {
+        let (units, dropped) = read_units(&self.layout, urls).await?;
+        // Counts of the input: the operator's log only, once a partition and job (every
+        // view of it reads the same rows; the root's is counted first), again if its task
+        // is retried.
+        if self.view.table == 0 {
+            for (table, d) in self.layout.tables.iter().zip(&dropped) {
+                let DroppedRows { over_cap, without_parent, duplicate_keys, .. } = d;
+                tracing::info!(
+                    table = table.name,
+                    over_cap,
+                    without_parent,
+                    duplicate_keys,
+                    "rows a partition's cap left out"
+                );
+            }
+        }
+        for (unit, rows) in units {
             for row in self.view.rows(&self.layout, &rows)? {
                 batch.values.iter_mut().zip(row).for_each(|(column, value)| column.push(value));
                 batch.units.push(unit.clone());

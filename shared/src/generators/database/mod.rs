@@ -9,4 +9,4 @@ pub mod sampler;
 
 pub use params::DatabaseParams;
 pub use plan::{DatabasePlan, check};
-pub use sampler::{DatabaseSampler, FittedView, SyntheticRow, sample_database};
+pub use sampler::{DatabaseSampler, FittedView, Plans, SyntheticRow, sample_database};

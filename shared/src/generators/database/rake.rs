@@ -31,7 +31,7 @@
 
 use rand::Rng;
 
-use super::sampler::{FittedView, cores, draw_tables, in_slices};
+use super::sampler::{FittedView, Plans, cores, draw_tables, in_slices};
 use crate::data::database::view::ColumnAt;
 use crate::data::database::{Layout, View};
 use crate::pgm::Factor;
@@ -61,19 +61,16 @@ pub struct Raked {
     pub tilts: usize,
 }
 
-/// How far above chance's gap raking still tilts: a gap within twice what rows drawn from
-/// the wanted conditionals themselves would show is left as it is.
-const CHANCE_FACTOR: f64 = 2.0;
-
 /// Tilts the model of the target's table (module doc), drawing at most `rows` of its rows
 /// a round, for at most `rounds` tilts: a public bound on its time (each row drawn at the
 /// cost of its free cells, `pgm::Given`). It stops, or never starts, once the drawn
-/// conditionals are within [`CHANCE_FACTOR`] of chance's gap of the fitted ones: raking
-/// then only chases the draws' own noise. `None` when there is nothing to rake (a target
+/// conditionals are as close to the fitted ones as rows drawn from the fitted ones
+/// themselves would be (chance's gap): raking would then only chase the draws' own noise. `None` when there is nothing to rake (a target
 /// of the root, drawn given nothing).
 pub fn rake(
     layout: &Layout,
     views: &mut [FittedView],
+    plans: &Plans,
     target: ColumnAt,
     rows: u64,
     rounds: usize,
@@ -105,9 +102,10 @@ pub fn rake(
     let mut raked = Raked { before: 0.0, after: 0.0, chance: 0.0, tilts: 0 };
     for round in 0..=rounds {
         let shared: &[FittedView] = views;
-        let drawn_rows: Vec<Vec<usize>> = in_slices(units, cores(), rng, |share, rng| {
+        let roots = shared[0].model.sample(units, rng);
+        let drawn_rows: Vec<Vec<usize>> = in_slices(roots, cores(), rng, |roots, rng| {
             let mut rows = Vec::new();
-            draw_tables(layout, shared, share, t, Some(&mut rows), rng);
+            draw_tables(layout, shared, plans, roots, t, Some(&mut rows), rng);
             rows
         })
         .concat();
@@ -129,7 +127,7 @@ pub fn rake(
         if round == 0 {
             (raked.before, raked.chance) = (raked.after, per_row(chance));
         }
-        if round == rounds || raked.after <= CHANCE_FACTOR * raked.chance {
+        if round == rounds || raked.after <= raked.chance {
             break;
         }
         views[t].model = views[t].model.tilted(&tilts);

@@ -5,6 +5,7 @@
 //! Every child row's parent exists by construction. Post-processing only.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use rand::rngs::ChaCha20Rng;
@@ -29,6 +30,8 @@ pub struct DatabaseSampler {
     unit_key: String,
     /// Rows drawn so far, per table.
     drawn: Vec<u64>,
+    /// Each table's draws planned, shared by every batch, slice and raking round.
+    plans: Plans,
 }
 
 /// A table as written: its declared columns and which of them hold keys.
@@ -55,13 +58,14 @@ impl DatabaseSampler {
             .map(|(t, model)| FittedView { domain: View { table: t }.domain(&layout), model })
             .collect();
         let drawn = vec![0; tables.len()];
-        Self { layout, views, tables, unit_key, drawn }
+        let plans = Plans::new(&layout);
+        Self { layout, views, tables, unit_key, drawn, plans }
     }
 
     /// The target's table's model tilted to the target's conditionals as it is drawn
     /// (`rake`), drawing at most `rows` of its rows a round for at most `rounds` tilts.
     pub fn rake(&mut self, target: ColumnAt, rows: u64, rounds: usize, rng: &mut impl Rng) -> Option<Raked> {
-        super::rake::rake(&self.layout, &mut self.views, target, rows, rounds, rng)
+        super::rake::rake(&self.layout, &mut self.views, &self.plans, target, rows, rounds, rng)
     }
 
     /// The tables' names, root first: the batches of [`Self::sample`] in this order.
@@ -78,7 +82,7 @@ impl DatabaseSampler {
 
     /// Draws `units` more units and all their rows, one batch per table.
     pub fn sample(&mut self, units: usize, rng: &mut impl Rng) -> Vec<RecordBatch> {
-        let drawn = sample_database(&self.layout, &self.views, units, cores(), rng);
+        let drawn = draw_database(&self.layout, &self.views, &self.plans, units, cores(), rng);
         let first = self.drawn.clone();
         let name = |t: usize, row: usize| match t {
             0 => format!("syn-{}", first[0] + row as u64),
@@ -139,10 +143,11 @@ pub(super) struct Drawn {
 /// `views[t]` is table `t`'s view fitted. `units` must be public or released (the root
 /// model's noisy total), never a count a worker reported.
 ///
-/// The units are drawn in `slices` slices at once, each on a thread with its own
-/// generator seeded from `rng` (units are drawn independently of each other, so slices are
-/// the same law as one draw), then joined: a slice's units and parent rows numbered on
-/// from the slices before.
+/// The root rows are drawn at once (their cells' counts rounded together,
+/// `GraphicalModel::sample`), then everything under them in `slices` slices of them, each
+/// on a thread with its own generator seeded from `rng` (a unit's rows are drawn given its
+/// own alone, so the slices are the law of one draw), and joined: a slice's units and
+/// parent rows numbered on from the slices before.
 pub fn sample_database(
     layout: &Layout,
     views: &[FittedView],
@@ -150,8 +155,21 @@ pub fn sample_database(
     slices: usize,
     rng: &mut impl Rng,
 ) -> Vec<Vec<SyntheticRow>> {
+    draw_database(layout, views, &Plans::new(layout), units, slices, rng)
+}
+
+/// [`sample_database`] with the draws planned in `plans`.
+fn draw_database(
+    layout: &Layout,
+    views: &[FittedView],
+    plans: &Plans,
+    units: usize,
+    slices: usize,
+    rng: &mut impl Rng,
+) -> Vec<Vec<SyntheticRow>> {
     let last = layout.tables.len() - 1;
-    let drawn = in_slices(units, slices, rng, |share, rng| draw_tables(layout, views, share, last, None, rng));
+    let roots = views[0].model.sample(units, rng);
+    let drawn = in_slices(roots, slices, rng, |roots, rng| draw_tables(layout, views, plans, roots, last, None, rng));
     let mut tables: Vec<Vec<SyntheticRow>> = vec![Vec::new(); layout.tables.len()];
     for slice in drawn {
         let before: Vec<usize> = tables.iter().map(Vec::len).collect();
@@ -172,26 +190,44 @@ pub(super) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
-/// `f(share, rng)` run on `units` split in `slices` slices (at most one a unit), each on a
-/// thread with its own generator seeded from `rng`; the slices' results in order.
+/// `f(roots, rng)` run on the root rows `roots` split in `slices` slices (at most one a
+/// row), each on a thread with its own generator seeded from `rng`; the slices' results
+/// in order.
 pub(super) fn in_slices<T: Send>(
-    units: usize,
+    mut roots: Vec<Vec<usize>>,
     slices: usize,
     rng: &mut impl Rng,
-    f: impl Fn(usize, &mut ChaCha20Rng) -> T + Sync,
+    f: impl Fn(Vec<Vec<usize>>, &mut ChaCha20Rng) -> T + Sync,
 ) -> Vec<T> {
+    let units = roots.len();
     let slices = slices.clamp(1, units.max(1));
+    let shares: Vec<Vec<Vec<usize>>> =
+        (0..slices).map(|i| roots.drain(..units / slices + usize::from(i < units % slices)).collect()).collect();
     let generators: Vec<ChaCha20Rng> = (0..slices).map(|_| ChaCha20Rng::from_rng(rng)).collect();
     let f = &f;
     std::thread::scope(|scope| {
-        let handles: Vec<_> = (generators.into_iter().enumerate())
-            .map(|(i, mut rng)| {
-                let share = units / slices + usize::from(i < units % slices);
-                scope.spawn(move || f(share, &mut rng))
-            })
+        let handles: Vec<_> = (shares.into_iter().zip(generators))
+            .map(|(share, mut rng)| scope.spawn(move || f(share, &mut rng)))
             .collect();
         handles.into_iter().map(|h| h.join().expect("a slice of units drawn")).collect()
     })
+}
+
+/// Each table's model's draws planned per set of given columns (`pgm::Given`), made once
+/// and shared by the slices drawing at once, the batches after and raking's rounds (a
+/// plan holds no potential: it serves a tilted model too).
+pub struct Plans(Vec<Mutex<HashMap<Vec<usize>, Arc<Given>>>>);
+
+impl Plans {
+    pub fn new(layout: &Layout) -> Self {
+        Self(layout.tables.iter().map(|_| Mutex::default()).collect())
+    }
+
+    /// Table `t`'s plan given `vars`, made from `model` the first time.
+    fn get(&self, t: usize, vars: &[usize], model: &GraphicalModel) -> Arc<Given> {
+        let mut plans = self.0[t].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        plans.entry(vars.to_vec()).or_insert_with(|| Arc::new(model.given(vars))).clone()
+    }
 }
 
 /// [`sample_database`]'s tables up to table `last`; `view_rows`, if given, collects
@@ -199,7 +235,8 @@ pub(super) fn in_slices<T: Send>(
 pub(super) fn draw_tables(
     layout: &Layout,
     views: &[FittedView],
-    units: usize,
+    plans: &Plans,
+    roots: Vec<Vec<usize>>,
     last: usize,
     mut view_rows: Option<&mut Vec<Vec<usize>>>,
     rng: &mut impl Rng,
@@ -216,13 +253,13 @@ pub(super) fn draw_tables(
         let mut out = Drawn { means: View { table: t }.mean_columns(layout), ..Drawn::default() };
         match table.parent {
             None => {
-                for (unit, row) in fitted.model.sample(units, rng).into_iter().enumerate() {
-                    let values = placed(layout, t, own_values(fitted, table.values(), &row, rng), |_, _| None);
-                    out.keep(&fitted.domain, &children, (unit, None), (&row, values), &mut *rng);
+                for (unit, row) in roots.iter().enumerate() {
+                    let values = placed(layout, t, own_values(fitted, table.values(), row, rng), |_, _| None);
+                    out.keep(&fitted.domain, &children, (unit, None), (row.as_slice(), values), &mut *rng);
                 }
             }
             Some(p) => {
-                let mut siblings = Siblings::new(layout, t, fitted);
+                let mut siblings = Siblings::new(layout, t, fitted, plans);
                 let wanted = drawn[p].counts.get(&t).cloned().unwrap_or_default();
                 for (parent, &n) in wanted.iter().enumerate().filter(|(_, n)| **n > 0) {
                     let ancestor = |a: usize, column: usize| {
@@ -267,12 +304,14 @@ struct Siblings<'a> {
     /// The view's columns of its parent's means of its own values.
     means: Vec<usize>,
     /// The model's draws planned per set of given columns (the same for every row but
-    /// for parents' means left out when missing: a few sets), never per value drawn.
-    plans: HashMap<Vec<usize>, Given<'a>>,
+    /// for parents' means left out when missing: a few sets), never per value drawn; the
+    /// shared ones, and those this slice has taken.
+    shared: &'a Plans,
+    plans: HashMap<Vec<usize>, Arc<Given>>,
 }
 
 impl<'a> Siblings<'a> {
-    fn new(layout: &'a Layout, t: usize, fitted: &'a FittedView) -> Self {
+    fn new(layout: &'a Layout, t: usize, fitted: &'a FittedView, shared: &'a Plans) -> Self {
         let view = View { table: t };
         let position = fitted.domain.index_of(POSITION_COLUMN).expect("a child's view has its position");
         Self {
@@ -284,6 +323,7 @@ impl<'a> Siblings<'a> {
             position,
             after: fitted.domain.index_of(AFTER_COLUMN),
             means: view.parent_means(layout).into_iter().map(|(_, mean)| mean).collect(),
+            shared,
             plans: HashMap::new(),
         }
     }
@@ -291,8 +331,8 @@ impl<'a> Siblings<'a> {
     /// One row drawn from the view's model given a bin of each column of `at`.
     fn draw_given(&mut self, at: &[(usize, usize)], rng: &mut impl Rng) -> Vec<usize> {
         let (vars, values): (Vec<usize>, Vec<usize>) = at.iter().copied().unzip();
-        let model = &self.fitted.model;
-        self.plans.entry(vars).or_insert_with_key(|vars| model.given(vars)).draw(&values, rng)
+        let (model, shared, t) = (&self.fitted.model, self.shared, self.t);
+        self.plans.entry(vars).or_insert_with_key(|vars| shared.get(t, vars, model)).draw(model, &values, rng)
     }
 
     /// `n` rows under one parent row whose ancestors' bins are `given`, each with its bins
