@@ -68,21 +68,34 @@ impl PartitionKey {
         u128::from_le_bytes(digest[..16].try_into().expect("16 bytes"))
     }
 
-    /// A database row's key (its own or its parent's) as a partition holds it: 52 bits of
-    /// its keyed hash (apart from the units'), exact in a double. Keys are compared within
-    /// one unit's rows only, so two of a unit's k keys share one with probability about
-    /// k²/2⁵³ (10⁻¹⁰ at a thousand admissions), and without the job's key a partition's
-    /// hashes cannot be turned back into keys by trying every short id.
-    pub fn row_key(&self, key: &str) -> f64 {
+    /// The key a database's rows' keys are hashed under ([`RowKeys`]): derived from this
+    /// one, so a row's key never hashes as a unit does.
+    pub fn row_keys(&self) -> RowKeys {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
-        mac.update(b"rhosynth row key\0");
-        mac.update(key.as_bytes());
-        let digest = mac.finalize().into_bytes();
-        (u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")) >> 12) as f64
+        mac.update(b"rhosynth database row keys");
+        let mut key = [0u8; 32];
+        key.copy_from_slice(&mac.finalize().into_bytes());
+        RowKeys(key)
     }
 
     fn partition_of_digest(digest: u128, count: u32) -> u32 {
         ((digest as u64) % u64::from(count)) as u32
+    }
+}
+
+/// A database row's keys (its own or its parent's) as a partition holds them: 52 bits of
+/// a keyed hash, exact in a double. Keys are compared within one unit's rows only, so two
+/// of a unit's k keys share one with probability about k²/2⁵³ (10⁻¹⁰ at a thousand
+/// admissions), and without the job's key a partition's hashes cannot be turned back into
+/// keys by trying every short id.
+pub struct RowKeys([u8; 32]);
+
+impl RowKeys {
+    pub fn hash(&self, key: &str) -> f64 {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(key.as_bytes());
+        let digest = mac.finalize().into_bytes();
+        (u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")) >> 12) as f64
     }
 }
 

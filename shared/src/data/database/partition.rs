@@ -3,13 +3,13 @@
 //! land in the same partition index and a worker reads the unit whole. Nothing is capped
 //! or joined here: the worker that reads a unit caps it ([`super::cap`]), its rows alone.
 //! A child row carries, beside its values, its own key and its parent's key as keyed
-//! hashes under the job's partition key ([`super::KEY_COLUMN`], [`super::PARENT_KEY_COLUMN`]:
-//! `PartitionKey::row_key`), and a partition holds a unit's rows in the order they were
-//! read (what the cap's ties and sample follow).
+//! hashes under a key derived from the job's partition key ([`super::KEY_COLUMN`],
+//! [`super::PARENT_KEY_COLUMN`]: `PartitionKey::row_keys`), and a partition holds a unit's
+//! rows in the order they were read (what the cap's ties and sample follow).
 //!
 //! Rows stream from the files into the partition writers: the coordinator holds no row
-//! and no key (the writers keep a 16-byte digest a unit to count them), so its memory does
-//! not grow with the rows.
+//! and no key, so its memory does not grow with the rows (the writers keep a 16-byte
+//! digest a unit to count them, and each partition's buffers: a row group and its upload).
 
 use super::Database;
 use super::view::Layout;
@@ -48,6 +48,7 @@ pub async fn partition_database(
         let (schema, columns) = (table.schema(db.unit_key()), Domain::of_columns(&table.columns, db.default_bins));
         InputReader::new(&table.input, &schema, &columns).with_keys(keys_read(table)).check_headers().await?;
     }
+    let row_keys = key.row_keys();
     let root = layout.tables[0].read_domain();
     let mut writer =
         PartitionWriter::new(scratch, &format!("{prefix}/{}", db.root_name()), &root, partitions, key.clone())?;
@@ -70,8 +71,8 @@ pub async fn partition_database(
             let mut keys = keys.into_iter();
             let parent_keys = keys.next().expect("the parent key is read");
             let own_keys = keys.next().unwrap_or_else(|| vec![None; rows.len()]);
-            rows.values.push(own_keys.iter().map(|k| k.as_deref().map(|k| key.row_key(k))).collect());
-            rows.values.push(parent_keys.iter().map(|k| k.as_deref().map(|k| key.row_key(k))).collect());
+            rows.values.push(own_keys.iter().map(|k| k.as_deref().map(|k| row_keys.hash(k))).collect());
+            rows.values.push(parent_keys.iter().map(|k| k.as_deref().map(|k| row_keys.hash(k))).collect());
             writer.write(rows).await?;
         }
         let bad = reader.skipped().map_or(0, |s| s.rows);

@@ -182,10 +182,12 @@ impl Conditional {
 
     /// Σ over the set's cells of the mean |count − wanted| of counts drawn from the wanted
     /// conditional itself (binomial, given the given cell's count): the gap chance alone
-    /// leaves.
+    /// leaves. A cell's is √(2/π · n·p·(1 − p)) (normal) or, for a cell expecting well under
+    /// a row, 2·n·p (its limit), whichever is smaller: the normal's overstates a sparse
+    /// cell's.
     fn chance(&self, drawn: &[(f64, f64)]) -> f64 {
-        let sd = |wanted: f64, p: f64| (wanted * (1.0 - p)).max(0.0).sqrt();
-        drawn.iter().zip(&self.p).map(|(&(_, wanted), &p)| (2.0 / std::f64::consts::PI).sqrt() * sd(wanted, p)).sum()
+        let normal = |wanted: f64, p: f64| ((2.0 / std::f64::consts::PI) * wanted * (1.0 - p)).max(0.0).sqrt();
+        drawn.iter().zip(&self.p).map(|(&(_, wanted), &p)| normal(wanted, p).min(2.0 * wanted)).sum()
     }
 
     /// The log tilt moving the drawn counts `step` of the way (in logs) to the wanted.
