@@ -136,6 +136,8 @@ impl Sampling {
             let stream = format!("{metric}/{table}").bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3) // FNV-1a
             });
+            // Which rows a diagnostic scores, for the data owner's report (never released, no
+            // privacy noise): public randomness, seeded so that a report is repeatable.
             let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ stream);
             let mut picked = rand::seq::index::sample(&mut rng, available, used).into_vec();
             picked.sort_unstable();

@@ -38,6 +38,8 @@ pub fn pretrain(model: &mut TextModel, training: &PseudoTraining, seed: u64) -> 
     if training.rows == 0 || training.batch == 0 || !(training.epochs > 0.0 && training.learning_rate > 0.0) {
         return Err("stage 1 needs rows, batch, epochs and learning_rate above 0".to_string());
     }
+    // Pseudo rows uniform over the declared domain (the job passes an OS-drawn seed, tests
+    // a fixed one): public randomness, no private row is read.
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let rows = model.spec.public_examples(training.rows, &mut rng);
     let steps = ((training.epochs * training.rows as f64) / training.batch as f64).ceil().max(1.0) as u64;

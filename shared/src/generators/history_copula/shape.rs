@@ -270,6 +270,7 @@ fn stationary_quantiles(
     k: usize,
 ) -> Vec<Vec<f64>> {
     let d = dynamic.len();
+    // public randomness: a run of the released chain (post-processing, above).
     let mut rng = ChaCha8Rng::seed_from_u64(0x5ade);
     let mut z = vec![0.0; d];
     let mut full = vec![0.0; k];

@@ -25,6 +25,7 @@ use crate::spec::JobSpec;
 pub fn sample(model: &SequenceModel, count: usize, lengths: Option<Vec<f64>>, seed: u64) -> Vec<Vec<Vec<Option<f64>>>> {
     let transformer = model.transformer.clone();
     let sampler = SequenceSampler { transformer, spec: model.spec.clone(), temperature: 1.0, lengths };
+    // public randomness: a benchmark's and a test's model trained on simulated cohorts.
     sampler.histories(count, &mut ChaCha8Rng::seed_from_u64(seed))
 }
 

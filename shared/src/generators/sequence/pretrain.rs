@@ -39,6 +39,8 @@ pub struct StageOne {
 /// Trains `model` on `histories`; returns each step's loss per unit.
 pub fn train_plain(model: &mut SequenceModel, histories: &Histories, training: &PlainTraining, seed: u64) -> Vec<f64> {
     let device = compute_device();
+    // Batches of stage 1's reference histories (the job passes an OS-drawn seed, tests a
+    // fixed one): public randomness, the reference set is public.
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let adam = OptimizerSpec::Adam { lr: training.learning_rate, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
     let mut optimizer = Optimizer::new(adam, Schedule::Cosine, training.steps, model.parameter_count());
