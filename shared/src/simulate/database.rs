@@ -43,6 +43,7 @@ pub struct Database {
 
 /// Simulates `patients` patients with their admissions and vitals.
 pub fn database_csv(patients: usize, seed: u64) -> Database {
+    // Simulated people, the demo's data (no real row): public randomness, seeded.
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let start = NaiveDate::from_ymd_opt(2024, 1, 1).unwrap().and_hms_opt(0, 0, 0).unwrap();
     let mut db = Database {

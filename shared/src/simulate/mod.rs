@@ -91,6 +91,7 @@ pub fn icu_vitals_csv(patients: usize, seed: u64) -> String {
 
 /// Simulates a cohort; returns the CSV text (header included).
 pub fn cohort_csv(cohort: &Cohort, seed: u64) -> String {
+    // Simulated people, the demo's data (no real row): public randomness, seeded.
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let start = NaiveDate::from_ymd_opt(2025, 1, 1).unwrap().and_hms_opt(0, 0, 0).unwrap();
     let mut out = String::from(HEADER);
