@@ -49,16 +49,6 @@ pub struct DroppedRows {
     pub bad: u64,
 }
 
-impl DroppedRows {
-    /// Both counts together (one partition's and another's).
-    pub fn add(&mut self, other: &Self) {
-        self.over_cap += other.over_cap;
-        self.without_parent += other.without_parent;
-        self.duplicate_keys += other.duplicate_keys;
-        self.bad += other.bad;
-    }
-}
-
 /// A row's values as read.
 type Row = Vec<Option<f64>>;
 

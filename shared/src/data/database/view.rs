@@ -59,7 +59,8 @@ pub struct TableLayout {
     pub parent: Option<usize>,
     /// Rows per parent row (1 for the root).
     pub max_per_parent: u32,
-    /// Its partitions' domain (a child's ends with [`ROW_COLUMN`] and [`PARENT_COLUMN`]).
+    /// Its rows as a worker holds them, capped (a child's end with [`ROW_COLUMN`] and
+    /// [`PARENT_COLUMN`]); as partitioned, [`Self::read_domain`].
     pub domain: Domain,
     /// Each own value column's interval (`within`), if it declares one.
     #[serde(default)]
