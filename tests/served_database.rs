@@ -1,7 +1,8 @@
 //! A database served from an operator's declaration: the submitter's `[[tables]]` name
 //! declared tables and the coordinator reads their declared files, every row, under the
 //! dataset's one ledger. A table file of the submitter's choosing is refused before
-//! anything is read; a job on some of the tables charges the same budget.
+//! anything is read, as are caps under which one patient's rows could outgrow what a
+//! worker holds; a job on some of the tables charges the same budget.
 
 mod common;
 
@@ -80,6 +81,16 @@ async fn a_served_database_job_reads_the_declared_tables_under_one_ledger() {
     let undeclared = submitted("out-labs").replace("name = \"vitals\"", "name = \"labs\"");
     let refused = follow(&mut client, undeclared).await.unwrap_err();
     assert!(refused.message().contains("declares no table 'labs'"), "{}", refused.message());
+    // Caps under which one patient's rows could hold more than a worker holds of one
+    // (2¹² admissions of 2¹² charts each): refused from the spec alone,
+    // the job never started, nothing read or charged.
+    let wide = submitted("out-wide")
+        .replace("max_per_parent = 3\n", "max_per_parent = 4096\n")
+        .replace("max_per_parent = 8\n", "max_per_parent = 4096\n");
+    let refused = follow(&mut client, wide).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("MiB a worker holds of one unit"), "{}", refused.message());
+    assert!(!d.join("out-wide").exists(), "nothing written");
     assert_eq!(ledger_state(&ledger, "icu").await.0, 0, "refused before anything was charged");
 
     let status = follow(&mut client, submitted("out")).await.unwrap();

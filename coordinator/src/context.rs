@@ -9,10 +9,12 @@ use rhosynth_privacy::ledger::{Admission, ChargeReceipt, ChargeRequest, Ledger, 
 use rhosynth_privacy::release::{Private, Releases, Unpaid};
 use rhosynth_shared::accounting::mechanism::Mechanism;
 use rhosynth_shared::data::DataError;
+use rhosynth_shared::data::database::partition::{check_headers, shard_jobs};
 use rhosynth_shared::data::database::{Database, partition_database};
 use rhosynth_shared::data::domain::Domain;
 use rhosynth_shared::data::input::InputReader;
 use rhosynth_shared::data::partition::{PartitionKey, PartitionWriter, Partitioned};
+use rhosynth_shared::data::shard::ShardJob;
 use rhosynth_shared::data::source::Source;
 use rhosynth_shared::spec::{JobSpec, PartitionBy};
 use rhosynth_shared::storage::{self, StoreLocation};
@@ -355,7 +357,17 @@ impl<'a> JobContext<'a> {
         // would otherwise fail the job after the earlier files' rows, timed by their size).
         input.check_headers().await?;
         let partitioned = match spec.job.partition_by {
-            PartitionBy::Workers => shuffle::partition_by_workers(self, &files, &key, &prefix).await?,
+            PartitionBy::Workers => {
+                let job = ShardJob {
+                    input: files.clone(),
+                    schema: spec.schema.clone(),
+                    domain: self.domain.clone(),
+                    partitions_url: shuffle::partitions_url(self, &prefix),
+                    partitions: spec.job.partitions,
+                    keys: Vec::new(),
+                };
+                shuffle::partition_by_workers(self, &job, &key, &prefix).await?
+            }
             PartitionBy::Coordinator => {
                 let mut writer = PartitionWriter::new(self.scratch, &prefix, self.domain, spec.job.partitions, key)?;
                 while let Some(batch) = input.next_batch().await? {
@@ -369,26 +381,40 @@ impl<'a> JobContext<'a> {
         Ok(Partitions::of(groups, partitioned))
     }
 
-    /// Splits a database's tables by privacy unit into the scratch store: one set of
-    /// partitions per table, a unit's rows in the same partition index of every table. The
-    /// units are the root's.
+    /// Splits a database's tables by privacy unit into the scratch store, on the workers or
+    /// here ([`PartitionBy`]): one set of partitions per table under one key, a unit's rows
+    /// in the same partition index of every table. The units are the root's.
     pub async fn partition_database(&self) -> Result<Partitions, JobError> {
         set_stage(self.progress, "partitioning");
         let spec = self.spec();
         let key = PartitionKey::generate()?;
         let prefix = scratch::partition_prefix(&self.request.job_id);
         let database = Database::of_spec(spec);
-        let tables = partition_database(&database, self.scratch, &prefix, spec.job.partitions, key).await?;
-        for table in &tables {
-            // A count of the input: the operator's log only (the workers log what their cap
-            // leaves out).
-            tracing::info!(table = table.name, bad = table.bad, "rows left out as read: breaking the schema");
-        }
-        let groups = (0..spec.job.partitions as usize)
-            .map(|k| tables.iter().map(|t| t.partitions.urls[k].clone()).collect())
-            .collect();
+        let tables: Vec<Partitioned> = match spec.job.partition_by {
+            PartitionBy::Workers => {
+                // Every table's files fit its columns before any row of any table is read.
+                check_headers(&database).await?;
+                let mut tables = Vec::new();
+                for (table, job) in shard_jobs(&database, &shuffle::partitions_url(self, &prefix), spec.job.partitions)
+                {
+                    tables.push(shuffle::partition_by_workers(self, &job, &key, &format!("{prefix}/{table}")).await?);
+                }
+                tables
+            }
+            PartitionBy::Coordinator => {
+                let tables = partition_database(&database, self.scratch, &prefix, spec.job.partitions, key).await?;
+                for table in &tables {
+                    // A count of the input: the operator's log only (the workers log what
+                    // their cap leaves out).
+                    tracing::info!(table = table.name, bad = table.bad, "rows left out as read: breaking the schema");
+                }
+                tables.into_iter().map(|t| t.partitions).collect()
+            }
+        };
+        let groups =
+            (0..spec.job.partitions as usize).map(|k| tables.iter().map(|t| t.urls[k].clone()).collect()).collect();
         let root = tables.into_iter().next().expect("a database has its root");
-        Ok(Partitions::of(groups, root.partitions))
+        Ok(Partitions::of(groups, root))
     }
 
     pub fn charge_request(&self, mechanisms: Vec<Mechanism>) -> ChargeRequest {

@@ -15,7 +15,6 @@ use rhosynth_shared::data::shard::{
     Census, RecordSpan, Shard, ShardCounts, ShardJob, ShardPart, ShardSize, plan_shards,
 };
 use rhosynth_shared::data::sketch::UnitSketch;
-use rhosynth_shared::data::source::Source;
 use rhosynth_shared::storage;
 use rhosynth_shared::wire::to_json;
 
@@ -27,16 +26,21 @@ use crate::scratch;
 /// (their workers are lost, or they finish), so that nothing they write outlives the job.
 const SETTLE_LIMIT: Duration = Duration::from_secs(600);
 
-/// Splits `input` (the job's, its files named absolutely) by privacy unit into `prefix` of
-/// the scratch store, on the workers, under `key`.
+/// The scratch store's URL of partition prefix `prefix`: a shard job's `partitions_url`.
+pub(crate) fn partitions_url(ctx: &JobContext<'_>, prefix: &str) -> String {
+    format!("{}/{prefix}", storage::absolute_url(&ctx.scratch.url).trim_end_matches('/'))
+}
+
+/// Splits `job`'s input (its files named absolutely) by privacy unit into `prefix` of the
+/// scratch store (`job.partitions_url`), on the workers, under `key`.
 pub(crate) async fn partition_by_workers(
     ctx: &JobContext<'_>,
-    input: &Source,
+    job: &ShardJob,
     key: &PartitionKey,
     prefix: &str,
 ) -> Result<Partitioned, JobError> {
     let mut gather = ctx.gather();
-    let partitioned = shuffle(ctx, &mut gather, (input, key), prefix).await;
+    let partitioned = shuffle(ctx, &mut gather, (job, key), prefix).await;
     if partitioned.is_err() {
         gather.settle(SETTLE_LIMIT).await;
     }
@@ -47,20 +51,11 @@ pub(crate) async fn partition_by_workers(
 async fn shuffle(
     ctx: &JobContext<'_>,
     gather: &mut Gather<'_>,
-    (input, key): (&Source, &PartitionKey),
+    (job, key): (&ShardJob, &PartitionKey),
     prefix: &str,
 ) -> Result<Partitioned, JobError> {
-    let spec = ctx.spec();
-    let scratch_url = storage::absolute_url(&ctx.scratch.url);
-    let scratch_url = scratch_url.trim_end_matches('/');
-    let job = ShardJob {
-        input: input.clone(),
-        schema: spec.schema.clone(),
-        domain: ctx.domain.clone(),
-        partitions_url: format!("{scratch_url}/{prefix}"),
-        partitions: spec.job.partitions,
-    };
-    let mut shards = plan_shards(input, ShardSize::default()).await?;
+    let partitions = job.partitions;
+    let mut shards = plan_shards(&job.input, ShardSize::default()).await?;
     let job_json = to_json(&job);
     let read_task =
         |(s, shard): (usize, &Shard)| (Work::ReadShard(shard.task(job_json.clone(), s as u32, key)), Vec::new());
@@ -68,8 +63,8 @@ async fn shuffle(
     // job's progress.
     let logged = |done: usize, total: usize| tracing::info!(done, total, "shard read");
 
-    let mut answers = ShardAnswers::new(&shards, spec.job.partitions as usize);
-    let take_read = |s: usize, worker: &str, values: Vec<f64>| answers.take(&job, &shards, s, worker, &values);
+    let mut answers = ShardAnswers::new(&shards, partitions as usize);
+    let take_read = |s: usize, worker: &str, values: Vec<f64>| answers.take(job, &shards, s, worker, &values);
     gather.each(shards.iter().enumerate().map(read_task).collect(), "shard", take_read, logged).await?;
 
     // A file whose ranges do not join is read again whole, after the other shards.
@@ -82,7 +77,7 @@ async fn shuffle(
         shards.extend(unjoined.iter().map(|url| Shard::whole(url)));
         let reads = shards.iter().enumerate().skip(first).map(read_task).collect();
         let take_whole =
-            |s: usize, worker: &str, values: Vec<f64>| answers.take(&job, &shards, first + s, worker, &values);
+            |s: usize, worker: &str, values: Vec<f64>| answers.take(job, &shards, first + s, worker, &values);
         gather.each(reads, "shard", take_whole, logged).await?;
     }
     let ShardAnswers { read, sketches, .. } = answers;
@@ -91,8 +86,9 @@ async fn shuffle(
     let merged: Vec<u32> = merge_order(&shards, &unjoined);
     log_skipped(merged.iter().map(|&s| &read[s as usize].0.skipped));
 
-    let urls: Vec<String> =
-        (0..spec.job.partitions).map(|k| format!("{scratch_url}/{}", partition_file(prefix, k))).collect();
+    let scratch_url = storage::absolute_url(&ctx.scratch.url);
+    let scratch_url = scratch_url.trim_end_matches('/');
+    let urls: Vec<String> = (0..partitions).map(|k| format!("{scratch_url}/{}", partition_file(prefix, k))).collect();
     let merge = Work::MergePartition(MergePartition { job_json, shards: merged.clone() });
     let merges = urls.iter().map(|url| (merge.clone(), vec![url.clone()])).collect();
     let mut censuses: Vec<Option<Census>> = vec![None; urls.len()];
@@ -128,7 +124,7 @@ async fn shuffle(
     gather.each(merges, "census", take_census, ctx.round_progress()).await?;
 
     // The buckets are merged: only the partitions stay for the job's rounds.
-    let buckets: Vec<_> = (0..spec.job.partitions)
+    let buckets: Vec<_> = (0..partitions)
         .flat_map(|k| (0..shards.len() as u32).map(move |s| bucket_file(&partition_file(prefix, k), s)))
         .map(|bucket| ctx.scratch.child(&bucket))
         .collect();
@@ -331,6 +327,7 @@ mod tests {
                 domain: domain.clone(),
                 partitions_url: workers,
                 partitions: 5,
+                keys: Vec::new(),
             };
             let mut answers = ShardAnswers::new(&shards, 5);
             for (s, shard) in shards.iter().enumerate() {
@@ -418,6 +415,7 @@ mod tests {
             domain,
             partitions_url: "s".into(),
             partitions: MAX_PARTITIONS,
+            keys: Vec::new(),
         };
         assert!(!job.row_level());
         assert!(ShardCounts::tensor_len(&job) as u64 <= MAX_RESULT_VALUES, "{}", ShardCounts::tensor_len(&job));

@@ -22,7 +22,9 @@ pub mod tls;
 ///     result, and the shards a merge reads named (`MergePartition.shards`).
 /// 12: a database's partitions hold its rows as read (keys hashed, `__key` and
 ///     `__parent_key`); the worker caps each unit (a worker of 11 reads them as capped).
-pub const PROTOCOL_VERSION: u32 = 12;
+/// 13: a shard job's `keys` (a database table's, hashed by its reader: a worker of 12
+///     would leave them out), and a database view's batches each holding its units whole.
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

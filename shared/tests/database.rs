@@ -200,6 +200,60 @@ async fn without_an_order_the_cap_keeps_the_same_sample_every_time() {
     assert_ne!(first, by_time, "a sample, not the first rows");
 }
 
+/// A partition read in passes within a small bound keeps what one reading keeps: each
+/// unit whole in exactly one pass, the same rows and the same counts left out. The first
+/// passes follow the files' rows; a pass whose units' size passes the bound is read again
+/// as two. The size is the rows read, not the rows the caps keep: under other caps the
+/// same partition is read in the same passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_read_in_passes_keeps_what_one_reading_keeps() {
+    use rhosynth_shared::data::database::passes::{Pass, PassReader, read_pass};
+
+    let dir = tempfile::tempdir().unwrap();
+    write_database(dir.path(), &database_csv(300, 4));
+    let (spec, tables) = partitioned(dir.path(), "order_by = \"charttime\"").await;
+    let layout = Layout::of(&Database::of_spec(&spec));
+    let urls: Vec<String> = tables.iter().map(|t| t.partitions.urls[0].clone()).collect();
+    let (whole, dropped) = read_units(&layout, &urls).await.unwrap();
+    assert!(whole.len() > 20, "{} units", whole.len());
+    let limit = 48 << 10;
+    assert_eq!(read_pass(&layout, &urls, Pass::ALL, Some(limit)).await.unwrap(), None, "the whole is over the bound");
+
+    let mut reader = PassReader::open(&layout, &urls, limit).await.unwrap();
+    let mut passes = Vec::new();
+    while let Some(units) = reader.next_pass().await.unwrap() {
+        passes.push(units);
+    }
+    let left_out = reader.dropped().to_vec();
+    assert!(passes.len() > 4, "{} passes", passes.len());
+    let mut joined = BTreeMap::new();
+    for units in passes {
+        for (unit, rows) in units {
+            assert!(joined.insert(unit, rows).is_none(), "a unit in one pass only");
+        }
+    }
+    assert_eq!(joined, whole, "the same units and rows");
+    assert_eq!(left_out, dropped, "the same rows left out");
+
+    // Caps of 8 admissions and 40 charts keep other rows of the same partition.
+    let wide = database_job(dir.path(), (8, 40), "order_by = \"charttime\"");
+    let wide = Layout::of(&Database::of_spec(&JobSpec::parse(&wide, "db").unwrap()));
+    let readings = |layout: Layout| {
+        let urls = urls.clone();
+        async move {
+            let mut reader = PassReader::open(&layout, &urls, limit).await.unwrap();
+            let mut kept = 0;
+            while let Some(units) = reader.next_pass().await.unwrap() {
+                kept += units.values().map(|u| u.tables.iter().map(Vec::len).sum::<usize>()).sum::<usize>();
+            }
+            (reader.readings(), kept)
+        }
+    };
+    let ((narrow, kept), (wide, kept_wide)) = (readings(layout).await, readings(wide).await);
+    assert!(kept_wide > kept, "{kept_wide} rows kept under the wider caps, {kept} under the narrow");
+    assert_eq!(narrow, wide, "the same readings whatever the caps");
+}
+
 /// A key held by two kept rows: both rows stay, the children go to the first (in cap
 /// order), and the repeat is counted; a row breaking its table's schema is counted too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,6 +379,27 @@ async fn adding_a_patient_changes_no_other_patients_rows() {
     }
 }
 
+/// The database job over `db` with the admissions and the charts each split into two
+/// files, a row in one and the next in the other, named in the other order.
+fn split_job(dir: &std::path::Path, db: &SimulatedDatabase, vitals_order: &str) -> JobSpec {
+    let mut text = database_job(dir, (ADMISSIONS_CAP as u32, VITALS_CAP as u32), vitals_order);
+    for (table, csv) in [("admissions", &db.admissions), ("vitals", &db.vitals)] {
+        let (header, rows) = csv.split_once('\n').unwrap();
+        let halves: [String; 2] = [0, 1].map(|half| {
+            let mine = rows.lines().enumerate().filter(|(i, _)| i % 2 == half).map(|(_, l)| format!("{l}\n"));
+            format!("{header}\n{}", mine.collect::<String>())
+        });
+        let file = |half: usize| dir.join(format!("{table}-{half}.csv"));
+        std::fs::write(file(0), &halves[0]).unwrap();
+        std::fs::write(file(1), &halves[1]).unwrap();
+        let one = format!("{:?}", dir.join(format!("{table}.csv")).to_str().unwrap());
+        let two = format!("{:?}, {:?}", file(1).to_str().unwrap(), file(0).to_str().unwrap());
+        assert!(text.contains(&one));
+        text = text.replace(&one, &two);
+    }
+    JobSpec::parse(&text, "db").unwrap()
+}
+
 /// A patient's rows spread over several files of a table, in another order than the
 /// patient's: the admissions and the charts each split into two files, a row in one and
 /// the next in the other, so a patient with two admissions has them in both files and an
@@ -338,22 +413,7 @@ async fn a_patients_rows_in_several_files_are_capped_as_one() {
     write_database(whole.path(), &db);
     write_database(split.path(), &db);
     let order = "order_by = \"charttime\"";
-    let mut text = database_job(split.path(), (ADMISSIONS_CAP as u32, VITALS_CAP as u32), order);
-    for (table, csv) in [("admissions", &db.admissions), ("vitals", &db.vitals)] {
-        let (header, rows) = csv.split_once('\n').unwrap();
-        let halves: [String; 2] = [0, 1].map(|half| {
-            let mine = rows.lines().enumerate().filter(|(i, _)| i % 2 == half).map(|(_, l)| format!("{l}\n"));
-            format!("{header}\n{}", mine.collect::<String>())
-        });
-        let file = |half: usize| split.path().join(format!("{table}-{half}.csv"));
-        std::fs::write(file(0), &halves[0]).unwrap();
-        std::fs::write(file(1), &halves[1]).unwrap();
-        let one = format!("{:?}", split.path().join(format!("{table}.csv")).to_str().unwrap());
-        let two = format!("{:?}, {:?}", file(1).to_str().unwrap(), file(0).to_str().unwrap());
-        assert!(text.contains(&one));
-        text = text.replace(&one, &two);
-    }
-    let spec = JobSpec::parse(&text, "db").unwrap();
+    let spec = split_job(split.path(), &db, order);
     let scratch = storage::open(split.path().join("scratch").to_str().unwrap()).unwrap();
     let tables = partition_database(&Database::of_spec(&spec), &scratch, "job", 5, PartitionKey::generate().unwrap())
         .await
@@ -369,6 +429,60 @@ async fn a_patients_rows_in_several_files_are_capped_as_one() {
         let rest = rows[1..].iter().flat_map(|table| table.get(unit).into_iter().flatten());
         assert!(rest.into_iter().all(|(p, _)| *p == partition), "{unit}: one partition in every table");
     }
+}
+
+/// The workers partition a database as the coordinator does: each table's files cut into
+/// byte ranges of 397 bytes, each range read into its buckets by a shard's reader (keys
+/// hashed there), each partition merged from its buckets in the files' order. With a
+/// patient's admissions and charts spread over two files each and many ranges, every
+/// partition of every table holds row for row what the coordinator's reading writes under
+/// the same key, so a patient's rows in every table land in one partition index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_partition_a_database_as_the_coordinator_does() {
+    use rhosynth_shared::data::database::partition::shard_jobs;
+    use rhosynth_shared::data::partition::partition_file;
+    use rhosynth_shared::data::shard::{ShardPart, ShardSize, merge_partition, plan_shards, read_shard};
+    use rhosynth_shared::testing::partition_rows;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = database_csv(120, 31);
+    write_database(dir.path(), &db);
+    let spec = split_job(dir.path(), &db, "order_by = \"charttime\"");
+    let database = Database::of_spec(&spec);
+    let key = PartitionKey::generate().unwrap();
+    let here = storage::open(dir.path().join("here").to_str().unwrap()).unwrap();
+    let by_coordinator = partition_database(&database, &here, "job", 5, key.clone()).await.unwrap();
+
+    let workers = dir.path().join("workers").display().to_string();
+    let mut by_workers: Vec<Vec<String>> = Vec::new();
+    for (name, job) in shard_jobs(&database, &format!("{workers}/job"), 5) {
+        let shards = plan_shards(&job.input, ShardSize { rows: 1 << 20, bytes: 397 }).await.unwrap();
+        let ranges = shards.iter().filter(|s| matches!(s.part, ShardPart::Bytes { .. })).count();
+        assert!(ranges > 4, "{name}: {ranges} byte ranges");
+        for (s, shard) in shards.iter().enumerate() {
+            read_shard(&job, shard, s as u32, key.clone()).await.unwrap();
+        }
+        let order: Vec<u32> = (0..shards.len() as u32).collect();
+        let mut urls = Vec::new();
+        for k in 0..5 {
+            let url = format!("{workers}/{}", partition_file(&format!("job/{name}"), k));
+            merge_partition(&job, &url, &order).await.unwrap();
+            urls.push(url);
+        }
+        by_workers.push(urls);
+    }
+    let mut partition_of: BTreeMap<String, usize> = BTreeMap::new();
+    for (table, urls) in by_coordinator.iter().zip(&by_workers) {
+        for (k, (ours, theirs)) in table.partitions.urls.iter().zip(urls).enumerate() {
+            let (ours, theirs) =
+                (partition_rows(ours, &table.domain).await, partition_rows(theirs, &table.domain).await);
+            assert_eq!(theirs, ours, "{} partition {k}: row for row", table.name);
+            for (unit, _) in theirs {
+                assert_eq!(*partition_of.entry(unit).or_insert(k), k, "a patient's rows in one partition index");
+            }
+        }
+    }
+    assert_eq!(partition_of.len(), 120);
 }
 
 /// A worker reads one partition index of every table and sees each patient whole: the
@@ -621,8 +735,10 @@ async fn a_database_drawn_down_the_tree_keeps_its_cross_table_structure() {
     let synthetic = sample_database(&layout, &fitted, 1500, 3, &mut rng);
     let [patients, admissions, vitals] = &synthetic[..] else { panic!("three tables") };
 
-    // Referential integrity, by construction, across the slices.
+    // Referential integrity, by construction, across the slices; each patient its own
+    // number (what its key is written from), numbered on from the slice before.
     assert_eq!(patients.len(), 1500);
+    assert!(patients.iter().enumerate().all(|(i, r)| r.unit == i && r.parent.is_none()));
     for (child, parent) in [(admissions, patients), (vitals, admissions)] {
         assert!(child.iter().all(|r| r.parent.is_some_and(|p| p < parent.len() && parent[p].unit == r.unit)));
     }

@@ -180,6 +180,7 @@ async fn workers_partition_as_the_coordinator_does() {
             domain: domain.clone(),
             partitions_url,
             partitions: 7,
+            keys: Vec::new(),
         };
         let mut read: Vec<ShardCounts> = Vec::new();
         for (s, shard) in shards.iter().enumerate() {
@@ -245,8 +246,14 @@ async fn an_input_without_rows_partitions_into_empty_partitions() {
     let domain = Domain::from_spec(&spec);
     assert!(plan_shards(&spec.input, ShardSize { rows: 120, bytes: 1000 }).await.unwrap().is_empty());
     let partitions_url = dir.path().join("workers/job").display().to_string();
-    let job =
-        ShardJob { input: spec.input, schema: spec.schema, domain: domain.clone(), partitions_url, partitions: 7 };
+    let job = ShardJob {
+        input: spec.input,
+        schema: spec.schema,
+        domain: domain.clone(),
+        partitions_url,
+        partitions: 7,
+        keys: Vec::new(),
+    };
     let url = rhosynth_shared::data::partition::partition_file(&job.partitions_url, 3);
     let census = merge_partition(&job, &url, &[]).await.unwrap();
     assert_eq!((census.units, census.rows_per_shard.len(), census.rows_per_unit.len()), (0, 0, 0));

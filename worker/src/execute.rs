@@ -259,7 +259,7 @@ where
 
 /// Contingency tables of bounded per-unit contributions over the task's partitions.
 /// Counting is CPU work (every row into every table): it runs on a blocking thread, fed a
-/// batch at a time (a database view's rows at once), so the runtime keeps heartbeating (a
+/// batch at a time (a database view's units whole in each), so the runtime keeps heartbeating (a
 /// standalone run shares it with the coordinator) however long the count takes, and a
 /// table's partition is never held whole.
 async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggregate> {
@@ -285,8 +285,11 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
     'partitions: for urls in task.partition_urls.chunks(group) {
         match &spec.database {
             Some(view) => {
-                if batches.send(vec![view.read(urls).await?]).await.is_err() {
-                    break;
+                let mut reader = view.reader(urls).await?;
+                while let Some(batch) = reader.next_batch().await? {
+                    if batches.send(vec![batch]).await.is_err() {
+                        break 'partitions;
+                    }
                 }
             }
             None => {

@@ -23,6 +23,7 @@ use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::database::partition::with_key_hashes;
 use super::domain::Domain;
 use super::input::{BAD_VALUE_REASONS, BATCH_ROWS, InputReader, SkippedRows, is_compressed};
 use super::partition::{PartitionKey, PartitionWriter, UnitRows, bucket_file, partition_schema};
@@ -127,9 +128,24 @@ pub struct ShardJob {
     /// The job's partition prefix in the scratch store, and its partitions.
     pub partitions_url: String,
     pub partitions: u32,
+    /// A database table's key columns, read beside the schema's values: its parent's key,
+    /// then its own if declared. Each row then carries its own key's and its parent key's
+    /// hashes under the job's row keys (`PartitionKey::row_keys`), the last two columns of
+    /// `domain` (`data::database::partition`). Empty for any other input.
+    #[serde(default)]
+    pub keys: Vec<String>,
 }
 
 impl ShardJob {
+    /// The columns read from the input: `domain`'s, less a database table's key hashes.
+    pub fn input_domain(&self) -> Domain {
+        let mut domain = self.domain.clone();
+        if !self.keys.is_empty() {
+            domain.columns.truncate(domain.columns.len().saturating_sub(2));
+        }
+        domain
+    }
+
     /// Whether each row is its own unit (no unit column): then a partition's units are its
     /// rows, and no sketch is needed to check its owner's count.
     pub fn row_level(&self) -> bool {
@@ -278,13 +294,21 @@ pub async fn read_shard(
 ) -> Result<ShardCounts, ShardError> {
     let scratch =
         storage::open(&job.partitions_url).map_err(|e| ShardError::Scratch(DataError::Internal(e.to_string())))?;
+    let row_keys = key.row_keys();
     let mut buckets = PartitionWriter::buckets(&scratch, &job.domain, (job.partitions, key), index, !job.row_level())
         .map_err(ShardError::Scratch)?;
     let input = job.input.of_shard(&shard.url);
-    let mut reader = InputReader::new(&input, &job.schema, &job.domain).with_part(shard.part.clone());
+    let read = job.input_domain();
+    let mut reader = InputReader::new(&input, &job.schema, &read)
+        .with_part(shard.part.clone())
+        .with_keys(job.keys.iter().map(String::as_str).collect());
     let range = matches!(shard.part, ShardPart::Bytes { .. });
     loop {
-        match reader.next_batch().await {
+        let batch = match job.keys.is_empty() {
+            true => reader.next_batch().await,
+            false => reader.next_keyed_batch().await.map(|keyed| keyed.map(|keyed| with_key_hashes(keyed, &row_keys))),
+        };
+        match batch {
             Ok(Some(batch)) => buckets.write(batch).await.map_err(ShardError::Scratch)?,
             Ok(None) => break,
             Err(e) if range => {

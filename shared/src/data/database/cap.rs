@@ -17,6 +17,16 @@
 //! the rows read. They leave as views read them: their values, then their ordinal among
 //! the unit's kept rows of the table (in parent order, then cap order) and their parent's.
 //! What was dropped is counted, not shown: the counts are private (the operator's log).
+//!
+//! What a unit holds while it is capped is bounded by its caps alone
+//! ([`unit_rows_bytes`]): its kept rows, a cap's candidates per parent row, their keys,
+//! and (reading in passes) at most [`CAPPED_KEYS_HELD`] keys of rows a cap dropped per
+//! table. It is bounded by the rows read of it too, as [`row_read_bytes`] counts them. The
+//! capper's [`Capper::size`] adds up, per unit, the smaller of the two bounds (the caps'
+//! at most [`UNIT_ROWS_BYTES`], which the plan checks): what reading in passes keeps
+//! within a public bound (`passes`). A function of the rows read, never of which rows the
+//! caps keep, so that when a pass splits follows the data's size, not the caps a
+//! submitter chose.
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
@@ -34,14 +44,73 @@ use super::view::{Layout, UnitRows};
 /// afresh for each count.
 const CAP_SAMPLE_KEY: &[u8] = b"rhosynth database cap sample v1";
 
+/// Keys of rows a cap dropped that a unit remembers per table when read in passes, so
+/// their children are counted as over the cap. Beyond them a capped row's children count
+/// as without their parent: dropped all the same, and what a unit holds stays bounded by
+/// its caps, not by the rows it has beyond them. (A whole reading, `read_units`,
+/// remembers every one.)
+pub const CAPPED_KEYS_HELD: usize = 4096;
+
+/// The most a unit's rows count for in [`Capper::size`]: the plan refuses caps under which
+/// one unit's rows could hold more ([`unit_rows_bytes`]), so a pass (`passes::PASS_BYTES`,
+/// four times this) always holds a unit, whatever its rows.
+pub const UNIT_ROWS_BYTES: u64 = 64 << 20;
+
+/// What holding a row costs beside its values: its vector, a candidate's rank, order and
+/// key, its slot in a heap or a list. With [`VALUE_BYTES`] and [`KEY_BYTES`], an account of
+/// a worker's memory generous rather than exact: what the bound on it is checked against.
+const ROW_BYTES: u64 = 96;
+/// A held value (an `Option<f64>`).
+const VALUE_BYTES: u64 = 16;
+/// A held key and its slot in a map or a set.
+const KEY_BYTES: u64 = 48;
+/// A unit beside its rows and its name: its tables' lists and maps.
+const UNIT_BYTES: u64 = 256;
+const UNIT_TABLE_BYTES: u64 = 160;
+
+/// What holding a row of `values` values costs ([`ROW_BYTES`]).
+pub fn row_bytes(values: usize) -> u64 {
+    ROW_BYTES + VALUE_BYTES * values as u64
+}
+
+/// What a row of table `t` counts for as read, as its partition holds it (a child's with
+/// its key): the most holding it or its key can cost.
+pub fn row_read_bytes(layout: &Layout, t: usize) -> u64 {
+    let table = &layout.tables[t];
+    row_bytes(table.read_domain().columns.len()) + if table.parent.is_some() { KEY_BYTES } else { 0 }
+}
+
+/// What a unit costs beside its rows and its name.
+pub fn unit_overhead(layout: &Layout) -> u64 {
+    UNIT_BYTES + UNIT_TABLE_BYTES * layout.tables.len() as u64
+}
+
+/// The most one unit's rows hold while it is capped in passes, from the caps alone: in
+/// each table its kept rows (at most the table's reach) with their keys, while the table
+/// is read a cap's candidates beyond them per parent row, and the capped keys it
+/// remembers of a table with children. Public: what the plan refuses caps by.
+pub fn unit_rows_bytes(layout: &Layout) -> u64 {
+    let mut bytes: u64 = 0;
+    for t in 0..layout.tables.len() {
+        let candidates = layout.reach(t) + layout.tables[t].parent.map_or(0, |p| layout.reach(p));
+        bytes = bytes.saturating_add(candidates.saturating_mul(row_read_bytes(layout, t)));
+        if layout.children(t).next().is_some() {
+            bytes = bytes.saturating_add(CAPPED_KEYS_HELD as u64 * KEY_BYTES);
+        }
+    }
+    bytes
+}
+
 /// Rows of one table that reading left out, by reason. Private: counts of the input.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DroppedRows {
     /// Beyond the cap of their parent row (the root: a unit's rows after its first), or
-    /// whose parent row (or an ancestor's) a cap dropped.
+    /// whose parent row (or an ancestor's) a cap dropped (in passes, among the first
+    /// [`CAPPED_KEYS_HELD`] a unit's table had dropped).
     pub over_cap: u64,
-    /// Whose parent row is absent: not in the parent table (among its unit's rows), or
-    /// dropped from it for another reason than a cap.
+    /// Whose parent row is absent: not in the parent table (among its unit's rows),
+    /// dropped from it for another reason than a cap, or (in passes) capped past the
+    /// [`CAPPED_KEYS_HELD`] remembered.
     pub without_parent: u64,
     /// Whose own key another kept row already holds: their children go to the first.
     pub duplicate_keys: u64,
@@ -119,11 +188,13 @@ struct Unit {
     /// how many of its rows the unit has had.
     groups: BTreeMap<u32, Group>,
     read: usize,
+    /// Its rows read so far, as [`row_read_bytes`] counts them.
+    read_bytes: u64,
 }
 
 /// A partition's units capped as their rows are read, table by table in layout order
 /// (each table's rows whole before the next's, in the order read). What it holds is a
-/// unit's kept rows and, while a table is read, at most a cap's rows a parent row (and the
+/// unit's kept rows and, while a table is read, at most a cap's rows a parent row (and
 /// keys of rows a cap dropped): never the rows as read.
 pub struct Capper<'l> {
     layout: &'l Layout,
@@ -131,12 +202,32 @@ pub struct Capper<'l> {
     /// The table whose rows arrive.
     table: usize,
     dropped: Vec<DroppedRows>,
+    /// Capped keys a unit remembers per table.
+    remembered: usize,
+    /// [`Self::size`].
+    size: u64,
 }
 
 impl<'l> Capper<'l> {
-    pub fn new(layout: &'l Layout) -> Self {
+    /// A capper remembering at most `remembered` capped keys a unit and table
+    /// ([`CAPPED_KEYS_HELD`] when reading in passes).
+    pub fn new(layout: &'l Layout, remembered: usize) -> Self {
         let dropped = vec![DroppedRows::default(); layout.tables.len()];
-        Self { layout, units: BTreeMap::new(), table: 0, dropped }
+        Self { layout, units: BTreeMap::new(), table: 0, dropped, remembered, size: 0 }
+    }
+
+    /// Per unit, what it costs beside its rows, its name, and the smaller of its rows
+    /// read ([`row_read_bytes`]) and [`UNIT_ROWS_BYTES`], added up: at least what it holds
+    /// (under caps the plan admits), a function of the rows read alone.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Counts a row of `bytes` read of a unit that holds `state`.
+    fn count_read(size: &mut u64, state: &mut Unit, bytes: u64) {
+        let before = state.read_bytes.min(UNIT_ROWS_BYTES);
+        state.read_bytes = state.read_bytes.saturating_add(bytes);
+        *size += state.read_bytes.min(UNIT_ROWS_BYTES) - before;
     }
 
     /// A row of table `t` of `unit`, as read: its values, then (a child's) its own key's
@@ -147,14 +238,21 @@ impl<'l> Capper<'l> {
             self.close_table();
         }
         let tables = self.layout.tables.len();
+        let read_bytes = row_read_bytes(self.layout, t);
         let Some(p) = self.layout.tables[t].parent else {
-            let state = self.units.entry(unit.to_string()).or_insert_with(|| Unit {
-                kept: vec![Vec::new(); tables],
-                places: vec![HashMap::new(); tables],
-                capped: vec![HashSet::new(); tables],
-                groups: BTreeMap::new(),
-                read: 0,
+            let size = &mut self.size;
+            let state = self.units.entry(unit.to_string()).or_insert_with(|| {
+                *size += unit_overhead(self.layout) + unit.len() as u64;
+                Unit {
+                    kept: vec![Vec::new(); tables],
+                    places: vec![HashMap::new(); tables],
+                    capped: vec![HashSet::new(); tables],
+                    groups: BTreeMap::new(),
+                    read: 0,
+                    read_bytes: 0,
+                }
             });
+            Self::count_read(size, state, read_bytes);
             match state.kept[0].is_empty() {
                 true => state.kept[0].push(row),
                 false => self.dropped[0].over_cap += 1,
@@ -166,6 +264,7 @@ impl<'l> Capper<'l> {
             self.dropped[t].without_parent += 1;
             return;
         };
+        Self::count_read(&mut self.size, state, read_bytes);
         let table = &self.layout.tables[t];
         let own = table.values();
         let referred = self.layout.children(t).next().is_some();
@@ -183,7 +282,7 @@ impl<'l> Capper<'l> {
             Parent::At(parent) => parent,
             Parent::Capped => {
                 self.dropped[t].over_cap += 1;
-                state.capped[t].extend(key.filter(|_| referred));
+                remember_capped(&mut state.capped[t], key.filter(|_| referred), self.remembered);
                 return;
             }
             Parent::Absent => {
@@ -202,7 +301,7 @@ impl<'l> Capper<'l> {
         state.read += 1;
         if group.kept.len() > table.max_per_parent as usize {
             let over = group.kept.pop().expect("over the cap");
-            state.capped[t].extend(over.key.filter(|_| referred));
+            remember_capped(&mut state.capped[t], over.key.filter(|_| referred), self.remembered);
             self.dropped[t].over_cap += 1;
         }
     }
@@ -242,6 +341,13 @@ impl<'l> Capper<'l> {
         }
         let units = self.units.into_iter().map(|(unit, state)| (unit, UnitRows { tables: state.kept })).collect();
         (units, self.dropped)
+    }
+}
+
+/// Remembers a capped row's key while a unit holds fewer than `remembered` of its table's.
+fn remember_capped(capped: &mut HashSet<u64>, key: Option<u64>, remembered: usize) {
+    if let Some(key) = key.filter(|_| capped.len() < remembered) {
+        capped.insert(key);
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod cap;
 pub mod partition;
+pub mod passes;
 pub mod view;
 
 use crate::data::source::Source;
@@ -15,7 +16,8 @@ use crate::spec::{JobSpec, SchemaSpec, TableSpec};
 
 pub use cap::DroppedRows;
 pub use partition::{PartitionedTable, partition_database};
-pub use view::{DatabaseView, Layout, UnitRows, View, read_units};
+pub use passes::read_units;
+pub use view::{DatabaseView, Layout, UnitRows, View};
 
 /// A child row's ordinal among its unit's rows of its table (in parent order, then the
 /// table's cap order).

@@ -7,18 +7,24 @@
 //! [`super::PARENT_KEY_COLUMN`]: `PartitionKey::row_keys`), and a partition holds a unit's
 //! rows in the order they were read (what the cap's ties and sample follow).
 //!
-//! Rows stream from the files into the partition writers: the coordinator holds no row
-//! and no key, so its memory does not grow with the rows (the writers keep a 16-byte
-//! digest a unit to count them, and each partition's buffers: a row group and its upload).
+//! The workers partition a database as they partition one table, a shard at a time
+//! (`data::shard`), a table after another under one key ([`shard_jobs`]): a shard's
+//! reader hashes its rows' keys, and the partitions are row for row those the
+//! coordinator's own reading writes ([`partition_database`], under `partition_by =
+//! "coordinator"` and for an owner's evaluation). There, rows stream from the files into
+//! the partition writers: the coordinator holds no row and no key, but each partition's
+//! buffers (a row group and its upload) and a 16-byte digest a unit to count them.
 
 use super::Database;
 use super::view::Layout;
-use crate::data::DataError;
 use crate::data::domain::Domain;
 use crate::data::input::{InputReader, KeyedBatch};
-use crate::data::partition::{PartitionKey, PartitionWriter, Partitioned};
+use crate::data::partition::{PartitionKey, PartitionWriter, Partitioned, RowKeys};
+use crate::data::shard::ShardJob;
+use crate::data::source::Source;
+use crate::data::{DataError, EncodedBatch};
 use crate::spec::TableSpec;
-use crate::storage::StoreLocation;
+use crate::storage::{self, StoreLocation};
 
 /// One table's partitions, its rows as read.
 pub struct PartitionedTable {
@@ -42,12 +48,7 @@ pub async fn partition_database(
     key: PartitionKey,
 ) -> Result<Vec<PartitionedTable>, DataError> {
     let layout = Layout::of(db);
-    // Every table's files fit its columns before any row of any table is read.
-    InputReader::new(db.root_input, db.root_schema, &layout.tables[0].domain).check_headers().await?;
-    for table in db.tables {
-        let (schema, columns) = (table.schema(db.unit_key()), Domain::of_columns(&table.columns, db.default_bins));
-        InputReader::new(&table.input, &schema, &columns).with_keys(keys_read(table)).check_headers().await?;
-    }
+    check_headers(db).await?;
     let row_keys = key.row_keys();
     let root = layout.tables[0].read_domain();
     let mut writer =
@@ -67,13 +68,8 @@ pub async fn partition_database(
         let mut reader = InputReader::new(&table.input, &schema, &columns).with_keys(keys_read(table));
         let mut writer =
             PartitionWriter::new(scratch, &format!("{prefix}/{}", table.name), &domain, partitions, key.clone())?;
-        while let Some(KeyedBatch { mut rows, keys }) = reader.next_keyed_batch().await? {
-            let mut keys = keys.into_iter();
-            let parent_keys = keys.next().expect("the parent key is read");
-            let own_keys = keys.next().unwrap_or_else(|| vec![None; rows.len()]);
-            rows.values.push(own_keys.iter().map(|k| k.as_deref().map(|k| row_keys.hash(k))).collect());
-            rows.values.push(parent_keys.iter().map(|k| k.as_deref().map(|k| row_keys.hash(k))).collect());
-            writer.write(rows).await?;
+        while let Some(keyed) = reader.next_keyed_batch().await? {
+            writer.write(with_key_hashes(keyed, &row_keys)).await?;
         }
         let bad = reader.skipped().map_or(0, |s| s.rows);
         out.push(PartitionedTable { name: table.name.clone(), domain, partitions: writer.finish().await?, bad });
@@ -81,7 +77,58 @@ pub async fn partition_database(
     Ok(out)
 }
 
+/// Checks that every table's files fit its columns, before any row of any table is read.
+pub async fn check_headers(db: &Database<'_>) -> Result<(), DataError> {
+    let root = Domain::of_columns(&db.root_schema.columns, db.default_bins);
+    InputReader::new(db.root_input, db.root_schema, &root).check_headers().await?;
+    for table in db.tables {
+        let (schema, columns) = (table.schema(db.unit_key()), Domain::of_columns(&table.columns, db.default_bins));
+        InputReader::new(&table.input, &schema, &columns).with_keys(keys_read(table)).check_headers().await?;
+    }
+    Ok(())
+}
+
+/// What the workers partition `db` by (`data::shard`): a job a table, in layout order,
+/// with the table's name, each writing `partitions` partitions under
+/// `partitions_url/<table>`, as [`partition_database`] writes them (the same rows in the
+/// same order for a key). Files named absolutely, as the ledger binds them.
+pub fn shard_jobs(db: &Database<'_>, partitions_url: &str, partitions: u32) -> Vec<(String, ShardJob)> {
+    let layout = Layout::of(db);
+    let absolute = |input: &Source| Source {
+        urls: input.urls.iter().map(|u| storage::absolute_url(u)).collect(),
+        ..input.clone()
+    };
+    let tables = std::iter::once((db.root_input, db.root_schema.clone(), Vec::new()))
+        .chain(db.tables.iter().map(|t| (&t.input, t.schema(db.unit_key()), keys_read(t))));
+    tables
+        .zip(&layout.tables)
+        .map(|((input, schema, keys), laid)| {
+            let job = ShardJob {
+                input: absolute(input),
+                schema,
+                domain: laid.read_domain(),
+                partitions_url: format!("{}/{}", partitions_url.trim_end_matches('/'), laid.name),
+                partitions,
+                keys: keys.into_iter().map(str::to_string).collect(),
+            };
+            (laid.name.clone(), job)
+        })
+        .collect()
+}
+
 /// The keys a child table's rows are read with: its parent's, then its own if declared.
-fn keys_read(table: &TableSpec) -> Vec<&str> {
+pub fn keys_read(table: &TableSpec) -> Vec<&str> {
     std::iter::once(table.parent.key.as_str()).chain(table.key.as_deref()).collect()
+}
+
+/// A child table's rows read with [`keys_read`], as partitioned: their values, then their
+/// own key's and their parent key's hashes ([`super::KEY_COLUMN`],
+/// [`super::PARENT_KEY_COLUMN`]; missing without a key).
+pub fn with_key_hashes(KeyedBatch { mut rows, keys }: KeyedBatch, row_keys: &RowKeys) -> EncodedBatch {
+    let mut keys = keys.into_iter();
+    let parent_keys = keys.next().expect("the parent key is read");
+    let own_keys = keys.next().unwrap_or_else(|| vec![None; rows.len()]);
+    rows.values.push(own_keys.iter().map(|k| k.as_deref().map(|k| row_keys.hash(k))).collect());
+    rows.values.push(parent_keys.iter().map(|k| k.as_deref().map(|k| row_keys.hash(k))).collect());
+    rows
 }

@@ -1,5 +1,5 @@
 //! A unit whole, as a worker reads it, and the views a database generator counts over it.
-//! A worker reads the same partition index of every table ([`read_units`]): each unit's
+//! A worker reads the same partition index of every table (`passes`): each unit's
 //! rows in every table, capped by the spec's public rule (`cap`) and joined by their
 //! places. A [`View`] of a table makes one row per row of the table: its own values, its
 //! place among its parent's rows, its ancestors' values and children's means, how many
@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::cap::{Capper, DroppedRows};
+use super::cap::DroppedRows;
+use super::passes::{PASS_BYTES, PassReader};
 use super::{Database, KEY_COLUMN, PARENT_COLUMN, PARENT_KEY_COLUMN, ROW_COLUMN};
 use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
-use crate::data::partition::read_partition;
+use crate::data::input::BATCH_ROWS;
 use crate::data::{DataError, EncodedBatch};
 use crate::spec::tables::{WithinEnd, parse_within};
 use crate::spec::{Bound, ColumnKind, ColumnSpec, MissingPolicy, UnknownPolicy};
@@ -339,29 +340,6 @@ pub struct UnitRows {
     pub tables: Vec<Vec<Vec<Option<f64>>>>,
 }
 
-/// Reads `urls` (the same partition index of every table, in layout order): the units of
-/// that partition, whole, each capped by the spec's public rule (`cap`), each table's kept
-/// rows in the order of their places; and what the cap left out of each table.
-pub async fn read_units(
-    layout: &Layout,
-    urls: &[String],
-) -> Result<(BTreeMap<String, UnitRows>, Vec<DroppedRows>), DataError> {
-    if urls.len() != layout.tables.len() {
-        return Err(DataError::Internal(format!("{} partition files for {} tables", urls.len(), layout.tables.len())));
-    }
-    let mut capper = Capper::new(layout);
-    for (t, (table, url)) in layout.tables.iter().zip(urls).enumerate() {
-        read_partition(url, &table.read_domain(), |batch| {
-            for (i, unit) in batch.units.iter().enumerate() {
-                capper.push(t, unit, batch.values.iter().map(|column| column[i]).collect());
-            }
-            Ok(())
-        })
-        .await?;
-    }
-    Ok(capper.finish())
-}
-
 /// A place column's value (an ordinal, never missing in a partition).
 fn place(row: &[Option<f64>], column: usize) -> u32 {
     row[column].map_or(u32::MAX, |v| v as u32)
@@ -478,7 +456,7 @@ impl View {
         None
     }
 
-    /// The view's rows of one unit (as [`read_units`] reads it: places dense, one root
+    /// The view's rows of one unit (as `passes` reads it: places dense, one root
     /// row), in the order of the table's places.
     pub fn rows(&self, layout: &Layout, unit: &UnitRows) -> Result<Vec<Vec<Option<f64>>>, DataError> {
         let table = &layout.tables[self.table];
@@ -639,33 +617,85 @@ impl DatabaseView {
             && intervals()
     }
 
-    /// The view's rows of the units in `urls` (the same partition index of every table,
-    /// in layout order), as one batch.
-    pub async fn read(&self, urls: &[String]) -> Result<EncodedBatch, DataError> {
-        let columns = self.view.domain(&self.layout).columns.len();
-        let mut batch = EncodedBatch::empty(columns);
-        let (units, dropped) = read_units(&self.layout, urls).await?;
-        // Counts of the input: the operator's log only, once a partition and job (every
-        // view of it reads the same rows; the root's is counted first), again if its task
-        // is retried.
-        if self.view.table == 0 {
-            for (table, d) in self.layout.tables.iter().zip(&dropped) {
-                let DroppedRows { over_cap, without_parent, duplicate_keys, .. } = d;
-                tracing::info!(
-                    table = table.name,
-                    over_cap,
-                    without_parent,
-                    duplicate_keys,
-                    "rows a partition's cap left out"
-                );
+    /// The view's rows of the units in `urls` (the same partition index of every table, in
+    /// layout order), a batch at a time.
+    pub async fn reader<'a>(&'a self, urls: &'a [String]) -> Result<ViewReader<'a>, DataError> {
+        Ok(ViewReader {
+            view: self,
+            columns: self.view.domain(&self.layout).columns.len(),
+            passes: PassReader::open(&self.layout, urls, PASS_BYTES).await?,
+            units: BTreeMap::new().into_iter(),
+            next: None,
+        })
+    }
+}
+
+/// A view's rows of a partition, a batch at a time, each unit's rows whole in one batch
+/// (a counter counts a unit as its batch ends: `Counter::add`). What it holds is one
+/// pass's capped units ([`PASS_BYTES`]) and a batch.
+pub struct ViewReader<'a> {
+    view: &'a DatabaseView,
+    columns: usize,
+    passes: PassReader<'a>,
+    /// The units of the pass being read, still to view.
+    units: std::collections::btree_map::IntoIter<String, UnitRows>,
+    /// A unit's view rows that did not fit the last batch: the next one's first.
+    next: Option<(String, Vec<Vec<Option<f64>>>)>,
+}
+
+impl ViewReader<'_> {
+    /// The next batch of at most [`BATCH_ROWS`] rows (or one unit's, if more), `None` at the
+    /// end.
+    pub async fn next_batch(&mut self) -> Result<Option<EncodedBatch>, DataError> {
+        let (layout, view) = (&self.view.layout, &self.view.view);
+        let mut batch = EncodedBatch::empty(self.columns);
+        loop {
+            let (unit, rows) = match self.next.take() {
+                Some(next) => next,
+                None => match self.units.next() {
+                    Some((unit, rows)) => (unit, view.rows(layout, &rows)?),
+                    None if !batch.units.is_empty() => return Ok(Some(batch)),
+                    None => match self.passes.next_pass().await? {
+                        Some(units) => {
+                            self.units = units.into_iter();
+                            continue;
+                        }
+                        None => {
+                            self.log_read();
+                            return Ok(None);
+                        }
+                    },
+                },
+            };
+            if !batch.units.is_empty() && batch.units.len() + rows.len() > BATCH_ROWS {
+                self.next = Some((unit, rows));
+                return Ok(Some(batch));
             }
-        }
-        for (unit, rows) in units {
-            for row in self.view.rows(&self.layout, &rows)? {
+            for row in rows {
                 batch.values.iter_mut().zip(row).for_each(|(column, value)| column.push(value));
                 batch.units.push(unit.clone());
             }
         }
-        Ok(batch)
+    }
+
+    /// Counts of the input: the operator's log only, once a partition and job (every view
+    /// of it reads the same rows; the root's is counted first), again if its task is
+    /// retried; and how many readings its passes took (a partition that fills many wants
+    /// more partitions).
+    fn log_read(&self) {
+        tracing::info!(table = self.view.view.table, readings = self.passes.readings(), "a partition's view read");
+        if self.view.view.table != 0 {
+            return;
+        }
+        for (table, d) in self.view.layout.tables.iter().zip(self.passes.dropped()) {
+            let DroppedRows { over_cap, without_parent, duplicate_keys, .. } = d;
+            tracing::info!(
+                table = table.name,
+                over_cap,
+                without_parent,
+                duplicate_keys,
+                "rows a partition's cap left out"
+            );
+        }
     }
 }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::accounting::accountant::{Accountant, AccountingOptions, zcdp_budget};
 use crate::accounting::mechanism::{Adjacency, Mechanism};
+use crate::data::database::cap::{UNIT_ROWS_BYTES, row_bytes, unit_rows_bytes};
 use crate::data::database::view::ColumnAt;
 use crate::data::database::{Database, DatabaseView, Layout, View};
 use crate::data::domain::Domain;
@@ -62,6 +63,15 @@ impl DatabasePlan {
             ));
         }
         let layout = Layout::of(&Database::of_spec(spec));
+        let held = unit_bytes(&layout);
+        if held > UNIT_ROWS_BYTES {
+            return Err(invalid(format!(
+                "its caps (each table's max_per_parent, multiplied down the tables) let one unit's rows hold up to \
+                 {} MiB on a worker, above the {} MiB a worker holds of one unit: lower the caps",
+                held.div_ceil(1 << 20),
+                UNIT_ROWS_BYTES >> 20
+            )));
+        }
         if let Some(name) = params.weights.keys().find(|name| !layout.tables.iter().any(|t| &t.name == *name)) {
             return Err(invalid(format!("weights name table '{name}', which the job does not declare")));
         }
@@ -88,6 +98,16 @@ impl DatabasePlan {
     pub fn mechanisms(&self) -> Vec<Mechanism> {
         vec![Mechanism::Zcdp { rho: self.rho, adjacency: Adjacency::AddRemove }]
     }
+}
+
+/// The most a worker holds for one unit while counting a view: its capped rows
+/// (`cap::unit_rows_bytes`) and its rows of the widest view, from the caps alone.
+fn unit_bytes(layout: &Layout) -> u64 {
+    let view_rows = (0..layout.tables.len()).map(|table| {
+        let columns = View { table }.domain(layout).columns.len();
+        layout.reach(table).saturating_mul(row_bytes(columns))
+    });
+    unit_rows_bytes(layout).saturating_add(view_rows.max().unwrap_or(0))
 }
 
 /// The target `TABLE.COLUMN` as a layout column: a value column of a declared table.

@@ -178,6 +178,9 @@ impl<R: CryptoRng> Counter<'_, R> {
     }
 
     pub fn add(&mut self, batch: &EncodedBatch) {
+        if self.task.database.is_some() {
+            return self.add_whole_units(batch);
+        }
         let columns = &self.task.domain.columns;
         for (i, unit) in batch.units.iter().enumerate() {
             let bins: Vec<usize> = columns.iter().zip(&batch.values).map(|(c, v)| c.bin(v[i])).collect();
@@ -197,6 +200,27 @@ impl<R: CryptoRng> Counter<'_, R> {
                 let m = self.task.max_rows_per_unit as usize;
                 self.units.entry(unit.clone()).or_default().offer(bins, m, &mut self.rng);
             }
+        }
+    }
+
+    /// A database view's batch, which holds each of its units whole, its rows together
+    /// (`ViewReader`): each unit counted as its rows end, at most `m` of them (its
+    /// caps allow no more), so nothing is held past it.
+    fn add_whole_units(&mut self, batch: &EncodedBatch) {
+        let columns = &self.task.domain.columns;
+        let m = self.task.max_rows_per_unit as usize;
+        let mut start = 0;
+        for end in 1..=batch.units.len() {
+            if end < batch.units.len() && batch.units[end] == batch.units[start] {
+                continue;
+            }
+            let mut kept = Reservoir::default();
+            for i in start..end {
+                kept.offer(columns.iter().zip(&batch.values).map(|(c, v)| c.bin(v[i])).collect(), m, &mut self.rng);
+            }
+            kept.kept().iter().for_each(|bins: &Vec<usize>| self.add_row(bins));
+            self.row_units += 1;
+            start = end;
         }
     }
 
