@@ -57,16 +57,21 @@ pub const CAPPED_KEYS_HELD: usize = 4096;
 pub const UNIT_ROWS_BYTES: u64 = 64 << 20;
 
 /// What holding a row costs beside its values: its vector, a candidate's rank, order and
-/// key, its slot in a heap or a list. With [`VALUE_BYTES`] and [`KEY_BYTES`], an account of
-/// a worker's memory generous rather than exact: what the bound on it is checked against.
+/// key, its slot in a heap or a list. With [`VALUE_BYTES`], [`KEY_BYTES`] and
+/// [`GROUP_BYTES`], an account of a worker's memory generous rather than exact: what the
+/// bound on it is checked against.
 const ROW_BYTES: u64 = 96;
 /// A held value (an `Option<f64>`).
 const VALUE_BYTES: u64 = 16;
 /// A held key and its slot in a map or a set.
 const KEY_BYTES: u64 = 48;
-/// A unit beside its rows and its name: its tables' lists and maps.
-const UNIT_BYTES: u64 = 256;
-const UNIT_TABLE_BYTES: u64 = 160;
+/// A parent row's group of candidates, as much as one child row can cost: its heap's
+/// first allocation (room for four) and its node in the unit's map of groups.
+const GROUP_BYTES: u64 = 288;
+/// A unit beside its rows and its name: its tables' lists and maps at their first
+/// allocations.
+const UNIT_BYTES: u64 = 640;
+const UNIT_TABLE_BYTES: u64 = 320;
 
 /// What holding a row of `values` values costs ([`ROW_BYTES`]).
 pub fn row_bytes(values: usize) -> u64 {
@@ -74,10 +79,11 @@ pub fn row_bytes(values: usize) -> u64 {
 }
 
 /// What a row of table `t` counts for as read, as its partition holds it (a child's with
-/// its key): the most holding it or its key can cost.
+/// its key and its share of a group of candidates): the most holding it or its key can
+/// cost.
 pub fn row_read_bytes(layout: &Layout, t: usize) -> u64 {
     let table = &layout.tables[t];
-    row_bytes(table.read_domain().columns.len()) + if table.parent.is_some() { KEY_BYTES } else { 0 }
+    row_bytes(table.read_domain().columns.len()) + if table.parent.is_some() { KEY_BYTES + GROUP_BYTES } else { 0 }
 }
 
 /// What a unit costs beside its rows and its name.
@@ -221,6 +227,13 @@ impl<'l> Capper<'l> {
     /// (under caps the plan admits), a function of the rows read alone.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// What `unit` alone counts for in [`Self::size`] (nothing if it has no root row).
+    pub fn unit_size(&self, unit: &str) -> u64 {
+        self.units
+            .get(unit)
+            .map_or(0, |state| unit_overhead(self.layout) + unit.len() as u64 + state.read_bytes.min(UNIT_ROWS_BYTES))
     }
 
     /// Counts a row of `bytes` read of a unit that holds `state`.

@@ -84,7 +84,13 @@ pub async fn read_pass(
             for (i, unit) in batch.units.iter().enumerate() {
                 if pass.modulus == 1 || pass.holds(unit) {
                     capper.push(t, unit, batch.values.iter().map(|column| column[i]).collect());
-                    if limit.is_some_and(|limit| capper.size() > limit) {
+                    if let Some(limit) = limit.filter(|&limit| capper.size() > limit) {
+                        // Its rows count for at most a quarter of a pass (`UNIT_ROWS_BYTES`):
+                        // only an id of some 192 MiB makes one unit too large, which no
+                        // split would help.
+                        if capper.unit_size(unit) > limit {
+                            return Err(DataError::Internal("a unit whose id alone fills a pass".into()));
+                        }
                         return Ok(None);
                     }
                 }
@@ -125,9 +131,11 @@ impl<'a> PassReader<'a> {
         while let Some(pass) = self.pending.pop() {
             self.readings += 1;
             let Some((units, left_out)) = read_pass(self.layout, self.urls, pass, Some(self.limit)).await? else {
-                let [first, second] = pass.split().ok_or_else(|| {
-                    DataError::Internal("a partition's unit holds more than a pass may, whatever its caps".into())
-                })?;
+                // (Without a bit left: units whose digests share 64 bits, more than a pass
+                // holds together.)
+                let [first, second] = pass
+                    .split()
+                    .ok_or_else(|| DataError::Internal("units whose digests agree in every bit fill a pass".into()))?;
                 self.pending.extend([second, first]);
                 continue;
             };
