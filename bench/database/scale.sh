@@ -29,10 +29,10 @@ echo "patients: $patients ($(($(wc -l < "$work/cohort/admissions.csv") - 1)) adm
 
 source "$here/../cluster.sh"
 for workers in "${clusters[@]}"; do
-  # Four partitions a worker (standalone runs two), and at least one a 25,000 patients, so
+  # Four partitions a worker (standalone runs two), and at least one a 12,500 patients, so
   # that a partition's rows fill about one of a worker's passes (docs/database.md).
   [ "$workers" = standalone ] && partitions=8 || partitions=$((4 * workers))
-  partitions=$(( patients / 25000 > partitions ? patients / 25000 : partitions ))
+  partitions=$(( patients / 12500 > partitions ? patients / 12500 : partitions ))
   sed -e "s|COHORT|$work/cohort|g" -e "s|WORK|$work/run-$workers|g" -e "s|PARTITIONS|$partitions|" \
     "$here/scale.toml" > "$work/job-$workers.toml"
   if [ "$workers" = standalone ]; then

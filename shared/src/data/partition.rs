@@ -19,7 +19,7 @@ use parquet::arrow::AsyncArrowWriter;
 use sha2::Sha256;
 
 use super::domain::{Domain, Encoding};
-use super::input::BATCH_ROWS;
+use super::input::{BATCH_ROWS, KeyedBatch};
 use super::parquet_io;
 use super::sketch::UnitSketch;
 use super::{DataError, EncodedBatch};
@@ -96,6 +96,19 @@ impl RowKeys {
         mac.update(key.as_bytes());
         let digest = mac.finalize().into_bytes();
         (u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")) >> 12) as f64
+    }
+
+    /// A database child table's rows read with their parent's key, then their own if
+    /// declared (`database::partition::keys_read`), as partitioned: their values, then
+    /// their own key's and their parent key's hashes (`database::KEY_COLUMN`,
+    /// `database::PARENT_KEY_COLUMN`; missing without a key).
+    pub fn hashed(&self, KeyedBatch { mut rows, keys }: KeyedBatch) -> EncodedBatch {
+        let mut keys = keys.into_iter();
+        let parent_keys = keys.next().expect("the parent key is read");
+        let own_keys = keys.next().unwrap_or_else(|| vec![None; rows.len()]);
+        rows.values.push(own_keys.iter().map(|k| k.as_deref().map(|k| self.hash(k))).collect());
+        rows.values.push(parent_keys.iter().map(|k| k.as_deref().map(|k| self.hash(k))).collect());
+        rows
     }
 }
 

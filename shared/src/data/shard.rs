@@ -23,7 +23,6 @@ use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::database::partition::with_key_hashes;
 use super::domain::Domain;
 use super::input::{BAD_VALUE_REASONS, BATCH_ROWS, InputReader, SkippedRows, is_compressed};
 use super::partition::{PartitionKey, PartitionWriter, UnitRows, bucket_file, partition_schema};
@@ -306,7 +305,7 @@ pub async fn read_shard(
     loop {
         let batch = match job.keys.is_empty() {
             true => reader.next_batch().await,
-            false => reader.next_keyed_batch().await.map(|keyed| keyed.map(|keyed| with_key_hashes(keyed, &row_keys))),
+            false => reader.next_keyed_batch().await.map(|keyed| keyed.map(|keyed| row_keys.hashed(keyed))),
         };
         match batch {
             Ok(Some(batch)) => buckets.write(batch).await.map_err(ShardError::Scratch)?,

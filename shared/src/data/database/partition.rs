@@ -17,12 +17,12 @@
 
 use super::Database;
 use super::view::Layout;
+use crate::data::DataError;
 use crate::data::domain::Domain;
-use crate::data::input::{InputReader, KeyedBatch};
-use crate::data::partition::{PartitionKey, PartitionWriter, Partitioned, RowKeys};
+use crate::data::input::InputReader;
+use crate::data::partition::{PartitionKey, PartitionWriter, Partitioned};
 use crate::data::shard::ShardJob;
 use crate::data::source::Source;
-use crate::data::{DataError, EncodedBatch};
 use crate::spec::TableSpec;
 use crate::storage::{self, StoreLocation};
 
@@ -69,7 +69,7 @@ pub async fn partition_database(
         let mut writer =
             PartitionWriter::new(scratch, &format!("{prefix}/{}", table.name), &domain, partitions, key.clone())?;
         while let Some(keyed) = reader.next_keyed_batch().await? {
-            writer.write(with_key_hashes(keyed, &row_keys)).await?;
+            writer.write(row_keys.hashed(keyed)).await?;
         }
         let bad = reader.skipped().map_or(0, |s| s.rows);
         out.push(PartitionedTable { name: table.name.clone(), domain, partitions: writer.finish().await?, bad });
@@ -119,16 +119,4 @@ pub fn shard_jobs(db: &Database<'_>, partitions_url: &str, partitions: u32) -> V
 /// The keys a child table's rows are read with: its parent's, then its own if declared.
 pub fn keys_read(table: &TableSpec) -> Vec<&str> {
     std::iter::once(table.parent.key.as_str()).chain(table.key.as_deref()).collect()
-}
-
-/// A child table's rows read with [`keys_read`], as partitioned: their values, then their
-/// own key's and their parent key's hashes ([`super::KEY_COLUMN`],
-/// [`super::PARENT_KEY_COLUMN`]; missing without a key).
-pub fn with_key_hashes(KeyedBatch { mut rows, keys }: KeyedBatch, row_keys: &RowKeys) -> EncodedBatch {
-    let mut keys = keys.into_iter();
-    let parent_keys = keys.next().expect("the parent key is read");
-    let own_keys = keys.next().unwrap_or_else(|| vec![None; rows.len()]);
-    rows.values.push(own_keys.iter().map(|k| k.as_deref().map(|k| row_keys.hash(k))).collect());
-    rows.values.push(parent_keys.iter().map(|k| k.as_deref().map(|k| row_keys.hash(k))).collect());
-    rows
 }
