@@ -50,11 +50,7 @@ async fn kept(spec: &JobSpec, tables: &[PartitionedTable]) -> Kept {
     for p in 0..tables[0].partitions.urls.len() {
         let urls: Vec<String> = tables.iter().map(|t| t.partitions.urls[p].clone()).collect();
         let (units, left_out) = read_units(&layout, &urls).await.unwrap();
-        for (total, d) in dropped.iter_mut().zip(&left_out) {
-            total.over_cap += d.over_cap;
-            total.without_parent += d.without_parent;
-            total.duplicate_keys += d.duplicate_keys;
-        }
+        dropped.iter_mut().zip(&left_out).for_each(|(total, d)| total.add(d));
         for (unit, unit_rows) in units {
             for (t, table_rows) in unit_rows.tables.into_iter().enumerate() {
                 rows[t].entry(unit.clone()).or_default().extend(table_rows.into_iter().map(|row| (p, row)));

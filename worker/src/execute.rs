@@ -264,13 +264,13 @@ where
 /// table's partition is never held whole.
 async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggregate> {
     let spec = Arc::new(MarginalsTask::try_from(work)?);
-    let (batches, mut incoming) = tokio::sync::mpsc::channel::<Vec<EncodedBatch>>(1);
+    let (batches, mut incoming) = tokio::sync::mpsc::channel::<EncodedBatch>(1);
     let counting = {
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<Aggregate> {
             let mut counter = spec.counter()?;
-            while let Some(rows) = incoming.blocking_recv() {
-                rows.iter().for_each(|batch| counter.add(batch));
+            while let Some(batch) = incoming.blocking_recv() {
+                counter.add(&batch);
             }
             let (counts, units) = counter.finish();
             Ok(Aggregate { units, tensors: vec![("counts".to_string(), counts)] })
@@ -287,7 +287,7 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
             Some(view) => {
                 let mut reader = view.reader(urls).await?;
                 while let Some(batch) = reader.next_batch().await? {
-                    if batches.send(vec![batch]).await.is_err() {
+                    if batches.send(batch).await.is_err() {
                         break 'partitions;
                     }
                 }
@@ -295,7 +295,7 @@ async fn count_tables(task: &Task, work: &CountTables) -> anyhow::Result<Aggrega
             None => {
                 let mut reader = PartitionReader::open(&urls[0], &spec.domain).await?;
                 while let Some(batch) = reader.next_batch().await? {
-                    if batches.send(vec![batch]).await.is_err() {
+                    if batches.send(batch).await.is_err() {
                         break 'partitions;
                     }
                 }

@@ -124,6 +124,16 @@ pub struct DroppedRows {
     pub bad: u64,
 }
 
+impl DroppedRows {
+    /// Adds what a cap left out elsewhere (another pass, another partition) to this.
+    pub fn add(&mut self, other: &DroppedRows) {
+        self.over_cap += other.over_cap;
+        self.without_parent += other.without_parent;
+        self.duplicate_keys += other.duplicate_keys;
+        self.bad += other.bad;
+    }
+}
+
 /// A row's values as read.
 type Row = Vec<Option<f64>>;
 

@@ -139,11 +139,7 @@ impl<'a> PassReader<'a> {
                 self.pending.extend([second, first]);
                 continue;
             };
-            for (total, d) in self.dropped.iter_mut().zip(left_out) {
-                total.over_cap += d.over_cap;
-                total.without_parent += d.without_parent;
-                total.duplicate_keys += d.duplicate_keys;
-            }
+            self.dropped.iter_mut().zip(&left_out).for_each(|(total, d)| total.add(d));
             return Ok(Some(units));
         }
         Ok(None)
