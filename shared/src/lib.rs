@@ -32,3 +32,5 @@ pub mod storage;
 pub mod testing;
 #[cfg(feature = "wire")]
 pub mod wire;
+#[cfg(any(test, feature = "test-support", feature = "cuda"))]
+pub mod workloads;

@@ -7,6 +7,9 @@ use anyhow::Context;
 use clap::Parser;
 use rhosynth_worker::{WorkerConfig, run};
 
+#[cfg(feature = "cuda")]
+mod gpu_check;
+
 #[derive(Parser)]
 #[command(
     name = "rhosynth-worker",
@@ -32,6 +35,11 @@ struct Args {
     /// This worker's key (PEM).
     #[arg(long, env = "RHOSYNTH_TLS_KEY", requires = "tls_ca")]
     tls_key: Option<PathBuf>,
+    /// Check this node's GPU against the CPU (a DP step's clipped sums and times; one JSON
+    /// object on stdout) and exit, instead of serving.
+    #[cfg(feature = "cuda")]
+    #[arg(long)]
+    check_gpu: bool,
 }
 
 #[tokio::main]
@@ -40,6 +48,15 @@ async fn main() -> anyhow::Result<()> {
     rhosynth_shared::process::private_files();
     rhosynth_shared::process::refuse_legacy_environment()?;
     let args = Args::parse();
+    // A GPU worker asks the driver first: without one, CubeCL would panic at the first task.
+    #[cfg(feature = "cuda")]
+    {
+        let gpu = rhosynth_shared::dpsgd::cuda::probe().context("this worker runs its models on CUDA")?;
+        if args.check_gpu {
+            return tokio::task::spawn_blocking(|| gpu_check::run(gpu)).await?;
+        }
+        tracing::info!(gpu = %gpu.name, driver = %gpu.driver, "models run on CUDA");
+    }
     let name = args
         .name
         .or_else(|| std::env::var("HOSTNAME").ok())

@@ -11,6 +11,8 @@
 //! so T rounds are the Poisson-subsampled Gaussian mechanism with rate q, noise
 //! multiplier σ and T steps (`Mechanism::dp_sgd`), charged before the first round.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod ghost;
 pub mod layers;
 pub mod optimizer;
@@ -40,8 +42,7 @@ pub enum DpSgdError {
     Privacy(#[from] crate::accounting::PrivacyError),
 }
 
-/// The device models run on: the first CUDA GPU with the `cuda` feature, else the CPU
-/// (`flex`) backend.
+/// The device models run on: the first CUDA GPU with the `cuda` feature, else the CPU.
 pub fn compute_device() -> Device {
     #[cfg(feature = "cuda")]
     {
@@ -49,8 +50,13 @@ pub fn compute_device() -> Device {
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Device::flex()
+        cpu_device()
     }
+}
+
+/// The CPU (`flex`) backend: every build has it, a GPU build to check its GPU against.
+pub fn cpu_device() -> Device {
+    Device::flex()
 }
 
 /// A worker's private examples, grouped by privacy unit.
