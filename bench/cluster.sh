@@ -2,13 +2,14 @@
 # --dev` and WORKERS `rhosynth-worker`s over real sockets (the Kubernetes shape), with
 # their logs in "$work". Needs "$bin" (the binaries' folder) and "$work" set.
 
-# Starts a coordinator with scratch and ledger under "$work" and `$1` workers; sets
-# `port`, `coordinator` (its pid) and `pids` (the workers').
+# Starts a coordinator with scratch and ledger under "$work" (and `serve`'s further
+# options, if any, after `$1`) and `$1` workers; sets `port`, `coordinator` (its pid) and
+# `pids` (the workers').
 start_cluster() {
   local workers=$1
   port=$((20000 + RANDOM % 20000))
   "$bin/rhosynth" serve --dev --listen "127.0.0.1:$port" --scratch "$work/scratch-$workers" \
-    --ledger "$work/ledger-$workers" 2> "$work/coordinator-$workers.log" &
+    --ledger "$work/ledger-$workers" "${@:2}" 2> "$work/coordinator-$workers.log" &
   coordinator=$!
   sleep 2
   pids=()

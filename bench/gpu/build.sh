@@ -35,9 +35,8 @@ fi
 
 start=$(date +%s)
 export XDG_DATA_HOME=$tools/xdg CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-12080} CARGO_TARGET_DIR=$target
-# The workers with CUDA (built beside the coordinator, whose crates share their features),
-# then the coordinator again without it: its `rhosynth` replaces the CUDA one.
-cargo build --release --locked -p rhosynth-coordinator -p rhosynth-worker --features rhosynth-worker/cuda --bins
+# As k8s/Dockerfile.cuda: the worker with CUDA, the coordinator without.
+cargo build --release --locked -p rhosynth-worker --features cuda --bin rhosynth-worker
 cargo build --release --locked --bin rhosynth
 echo "built in $(( $(date +%s) - start )) s" >&2
 
@@ -47,7 +46,7 @@ for bin in rhosynth rhosynth-worker; do
   xz -T0 -6 "$out/$bin"
 done
 cp "$tools/nvcc/nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc" "$out/cuda/nvvm/libdevice/"
-cp "$repo/bench/gpu/check.sh" "$out/"
+cp "$repo/bench/gpu/check.sh" "$repo/bench/cluster.sh" "$out/"
 cp -r "$repo/examples" "$out/examples"
 if [ -d "$repo/../shared/data/adult" ]; then
   mkdir -p "$out/data/adult" && cp "$repo/../shared/data/adult/adult."{data,test} "$out/data/adult/"

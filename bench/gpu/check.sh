@@ -23,6 +23,7 @@ pids=()
 # Private data (Adult, the cohort, the diagnostics) goes with the run; only the results stay.
 # A coordinator that is asked to stop finishes the evaluation it is running: killed after 5 s.
 stop() {
+  cp "$work"/coordinator-*.log "$work"/worker-*.log "$out/" 2>/dev/null || true
   if [ ${#pids[@]} -gt 0 ]; then
     kill "${pids[@]}" 2>/dev/null || true
     sleep 5
@@ -39,15 +40,12 @@ done
 export CUDA_PATH=$bundle/cuda
 CHECK_DEADLINE=$(( deadline - 240 )) ./rhosynth-worker --check-gpu > "$out/check.json"
 
-# The cluster shape of the GPU overlay: a CPU coordinator and one CUDA worker, over gRPC.
-port=$((20000 + RANDOM % 20000))
-./rhosynth serve --dev --listen "127.0.0.1:$port" --scratch "$work/scratch" --ledger "$work/rhosynth-out/ledger" \
-  --diagnostics "$work/diagnostics" 2> "$out/coordinator.log" &
-pids+=($!)
-sleep 2
-./rhosynth-worker --coordinator "http://127.0.0.1:$port" --name gpu0 2> "$out/worker.log" &
-pids+=($!)
-sleep 2
+# The cluster shape of the GPU overlay, as the scale benchmarks start it (bench/cluster.sh,
+# shipped beside this script): a CPU coordinator and one CUDA worker, over gRPC.
+bin=$work
+source "$bundle/cluster.sh"
+start_cluster 1 --diagnostics "$work/diagnostics"
+pids+=("$coordinator")
 
 # Submits a job (its paths made absolute) and writes job-NAME.json: exit, wall time, how
 # far its progress went, and from its evaluation report the TSTR ROC-AUCs (a table) or

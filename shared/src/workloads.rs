@@ -126,79 +126,72 @@ impl Workload {
     /// This workload's model on `device`: freshly initialised, or with `parameters` (the
     /// same model as one on another device).
     pub fn model(&self, device: &Device, parameters: Option<&[f32]>) -> Result<Model<'_>, DpSgdError> {
-        let mut model = match self {
-            Self::Denoiser { spec, .. } => {
+        let mut built = match self {
+            Self::Denoiser { spec, examples } => {
                 let mut model = FinDiffModel::new(spec, device);
                 model.set_timestep_exponent(1.0);
-                Built::Denoiser(model)
+                Built::Denoiser(model, examples)
             }
-            Self::Transformer { spec, .. } => Built::Transformer(SequenceModel::new(spec, device)),
+            Self::Transformer { spec, examples } => Built::Transformer(SequenceModel::new(spec, device), examples),
         };
         if let Some(parameters) = parameters {
-            match &mut model {
-                Built::Denoiser(m) => m.load_parameters(parameters)?,
-                Built::Transformer(m) => m.load_parameters(parameters)?,
+            match &mut built {
+                Built::Denoiser(m, _) => m.load_parameters(parameters)?,
+                Built::Transformer(m, _) => m.load_parameters(parameters)?,
             }
         }
-        Ok(Model { workload: self, built: model, device: device.clone() })
+        Ok(Model { built, units: (0..self.units()).collect(), device: device.clone() })
     }
 }
 
-/// A workload's model on one device.
+/// A workload's model on one device, over every unit of the workload.
 pub struct Model<'a> {
-    workload: &'a Workload,
-    built: Built,
+    built: Built<'a>,
+    units: Vec<usize>,
     device: Device,
 }
 
-enum Built {
-    Denoiser(FinDiffModel),
-    Transformer(SequenceModel),
+/// A model with the examples it reads.
+enum Built<'a> {
+    Denoiser(FinDiffModel, &'a Examples),
+    Transformer(SequenceModel, &'a Histories),
 }
 
 impl Model<'_> {
     pub fn parameters(&self) -> Vec<f32> {
         match &self.built {
-            Built::Denoiser(m) => m.parameters(),
-            Built::Transformer(m) => m.parameters(),
+            Built::Denoiser(m, _) => m.parameters(),
+            Built::Transformer(m, _) => m.parameters(),
         }
     }
 
     pub fn parameter_count(&self) -> usize {
         match &self.built {
-            Built::Denoiser(m) => m.parameter_count(),
-            Built::Transformer(m) => m.parameter_count(),
+            Built::Denoiser(m, _) => m.parameter_count(),
+            Built::Transformer(m, _) => m.parameter_count(),
         }
     }
 
     /// A worker's share of one DP step over every unit: per-unit gradients clipped to
     /// `clip` and summed (the coordinator's noise and optimizer step are not in it).
     pub fn clipped_step(&self, clip: f64) -> Result<Contribution, DpSgdError> {
-        let units: Vec<usize> = (0..self.workload.units()).collect();
-        let settings = RoundSettings::new(0, 1.0, clip, SEED, units.len())?;
-        match (&self.built, self.workload) {
-            (Built::Denoiser(m), Workload::Denoiser { examples, .. }) => {
-                clipped_gradient_sum(m, examples, &units, &settings, &self.device)
-            }
-            (Built::Transformer(m), Workload::Transformer { examples, .. }) => {
-                clipped_gradient_sum(m, examples, &units, &settings, &self.device)
-            }
-            _ => unreachable!("a model is built from its own workload"),
+        let settings = RoundSettings::new(0, 1.0, clip, SEED, self.units.len())?;
+        match &self.built {
+            Built::Denoiser(m, examples) => clipped_gradient_sum(m, *examples, &self.units, &settings, &self.device),
+            Built::Transformer(m, examples) => clipped_gradient_sum(m, *examples, &self.units, &settings, &self.device),
         }
     }
 
     /// A closure running one non-private step over every unit: the ordinary backward pass
     /// of the summed loss, its gradient read back (the baseline a DP step is timed against).
     pub fn plain_step(&self) -> impl FnMut() + '_ {
-        let units: Vec<usize> = (0..self.workload.units()).collect();
         let tracked = match &self.built {
-            Built::Denoiser(m) => Built::Denoiser(m.tracked()),
-            Built::Transformer(m) => Built::Transformer(m.tracked()),
+            Built::Denoiser(m, examples) => Built::Denoiser(m.tracked(), *examples),
+            Built::Transformer(m, examples) => Built::Transformer(m.tracked(), *examples),
         };
-        move || match (&tracked, self.workload) {
-            (Built::Denoiser(m), Workload::Denoiser { examples, .. }) => plain(m, examples, &units, &self.device),
-            (Built::Transformer(m), Workload::Transformer { examples, .. }) => plain(m, examples, &units, &self.device),
-            _ => unreachable!("a model is built from its own workload"),
+        move || match &tracked {
+            Built::Denoiser(m, examples) => plain(m, *examples, &self.units, &self.device),
+            Built::Transformer(m, examples) => plain(m, *examples, &self.units, &self.device),
         }
     }
 }
@@ -231,10 +224,19 @@ pub fn paired_medians(warm_up: usize, reps: usize, mut a: impl FnMut(), mut b: i
         a();
         b();
     }
-    let (mut ta, mut tb): (Vec<Duration>, Vec<Duration>) = (0..reps).map(|_| (time(&mut a), time(&mut b))).unzip();
-    ta.sort();
-    tb.sort();
-    (ta[reps / 2], tb[reps / 2])
+    let (ta, tb): (Vec<Duration>, Vec<Duration>) = (0..reps).map(|_| (time(&mut a), time(&mut b))).unzip();
+    (median(ta), median(tb))
+}
+
+/// The median of `reps` runs of `f` after `warm_up` runs.
+pub fn median_time(warm_up: usize, reps: usize, mut f: impl FnMut()) -> Duration {
+    (0..warm_up).for_each(|_| f());
+    median((0..reps).map(|_| time(&mut f)).collect())
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
 }
 
 #[cfg(test)]

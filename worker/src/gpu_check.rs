@@ -1,16 +1,17 @@
 //! `rhosynth-worker --check-gpu`: what this node's GPU does with our models, as one JSON
-//! object on stdout (`bench/gpu/check.sh`). A flag of the worker, not a binary of its own:
-//! each CUDA binary carries all of LLVM, and the device bundle must stay small. The device and driver; whether a DP step's clipped
-//! gradient sum on the GPU equals the CPU's (the DP-FinDiff denoiser and the sequence
-//! transformer, uniform and ragged units); the DP step's time against the non-private
-//! step's on the GPU, and against the CPU's DP step. No noise is drawn here: a worker's
-//! step is a noise-free sum, and the coordinator alone adds noise, on its CPU.
+//! object on stdout (`bench/gpu/check.sh`): the device and driver; whether a DP step's
+//! clipped gradient sum on the GPU equals the CPU's (the DP-FinDiff denoiser and the
+//! sequence transformer, uniform and ragged units); the DP step's time against the
+//! non-private step's on the GPU, and against the CPU's DP step. No noise is drawn here: a
+//! worker's step is a noise-free sum, and the coordinator alone adds noise, on its CPU. A
+//! flag of the worker, not a binary of its own: each CUDA binary carries all of LLVM, and
+//! the device bundle must stay small.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rhosynth_shared::dpsgd::{compute_device, cpu_device, cuda};
-use rhosynth_shared::workloads::{Workload, paired_medians, relative_distance};
+use rhosynth_shared::workloads::{Workload, median_time, paired_medians, relative_distance};
 use serde_json::{Value, json};
 
 /// The bound on a GPU sum's distance from the CPU's, relative to the CPU's norm.
@@ -86,30 +87,28 @@ fn correctness() -> Vec<Value> {
 fn speed() -> Vec<Value> {
     let deadline = std::env::var(DEADLINE).ok().and_then(|d| d.parse::<u64>().ok());
     let past = || deadline.is_some_and(|d| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() >= d);
-    let denoisers =
-        [256, 512, 1024].into_iter().flat_map(|width| [256, 1024, 4096].map(|batch| ("denoiser", width, batch)));
-    let transformers = [256, 512].map(|width| ("transformer", width, 256));
+    type Make = fn(usize, usize, bool) -> Workload;
+    let denoisers = [256, 512, 1024]
+        .into_iter()
+        .flat_map(|width| [256, 1024, 4096].map(|batch| ("denoiser", Workload::denoiser as Make, width, batch)));
+    let transformers = [256, 512].map(|width| ("transformer", Workload::transformer as Make, width, 256));
     denoisers
         .chain(transformers)
-        .map(|(model, width, batch)| {
+        .map(|(model, make, width, batch)| {
             if past() {
                 return json!({ "model": model, "width": width, "batch": batch, "skipped": "past the check's deadline" });
             }
             let result = guarded(&format!("speed: {model} width {width}, batch {batch}"), || {
-                let workload = match model {
-                    "denoiser" => Workload::denoiser(width, batch, false),
-                    _ => Workload::transformer(width, batch, false),
-                };
+                let workload = make(width, batch, false);
                 let gpu = workload.model(&compute_device(), None)?;
                 let dp = || {
                     std::hint::black_box(gpu.clipped_step(CLIP).expect("a DP step on the GPU"));
                 };
                 let (plain, dp) = paired_medians(5, 11, gpu.plain_step(), dp);
                 let cpu = workload.model(&cpu_device(), Some(&gpu.parameters()))?;
-                let cpu_dp = || {
+                let cpu_dp = median_time(1, 3, || {
                     std::hint::black_box(cpu.clipped_step(CLIP).expect("a DP step on the CPU"));
-                };
-                let (_, cpu_dp) = paired_medians(1, 3, || {}, cpu_dp);
+                });
                 let ms = |t: Duration| t.as_secs_f64() * 1e3;
                 Ok(json!({
                     "parameters": gpu.parameter_count(),
