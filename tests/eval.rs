@@ -466,7 +466,12 @@ fn eval_of_a_database_reports_every_table() {
         assert_eq!(t["with_parent"], 1.0, "{t}");
     }
     assert_eq!(summary["differentially_private"], false);
-    assert_eq!(summary["utility"].as_array().unwrap().len(), 4, "two models, trained on synthetic and on real");
+    let trained_on: Vec<&str> =
+        summary["utility"].as_array().unwrap().iter().map(|u| u["trained_on"].as_str().unwrap()).collect();
+    let on = ["synthetic", "real (train)", "synthetic, re-joined at random"];
+    assert_eq!(trained_on, [on[0], on[0], on[1], on[1], on[2], on[2]], "two models on each");
+    let links = summary["links_error"]["synthetic"].as_f64().unwrap();
+    assert!((0.0..=2.0).contains(&links), "{summary}");
     let attack = summary["membership_auc"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&attack) && summary["exact_copy_rate"].as_f64().unwrap() < 0.05, "{summary}");
     let report = dir.path().join("report");
@@ -476,14 +481,18 @@ fn eval_of_a_database_reports_every_table() {
     assert_eq!(json["tables"][2]["within"][0]["synthetic"], 1.0, "every chart inside its admission");
     let html = std::fs::read_to_string(report.join("report.html")).unwrap();
     assert!(all.iter().all(|t| html.contains(&format!("<h2>Table {t}</h2>"))));
-    assert!(html.contains("Empirical privacy") && html.contains("Per patient"));
+    assert!(html.contains("Empirical privacy") && html.contains("Per patient") && html.contains("re-joined at random"));
+    assert!(html.contains("Links between a row and its children"));
     for name in ["report.json", "report.html"] {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(report.join(name)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{name}: private data, its owner's only");
     }
     if let Some(plots) = rendered_plots(&report.join("report.html")) {
-        assert_eq!(plots, 3, "admissions per patient, vitals per admission, the distances to the closest record");
+        assert_eq!(
+            plots, 4,
+            "the links, admissions per patient, vitals per admission, the distances to the closest record"
+        );
     }
 
     let refused = eval(held_out(&all[..2]), "admissions.outcome=died");

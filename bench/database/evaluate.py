@@ -26,9 +26,9 @@ from sklearn.metrics import roc_auc_score
 TABLES = ("patients", "admissions", "vitals")
 
 
-def load(path):
+def load(path, tables=TABLES):
     out = {}
-    for t in TABLES:
+    for t in tables:
         csv = os.path.join(path, f"{t}.csv")
         if os.path.exists(csv):
             out[t] = pd.read_csv(csv)
@@ -36,7 +36,7 @@ def load(path):
             parts = sorted(glob.glob(os.path.join(path, t, "*.parquet")))
             out[t] = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
     for t, cols in (("admissions", ("admittime", "dischtime")), ("vitals", ("charttime",))):
-        for c in cols:
+        for c in cols if t in out else ():
             # A release's Parquet holds seconds since the epoch (int64).
             numeric = out[t][c].dtype.kind in "if"
             out[t][c] = pd.to_datetime(out[t][c], unit="s") if numeric else pd.to_datetime(out[t][c])

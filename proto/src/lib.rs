@@ -24,7 +24,9 @@ pub mod tls;
 ///     `__parent_key`); the worker caps each unit (a worker of 11 reads them as capped).
 /// 13: a shard job's `keys` (a database table's, hashed by its reader: a worker of 12
 ///     would leave them out), and a database view's batches each holding its units whole.
-pub const PROTOCOL_VERSION: u32 = 13;
+/// 14: a database view holds a child's rate over its parent's span (`__rate.<child>`; a
+///     worker of 13 would count other columns).
+pub const PROTOCOL_VERSION: u32 = 14;
 
 /// Most f64 values one result may declare (2 GiB): above any model's parameter count or
 /// any task's table cells.

@@ -156,6 +156,18 @@ name = "database"
     )
 }
 
+/// The simulated database with its times declared inside their intervals: a discharge at
+/// or after its admission, a chart inside its admission.
+pub fn with_intervals(text: &str) -> String {
+    let (disch, chart) = (
+        "name = \"dischtime\", kind = \"datetime\", min = \"2024-01-01\", max = \"2030-01-01\"",
+        "name = \"charttime\", kind = \"datetime\", min = \"2024-01-01\", max = \"2030-01-01\"",
+    );
+    assert!(text.contains(disch) && text.contains(chart));
+    text.replace(disch, &format!("{disch}, within = \"admittime..\""))
+        .replace(chart, &format!("{chart}, within = \"admissions.admittime..dischtime\""))
+}
+
 /// [`database_job`] as a spec, parsed and checked.
 pub fn database_spec(dir: &std::path::Path, caps: (u32, u32), vitals_order: &str) -> crate::spec::JobSpec {
     crate::spec::JobSpec::parse(&database_job(dir, caps, vitals_order), "database.toml").expect("a database job")
@@ -194,6 +206,26 @@ pub async fn partition_rows(url: &str, domain: &crate::data::domain::Domain) -> 
     .await
     .expect("a partition written by the test");
     rows
+}
+
+/// Spearman's correlation of pairs: Pearson's of their ranks (ties at their mean rank), so
+/// a few stays drawn in a long, near-empty bin do not decide it.
+pub fn rank_correlation(pairs: &[(f64, f64)]) -> f64 {
+    let ranks = |key: &dyn Fn(&(f64, f64)) -> f64| {
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_by(|&a, &b| key(&pairs[a]).total_cmp(&key(&pairs[b])));
+        let mut ranks = vec![0.0; pairs.len()];
+        let mut start = 0;
+        while start < order.len() {
+            let tied = order[start..].iter().take_while(|&&i| key(&pairs[i]) == key(&pairs[order[start]])).count();
+            let mean = start as f64 + (tied as f64 - 1.0) / 2.0;
+            order[start..start + tied].iter().for_each(|&i| ranks[i] = mean);
+            start += tied;
+        }
+        ranks
+    };
+    let (a, b) = (ranks(&|p| p.0), ranks(&|p| p.1));
+    crate::eval::longitudinal::pearson(&a.into_iter().zip(b).collect::<Vec<_>>()).unwrap_or(0.0)
 }
 
 #[cfg(test)]

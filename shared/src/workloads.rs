@@ -186,8 +186,8 @@ impl Model<'_> {
     /// of the summed loss, its gradient read back (the baseline a DP step is timed against).
     pub fn plain_step(&self) -> impl FnMut() + '_ {
         let tracked = match &self.built {
-            Built::Denoiser(m, examples) => Built::Denoiser(m.tracked(), *examples),
-            Built::Transformer(m, examples) => Built::Transformer(m.tracked(), *examples),
+            Built::Denoiser(m, examples) => Built::Denoiser(m.tracked(), examples),
+            Built::Transformer(m, examples) => Built::Transformer(m.tracked(), examples),
         };
         move || match &tracked {
             Built::Denoiser(m, examples) => plain(m, *examples, &self.units, &self.device),

@@ -149,6 +149,10 @@ fn run_database(spec: &JobSpec, args: EvalArgs) -> anyhow::Result<ExitCode> {
             .map(|s| serde_json::json!({"model": s.model, "trained_on": s.trained_on, "roc_auc": s.roc_auc}))
             .collect();
     }
+    let links = report.links_error();
+    if let Some((synthetic, train)) = links {
+        say!("Links of a row to its children's summaries: mean absolute difference {synthetic:.3} (train {train:.3}).");
+    }
     let p = &report.privacy;
     say!(
         "Per patient: DCR median synthetic {:.4} vs held-out {:.4}; exact copies {:.4}; MIA AUC {:.3}.",
@@ -162,6 +166,7 @@ fn run_database(spec: &JobSpec, args: EvalArgs) -> anyhow::Result<ExitCode> {
         "out": args.out,
         "tables": tables,
         "utility": utility,
+        "links_error": links.map(|(synthetic, train)| serde_json::json!({"synthetic": synthetic, "train": train})),
         "dcr_synthetic_median": p.dcr_synthetic_median,
         "dcr_holdout_median": p.dcr_holdout_median,
         "exact_copy_rate": p.exact_copy_rate,

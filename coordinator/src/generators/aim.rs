@@ -43,7 +43,7 @@ impl Generator for Aim {
         set_stage(ctx.progress, "selecting and measuring marginals");
         let domain = plan.task.domain.clone();
         let shown = rounds_shown(ctx.progress.clone(), String::new());
-        let model = blocking(move || run_rounds(&plan, exact, &mut releases, &shown)).await??;
+        let model = blocking(move || run_rounds(&plan, exact, &mut releases, &shown)).await??.model;
         // The default size: the model's total, pooled from the released measurements.
         let released_rows = Some(model.total.round().max(1.0) as u64);
         let cost = receipt.admission.cost.clone();
@@ -67,6 +67,12 @@ pub(crate) fn rounds_shown(progress: ProgressHandle, label: String) -> impl Fn(u
     }
 }
 
+/// What a run released and the model fitted to it.
+pub(crate) struct Measured {
+    pub model: GraphicalModel,
+    pub measurements: Vec<Measurement>,
+}
+
 /// The rounds: every 1-way table, the target's pairs, then selections and measurements
 /// until the plan's ρ is spent (or no candidate fits the model's size limit), the model
 /// refitted after each, each round shown to `shown` (its number, the share of ρ spent). A
@@ -77,7 +83,7 @@ pub(crate) fn run_rounds(
     exact: Private<Vec<f64>>,
     releases: &mut Releases,
     shown: &dyn Fn(usize, f64),
-) -> Result<GraphicalModel, Unpaid> {
+) -> Result<Measured, Unpaid> {
     let (left_at_start, released_before) = (releases.zcdp_left(), releases.zcdp_released().len());
     // Never above what the charge has left (the difference rounds either way).
     let left = |releases: &Releases| releases.zcdp_left().min(plan.rho - (left_at_start - releases.zcdp_left()));
@@ -145,7 +151,7 @@ pub(crate) fn run_rounds(
         rho = plan.rho,
         "AIM: rounds done"
     );
-    Ok(model.refit(&measurements, 10 * iterations))
+    Ok(Measured { model: model.refit(&measurements, 10 * iterations), measurements })
 }
 
 #[cfg(test)]
@@ -219,7 +225,8 @@ mod tests {
         let seen = std::sync::Mutex::new(Vec::new());
         let model =
             super::run_rounds(&plan, Private::new(exact), &mut releases, &|r, s| seen.lock().unwrap().push((r, s)))
-                .unwrap();
+                .unwrap()
+                .model;
         let run = releases.zcdp_released().to_vec();
         // Every round shown once, in order, with the share of ρ spent growing to all of it.
         let seen = seen.into_inner().unwrap();

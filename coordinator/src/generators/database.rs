@@ -3,12 +3,14 @@
 //! rounds with its share of it, and the database drawn down the tree of its tables.
 
 use rhosynth_privacy::ledger::Ledger;
-use rhosynth_privacy::release::Releases;
+use rhosynth_privacy::release::{Releases, Unpaid};
 use rhosynth_shared::entropy::os_rng;
+use rhosynth_shared::generators::aim::AimPlan;
+use rhosynth_shared::generators::database::missing::without_phantoms;
 use rhosynth_shared::generators::database::rake::{RAKING_ROUNDS, RAKING_ROWS, Raked};
 use rhosynth_shared::generators::database::{DatabasePlan, DatabaseSampler};
 
-use super::aim::{rounds_shown, run_rounds};
+use super::aim::{Measured, rounds_shown, run_rounds};
 use super::marginals::count_tables;
 use super::{Admission, Charged, Draws, Fitted, Generator};
 use crate::context::{JobContext, JobError, Partitions, blocking, set_stage};
@@ -51,13 +53,20 @@ impl Generator for Database {
         set_stage(ctx.progress, "selecting and measuring marginals of each table's view");
         let views = plan.views;
         let progress = ctx.progress.clone();
+        let layout = plan.layout.clone();
         let models = blocking(move || {
             let count = views.len();
-            let fit = |(i, (view, exact))| {
+            let fit = |(i, (view, exact)): (usize, (&AimPlan, _))| {
                 let shown = rounds_shown(progress.clone(), format!("view {} of {count}: ", i + 1));
-                run_rounds(view, exact, &mut releases, &shown)
+                let Measured { model, measurements } = run_rounds(view, exact, &mut releases, &shown)?;
+                // Post-processing of what the run released: logged once it is paid for.
+                let (domain, own) = (&view.task.domain, layout.tables[i].values());
+                let (model, ruled_out) = without_phantoms(domain, own, model, &measurements);
+                let names: Vec<&str> = ruled_out.iter().map(|&c| domain.columns[c].name.as_str()).collect();
+                tracing::info!(table = layout.tables[i].name, columns = ?names, "released missing within noise of none");
+                Ok(model)
             };
-            views.iter().zip(exact).enumerate().map(fit).collect::<Result<Vec<_>, _>>()
+            views.iter().zip(exact).enumerate().map(fit).collect::<Result<Vec<_>, Unpaid>>()
         })
         .await??;
         // The size: the root view's model total, pooled from its released measurements.

@@ -61,6 +61,15 @@ impl Binning {
         Binning::Real(edges)
     }
 
+    /// The values bin `bin` holds, from its lower end to its upper (an integer range
+    /// with the halves its rounding takes in).
+    pub fn interval(&self, bin: usize) -> (f64, f64) {
+        match self {
+            Binning::Integer(ranges) => (ranges[bin].0 as f64 - 0.5, ranges[bin].1 as f64 + 0.5),
+            Binning::Real(edges) => (edges[bin], edges[bin + 1]),
+        }
+    }
+
     /// Bin of a value already clamped to the bounds.
     pub fn bin(&self, v: f64) -> usize {
         match self {

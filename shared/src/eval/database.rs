@@ -24,7 +24,7 @@ use super::privacy::{self, PrivacyDiagnostics};
 use super::utility::{self, Utility};
 use super::{EvalError, EvalLimits, NOTICE, RowCounts, SampleUse, Sampling, StageTiming};
 use crate::data::DataError;
-use crate::data::database::view::ColumnAt;
+use crate::data::database::view::{COUNT_PREFIX, ColumnAt};
 use crate::data::database::{Database, DroppedRows, Layout, UnitRows, View, partition_database, read_units};
 use crate::data::domain::{Binning, ColumnDomain, Domain, Encoding};
 use crate::data::partition::PartitionKey;
@@ -89,6 +89,38 @@ pub struct TableEvaluation {
     pub transitions: Vec<Distance>,
     /// Each value with an interval (`within`): the share of rows inside it.
     pub within: Vec<Inside>,
+    /// Each attribute of this table or an ancestor against each summary of this table's
+    /// children (their count, each plain numeric value's mean): what ties a row to its
+    /// children, measured in each database.
+    #[serde(default)]
+    pub links: Vec<Link>,
+}
+
+/// An attribute of a row (or of its ancestor) against a summary of the row's children:
+/// Pearson's correlation with a numeric attribute, the correlation ratio η with a
+/// categorical one, over the rows with both.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Link {
+    pub attribute: String,
+    pub summary: String,
+    pub held_out: f64,
+    pub train: f64,
+    pub synthetic: f64,
+}
+
+/// What the utility calls models trained on the synthetic tables re-joined at random.
+pub const REJOINED: &str = "synthetic, re-joined at random";
+
+impl DatabaseReport {
+    /// The mean absolute difference of the links (`TableEvaluation::links`) from the
+    /// held-out database's, over every table's: (synthetic, train); `None` without any.
+    pub fn links_error(&self) -> Option<(f64, f64)> {
+        let finite = |l: &&Link| [l.held_out, l.train, l.synthetic].iter().all(|v| v.is_finite());
+        let links: Vec<&Link> = self.tables.iter().flat_map(|t| &t.links).filter(finite).collect();
+        let n = links.len() as f64;
+        let error = |f: fn(&Link) -> f64| links.iter().map(|l| (f(l) - l.held_out).abs()).sum::<f64>() / n;
+        (n > 0.0).then(|| (error(|l| l.synthetic), error(|l| l.train)))
+    }
 }
 
 /// Rows of a table that reading left out, and the share of child rows with their parent.
@@ -269,6 +301,7 @@ pub fn evaluate<'d>(
     };
     let (train, test, synthetic) =
         (pick("train", &databases.train), pick("test", &databases.test), pick("synthetic", &databases.synthetic));
+    let synthetic_units = synthetic.clone();
     let units = RowCounts { train: train.len(), test: test.len(), synthetic: synthetic.len() };
     let mut tables = Vec::with_capacity(layout.tables.len());
     for t in 0..layout.tables.len() {
@@ -303,8 +336,21 @@ pub fn evaluate<'d>(
         let started = Instant::now();
         tracing::info!("evaluation: utility started");
         let [train, test, synthetic] = &features;
-        let target = domain.columns.len() - 1;
-        let utility = utility::evaluate(&domain, target, "yes", train, test, synthetic, limits, &mut sampling);
+        // The baseline: the same synthetic tables with each child row under a parent row
+        // drawn at random (a seeded permutation: the evaluation's, not private noise).
+        let rejoined = rejoined(layout, &synthetic_units, limits.seed);
+        let rejoined: Vec<&UnitRows> = rejoined.iter().collect();
+        let rejoined = match unit_features(layout, label, [&[], &[], &rejoined]) {
+            Ok((_, [.., rejoined])) => Some(rejoined),
+            Err(e) => {
+                tracing::warn!("evaluation: the re-joined baseline left out: {e}");
+                None
+            }
+        };
+        let mut trained = vec![("synthetic", "synthetic", synthetic), ("real (train)", "train", train)];
+        trained.extend(rejoined.as_ref().map(|table| (REJOINED, "synthetic re-joined", table)));
+        let target = (domain.columns.len() - 1, "yes");
+        let utility = utility::evaluate(&domain, target, test, &trained, limits, &mut sampling);
         let seconds = started.elapsed().as_secs_f64();
         tracing::info!("evaluation: utility done ({seconds:.1} s)");
         timings.push(StageTiming { stage: "utility".into(), seconds });
@@ -368,7 +414,7 @@ fn evaluate_table(
     let own_columns = 0..table.values();
     let ancestors = view.ancestor_columns(layout);
     let counts: Vec<usize> =
-        (0..domain.columns.len()).filter(|&d| domain.columns[d].name.starts_with("__n.")).collect();
+        (0..domain.columns.len()).filter(|&d| domain.columns[d].name.starts_with(COUNT_PREFIX)).collect();
 
     let children = counts
         .iter()
@@ -377,11 +423,14 @@ fn evaluate_table(
             let bins = domain.columns[d].value_bins();
             let measure = |rows: &ViewRows| joint(rows, None, column(d))[..bins].to_vec();
             ChildCounts {
-                child: domain.columns[d].name["__n.".len()..].to_string(),
+                child: domain.columns[d].name[COUNT_PREFIX.len()..].to_string(),
                 labels: (0..bins).map(|b| domain.columns[d].bin_label(b)).collect(),
                 held_out: measure(&test_rows),
                 synthetic: measure(&synthetic_rows),
-                tvd: compare(format!("{} per {} row", &domain.columns[d].name["__n.".len()..], table.name), &measure),
+                tvd: compare(
+                    format!("{} per {} row", &domain.columns[d].name[COUNT_PREFIX.len()..], table.name),
+                    &measure,
+                ),
             }
         })
         .collect();
@@ -444,7 +493,7 @@ fn evaluate_table(
         }
     }
 
-    let within = own_columns
+    let within = (own_columns.clone())
         .filter(|&c| layout.within(t, c).is_some())
         .map(|c| {
             Ok(Inside {
@@ -454,6 +503,23 @@ fn evaluate_table(
             })
         })
         .collect::<Result<_, DataError>>()?;
+
+    // Attributes (own and ancestors') × the children's summaries (counts and means).
+    let summaries: Vec<usize> =
+        (view.child_columns(layout).iter().map(|c| c.count)).chain(view.mean_columns(layout)).collect();
+    let links = (own_columns.clone().chain(ancestors.clone()))
+        .flat_map(|a| summaries.iter().map(move |&s| (a, s)))
+        .map(|(a, s)| {
+            let r = |rows: &ViewRows| link(rows, column(a), s);
+            Link {
+                attribute: domain.columns[a].name.clone(),
+                summary: domain.columns[s].name.clone(),
+                held_out: r(&test_rows),
+                train: r(&train_rows),
+                synthetic: r(&synthetic_rows),
+            }
+        })
+        .collect();
 
     Ok(TableEvaluation {
         name: table.name.clone(),
@@ -467,6 +533,7 @@ fn evaluate_table(
         lag1,
         transitions,
         within,
+        links,
     })
 }
 
@@ -533,6 +600,64 @@ fn correlation(rows: &ViewRows, x: usize, y: usize) -> f64 {
     pearson(&pairs).unwrap_or(f64::NAN)
 }
 
+/// An attribute (view column `a`) against a numeric summary (view column `s`) over the
+/// rows with both: Pearson's correlation with a numeric attribute, the correlation ratio
+/// with a categorical one; NaN below two rows or without variance.
+fn link(rows: &ViewRows, (a, attribute): (usize, &ColumnDomain), s: usize) -> f64 {
+    let pairs: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r[a]?, r[s]?))).collect();
+    match &attribute.encoding {
+        Encoding::Numeric { .. } => pearson(&pairs).unwrap_or(f64::NAN),
+        Encoding::Categorical { .. } if pairs.len() < 2 => f64::NAN,
+        Encoding::Categorical { .. } => fidelity::correlation_ratio(&pairs, attribute.value_bins()),
+    }
+}
+
+/// The synthetic `units` with every child row under a parent row of its parent table
+/// drawn at random: each table's parents permuted among its rows (seeded by `seed`), so
+/// every table keeps its rows and every parent its number of children, and nothing ties
+/// a row to its children but chance. Tables in layout order: a row moves with its new
+/// place, and its children are permuted among the moved rows.
+fn rejoined(layout: &Layout, units: &[&UnitRows], seed: u64) -> Vec<UnitRows> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+
+    let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(seed);
+    let mut out: Vec<UnitRows> =
+        units.iter().map(|_| UnitRows { tables: vec![Vec::new(); layout.tables.len()] }).collect();
+    // Per table, each row's place (unit, index) before and after.
+    let mut moved: Vec<std::collections::HashMap<(usize, usize), (usize, usize)>> =
+        vec![Default::default(); layout.tables.len()];
+    for (u, unit) in units.iter().enumerate() {
+        out[u].tables[0] = unit.tables[0].clone();
+        moved[0].extend((0..unit.tables[0].len()).map(|i| ((u, i), (u, i))));
+    }
+    for t in 1..layout.tables.len() {
+        let (p, own) = (layout.tables[t].parent.expect("a child table"), layout.tables[t].values());
+        let mut rows = Vec::new();
+        let mut parents = Vec::new();
+        for (u, unit) in units.iter().enumerate() {
+            for (i, row) in unit.tables[t].iter().enumerate() {
+                let Some(&parent) = row[own + 1].and_then(|k| moved[p].get(&(u, k as usize))) else { continue };
+                rows.push(((u, i), row[..own].to_vec()));
+                parents.push(parent);
+            }
+        }
+        parents.shuffle(&mut rng);
+        // Under each parent in the order read, each with its places in its new unit.
+        let mut placed: Vec<(usize, (usize, usize))> = parents.into_iter().enumerate().collect();
+        placed.sort_by_key(|&(order, parent)| (parent, order));
+        let mut rows: Vec<Option<_>> = rows.into_iter().map(Some).collect();
+        for (order, (u, parent)) in placed {
+            let (old, mut values) = rows[order].take().expect("each row placed once");
+            let index = out[u].tables[t].len();
+            values.extend([Some(index as f64), Some(parent as f64)]);
+            out[u].tables[t].push(values);
+            moved[t].insert(old, (u, index));
+        }
+    }
+    out
+}
+
 /// The share of rows of table `t` whose value `c` lies inside its interval, over the rows
 /// with the value and its ends; NaN without such rows.
 fn inside(layout: &Layout, t: usize, c: usize, units: &[&UnitRows]) -> Result<f64, DataError> {
@@ -573,7 +698,7 @@ fn unit_features(
     let mut columns: Vec<ColumnDomain> = Vec::new();
     for (t, table) in layout.tables.iter().enumerate() {
         if t > 0 {
-            columns.push(number(format!("__n.{}", table.name), 0.0, layout.reach(t) as f64));
+            columns.push(number(format!("{COUNT_PREFIX}{}", table.name), 0.0, layout.reach(t) as f64));
         }
         for c in (0..table.values()).filter(|&c| !labelled(t, c)) {
             let viewed = layout.view_column(t, c);
@@ -701,7 +826,9 @@ pub async fn run(
     out: &str,
     limits: &EvalLimits,
 ) -> Result<DatabaseReport, EvalError> {
-    let layout = Layout::of(&Database::of_spec(spec));
+    // Children counted, never as rates (an evaluation compares how many rows a row has),
+    // and their means held whatever the generator's view held: measures of the tables.
+    let layout = Layout { rates: false, means: true, ..Layout::of(&Database::of_spec(spec)) };
     let label = label.map(|text| Label::parse(&layout, text)).transpose()?;
     for entry in synthetic {
         let url = table_entry(&layout, entry).map_or(entry.as_str(), |(_, url)| url);

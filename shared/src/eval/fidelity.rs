@@ -185,7 +185,7 @@ fn cramers_v(pairs: &[(f64, f64)], r: usize, c: usize) -> f64 {
 }
 
 /// η of a numeric value given a category: `pairs` are (category code, value).
-fn correlation_ratio(pairs: &[(f64, f64)], categories: usize) -> f64 {
+pub(super) fn correlation_ratio(pairs: &[(f64, f64)], categories: usize) -> f64 {
     let (mut sums, mut counts) = (vec![0.0; categories], vec![0.0; categories]);
     for (c, y) in pairs {
         sums[*c as usize] += y;

@@ -289,7 +289,8 @@ pub fn evaluate_with(
     done(&mut timings);
     let utility = target.and_then(|(target, positive)| {
         let done = timed("utility");
-        let utility = utility::evaluate(domain, target, &positive, train, test, synthetic, limits, &mut sampling);
+        let trained = [("synthetic", "synthetic", synthetic), ("real (train)", "train", train)];
+        let utility = utility::evaluate(domain, (target, &positive), test, &trained, limits, &mut sampling);
         done(&mut timings);
         utility
     });

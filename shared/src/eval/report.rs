@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::database::{DatabaseReport, Distance, TableEvaluation};
+use super::database::{DatabaseReport, Distance, Link, TableEvaluation};
 use super::longitudinal::Longitudinal;
 use super::privacy::PrivacyDiagnostics;
 use super::utility::Utility;
@@ -184,6 +184,62 @@ fn lag1_dots(l: &Longitudinal) -> String {
     svg
 }
 
+/// Each link's synthetic (and training) value against the held-out one on −1…1 axes,
+/// the diagonal where they agree.
+fn links_plot(links: &[&Link]) -> String {
+    let (size, pad) = (360.0, 30.0);
+    let at = |v: f64| pad + (v.clamp(-1.0, 1.0) + 1.0) / 2.0 * (size - 2.0 * pad);
+    let mut svg = format!(
+        "<svg class=\"plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{size}\" height=\"{size}\" role=\"img\">\
+         <title>links: synthetic and train against held-out</title>\
+         <rect x=\"{pad}\" y=\"{pad}\" width=\"{w}\" height=\"{w}\" fill=\"none\" stroke=\"#ccc\"/>\
+         <line x1=\"{pad}\" y1=\"{far}\" x2=\"{far}\" y2=\"{pad}\" stroke=\"#999\"/>",
+        w = size - 2.0 * pad,
+        far = size - pad
+    );
+    for l in links.iter().filter(|l| l.held_out.is_finite()) {
+        for (value, color, name) in [(l.train, "#777", "train"), (l.synthetic, SYNTHETIC, "synthetic")] {
+            if value.is_finite() {
+                let _ = write!(
+                    svg,
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{color}\" fill-opacity=\"0.7\"><title>{} × {}: \
+                     held-out {:.3}, {name} {value:.3}</title></circle>",
+                    at(l.held_out),
+                    size - at(value),
+                    escape(&l.attribute),
+                    escape(&l.summary),
+                    l.held_out
+                );
+            }
+        }
+    }
+    let _ = write!(
+        svg,
+        "<text x=\"{pad}\" y=\"{}\" font-size=\"10\">held-out −1 … 1 →</text>\
+         <text x=\"2\" y=\"{pad}\" font-size=\"10\">1</text><text x=\"2\" y=\"{}\" font-size=\"10\">−1</text>\
+         <text x=\"{}\" y=\"14\" font-size=\"12\" fill=\"{SYNTHETIC}\">● synthetic</text>\
+         <text x=\"{}\" y=\"14\" font-size=\"12\" fill=\"#777\">● train (floor)</text></svg>",
+        size - 8.0,
+        size - pad,
+        pad,
+        pad + 90.0
+    );
+    svg
+}
+
+/// A table's row: its text cells, then its numbers at `precision` decimals.
+fn table_row(texts: &[&str], numbers: &[f64], precision: usize) -> String {
+    let mut row = String::from("<tr>");
+    texts.iter().for_each(|t| {
+        let _ = write!(row, "<td>{}</td>", escape(t));
+    });
+    numbers.iter().for_each(|n| {
+        let _ = write!(row, "<td>{n:.precision$}</td>");
+    });
+    row.push_str("</tr>");
+    row
+}
+
 /// A "metric / value / meaning" table.
 fn metric_table(rows: &[(&str, String, &str)]) -> String {
     let mut out = String::from("<table><tr><th>metric</th><th>value</th><th>meaning</th></tr>");
@@ -296,6 +352,15 @@ pub fn database_html(report: &DatabaseReport) -> String {
         );
     }
     body.push_str("</table><p>Cells with two figures: synthetic / train (the floor).</p>");
+    if let Some((synthetic, train)) = report.links_error() {
+        let links: Vec<&Link> = report.tables.iter().flat_map(|t| &t.links).collect();
+        let _ = write!(
+            body,
+            "<h2>Links between a row and its children</h2><p>Each attribute of a row (or of its ancestor) against              each summary of its children (their count, the mean of each numeric value): Pearson's correlation,              or the correlation ratio η with a categorical attribute; {} links. Mean absolute difference from the              held-out database's: synthetic <b>{synthetic:.3}</b>, train {train:.3} (the floor). Per table below.</p>",
+            links.len()
+        );
+        body.push_str(&links_plot(&links));
+    }
     if let Some(u) = &report.utility {
         body.push_str(&utility_section(u));
     }
@@ -364,14 +429,17 @@ fn table_section(t: &TableEvaluation) -> String {
     if !t.lag1.is_empty() {
         body.push_str("<h4>Lag-1 correlation between siblings</h4><table><tr><th>column</th><th>held-out</th><th>train</th><th>synthetic</th></tr>");
         for l in &t.lag1 {
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td></tr>",
-                escape(&l.column),
-                l.held_out,
-                l.train,
-                l.synthetic
-            );
+            body.push_str(&table_row(&[&l.column], &[l.held_out, l.train, l.synthetic], 3));
+        }
+        body.push_str("</table>");
+    }
+    if !t.links.is_empty() {
+        body.push_str(
+            "<h4>Links to the children (correlation, or η with a categorical attribute)</h4><table><tr>\
+             <th>attribute</th><th>children's summary</th><th>held-out</th><th>train</th><th>synthetic</th></tr>",
+        );
+        for l in &t.links {
+            body.push_str(&table_row(&[&l.attribute, &l.summary], &[l.held_out, l.train, l.synthetic], 3));
         }
         body.push_str("</table>");
     }
@@ -449,16 +517,7 @@ fn utility_section(u: &Utility) -> String {
         escape(&u.positive_class)
     );
     for s in &u.scores {
-        let _ = write!(
-            body,
-            "<tr><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td></tr>",
-            escape(&s.model),
-            escape(&s.trained_on),
-            s.roc_auc,
-            s.pr_auc,
-            s.f1,
-            s.accuracy
-        );
+        body.push_str(&table_row(&[&s.model, &s.trained_on], &[s.roc_auc, s.pr_auc, s.f1, s.accuracy], 4));
     }
     body.push_str("</table>");
     body

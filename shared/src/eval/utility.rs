@@ -165,15 +165,17 @@ pub fn boosted_trees(train: &Design, test: &Design) -> Option<Vec<f64>> {
     Some(model.predict(&Matrix::new(&xte, test.rows, test.cols), true).into_iter().map(logistic).collect())
 }
 
-/// TSTR scores for a categorical target, with the real-train reference.
-#[allow(clippy::too_many_arguments)]
+/// A table models are trained on: what the scores call it, the name its sample is
+/// logged under, and its rows.
+pub type Trained<'t> = (&'t str, &'t str, &'t Table);
+
+/// TSTR scores for a categorical target of each of the `trained` tables (the synthetic
+/// one, then the real-train reference, then any baseline), on the held-out `test`.
 pub fn evaluate(
     domain: &Domain,
-    target: usize,
-    positive: &str,
-    train: &Table,
+    (target, positive): (usize, &str),
     test: &Table,
-    synthetic: &Table,
+    trained: &[Trained<'_>],
     limits: &EvalLimits,
     sampling: &mut Sampling,
 ) -> Option<Utility> {
@@ -182,7 +184,7 @@ pub fn evaluate(
     let rows = sampling.sample("utility: scored", "test", test.rows(), limits.utility_test_rows);
     let held_out = design(domain, &test.subset(&rows), target, code);
     let mut out = Vec::new();
-    for (trained_on, name, table) in [("synthetic", "synthetic", synthetic), ("real (train)", "train", train)] {
+    for &(trained_on, name, table) in trained {
         let rows = sampling.sample("utility: fitted", name, table.rows(), limits.utility_fit_rows);
         let d = design(domain, &table.subset(&rows), target, code);
         let single_class = d.y.iter().all(|l| *l) || d.y.iter().all(|l| !*l);

@@ -40,6 +40,9 @@ pub struct Database<'a> {
     pub default_bins: u32,
     /// Whether views hold their children's means (`DatabaseParams::means`).
     pub means: bool,
+    /// Whether views hold a child inside its parent's interval as a rate over it
+    /// (`DatabaseParams::rates`).
+    pub rates: bool,
 }
 
 impl<'a> Database<'a> {
@@ -51,6 +54,10 @@ impl<'a> Database<'a> {
             default_bins: spec.generator.default_bins(),
             means: match &spec.generator {
                 GeneratorSpec::Database(params) => params.means,
+                _ => true,
+            },
+            rates: match &spec.generator {
+                GeneratorSpec::Database(params) => params.rates,
                 _ => true,
             },
         }

@@ -31,6 +31,21 @@ pub const AFTER_COLUMN: &str = "__after";
 /// first): `__prev.heart_rate`.
 pub const PREVIOUS_PREFIX: &str = "__prev.";
 
+/// Prefix of a view's column holding how many rows a child table holds under a row.
+pub const COUNT_PREFIX: &str = "__n.";
+
+/// Prefix of a view's column holding a child table's rows under a row per unit of the
+/// row's span, when the child's rows lie inside it ([`Layout::span`]): `__rate.vitals`,
+/// charts per second of the stay, beside their count. A count that follows its parent's
+/// length is then ranked by one column a one-way table measures, where the count beside
+/// the length is a pair whose cells noise drowns (docs/database.md, "Children per span").
+pub const RATE_PREFIX: &str = "__rate.";
+
+/// Bins of a rate column: √2 apart (`Binning::distances`), from the cap over the span's
+/// declared range to the cap over its floor ([`Span::floor`]), a 2^23.5-th of the range:
+/// 9 minutes of two centuries' declared dates, 8 seconds of three years'.
+const RATE_BINS: u32 = 48;
+
 /// Prefix of a view's columns holding the mean of a child table's value over the rows
 /// under a row (missing when none has one): `__mean.vitals.heart_rate`. A row's children,
 /// summarised in the row's own view, are counted at the row's table's bound on a unit's
@@ -44,12 +59,16 @@ pub struct Layout {
     /// The root first, then parents before their children.
     pub tables: Vec<TableLayout>,
     /// Whether views hold their children's means ([`Layout::summarised`]).
-    #[serde(default = "means_by_default")]
+    #[serde(default = "by_default")]
     pub means: bool,
+    /// Whether a child whose rows lie inside their parent's interval is held also as a
+    /// rate over it ([`Layout::span`]).
+    #[serde(default = "by_default")]
+    pub rates: bool,
 }
 
-/// A layout written without `means` holds them, as a spec without it does.
-fn means_by_default() -> bool {
+/// A layout written without `means` or `rates` holds them, as a spec without them does.
+fn by_default() -> bool {
     true
 }
 
@@ -89,6 +108,30 @@ pub struct ColumnAt {
     pub column: usize,
 }
 
+/// The interval a child table's rows lie in, both ends its ancestors' values (a chart
+/// inside its admission: `admissions.admittime..dischtime`), and the shortest length a
+/// rate is taken over.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Span {
+    pub start: ColumnAt,
+    pub end: ColumnAt,
+    /// The declared range of the span (the end's declared maximum less the start's
+    /// minimum) over 2^((RATE_BINS − 1)/2): a rate's bins reach from the cap over the range
+    /// to the cap over it. A shorter span, or a missing one, counts as this long, in the
+    /// view and when drawn alike.
+    pub floor: f64,
+}
+
+impl Span {
+    /// The span's length given its ends' values (`value(table, column)`), at least its floor.
+    pub fn length(&self, value: impl Fn(usize, usize) -> Option<f64>) -> f64 {
+        let length = value(self.end.table, self.end.column)
+            .zip(value(self.start.table, self.start.column))
+            .map_or(0.0, |(end, start)| end - start);
+        length.max(self.floor)
+    }
+}
+
 impl TableLayout {
     /// The columns of its own values (its place columns excluded).
     pub fn values(&self) -> usize {
@@ -117,7 +160,7 @@ impl Layout {
             within: Vec::new(),
             order_by: None,
         };
-        let mut layout = Self { tables: vec![root], means: db.means };
+        let mut layout = Self { tables: vec![root], means: db.means, rates: db.rates };
         for table in db.tables {
             let parent = layout.tables.iter().position(|t| t.name == table.parent.table);
             let parent = parent.expect("a validated parent, declared first");
@@ -196,6 +239,29 @@ impl Layout {
                 (0..child.values()).filter(move |&c| plain(child, c)).map(move |column| ColumnAt { table, column })
             })
             .collect()
+    }
+
+    /// The interval child table `c`'s rows lie in, both ends values of its ancestors' rows:
+    /// of its columns, its order's interval first, else the first declared. `None` without
+    /// one, or with `rates` off. Public: from the spec alone.
+    pub fn span(&self, c: usize) -> Option<Span> {
+        if !self.rates {
+            return None;
+        }
+        let table = &self.tables[c];
+        let above = |at: Option<ColumnAt>| at.filter(|at| self.ancestors(c).any(|a| a == at.table));
+        let spanned = table.order_by.into_iter().chain(0..table.values()).find_map(|column| {
+            let within = self.within(c, column)?;
+            above(within.start).zip(above(within.end))
+        });
+        let (start, end) = spanned?;
+        let bound = |at: ColumnAt, high: bool| match &self.tables[at.table].domain.columns[at.column].encoding {
+            Encoding::Numeric { min, max, .. } => Some(if high { *max } else { *min }),
+            Encoding::Categorical { .. } => None,
+        };
+        let range = bound(end, true)? - bound(start, false)?;
+        let floor = range * 2f64.powf(-f64::from(RATE_BINS - 1) / 2.0);
+        (floor > 0.0).then_some(Span { start, end, floor })
     }
 
     /// How many columns describe a row of table `t` in its descendants' views: its own
@@ -334,6 +400,17 @@ impl Layout {
     }
 }
 
+/// A view's columns of a child table's rows under a row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChildColumn {
+    /// The child table.
+    pub table: usize,
+    /// The view's column of their count.
+    pub count: usize,
+    /// With a span ([`Layout::span`]), the view's column of their rate over it.
+    pub rate: Option<(usize, Span)>,
+}
+
 /// One unit's rows, table by table, each row as its partition holds it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UnitRows {
@@ -361,7 +438,8 @@ impl View {
 
     /// The view's columns: the table's own; for a child table [`POSITION_COLUMN`] and each
     /// ancestor's own and children's means, named `<table>.<column>`; then `__n.<child>`
-    /// for each child table and its children's means ([`MEAN_PREFIX`]).
+    /// (and `__rate.<child>`, [`RATE_PREFIX`], with a span) for each child table and its children's
+    /// means ([`MEAN_PREFIX`]).
     pub fn domain(&self, layout: &Layout) -> Domain {
         let table = &layout.tables[self.table];
         let mut columns: Vec<ColumnDomain> = (0..table.values()).map(|c| layout.view_column(self.table, c)).collect();
@@ -388,7 +466,12 @@ impl View {
         }
         for c in layout.children(self.table) {
             let child = &layout.tables[c];
-            columns.push(count_column(&format!("__n.{}", child.name), child.max_per_parent));
+            columns.push(count_column(&format!("{COUNT_PREFIX}{}", child.name), child.max_per_parent));
+            columns.extend(
+                layout
+                    .span(c)
+                    .map(|span| rate_column(&format!("{RATE_PREFIX}{}", child.name), child.max_per_parent, span)),
+            );
         }
         columns.extend(mean_columns(layout, self.table));
         Domain { columns }
@@ -396,8 +479,23 @@ impl View {
 
     /// The view's columns of its children's means ([`Layout::summarised`]), its last.
     pub fn mean_columns(&self, layout: &Layout) -> std::ops::Range<usize> {
-        let start = self.previous_columns(layout).end + layout.children(self.table).count();
+        let children = self.child_columns(layout);
+        let start = children.last().map_or(self.previous_columns(layout).end, |c| c.rate.map_or(c.count, |r| r.0) + 1);
         start..start + layout.summarised(self.table).len()
+    }
+
+    /// Each child table's columns in the view: its rows under a row, and their rate over
+    /// the row's span ([`Layout::span`]).
+    pub fn child_columns(&self, layout: &Layout) -> Vec<ChildColumn> {
+        let mut column = self.previous_columns(layout).end;
+        (layout.children(self.table))
+            .map(|table| {
+                let span = layout.span(table);
+                let child = ChildColumn { table, count: column, rate: span.map(|span| (column + 1, span)) };
+                column += 1 + usize::from(span.is_some());
+                child
+            })
+            .collect()
     }
 
     /// Each own value column of the view's table whose mean over its parent's rows the
@@ -479,6 +577,7 @@ impl View {
         // The children's means of each row of this table and of its ancestors' tables.
         let tables = std::iter::once(self.table).chain(layout.ancestors(self.table));
         let mut means: BTreeMap<usize, Vec<Vec<Option<f64>>>> = tables.map(|t| (t, layout.means(unit, t))).collect();
+        let spans: Vec<Option<Span>> = layout.children(self.table).map(|c| layout.span(c)).collect();
         // The last row seen under each parent row: the next one's previous sibling (rows come
         // in place order: by parent, then in their order under it).
         let mut previous: BTreeMap<u32, Vec<Option<f64>>> = BTreeMap::new();
@@ -516,7 +615,11 @@ impl View {
                 let before = previous.insert(place(row, table.values() + 1), mine);
                 values.extend(before.unwrap_or_else(|| vec![None; table.values()]));
             }
-            values.extend(under.iter().map(|counts| Some(f64::from(counts[own]))));
+            for (counts, span) in under.iter().zip(&spans) {
+                let count = f64::from(counts[own]);
+                values.push(Some(count));
+                values.extend(span.map(|span| Some(count / span.length(value))));
+            }
             values.append(&mut means.get_mut(&self.table).expect("its own means")[own]);
             out.push(values);
         }
@@ -532,6 +635,14 @@ fn mean_columns(layout: &Layout, t: usize) -> impl Iterator<Item = ColumnDomain>
         let column = layout.view_column(at.table, at.column);
         ColumnDomain { name: format!("{MEAN_PREFIX}{}.{}", child.name, column.name), missing: true, ..column }
     })
+}
+
+/// A rate column: rows per unit of a span, up to `max` rows over the span's floor.
+fn rate_column(name: &str, max: u32, span: Span) -> ColumnDomain {
+    let max = f64::from(max.max(1)) / span.floor;
+    let binning = Binning::distances(max, RATE_BINS);
+    let encoding = Encoding::Numeric { kind: ColumnKind::Continuous, min: 0.0, max, binning };
+    ColumnDomain { name: name.to_string(), encoding, missing: false }
 }
 
 /// A place column: ordinals below `reach`, one bin (a place is never a modelled value).

@@ -2,6 +2,7 @@
 //! (`data::database::view`), each run with its share of one zCDP budget, then a synthetic
 //! database drawn down the tree of the tables with fresh keys.
 
+pub mod missing;
 pub mod params;
 pub mod plan;
 pub mod rake;

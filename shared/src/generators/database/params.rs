@@ -34,6 +34,13 @@ pub struct DatabaseParams {
     /// parent's view, whose one-way table takes its share of the view's ρ: for cohorts
     /// of thousands of units. On by default.
     pub means: bool,
+    /// A child table whose rows lie inside their parent's interval (an own column
+    /// `within` two of its ancestors' values: charts inside their admission) is held in
+    /// its parent's view also as its rows per unit of the interval's length
+    /// (`__rate.<child>`), and the counts drawn are given to the rows in the order of their
+    /// drawn rate times their drawn interval: a count that follows its parent's length
+    /// keeps it (docs/database.md, "Children per span"). On by default.
+    pub rates: bool,
     /// With a `target` below the root: tilt the target's table's model, before the
     /// database is drawn, until rows drawn under synthetic parents hold the target's
     /// measured conditionals as the model holds them (`generators::database::rake`). A row
@@ -49,7 +56,7 @@ pub struct DatabaseParams {
 
 impl Default for DatabaseParams {
     fn default() -> Self {
-        Self { aim: AimParams::default(), target: None, weights: BTreeMap::new(), means: true, rake: true }
+        Self { aim: AimParams::default(), target: None, weights: BTreeMap::new(), means: true, rates: true, rake: true }
     }
 }
 

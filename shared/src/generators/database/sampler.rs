@@ -12,9 +12,9 @@ use rand::rngs::ChaCha20Rng;
 use rand::{Rng, SeedableRng};
 
 use super::rake::Raked;
-use crate::data::database::view::{AFTER_COLUMN, ColumnAt, POSITION_COLUMN};
+use crate::data::database::view::{AFTER_COLUMN, ChildColumn, ColumnAt, POSITION_COLUMN};
 use crate::data::database::{Layout, View};
-use crate::data::domain::{Domain, Encoding};
+use crate::data::domain::{ColumnDomain, Domain, Encoding};
 use crate::output::{SyntheticValue, columns_to_batch};
 use crate::pgm::{Given, GraphicalModel};
 use crate::spec::{ColumnSpec, JobSpec};
@@ -137,6 +137,9 @@ pub(super) struct Drawn {
     means: std::ops::Range<usize>,
     /// Per child table, how many rows each row has under it.
     counts: HashMap<usize, Vec<usize>>,
+    /// Per child table with a rate, each row's bins of the columns its count was measured
+    /// with (`Counted::strata`) and its rate drawn times its span's length.
+    expected: HashMap<usize, Vec<(Vec<usize>, f64)>>,
 }
 
 /// Draws `units` root rows and everything under them, table by table in layout order;
@@ -190,19 +193,31 @@ pub(super) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
-/// `f(roots, rng)` run on the root rows `roots` split in `slices` slices (at most one a
-/// row), each on a thread with its own generator seeded from `rng`; the slices' results
-/// in order.
+/// Units whose children's counts are given out together by rank ([`Drawn::rank_counts`]):
+/// a slice holds whole blocks of them, so the law of a draw does not follow the number of
+/// cores.
+pub(super) const RANK_BLOCK: usize = 1024;
+
+/// `f(roots, rng)` run on the root rows `roots` split in at most `slices` slices of whole
+/// blocks of [`RANK_BLOCK`] rows (the last block may be short), each on a thread with its
+/// own generator seeded from `rng`; the slices' results in order.
 pub(super) fn in_slices<T: Send>(
     mut roots: Vec<Vec<usize>>,
     slices: usize,
     rng: &mut impl Rng,
     f: impl Fn(Vec<Vec<usize>>, &mut ChaCha20Rng) -> T + Sync,
 ) -> Vec<T> {
+    // Whole blocks of units a slice (`RANK_BLOCK`: what a slice draws does not depend on
+    // how many slices there are).
     let units = roots.len();
-    let slices = slices.clamp(1, units.max(1));
-    let shares: Vec<Vec<Vec<usize>>> =
-        (0..slices).map(|i| roots.drain(..units / slices + usize::from(i < units % slices)).collect()).collect();
+    let blocks = units.div_ceil(RANK_BLOCK).max(1);
+    let slices = slices.clamp(1, blocks);
+    let shares: Vec<Vec<Vec<usize>>> = (0..slices)
+        .map(|i| {
+            let take = (blocks / slices + usize::from(i < blocks % slices)) * RANK_BLOCK;
+            roots.drain(..take.min(roots.len())).collect()
+        })
+        .collect();
     let generators: Vec<ChaCha20Rng> = (0..slices).map(|_| ChaCha20Rng::from_rng(rng)).collect();
     let f = &f;
     std::thread::scope(|scope| {
@@ -249,13 +264,16 @@ pub(super) fn draw_tables(
     let mut drawn: Vec<Drawn> = Vec::with_capacity(last + 1);
     for (t, table) in layout.tables.iter().enumerate().take(last + 1) {
         let fitted = &views[t];
-        let children: Vec<(usize, usize)> = child_columns(layout, t, &fitted.domain);
+        let children: Vec<Counted> = (View { table: t }.child_columns(layout).into_iter())
+            .map(|child| Counted { strata: measured_with(&fitted.model, child.count), child })
+            .collect();
         let mut out = Drawn { means: View { table: t }.mean_columns(layout), ..Drawn::default() };
         match table.parent {
             None => {
                 for (unit, row) in roots.iter().enumerate() {
                     let values = placed(layout, t, own_values(fitted, table.values(), row, rng), |_, _| None);
-                    out.keep(&fitted.domain, &children, (unit, None), (row.as_slice(), values), &mut *rng);
+                    let lengths = lengths(&children, t, &values, |_, _| None);
+                    out.keep(&fitted.domain, &children, (unit, None), (row.as_slice(), values), &lengths, &mut *rng);
                 }
             }
             Some(p) => {
@@ -273,11 +291,13 @@ pub(super) fn draw_tables(
                     let unit = drawn[p].rows[parent].unit;
                     let drawn_rows = view_rows.as_deref_mut().filter(|_| t == last);
                     for (row, values) in siblings.draw(given, n, ancestor, drawn_rows, rng) {
-                        out.keep(&fitted.domain, &children, (unit, Some(parent)), (&row, values), &mut *rng);
+                        let lengths = lengths(&children, t, &values, ancestor);
+                        out.keep(&fitted.domain, &children, (unit, Some(parent)), (&row, values), &lengths, &mut *rng);
                     }
                 }
             }
         }
+        out.rank_counts();
         drawn.push(out);
     }
     drawn
@@ -301,8 +321,9 @@ struct Siblings<'a> {
     previous: std::ops::Range<usize>,
     position: usize,
     after: Option<usize>,
-    /// The view's columns of its parent's means of its own values.
-    means: Vec<usize>,
+    /// Each own value column whose mean over its siblings its parent holds, with the
+    /// view's column of that mean.
+    means: Vec<(usize, usize)>,
     /// The model's draws planned per set of given columns (the same for every row but
     /// for parents' means left out when missing: a few sets), never per value drawn; the
     /// shared ones, and those this slice has taken.
@@ -322,7 +343,7 @@ impl<'a> Siblings<'a> {
             previous: view.previous_columns(layout),
             position,
             after: fitted.domain.index_of(AFTER_COLUMN),
-            means: view.parent_means(layout).into_iter().map(|(_, mean)| mean).collect(),
+            means: view.parent_means(layout),
             shared,
             plans: HashMap::new(),
         }
@@ -354,7 +375,7 @@ impl<'a> Siblings<'a> {
         // column's, missing or not).
         let given: Vec<(usize, usize)> = given
             .into_iter()
-            .filter(|&(v, bin)| !(self.means.contains(&v) && bin == columns[v].value_bins()))
+            .filter(|&(v, bin)| !(self.means.iter().any(|m| m.1 == v) && bin == columns[v].value_bins()))
             .collect();
         let order = layout.tables[t].order_by;
         let bins: Vec<Vec<usize>> = match order {
@@ -408,29 +429,96 @@ impl<'a> Siblings<'a> {
                 rows.sort_by_key(|(row, _)| row[self.position]);
             }
         }
+        // Not a value another of the row's values was placed from (`within c..`): it would
+        // leave that one's interval.
+        let an_end = |c: usize| {
+            let end = Some(ColumnAt { table: t, column: c });
+            (0..own).any(|o| layout.within(t, o).is_some_and(|w| w.start == end || w.end == end))
+        };
+        for &(c, mean) in self.means.iter().filter(|(c, _)| !an_end(*c)) {
+            if let (Some(&(_, bin)), Encoding::Numeric { binning, .. }) =
+                (given.iter().find(|(v, _)| *v == mean), &columns[mean].encoding)
+            {
+                recentre(&columns[c], c, binning.interval(bin), &mut rows);
+            }
+        }
         rows
+    }
+}
+
+/// Siblings' values of own column `c` (of domain `column`) moved alike, as little as
+/// takes their mean into `(low, high)`, the bin of it their parent was drawn with; each
+/// then held in the column's declared bounds, with its bin. Each value is drawn given the
+/// parent's bin of the mean, measured beside the values at the children's larger bound
+/// (noisier), so the values alone would drift back to the column's mean and the parent's
+/// link to them thin out; moved alike, the siblings keep their differences (their
+/// dynamics), and a mean already in its bin keeps its place there.
+fn recentre(column: &ColumnDomain, c: usize, (low, high): (f64, f64), rows: &mut [(Vec<usize>, Vec<SyntheticValue>)]) {
+    let Encoding::Numeric { kind, min, max, .. } = column.encoding else { return };
+    let present: Vec<f64> = rows.iter().filter_map(|(_, values)| number(&values[c])).collect();
+    if present.is_empty() {
+        return;
+    }
+    let mean = present.iter().sum::<f64>() / present.len() as f64;
+    let shift = mean.clamp(low, high) - mean;
+    for (bins, values) in rows.iter_mut() {
+        if let Some(value) = number(&values[c]) {
+            values[c] = SyntheticValue::numeric(kind, (value + shift).clamp(min, max));
+            bins[c] = column.bin(number(&values[c]));
+        }
     }
 }
 
 impl Drawn {
     /// A drawn row: its bins, its own values (drawn inside them) and its children's counts
-    /// (their values are drawn given their means' bins).
+    /// (their values are drawn given their means' bins), each drawn in its bin, and with
+    /// a rate its rate drawn in its bin times the row's span's length (`lengths`, by child).
     fn keep<R: Rng>(
         &mut self,
         domain: &Domain,
-        children: &[(usize, usize)],
+        children: &[Counted],
         (unit, parent): (usize, Option<usize>),
         (row, values): (&[usize], Vec<SyntheticValue>),
+        lengths: &[f64],
         rng: &mut R,
     ) {
         self.bins.push(row[..values.len()].iter().chain(&row[self.means.clone()]).copied().collect());
         self.rows.push(SyntheticRow { unit, parent, values });
-        for &(child, column) in children {
-            let count = match domain.columns[column].draw(row[column], rng) {
+        for (Counted { child, strata }, length) in children.iter().zip(lengths) {
+            let count = match domain.columns[child.count].draw(row[child.count], rng) {
                 SyntheticValue::Integer(n) => n.max(0) as usize,
-                _ => 0,
+                value => unreachable!("a child's count, not {value:?}"),
             };
-            self.counts.entry(child).or_default().push(count);
+            self.counts.entry(child.table).or_default().push(count);
+            if let Some((column, _)) = child.rate {
+                let rate = number(&domain.columns[column].draw(row[column], rng)).expect("a rate is never missing");
+                let stratum = strata.iter().map(|&v| row[v]).collect();
+                self.expected.entry(child.table).or_default().push((stratum, rate * length));
+            }
+        }
+    }
+
+    /// Each child table's counts drawn, given out again in the order of the rows'
+    /// expected counts (rate times span) where it has a rate, among the rows alike in the
+    /// columns the count was measured with, of each block of [`RANK_BLOCK`] units: the
+    /// counts keep the law the model drew them by given those columns, and follow the rows'
+    /// spans as their rates do (a comonotone coupling: the real count is its rate times its
+    /// span). A count leaves the row whose other bins it was drawn with (a mean drawn
+    /// missing over a row given children is then left out, as noise makes it).
+    fn rank_counts(&mut self) {
+        for (child, expected) in &self.expected {
+            let counts = self.counts.get_mut(child).expect("a count beside each rate");
+            let group = |r: usize| (self.rows[r].unit / RANK_BLOCK, &expected[r].0);
+            let mut order: Vec<usize> = (0..expected.len()).collect();
+            order.sort_by(|&a, &b| group(a).cmp(&group(b)).then(expected[a].1.total_cmp(&expected[b].1)));
+            // The counts of each group, ascending, in the same group order.
+            let mut sorted: Vec<((usize, &Vec<usize>), usize)> =
+                (0..counts.len()).map(|r| (group(r), counts[r])).collect();
+            sorted.sort_unstable();
+            let sorted: Vec<usize> = sorted.into_iter().map(|(_, count)| count).collect();
+            for (row, count) in order.into_iter().zip(sorted) {
+                counts[row] = count;
+            }
         }
     }
 }
@@ -475,10 +563,36 @@ fn placed(
     values
 }
 
-/// Each child table of `t` with its count column in `t`'s view.
-fn child_columns(layout: &Layout, t: usize, domain: &Domain) -> Vec<(usize, usize)> {
-    let column = |c: usize| domain.index_of(&format!("__n.{}", layout.tables[c].name)).expect("a view's count column");
-    layout.children(t).map(|c| (c, column(c))).collect()
+/// A child table's columns in its parent's view, and the columns its count was measured
+/// with (each other column of a released table that holds the count): its counts are
+/// given out by rank only among rows alike in these, so that every measured link of the
+/// count is kept.
+struct Counted {
+    child: ChildColumn,
+    strata: Vec<usize>,
+}
+
+/// The variables measured with `v` in `model`'s measurements, ascending.
+fn measured_with(model: &GraphicalModel, v: usize) -> Vec<usize> {
+    let mut with: Vec<usize> =
+        model.measured().iter().filter(|set| set.contains(&v)).flatten().copied().filter(|&u| u != v).collect();
+    with.sort_unstable();
+    with.dedup();
+    with
+}
+
+/// The length of a drawn row's span for each child of its table `t` with a rate
+/// (`Layout::span`; 0 without), from the row's own values and its ancestors'
+/// (`ancestor(table, column)`).
+fn lengths(
+    children: &[Counted],
+    t: usize,
+    values: &[SyntheticValue],
+    ancestor: impl Fn(usize, usize) -> Option<f64>,
+) -> Vec<f64> {
+    let value =
+        |table: usize, column: usize| if table == t { number(&values[column]) } else { ancestor(table, column) };
+    children.iter().map(|c| c.child.rate.map_or(0.0, |(_, span)| span.length(value))).collect()
 }
 
 /// The bins of row `row` of table `p` and of its ancestors' rows as a view holds them
