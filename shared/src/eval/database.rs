@@ -621,8 +621,8 @@ fn rejoined(layout: &Layout, units: &[&UnitRows], seed: u64) -> Vec<UnitRows> {
     use rand::SeedableRng;
     use rand::seq::SliceRandom;
 
-    // public randomness: a baseline's permutation of synthetic rows, repeatable by the
-    // evaluation's seed (no noise, no private row drawn).
+    // A baseline's permutation of synthetic rows, repeatable by the evaluation's seed.
+    // public randomness: no noise, and no private row is drawn
     let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(seed);
     let mut out: Vec<UnitRows> =
         units.iter().map(|_| UnitRows { tables: vec![Vec::new(); layout.tables.len()] }).collect();
