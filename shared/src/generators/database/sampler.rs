@@ -195,8 +195,10 @@ pub(super) fn cores() -> usize {
 
 /// Units whose children's counts are given out together by rank ([`Drawn::rank_counts`]):
 /// a slice holds whole blocks of them, so the law of a draw does not follow the number of
-/// cores.
-pub(super) const RANK_BLOCK: usize = 1024;
+/// cores. Small enough that a batch of units (331 at the scale benchmark's caps) spans two
+/// slices; large enough for ranks (at 128, the ε = 50 test's stay × charts fell from
+/// 0.93–0.95 to 0.91–0.94).
+pub(super) const RANK_BLOCK: usize = 256;
 
 /// `f(roots, rng)` run on the root rows `roots` split in at most `slices` slices of whole
 /// blocks of [`RANK_BLOCK`] rows (the last block may be short), each on a thread with its
