@@ -324,8 +324,11 @@ struct Siblings<'a> {
     position: usize,
     after: Option<usize>,
     /// Each own value column whose mean over its siblings its parent holds, with the
-    /// view's column of that mean.
+    /// view's column of that mean; and those of them the siblings are moved onto
+    /// ([`recentre`]): not a value another of the row's values is placed from (`within
+    /// c..`), which would leave that one's interval.
     means: Vec<(usize, usize)>,
+    recentred: Vec<(usize, usize)>,
     /// The model's draws planned per set of given columns (the same for every row but
     /// for parents' means left out when missing: a few sets), never per value drawn; the
     /// shared ones, and those this slice has taken.
@@ -337,6 +340,12 @@ impl<'a> Siblings<'a> {
     fn new(layout: &'a Layout, t: usize, fitted: &'a FittedView, shared: &'a Plans) -> Self {
         let view = View { table: t };
         let position = fitted.domain.index_of(POSITION_COLUMN).expect("a child's view has its position");
+        let means = view.parent_means(layout);
+        let an_end = |c: usize| {
+            let end = Some(ColumnAt { table: t, column: c });
+            (0..layout.tables[t].values()).any(|o| layout.within(t, o).is_some_and(|w| w.start == end || w.end == end))
+        };
+        let recentred = means.iter().copied().filter(|&(c, _)| !an_end(c)).collect();
         Self {
             layout,
             t,
@@ -345,7 +354,8 @@ impl<'a> Siblings<'a> {
             previous: view.previous_columns(layout),
             position,
             after: fitted.domain.index_of(AFTER_COLUMN),
-            means: view.parent_means(layout),
+            means,
+            recentred,
             shared,
             plans: HashMap::new(),
         }
@@ -431,13 +441,7 @@ impl<'a> Siblings<'a> {
                 rows.sort_by_key(|(row, _)| row[self.position]);
             }
         }
-        // Not a value another of the row's values was placed from (`within c..`): it would
-        // leave that one's interval.
-        let an_end = |c: usize| {
-            let end = Some(ColumnAt { table: t, column: c });
-            (0..own).any(|o| layout.within(t, o).is_some_and(|w| w.start == end || w.end == end))
-        };
-        for &(c, mean) in self.means.iter().filter(|(c, _)| !an_end(*c)) {
+        for &(c, mean) in &self.recentred {
             if let (Some(&(_, bin)), Encoding::Numeric { binning, .. }) =
                 (given.iter().find(|(v, _)| *v == mean), &columns[mean].encoding)
             {
