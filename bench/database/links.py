@@ -1,7 +1,7 @@
 """A skeptic's check of a database release's links (issue #65), with pandas alone: per
 table, missing values where the real table has none; per admission, the stay's length
 against its charts' count and against their mean heart rate; per patient, comorbidity
-against the mean heart rate of their stays. Real figures from the training cohort capped
+against the mean heart rate of their stays and each admission's charts. Real figures from the training cohort capped
 as the job caps it (the first `max_per_parent` rows of each parent by `order_by`).
 
     python3 links.py --spec JOB.toml --real DIR --synthetic RELEASE
@@ -40,7 +40,9 @@ def figures(db, spec):
     a = a.merge(per_stay, left_on=hadm, right_index=True, how="left").fillna({"charts": 0})
     p = db[root].merge(a.groupby(unit)["hr"].mean().rename("hr"), left_on=unit, right_index=True)
     comorbidity = pd.to_numeric(p["comorbidity"], errors="coerce")
+    a = a.merge(db[root][[unit, "comorbidity"]], on=unit)
     return {
+        "comorbidity × an admission's charts": pd.to_numeric(a["comorbidity"], errors="coerce").corr(a["charts"]),
         "stay × charts (Pearson)": a["stay"].corr(a["charts"]),
         "stay × charts (Spearman)": a["stay"].corr(a["charts"], method="spearman"),
         "stay × mean heart rate": a["stay"].corr(a["hr"]),
